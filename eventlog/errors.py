@@ -1,0 +1,47 @@
+"""Pulse's own error types. Backend errors (nats-py, JetStream API codes) are translated
+into these at the adapter, so callers never handle a library's exceptions."""
+
+from __future__ import annotations
+
+
+class PulseError(Exception):
+    """Base class of every error Pulse raises on purpose."""
+
+
+class ValidationError(PulseError, ValueError):
+    """Input broke a constraint of the data model; the message names the field and limit."""
+
+
+class NotFoundError(PulseError, LookupError):
+    """A referenced entity does not exist (or was deleted)."""
+
+
+class ConflictError(PulseError):
+    """An optimistic-concurrency check failed: the subject moved on since it was read.
+
+    ``expected`` is the last subject sequence the writer assumed; re-read and retry.
+    """
+
+    def __init__(self, message: str, *, subject: str = "", expected: int | None = None) -> None:
+        super().__init__(message)
+        self.subject = subject
+        self.expected = expected
+
+
+class LogUnavailable(PulseError):
+    """The event log (NATS JetStream) could not be reached or did not acknowledge in time.
+
+    Nothing was acknowledged; the write may or may not have been stored. Retrying the
+    same event is safe: appends are idempotent by event id.
+    """
+
+
+class DecodeError(PulseError):
+    """Bytes on the log that are not a Pulse event this version can read."""
+
+    def __init__(self, reason: str, *, subject: str = "", seq: int | None = None) -> None:
+        where = f"subject {subject or '?'}, stream sequence {seq if seq is not None else '?'}"
+        super().__init__(f"cannot decode event at {where}: {reason}")
+        self.reason = reason
+        self.subject = subject
+        self.seq = seq

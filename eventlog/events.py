@@ -1,0 +1,339 @@
+"""Every event Pulse writes: frozen, tagged msgspec Structs, one per fact of the data model.
+
+Rules that keep old logs readable:
+- never change or remove a field of a shipped event; only add fields *with defaults*;
+- structs are encoded with ``omit_defaults``, so adding a defaulted field leaves the
+  bytes of older events unchanged (the golden vectors in ``tests/golden`` check this);
+- anything else is a new schema version with an upcaster in ``eventlog.codec``.
+
+Timestamps are hybrid-logical-clock values packed in one int (see ``pack_hlc``); a
+creation time is the wall-clock part of its create event's HLC. Embeddings travel as
+raw little-endian float32 bytes (``pack_vector`` / ``unpack_vector``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence, TypeAlias, Union
+from uuid import UUID
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+# --- hybrid logical clock values ---------------------------------------------------------
+
+HLC_LOGICAL_BITS = 16
+HLC_LOGICAL_MAX = (1 << HLC_LOGICAL_BITS) - 1
+
+
+def pack_hlc(wall_ms: int, logical: int = 0) -> int:
+    """One sortable int from (wall-clock milliseconds, logical counter)."""
+    if not 0 <= logical <= HLC_LOGICAL_MAX:
+        raise ValueError(f"hlc logical counter must be in 0..{HLC_LOGICAL_MAX}, got {logical}")
+    return (wall_ms << HLC_LOGICAL_BITS) | logical
+
+
+def hlc_millis(hlc: int) -> int:
+    """The wall-clock milliseconds part of a packed HLC value."""
+    return hlc >> HLC_LOGICAL_BITS
+
+
+def hlc_logical(hlc: int) -> int:
+    """The logical-counter part of a packed HLC value."""
+    return hlc & HLC_LOGICAL_MAX
+
+
+# --- embeddings ---------------------------------------------------------------------------
+
+
+def pack_vector(values: Sequence[float] | npt.ArrayLike) -> bytes:
+    """Raw little-endian float32 bytes of a 1-D vector (the wire form of an embedding)."""
+    array = np.asarray(values, dtype="<f4")
+    if array.ndim != 1:
+        raise ValueError(f"an embedding must be one-dimensional, got shape {array.shape}")
+    return array.tobytes()
+
+
+def unpack_vector(raw: bytes) -> npt.NDArray[np.float32]:
+    """A read-only float32 array over the wire bytes of an embedding (no copy)."""
+    return np.frombuffer(raw, dtype="<f4")
+
+
+def _check_vector_bytes(field: str, raw: bytes) -> None:
+    if len(raw) % 4:
+        raise ValueError(f"{field}: {len(raw)} bytes is not a whole number of float32 values")
+
+
+# --- experience types (a tagged union of its own) -----------------------------------------
+
+Severity: TypeAlias = Literal["Low", "Medium", "High", "Critical"]
+RelationType: TypeAlias = Literal[
+    "Supports", "Contradicts", "Elaborates", "Supersedes", "Implies", "RelatedTo"
+]
+WisdomCategory: TypeAlias = Literal[
+    "CodingStyle",
+    "ArchitecturalPreference",
+    "TechStackPreference",
+    "QualityStandard",
+    "WorkflowPreference",
+]
+
+
+class _Kind(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="kind"):
+    """Base of the experience-type variants; the tag is the variant's name."""
+
+
+class Difficulty(_Kind, tag="Difficulty"):
+    description: str
+    severity: Severity
+
+
+class Solution(_Kind, tag="Solution"):
+    approach: str
+    worked: bool
+    problem_ref: UUID | None = None
+
+
+class ErrorPattern(_Kind, tag="ErrorPattern"):
+    signature: str
+    fix: str
+    prevention: str
+
+
+class SuccessPattern(_Kind, tag="SuccessPattern"):
+    task_type: str
+    approach: str
+    quality: float
+
+
+class UserPreference(_Kind, tag="UserPreference"):
+    category: str
+    preference: str
+    strength: float
+
+
+class ArchitecturalDecision(_Kind, tag="ArchitecturalDecision"):
+    decision: str
+    rationale: str
+
+
+class TechInsight(_Kind, tag="TechInsight"):
+    technology: str
+    insight: str
+
+
+class Fact(_Kind, tag="Fact"):
+    statement: str
+    source: str
+
+
+class Generic(_Kind, tag="Generic"):
+    category: str | None = None
+
+
+ExperienceType: TypeAlias = Union[
+    Difficulty,
+    Solution,
+    ErrorPattern,
+    SuccessPattern,
+    UserPreference,
+    ArchitecturalDecision,
+    TechInsight,
+    Fact,
+    Generic,
+]
+EXPERIENCE_TYPES: tuple[type[_Kind], ...] = ExperienceType.__args__  # type: ignore[attr-defined]
+
+# --- events -------------------------------------------------------------------------------
+
+
+class EventBase(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
+    """Fields every event carries: its identity, its writer and its causal time."""
+
+    event_id: UUID  # UUIDv7; also the JetStream Nats-Msg-Id, so a retry is stored once
+    instance_id: UUID  # the writing instance incarnation (owner of its counter entries)
+    hlc: int  # hybrid logical clock, see pack_hlc
+
+
+class CollectiveCreated(EventBase, tag="collective.created"):
+    collective_id: UUID
+    owner_id: str
+    name: str
+    embedding_dimension: int
+    embedder: str = ""  # the text embedder the collective uses; "" = callers bring vectors
+
+
+class CollectiveDeleted(EventBase, tag="collective.deleted"):
+    collective_id: UUID
+
+
+class ExperienceRecorded(EventBase, tag="experience.recorded"):
+    experience_id: UUID
+    collective_id: UUID
+    content: str
+    embedding: bytes  # little-endian float32
+    experience_type: ExperienceType
+    importance: float
+    confidence: float
+    source_agent: str
+    domain: tuple[str, ...] = ()
+    related_files: tuple[str, ...] = ()
+    source_task: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_vector_bytes("embedding", self.embedding)
+
+    @property
+    def vector(self) -> npt.NDArray[np.float32]:
+        return unpack_vector(self.embedding)
+
+
+class ExperienceUpdated(EventBase, tag="experience.updated"):
+    """Changes the fields that are not None; each is a last-writer-wins register."""
+
+    experience_id: UUID
+    collective_id: UUID
+    importance: float | None = None
+    confidence: float | None = None
+    domain: tuple[str, ...] | None = None
+    related_files: tuple[str, ...] | None = None
+
+
+class ExperienceArchived(EventBase, tag="experience.archived"):
+    experience_id: UUID
+    collective_id: UUID
+
+
+class ExperienceUnarchived(EventBase, tag="experience.unarchived"):
+    experience_id: UUID
+    collective_id: UUID
+
+
+class ExperienceDeleted(EventBase, tag="experience.deleted"):
+    experience_id: UUID
+    collective_id: UUID
+
+
+class ExperienceReinforced(EventBase, tag="experience.reinforced"):
+    """G-counter state: ``instance_id`` has now applied the experience ``applications``
+    times in total. Never an increment, so redelivery cannot over-count."""
+
+    experience_id: UUID
+    collective_id: UUID
+    applications: int
+
+
+class RelationStored(EventBase, tag="relation.stored"):
+    relation_id: UUID
+    collective_id: UUID
+    source_id: UUID
+    target_id: UUID
+    relation_type: RelationType
+    strength: float
+    metadata: str | None = None
+
+
+class RelationDeleted(EventBase, tag="relation.deleted"):
+    relation_id: UUID
+    collective_id: UUID
+
+
+class InsightStored(EventBase, tag="insight.stored"):
+    insight_id: UUID
+    collective_id: UUID
+    content: str
+    embedding: bytes  # little-endian float32
+    source_experiences: tuple[UUID, ...]
+    confidence: float
+    domain: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_vector_bytes("embedding", self.embedding)
+
+    @property
+    def vector(self) -> npt.NDArray[np.float32]:
+        return unpack_vector(self.embedding)
+
+
+class InsightDeleted(EventBase, tag="insight.deleted"):
+    insight_id: UUID
+    collective_id: UUID
+
+
+class ActivityRegistered(EventBase, tag="activity.registered"):
+    collective_id: UUID
+    agent_id: str
+    task_description: str = ""
+    working_on: tuple[str, ...] = ()
+
+
+class ActivityHeartbeat(EventBase, tag="activity.heartbeat"):
+    """Carries the whole activity, not just "alive": the activity stream keeps only the
+    last message per agent, so a heartbeat replaces the registration it refreshes."""
+
+    collective_id: UUID
+    agent_id: str
+    started_ms: int
+    task_description: str = ""
+    working_on: tuple[str, ...] = ()
+
+
+class ActivityEnded(EventBase, tag="activity.ended"):
+    collective_id: UUID
+    agent_id: str
+
+
+class WisdomStored(EventBase, tag="wisdom.stored"):
+    wisdom_id: UUID
+    owner_id: str
+    category: WisdomCategory
+    pattern: str
+    confidence: float
+    embedding: bytes  # little-endian float32
+    source_collectives: tuple[UUID, ...] = ()
+    source_experience_count: int = 0
+    applicable_domains: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_vector_bytes("embedding", self.embedding)
+
+    @property
+    def vector(self) -> npt.NDArray[np.float32]:
+        return unpack_vector(self.embedding)
+
+
+class WisdomDeleted(EventBase, tag="wisdom.deleted"):
+    wisdom_id: UUID
+    owner_id: str
+
+
+Event: TypeAlias = Union[
+    CollectiveCreated,
+    CollectiveDeleted,
+    ExperienceRecorded,
+    ExperienceUpdated,
+    ExperienceArchived,
+    ExperienceUnarchived,
+    ExperienceDeleted,
+    ExperienceReinforced,
+    RelationStored,
+    RelationDeleted,
+    InsightStored,
+    InsightDeleted,
+    ActivityRegistered,
+    ActivityHeartbeat,
+    ActivityEnded,
+    WisdomStored,
+    WisdomDeleted,
+]
+EVENT_TYPES: tuple[type[EventBase], ...] = Event.__args__  # type: ignore[attr-defined]
+ACTIVITY_EVENT_TYPES: tuple[type[EventBase], ...] = (
+    ActivityRegistered,
+    ActivityHeartbeat,
+    ActivityEnded,
+)
+
+
+def event_type_name(event: EventBase) -> str:
+    """The tag of an event, e.g. ``"experience.recorded"``."""
+    return str(type(event).__struct_config__.tag)

@@ -1,0 +1,500 @@
+"""The event log on NATS JetStream.
+
+Appends are JetStream publishes with ``Nats-Msg-Id`` set to the event id, retried on
+transient failures until ``append_timeout`` runs out (a retry is stored once thanks to
+the id), then ``LogUnavailable``. Batches are pipelined (``publish_async``) rather than
+JetStream atomic batches, because atomic batches refuse ``Nats-Msg-Id`` and Pulse values
+idempotent retries over all-or-nothing batches.
+
+Reads and tails drive an ephemeral pull consumer with raw ``CONSUMER.MSG.NEXT``
+requests (no acks, in memory, one replica): one outstanding request at a time, idle
+heartbeats on live tails, and a fresh consumer from the last delivered sequence + 1
+whenever the old one stalls or vanishes (a reconnect, a node that died, a server
+restart). That gives resumption without relying on nats-py's ordered consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from typing import Any, AsyncIterator, Sequence
+from uuid import UUID
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import api
+
+from eventlog.codec import decode_event, encode_event
+from eventlog.errors import ConflictError, DecodeError, LogUnavailable, PulseError, ValidationError
+from eventlog.events import Event
+from eventlog.log import EXPECTED_LAST_SUBJECT_SEQ, EventLog, LogEntry
+from eventlog.streams import StreamSettings, ensure_streams
+from eventlog.subjects import PREFIX, is_activity_subject
+
+log = logging.getLogger("pulse.eventlog")
+
+_CONFLICT_CODES = {10071, 10164}  # wrong last sequence (subject / stream)
+_TOO_LARGE_CODES = {10054}  # message size exceeds maximum allowed
+_TRANSIENT = (
+    nats.errors.TimeoutError,
+    asyncio.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+)
+_RETRY_PAUSE = 0.05
+_LIVE_HEARTBEAT = 1.0  # seconds between idle heartbeats on a live tail
+_LIVE_EXPIRES = 10.0  # seconds a live pull request stays open
+_CONSUMER_IDLE = 60.0  # an abandoned consumer is removed by the server after this
+
+
+def _translate(exc: BaseException, *, subject: str, expected: int | None = None) -> PulseError | None:
+    """Pulse's error for a failed publish, or None when it is worth retrying."""
+    if isinstance(exc, nats.js.errors.ServiceUnavailableError):
+        return None
+    if isinstance(exc, nats.js.errors.APIError):
+        if exc.err_code in _CONFLICT_CODES:
+            return ConflictError(
+                f"{subject} has moved on (expected last sequence {expected}): {exc.description}; "
+                "re-read and retry",
+                subject=subject,
+                expected=expected,
+            )
+        if exc.err_code in _TOO_LARGE_CODES:
+            return ValidationError(f"event: too large for the log ({exc.description})")
+        return LogUnavailable(f"JetStream refused the append to {subject}: {exc.description}")
+    if isinstance(exc, nats.errors.MaxPayloadError):
+        return ValidationError(f"event: too large for the NATS server's max_payload ({exc})")
+    if isinstance(exc, _TRANSIENT):
+        return None
+    if isinstance(exc, (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError)):
+        return LogUnavailable("the NATS connection is closed")
+    return None
+
+
+class JetStreamLog(EventLog):
+    """``EventLog`` on NATS JetStream; see the module docstring for how it behaves."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        settings: StreamSettings | None = None,
+        *,
+        append_timeout: float = 5.0,
+        read_timeout: float = 10.0,
+        owns_connection: bool = True,
+    ) -> None:
+        if append_timeout <= 0:
+            raise ValidationError(f"append_timeout: must be > 0 seconds, got {append_timeout}")
+        self.nc = nc
+        self.js = nc.jetstream(timeout=append_timeout)
+        self.settings = settings or StreamSettings()
+        self.append_timeout = append_timeout
+        self.read_timeout = read_timeout
+        self._owns_connection = owns_connection
+
+    @classmethod
+    async def connect(
+        cls,
+        servers: str | Sequence[str],
+        settings: StreamSettings | None = None,
+        *,
+        append_timeout: float = 5.0,
+        connect_timeout: float = 5.0,
+        create_streams: bool = True,
+        name: str = "pulse",
+    ) -> "JetStreamLog":
+        """Connect to NATS (one URL or a cluster's URLs) and make sure the streams exist.
+
+        Raises ``LogUnavailable`` if NATS cannot be reached within ``connect_timeout``
+        or JetStream does not become ready (a cluster electing its leader) in that time.
+        """
+        urls = [servers] if isinstance(servers, str) else list(servers)
+
+        async def quiet(exc: Exception) -> None:
+            log.debug("nats: %r", exc)
+
+        try:
+            nc = await asyncio.wait_for(
+                nats.connect(
+                    servers=urls,
+                    name=name,
+                    connect_timeout=min(connect_timeout, 2.0),
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.25,
+                    error_cb=quiet,
+                ),
+                timeout=connect_timeout,
+            )
+        except (asyncio.TimeoutError, OSError, nats.errors.Error) as exc:
+            raise LogUnavailable(
+                f"cannot reach NATS at {', '.join(urls)} within {connect_timeout:g}s ({exc!r}); "
+                "is the server running? (`pulse up` starts one)"
+            ) from exc
+        self = cls(nc, settings, append_timeout=append_timeout)
+        if create_streams:
+            try:
+                await self._retry(lambda: ensure_streams(self.js, self.settings), connect_timeout)
+            except BaseException:
+                await nc.close()
+                raise
+        return self
+
+    async def _retry(self, action: Any, budget: float) -> Any:
+        """Run ``action`` until it succeeds, retrying JetStream's 'not ready yet' errors."""
+        deadline = time.monotonic() + budget
+        while True:
+            try:
+                return await action()
+            except (nats.js.errors.APIError, *_TRANSIENT) as exc:
+                if isinstance(exc, nats.js.errors.APIError) and exc.code not in (None, 503, 500):
+                    raise LogUnavailable(f"JetStream refused: {exc.description}") from exc
+                if time.monotonic() >= deadline:
+                    raise LogUnavailable(f"JetStream not ready within {budget:g}s ({exc!r})") from exc
+                await asyncio.sleep(0.1)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _publish_args(self, event: Event, expected: int | None) -> tuple[str, bytes, dict[str, str], float | None]:
+        wire = encode_event(event)
+        headers = dict(wire.headers)
+        if expected is not None:
+            headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected)
+        ttl = self.settings.activity_ttl if is_activity_subject(wire.subject) else None
+        return wire.subject, wire.payload, headers, ttl
+
+    async def append(self, event: Event, *, expected_last_subject_seq: int | None = None) -> int:
+        subject, payload, headers, ttl = self._publish_args(event, expected_last_subject_seq)
+        deadline = time.monotonic() + self.append_timeout
+        last_error: BaseException | None = None
+        while (remaining := deadline - time.monotonic()) > 0:
+            if self.nc.is_closed:
+                raise LogUnavailable("the NATS connection is closed")
+            try:
+                ack = await self.js.publish(
+                    subject, payload, timeout=min(remaining, 2.0), headers=headers, msg_ttl=ttl
+                )
+                return int(ack.seq)
+            except Exception as exc:  # translated below; unknown errors propagate
+                error = _translate(exc, subject=subject, expected=expected_last_subject_seq)
+                if isinstance(error, ConflictError) and expected_last_subject_seq is not None:
+                    # JetStream checks the expected sequence before deduplication, so the
+                    # retry of a conditional append whose ack was lost looks like a conflict.
+                    # It is not one if this very event is already on the subject.
+                    stored = await self._stored_seq(event, subject, expected_last_subject_seq)
+                    if stored:
+                        return stored
+                if error is not None:
+                    raise error from exc
+                if not isinstance(exc, _TRANSIENT):
+                    raise
+                last_error = exc
+            await asyncio.sleep(min(_RETRY_PAUSE, max(0.0, deadline - time.monotonic())))
+        raise LogUnavailable(
+            f"no acknowledgement from JetStream for {subject} within {self.append_timeout:g}s "
+            f"(last error: {last_error!r}); the event may or may not be stored, and retrying "
+            "it is safe"
+        )
+
+    async def _stored_seq(self, event: Event, subject: str, after: int) -> int:
+        """The sequence of ``event`` on ``subject`` after sequence ``after``, or 0."""
+        stream = self.settings.activity_name if is_activity_subject(subject) else self.settings.name
+        async for batch in _pull(self, stream, after + 1, [subject], 256, live=False):
+            for entry in batch:
+                if entry.event is not None and entry.event.event_id == event.event_id:
+                    return entry.seq
+        return 0
+
+    async def append_batch(self, events: Sequence[Event]) -> list[int]:
+        prepared = [self._publish_args(event, None) for event in events]
+        seqs = [0] * len(prepared)
+        pending = list(range(len(prepared)))
+        deadline = time.monotonic() + self.append_timeout
+        last_error: BaseException | None = None
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LogUnavailable(
+                    f"{len(pending)} of {len(prepared)} events not acknowledged within "
+                    f"{self.append_timeout:g}s (last error: {last_error!r}); retrying the batch "
+                    "is safe"
+                )
+            if self.nc.is_closed:
+                raise LogUnavailable("the NATS connection is closed")
+            futures: dict[int, asyncio.Future[api.PubAck]] = {}
+            try:
+                for i in pending:
+                    subject, payload, headers, ttl = prepared[i]
+                    futures[i] = await self.js.publish_async(
+                        subject, payload, wait_stall=remaining, headers=headers, msg_ttl=ttl
+                    )
+            except Exception as exc:
+                error = _translate(exc, subject=prepared[i][0])
+                if error is not None:
+                    raise error from exc
+                last_error = exc
+            if futures:
+                await asyncio.wait(
+                    futures.values(), timeout=max(0.0, deadline - time.monotonic())
+                )
+            still: list[int] = []
+            for i in pending:
+                future = futures.get(i)
+                if future is None or not future.done():
+                    if future is not None:
+                        future.cancel()
+                    still.append(i)
+                    continue
+                exc = future.exception()
+                if exc is None:
+                    seqs[i] = int(future.result().seq)
+                    continue
+                error = _translate(exc, subject=prepared[i][0])
+                if error is not None:
+                    raise error from exc
+                last_error = exc
+                still.append(i)
+            pending = still
+            if pending:
+                await asyncio.sleep(_RETRY_PAUSE)
+        return seqs
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def read(
+        self,
+        from_seq: int = 1,
+        *,
+        batch_size: int = 1000,
+        subjects: Sequence[str] | None = None,
+    ) -> AsyncIterator[list[LogEntry]]:
+        if batch_size < 1:
+            raise ValidationError(f"batch_size: must be >= 1, got {batch_size}")
+        end = await self.last_seq()
+        if from_seq > end:
+            return
+        async for batch in _pull(
+            self, self.settings.name, from_seq, subjects, batch_size, live=False, end_seq=end
+        ):
+            yield batch
+
+    async def tail(
+        self, from_seq: int = 1, *, subjects: Sequence[str] | None = None
+    ) -> AsyncIterator[LogEntry]:
+        async for batch in _pull(self, self.settings.name, from_seq, subjects, 256, live=True):
+            for entry in batch:
+                yield entry
+
+    async def last_seq(self) -> int:
+        info = await self._retry(lambda: self.js.stream_info(self.settings.name), self.read_timeout)
+        return int(info.state.last_seq)
+
+    async def last_subject_seq(self, subject: str) -> int:
+        stream = self.settings.activity_name if is_activity_subject(subject) else self.settings.name
+        try:
+            msg = await self._retry(lambda: self.js.get_last_msg(stream, subject), self.read_timeout)
+        except nats.js.errors.NotFoundError:
+            return 0
+        except LogUnavailable as exc:
+            if isinstance(exc.__cause__, nats.js.errors.NotFoundError):
+                return 0
+            raise
+        return int(msg.seq)
+
+    async def latest_activities(self, collective_id: UUID | None = None) -> list[LogEntry]:
+        subject = f"{PREFIX}.a.{collective_id}.>" if collective_id else f"{PREFIX}.a.>"
+        entries: list[LogEntry] = []
+        async for batch in _pull(
+            self, self.settings.activity_name, 1, [subject], 1000, live=False, last_per_subject=True
+        ):
+            entries.extend(batch)
+        return entries
+
+    async def close(self) -> None:
+        if self._owns_connection and not self.nc.is_closed:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+
+
+# -- the pull consumer behind read, tail and latest_activities -------------------------------
+
+
+class _Inbox:
+    """Messages delivered to one consumer incarnation's inbox, in arrival order."""
+
+    def __init__(self) -> None:
+        self.items: deque[Msg] = deque()
+        self.arrived = asyncio.Event()
+
+    async def put(self, msg: Msg) -> None:
+        self.items.append(msg)
+        self.arrived.set()
+
+
+def _ack_position(reply: str) -> tuple[int, int]:
+    """(stream sequence, messages still pending) from a JetStream ack subject."""
+    tokens = reply.split(".")
+    if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>
+        return int(tokens[5]), int(tokens[8])
+    # $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>...
+    return int(tokens[7]), int(tokens[10])
+
+
+def _decode(msg: Msg, seq: int) -> LogEntry:
+    try:
+        event = decode_event(msg.data, msg.headers, subject=msg.subject, seq=seq)
+    except DecodeError as exc:
+        return LogEntry(seq, msg.subject, None, exc)
+    return LogEntry(seq, msg.subject, event)
+
+
+async def _pull(
+    owner: JetStreamLog,
+    stream: str,
+    from_seq: int,
+    subjects: Sequence[str] | None,
+    batch_size: int,
+    *,
+    live: bool,
+    end_seq: int | None = None,
+    last_per_subject: bool = False,
+) -> AsyncIterator[list[LogEntry]]:
+    """Batches of entries from an ephemeral pull consumer, recreated after any stall."""
+    if from_seq < 1:
+        raise ValidationError(f"from_seq: must be >= 1, got {from_seq}")
+    nc = owner.nc
+    next_seq = from_seq
+    consumer: str | None = None
+    sub: Subscription | None = None
+    inbox = _Inbox()
+    outstanding = 0  # unfilled messages of the open pull request
+    stall_after = 3 * _LIVE_HEARTBEAT if live else owner.read_timeout
+    quiet_since = time.monotonic()  # last time we heard anything, or made progress
+
+    async def drop() -> None:
+        nonlocal consumer, sub, outstanding
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        if consumer is not None and not nc.is_closed:
+            name = consumer
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(owner.js.delete_consumer(stream, name), 1.0)
+        consumer, sub, outstanding = None, None, 0
+
+    try:
+        while True:
+            if consumer is None:
+                if nc.is_closed:
+                    raise LogUnavailable("the NATS connection is closed")
+                config = api.ConsumerConfig(
+                    ack_policy=api.AckPolicy.NONE,
+                    mem_storage=True,
+                    num_replicas=1,
+                    inactive_threshold=_CONSUMER_IDLE,
+                )
+                if last_per_subject:
+                    config.deliver_policy = api.DeliverPolicy.LAST_PER_SUBJECT
+                else:
+                    config.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
+                    config.opt_start_seq = next_seq
+                if subjects:
+                    if len(subjects) == 1:
+                        config.filter_subject = subjects[0]
+                    else:
+                        config.filter_subjects = list(subjects)
+                try:
+                    info = await owner.js.add_consumer(stream, config=config, timeout=2.0)
+                except Exception as exc:
+                    if _translate(exc, subject=stream) is not None and not live:
+                        raise LogUnavailable(f"cannot read {stream}: {exc!r}") from exc
+                    if not live and time.monotonic() - quiet_since > stall_after:
+                        raise LogUnavailable(
+                            f"cannot read {stream}: no answer within {stall_after:g}s ({exc!r})"
+                        ) from exc
+                    await asyncio.sleep(0.2)
+                    continue
+                consumer = info.name
+                inbox = _Inbox()
+                sub = await nc.subscribe(nc.new_inbox(), cb=inbox.put)
+                outstanding = 0
+                quiet_since = time.monotonic()
+
+            if outstanding == 0:
+                request: dict[str, Any] = {"batch": batch_size}
+                if live:
+                    request["expires"] = int(_LIVE_EXPIRES * 1e9)
+                    request["idle_heartbeat"] = int(_LIVE_HEARTBEAT * 1e9)
+                else:
+                    request["no_wait"] = True
+                try:
+                    await nc.publish(
+                        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+                        json.dumps(request).encode(),
+                        reply=sub.subject,  # type: ignore[union-attr]
+                    )
+                except Exception:  # reconnecting or buffer full: treat as a stall
+                    await drop()
+                    await asyncio.sleep(0.2)
+                    continue
+                outstanding = batch_size
+
+            timeout = max(0.0, stall_after - (time.monotonic() - quiet_since))
+            try:
+                await asyncio.wait_for(inbox.arrived.wait(), timeout)
+            except asyncio.TimeoutError:
+                if not live:
+                    raise LogUnavailable(f"reading {stream}: no answer within {stall_after:g}s")
+                log.info("pull consumer on %s stalled; resuming from %d", stream, next_seq)
+                await drop()
+                continue
+            inbox.arrived.clear()
+            quiet_since = time.monotonic()
+
+            entries: list[LogEntry] = []
+            finished = False
+            while inbox.items:
+                msg = inbox.items.popleft()
+                status = msg.headers.get("Status") if msg.headers and not msg.reply else None
+                if status is None:
+                    seq, pending = _ack_position(msg.reply)
+                    outstanding -= 1
+                    if seq < next_seq and not last_per_subject:
+                        continue  # already delivered by an earlier consumer incarnation
+                    if end_seq is not None and seq > end_seq:
+                        finished = True
+                        continue
+                    entries.append(_decode(msg, seq))
+                    next_seq = seq + 1
+                    if not live and pending == 0:
+                        finished = True
+                elif status == "100":  # idle heartbeat: the consumer is alive
+                    continue
+                elif status in ("404", "408"):  # nothing more now / request expired
+                    outstanding = 0
+                    if not live:
+                        finished = True
+                else:  # 409 (consumer deleted, leader change, ...) or anything else: start over
+                    log.info("pull consumer on %s: status %s; recreating", stream, status)
+                    await drop()
+                    break
+            if end_seq is not None and next_seq > end_seq:
+                finished = True
+            if entries:
+                yield entries
+            if finished:
+                return
+    finally:
+        await drop()

@@ -1,0 +1,108 @@
+"""The event log interface: what the rest of Pulse may ask of the log, whatever backs it.
+
+Two backends implement it, ``JetStreamLog`` (NATS JetStream, the real thing) and
+``MemoryLog`` (in-process, for tests and simulations), and one contract test module
+(``tests/log_contract.py``) runs against both.
+
+Sequences are stream sequences: 1, 2, 3, ... per stream, never reused. Durable events
+live in the main stream; activity events (presence) in the activity stream, which keeps
+only the last message per agent, so they never show up in ``read`` or ``tail``.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from types import TracebackType
+from typing import AsyncIterator, Sequence
+from uuid import UUID
+
+from eventlog.errors import DecodeError
+from eventlog.events import Event
+
+EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One stored message: its place in the stream and the event it holds.
+
+    A message that cannot be decoded comes back with ``event=None`` and the
+    ``DecodeError`` in ``error`` instead of raising, so a consumer can set it aside
+    (the projections keep it as a dead letter) and keep going.
+    """
+
+    seq: int
+    subject: str
+    event: Event | None
+    error: DecodeError | None = None
+
+
+class EventLog(abc.ABC):
+    """An append-only, idempotent, subject-addressed log of Pulse events."""
+
+    @abc.abstractmethod
+    async def append(self, event: Event, *, expected_last_subject_seq: int | None = None) -> int:
+        """Store one event and return its stream sequence once it is durably stored.
+
+        Idempotent by ``event.event_id``: appending the same event again returns the
+        sequence it was first stored at. With ``expected_last_subject_seq``, the append
+        succeeds only if the last message on the event's subject has that sequence
+        (0: none yet), else raises ``ConflictError``. Raises ``LogUnavailable`` when the
+        log cannot acknowledge in time, ``ValidationError`` when the event is too large.
+        """
+
+    @abc.abstractmethod
+    async def append_batch(self, events: Sequence[Event]) -> list[int]:
+        """Store several events (pipelined), returning their sequences in order.
+
+        Not atomic: if it raises, some events may be stored. Retrying the same batch is
+        safe because each event is idempotent by its id.
+        """
+
+    @abc.abstractmethod
+    def read(
+        self,
+        from_seq: int = 1,
+        *,
+        batch_size: int = 1000,
+        subjects: Sequence[str] | None = None,
+    ) -> AsyncIterator[list[LogEntry]]:
+        """Batches of stored events from ``from_seq`` up to the end as of the call."""
+
+    @abc.abstractmethod
+    def tail(
+        self, from_seq: int = 1, *, subjects: Sequence[str] | None = None
+    ) -> AsyncIterator[LogEntry]:
+        """Every event from ``from_seq`` on, then live ones as they are stored; never ends.
+
+        Survives disconnects: after a reconnect it resumes after the last entry it gave.
+        """
+
+    @abc.abstractmethod
+    async def last_seq(self) -> int:
+        """The sequence of the last message in the main stream (0 when empty)."""
+
+    @abc.abstractmethod
+    async def last_subject_seq(self, subject: str) -> int:
+        """The sequence of the last message on one subject (0 when none): the value an
+        optimistic writer passes as ``expected_last_subject_seq``."""
+
+    @abc.abstractmethod
+    async def latest_activities(self, collective_id: UUID | None = None) -> list[LogEntry]:
+        """The last activity event of each agent (of one collective, or all) still kept."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections; the log's contents stay."""
+
+    async def __aenter__(self) -> "EventLog":
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

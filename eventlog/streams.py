@@ -1,0 +1,92 @@
+"""Stream settings and their idempotent creation on JetStream.
+
+``PULSE`` holds every durable event (subjects ``pulse.c.>`` and ``pulse.w.>``), kept
+forever (only forgetting purges it). ``PULSE_ACTIVITY`` holds presence: the last message
+per agent subject (``max_msgs_per_subject=1``), each expiring after ``activity_ttl``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nats.js import JetStreamContext
+from nats.js import api
+from nats.js.errors import NotFoundError as JsNotFound
+
+from eventlog.errors import ValidationError
+from eventlog.subjects import ACTIVITY_SUBJECTS, DURABLE_SUBJECTS
+
+# 100 KB of content plus a 4096-dimension float32 embedding (16 KB) plus tags, files and
+# a structured experience type fit with room to spare; nats-server's default max_payload.
+DEFAULT_MAX_MSG_SIZE = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSettings:
+    """How Pulse's two streams are configured (the same on every host of a deployment)."""
+
+    name: str = "PULSE"
+    activity_name: str = "PULSE_ACTIVITY"
+    replicas: int = 1
+    duplicate_window: float = 120.0  # seconds within which a retried event id is dropped
+    max_msg_size: int = DEFAULT_MAX_MSG_SIZE
+    activity_ttl: float = 3600.0  # seconds an activity message is kept without a heartbeat
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.replicas <= 5:
+            raise ValidationError(f"replicas: must be 1..5 (1 or 3 in practice), got {self.replicas}")
+        if self.duplicate_window <= 0:
+            raise ValidationError(
+                f"duplicate_window: must be > 0 seconds, got {self.duplicate_window}"
+            )
+        if not 64 * 1024 <= self.max_msg_size <= 64 * 1024 * 1024:
+            raise ValidationError(
+                f"max_msg_size: must be 64 KiB..64 MiB, got {self.max_msg_size} bytes"
+            )
+        if self.activity_ttl < 1:
+            raise ValidationError(f"activity_ttl: must be >= 1 second, got {self.activity_ttl}")
+        for field in ("name", "activity_name"):
+            value = getattr(self, field)
+            if not value or any(c in value for c in " .*>\t\n/\\"):
+                raise ValidationError(f"{field}: {value!r} is not a valid stream name")
+
+    def main_config(self) -> api.StreamConfig:
+        return api.StreamConfig(
+            name=self.name,
+            description="Pulse: every durable event (collectives, experiences, relations, "
+            "insights, wisdom)",
+            subjects=list(DURABLE_SUBJECTS),
+            retention=api.RetentionPolicy.LIMITS,
+            storage=api.StorageType.FILE,
+            num_replicas=self.replicas,
+            duplicate_window=self.duplicate_window,
+            max_msg_size=self.max_msg_size,
+            allow_direct=True,
+        )
+
+    def activity_config(self) -> api.StreamConfig:
+        return api.StreamConfig(
+            name=self.activity_name,
+            description="Pulse: agent activities, the last message per agent, expiring",
+            subjects=list(ACTIVITY_SUBJECTS),
+            retention=api.RetentionPolicy.LIMITS,
+            storage=api.StorageType.FILE,
+            num_replicas=self.replicas,
+            duplicate_window=min(self.duplicate_window, self.activity_ttl),
+            max_msg_size=self.max_msg_size,
+            max_msgs_per_subject=1,
+            max_age=max(self.activity_ttl, self.duplicate_window),
+            allow_msg_ttl=True,
+            allow_direct=True,
+        )
+
+
+async def ensure_streams(js: JetStreamContext, settings: StreamSettings) -> None:
+    """Create both streams, or bring existing ones to ``settings``; safe to repeat."""
+    for config in (settings.main_config(), settings.activity_config()):
+        try:
+            await js.stream_info(config.name)  # type: ignore[arg-type]
+        except JsNotFound:
+            await js.add_stream(config)
+        else:
+            await js.update_stream(config)

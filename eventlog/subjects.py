@@ -1,0 +1,91 @@
+"""NATS subjects of Pulse events. The subject names the aggregate an event belongs to:
+
+    pulse.c.<collective_id>.collective.<collective_id>
+    pulse.c.<collective_id>.experience.<experience_id>
+    pulse.c.<collective_id>.relation.<relation_id>
+    pulse.c.<collective_id>.insight.<insight_id>
+    pulse.w.<wisdom_id>                                  (wisdom is per owner, not per collective)
+    pulse.a.<collective_id>.<agent token>                (activities: the PULSE_ACTIVITY stream)
+
+so a host can replicate a subset of collectives with a filter (``collective_filter``)
+and forget one aggregate by purging its subject. Agent ids are free text, which may hold
+characters a subject cannot (dots, spaces, wildcards), so their token is a hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable
+from uuid import UUID
+
+from eventlog import events as ev
+
+PREFIX = "pulse"
+DURABLE_SUBJECTS = (f"{PREFIX}.c.>", f"{PREFIX}.w.>")
+ACTIVITY_SUBJECTS = (f"{PREFIX}.a.>",)
+
+
+def collective_subject(collective_id: UUID, entity: str, entity_id: UUID) -> str:
+    return f"{PREFIX}.c.{collective_id}.{entity}.{entity_id}"
+
+
+def wisdom_subject(wisdom_id: UUID) -> str:
+    return f"{PREFIX}.w.{wisdom_id}"
+
+
+def agent_token(agent_id: str) -> str:
+    """A subject-safe, fixed-length token for a free-text agent id."""
+    return hashlib.sha256(agent_id.encode("utf-8")).hexdigest()[:32]
+
+
+def activity_subject(collective_id: UUID, agent_id: str) -> str:
+    return f"{PREFIX}.a.{collective_id}.{agent_token(agent_id)}"
+
+
+def subject_for(event: ev.Event) -> str:
+    """The subject an event is published on."""
+    match event:
+        case ev.CollectiveCreated() | ev.CollectiveDeleted():
+            return collective_subject(event.collective_id, "collective", event.collective_id)
+        case (
+            ev.ExperienceRecorded()
+            | ev.ExperienceUpdated()
+            | ev.ExperienceArchived()
+            | ev.ExperienceUnarchived()
+            | ev.ExperienceDeleted()
+            | ev.ExperienceReinforced()
+        ):
+            return collective_subject(event.collective_id, "experience", event.experience_id)
+        case ev.RelationStored() | ev.RelationDeleted():
+            return collective_subject(event.collective_id, "relation", event.relation_id)
+        case ev.InsightStored() | ev.InsightDeleted():
+            return collective_subject(event.collective_id, "insight", event.insight_id)
+        case ev.ActivityRegistered() | ev.ActivityHeartbeat() | ev.ActivityEnded():
+            return activity_subject(event.collective_id, event.agent_id)
+        case ev.WisdomStored() | ev.WisdomDeleted():
+            return wisdom_subject(event.wisdom_id)
+    raise TypeError(f"not a Pulse event: {type(event).__name__}")
+
+
+def is_activity_subject(subject: str) -> bool:
+    return subject.startswith(f"{PREFIX}.a.")
+
+
+def collective_filter(collective_ids: Iterable[UUID], *, wisdom: bool = True) -> list[str]:
+    """Subject filters for the events of some collectives (and, by default, all wisdom)."""
+    subjects = [f"{PREFIX}.c.{cid}.>" for cid in collective_ids]
+    if wisdom:
+        subjects.append(f"{PREFIX}.w.>")
+    return subjects
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: ``*`` is one token, a trailing ``>`` is one or more."""
+    pattern_tokens = pattern.split(".")
+    subject_tokens = subject.split(".")
+    for i, token in enumerate(pattern_tokens):
+        if token == ">":
+            return len(subject_tokens) > i
+        if i >= len(subject_tokens) or (token != "*" and token != subject_tokens[i]):
+            return False
+    return len(pattern_tokens) == len(subject_tokens)

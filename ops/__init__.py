@@ -1,0 +1,1 @@
+"""Running Pulse: the `pulse` command line, benchmarks, deployment configs."""

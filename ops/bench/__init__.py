@@ -1,0 +1,1 @@
+"""Benchmarks: one scenario per module, run with `python -m ops.bench.<name>`."""

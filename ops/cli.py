@@ -1,0 +1,239 @@
+"""The `pulse` command line: thin commands over the library, each documented by its
+docstring (shown by --help, with an example)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import textwrap
+from typing import AsyncIterator, Callable, Sequence
+from uuid import UUID
+
+import msgspec
+
+from eventlog import EmbeddedNats, JetStreamLog, PulseError, StreamSettings
+from eventlog.events import Event, event_type_name, unpack_vector
+from eventlog.log import LogEntry
+from eventlog.subjects import collective_filter
+
+DEFAULT_DATA_DIR = ".pulse"
+
+
+@contextlib.asynccontextmanager
+async def open_log(args: argparse.Namespace) -> AsyncIterator[tuple[JetStreamLog, EmbeddedNats | None]]:
+    """The log named by --nats-url, or the embedded server of --data-dir (reused if running)."""
+    settings = StreamSettings(replicas=args.replicas)
+    server: EmbeddedNats | None = None
+    if args.nats_url:
+        urls = [u.strip() for u in args.nats_url.split(",") if u.strip()]
+    else:
+        server = EmbeddedNats(args.data_dir, sync_always=not getattr(args, "no_sync", False))
+        urls = [server.start()]
+    try:
+        log = await JetStreamLog.connect(urls, settings)
+        try:
+            yield log, server
+        finally:
+            await log.close()
+    finally:
+        if server is not None:
+            server.stop()
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Start Pulse: an embedded NATS server (unless --nats-url), and the streams.
+
+    Runs until Ctrl-C (or SIGTERM), then stops the server it started. With
+    --nats-url it only connects to that server or cluster and creates the streams.
+
+    example:
+      pulse up                       # embedded NATS, data in ./.pulse
+      pulse --data-dir /srv/pulse up
+      pulse --nats-url nats://10.0.0.5:4222,nats://10.0.0.6:4222 --replicas 3 up
+    """
+
+    async def run() -> int:
+        async with open_log(args) as (log, server):
+            last = await log.last_seq()
+            if server is not None:
+                where = (
+                    f"embedded nats-server, pid {server.pid}, store {server.dir / 'store'}, "
+                    + ("every write synced to disk" if server.sync_always else "periodic fsync")
+                )
+                if not server.owned:
+                    where = f"already running, started by another pulse process (pid {server.pid})"
+                url = server.url
+            else:
+                where, url = "external", args.nats_url
+            print("Pulse is up.")
+            print(f"  NATS     {url}  ({where})")
+            print(f"  streams  {log.settings.name} ({last} events), {log.settings.activity_name}")
+            print(f"Point other hosts here with PULSE_NATS_URL={url}. Ctrl-C stops.", flush=True)
+            await _wait_for_signal()
+            print("Pulse stopped.", flush=True)
+        return 0
+
+    return asyncio.run(run())
+
+
+def _jsonable(event: Event) -> dict[str, object]:
+    def hook(value: object) -> object:
+        if isinstance(value, bytes):
+            return [round(float(x), 6) for x in unpack_vector(value)]
+        raise NotImplementedError(type(value))
+
+    return msgspec.to_builtins(event, enc_hook=hook, builtin_types=())  # type: ignore[no-any-return]
+
+
+def _summary(entry: LogEntry) -> str:
+    if entry.event is None:
+        return f"{entry.seq:>8}  UNREADABLE  {entry.subject}  {entry.error}"
+    event = entry.event
+    details = []
+    for name in ("name", "content", "pattern", "agent_id", "relation_type", "applications"):
+        value = getattr(event, name, None)
+        if value is not None:
+            text = str(value).replace("\n", " ")
+            details.append(f"{name}={text[:60]!r}" if isinstance(value, str) else f"{name}={value}")
+    return f"{entry.seq:>8}  {event_type_name(event):<22}  {entry.subject}  {' '.join(details)}"
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    """Print events as they arrive on the log (from the start, or --from-seq / --new).
+
+    One line per event: stream sequence, event type, subject and a few fields; with
+    --json, one JSON object per line. Runs until Ctrl-C or --limit events.
+
+    example:
+      pulse tail                         # everything so far, then live
+      pulse tail --new --json            # only what arrives from now on, as JSON lines
+      pulse tail --collective 0193f1c2-7a4e-7c3b-9d2e-5f6a7b8c9d0e --limit 10
+    """
+
+    async def run() -> int:
+        async with open_log(args) as (log, _server):
+            start = (await log.last_seq()) + 1 if args.new else args.from_seq
+            subjects = collective_filter(args.collective) if args.collective else None
+            count = 0
+            stream = log.tail(start, subjects=subjects)
+            waiter = asyncio.ensure_future(_wait_for_signal())
+            try:
+                while args.limit is None or count < args.limit:
+                    nxt = asyncio.ensure_future(anext(stream))
+                    done, _ = await asyncio.wait({nxt, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                    if waiter in done:
+                        nxt.cancel()
+                        break
+                    entry = nxt.result()
+                    if args.json:
+                        record = {"seq": entry.seq, "subject": entry.subject}
+                        if entry.event is not None:
+                            record["event"] = _jsonable(entry.event)
+                        else:
+                            record["error"] = str(entry.error)
+                        print(msgspec.json.encode(record).decode(), flush=True)
+                    else:
+                        print(_summary(entry), flush=True)
+                    count += 1
+            finally:
+                waiter.cancel()
+                await stream.aclose()
+        return 0
+
+    return asyncio.run(run())
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"up": cmd_up, "tail": cmd_tail}
+
+
+def _doc(func: Callable[..., object]) -> tuple[str, str]:
+    doc = textwrap.dedent(func.__doc__ or "").strip()
+    summary, _, rest = doc.partition("\n")
+    return summary, textwrap.dedent(rest).strip()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pulse",
+        description="Pulse: a shared memory for collectives of AI agents, on a NATS JetStream log.",
+        epilog="example:\n  pulse up\n  pulse tail --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=os.environ.get("PULSE_DATA_DIR", DEFAULT_DATA_DIR),
+        help="data directory (default: $PULSE_DATA_DIR or ./.pulse)",
+    )
+    parser.add_argument(
+        "--nats-url",
+        default=os.environ.get("PULSE_NATS_URL"),
+        help="NATS server URL(s), comma-separated; default: $PULSE_NATS_URL, else an "
+        "embedded server in the data directory",
+    )
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="stream replicas: 1, or 3 on a cluster (default 1)"
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, func in COMMANDS.items():
+        summary, body = _doc(func)
+        sub = commands.add_parser(
+            name,
+            help=summary,
+            description=f"{summary}\n\n{body}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        sub.set_defaults(func=func)
+        if name == "up":
+            sub.add_argument(
+                "--no-sync",
+                action="store_true",
+                help="let the embedded server fsync periodically instead of before every ack",
+            )
+        if name == "tail":
+            where = sub.add_mutually_exclusive_group()
+            where.add_argument("--from-seq", type=_positive, default=1, help="first stream sequence")
+            where.add_argument("--new", action="store_true", help="only events stored from now on")
+            sub.add_argument(
+                "--collective",
+                type=UUID,
+                action="append",
+                help="only this collective (repeatable); wisdom events are always shown",
+            )
+            sub.add_argument("--limit", type=_positive, help="stop after this many events")
+            sub.add_argument("--json", action="store_true", help="one JSON object per line")
+    return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except PulseError as exc:
+        print(f"pulse: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

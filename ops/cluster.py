@@ -1,0 +1,141 @@
+"""A NATS JetStream cluster on loopback: the shape of a multi-host deployment, on one
+machine. Used by the fault tests and benchmarks; ``node_config`` is also the template for
+a real node's configuration (swap the loopback addresses for the hosts').
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+from eventlog.embedded import EmbeddedNatsError, _die_with_parent, find_nats_server
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def node_config(
+    name: str, store: Path, client: int, route: int, monitor: int, peers: list[int], cluster: str
+) -> str:
+    routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in peers)
+    return "\n".join(
+        [
+            f'server_name: "{name}"',
+            'host: "127.0.0.1"',
+            f"port: {client}",
+            f'http: "127.0.0.1:{monitor}"',
+            "jetstream {",
+            f"  store_dir: {json.dumps(str(store))}",
+            "  sync_interval: always",
+            "}",
+            "cluster {",
+            f'  name: "{cluster}"',
+            f'  listen: "127.0.0.1:{route}"',
+            f"  routes: [{routes}]",
+            "}",
+            "",
+        ]
+    )
+
+
+class LocalCluster:
+    """``size`` nats-server processes clustered on loopback, each with its own store."""
+
+    def __init__(self, root: str | os.PathLike[str], size: int = 3, name: str = "pulse") -> None:
+        self.root = Path(root)
+        self.size = size
+        self.name = name
+        self.client_ports = [free_port() for _ in range(size)]
+        self.route_ports = [free_port() for _ in range(size)]
+        self.monitor_ports = [free_port() for _ in range(size)]
+        self.processes: list[subprocess.Popen[bytes] | None] = [None] * size
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"nats://127.0.0.1:{p}" for p in self.client_ports]
+
+    def start(self, ready_timeout: float = 30.0) -> list[str]:
+        for i in range(self.size):
+            self.start_node(i, wait=False)
+        self.wait_ready(ready_timeout)
+        return self.urls
+
+    def start_node(self, i: int, *, wait: bool = True) -> None:
+        node_dir = self.root / f"n{i}"
+        node_dir.mkdir(parents=True, exist_ok=True)
+        conf = node_dir / "nats.conf"
+        peers = [p for j, p in enumerate(self.route_ports) if j != i]
+        conf.write_text(
+            node_config(
+                f"n{i}", node_dir / "store", self.client_ports[i], self.route_ports[i],
+                self.monitor_ports[i], peers, self.name,
+            )
+        )
+        with open(node_dir / "nats.log", "ab") as logfile:
+            self.processes[i] = subprocess.Popen(
+                [find_nats_server(), "-c", str(conf)],
+                stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )
+        if wait:
+            self.wait_ready(30.0, nodes=[i])
+
+    def wait_ready(self, timeout: float, nodes: list[int] | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        for i in nodes if nodes is not None else range(self.size):
+            url = f"http://127.0.0.1:{self.monitor_ports[i]}/healthz"
+            while True:
+                process = self.processes[i]
+                if process is not None and process.poll() is not None:
+                    raise EmbeddedNatsError(f"cluster node n{i} exited: see {self.root}/n{i}/nats.log")
+                with contextlib.suppress(OSError):
+                    with urllib.request.urlopen(url, timeout=0.5) as response:  # noqa: S310
+                        if response.status == 200:
+                            break
+                if time.monotonic() > deadline:
+                    raise EmbeddedNatsError(f"cluster node n{i} not healthy within {timeout:g}s")
+                time.sleep(0.05)
+
+    def kill(self, i: int) -> None:
+        """Kill node ``i`` hard (SIGKILL), as a crashed host would go."""
+        process = self.processes[i]
+        if process is not None:
+            process.send_signal(signal.SIGKILL)
+            process.wait(10)
+            self.processes[i] = None
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process is not None:
+                process.terminate()
+        for i, process in enumerate(self.processes):
+            if process is not None:
+                try:
+                    process.wait(10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(10)
+                self.processes[i] = None
+
+    def __enter__(self) -> "LocalCluster":
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

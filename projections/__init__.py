@@ -1,0 +1,1 @@
+"""Pulse's read side: folds the event log into DuckDB tables, FAISS indexes and a full-text index (to come)."""

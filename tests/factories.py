@@ -1,0 +1,67 @@
+"""Small builders of valid events for tests (ids fresh, HLC from the wall clock)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from uuid import UUID
+
+from eventlog import events as ev
+from eventlog.ids import uuid7
+
+INSTANCE = uuid7()
+_logical = itertools.count()
+
+
+def _common() -> dict[str, object]:
+    return {
+        "event_id": uuid7(),
+        "instance_id": INSTANCE,
+        "hlc": ev.pack_hlc(time.time_ns() // 1_000_000, next(_logical) % 60000),
+    }
+
+
+def collective(collective_id: UUID | None = None, dim: int = 4) -> ev.CollectiveCreated:
+    return ev.CollectiveCreated(
+        **_common(),  # type: ignore[arg-type]
+        collective_id=collective_id or uuid7(),
+        owner_id="owner-1",
+        name="test collective",
+        embedding_dimension=dim,
+    )
+
+
+def experience(collective_id: UUID, content: str = "a lesson", dim: int = 4) -> ev.ExperienceRecorded:
+    return ev.ExperienceRecorded(
+        **_common(),  # type: ignore[arg-type]
+        experience_id=uuid7(),
+        collective_id=collective_id,
+        content=content,
+        embedding=ev.pack_vector([0.5] * dim),
+        experience_type=ev.Fact(statement=content, source="test"),
+        importance=0.5,
+        confidence=0.75,
+        source_agent="agent-1",
+        domain=("testing",),
+    )
+
+
+def activity(collective_id: UUID, agent_id: str, task: str = "working") -> ev.ActivityRegistered:
+    return ev.ActivityRegistered(
+        **_common(),  # type: ignore[arg-type]
+        collective_id=collective_id,
+        agent_id=agent_id,
+        task_description=task,
+    )
+
+
+def wisdom() -> ev.WisdomStored:
+    return ev.WisdomStored(
+        **_common(),  # type: ignore[arg-type]
+        wisdom_id=uuid7(),
+        owner_id="owner-1",
+        category="CodingStyle",
+        pattern="small functions",
+        confidence=0.9,
+        embedding=ev.pack_vector([1.0, 0.0, 0.0, 0.0]),
+    )
