@@ -43,6 +43,7 @@ log = logging.getLogger("pulse.eventlog")
 
 _CONFLICT_CODES = {10071, 10164}  # wrong last sequence (subject / stream)
 _TOO_LARGE_CODES = {10054}  # message size exceeds maximum allowed
+_IN_FLIGHT_CODES = {10158}  # duplicate message id is in process: the first copy is being stored
 _TRANSIENT = (
     nats.errors.TimeoutError,
     asyncio.TimeoutError,
@@ -64,6 +65,8 @@ def _translate(exc: BaseException, *, subject: str, expected: int | None = None)
     if isinstance(exc, nats.js.errors.ServiceUnavailableError):
         return None
     if isinstance(exc, nats.js.errors.APIError):
+        if exc.err_code in _IN_FLIGHT_CODES or "in process" in (exc.description or ""):
+            return None  # retry: the answer will be the first copy's sequence
         if exc.err_code in _CONFLICT_CODES:
             return ConflictError(
                 f"{subject} has moved on (expected last sequence {expected}): {exc.description}; "
@@ -198,7 +201,7 @@ class JetStreamLog(EventLog):
                         return stored
                 if error is not None:
                     raise error from exc
-                if not isinstance(exc, _TRANSIENT):
+                if not isinstance(exc, (*_TRANSIENT, nats.js.errors.APIError)):
                     raise
                 last_error = exc
             await asyncio.sleep(min(_RETRY_PAUSE, max(0.0, deadline - time.monotonic())))

@@ -1,0 +1,209 @@
+"""The wire format: golden vectors, round trips of every event type, decode errors, upcasting."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import msgspec
+import msgspec.inspect as mi
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from eventlog import events as ev
+from eventlog.codec import (
+    HDR_EVENT_TYPE,
+    HDR_MSG_ID,
+    HDR_SCHEMA,
+    SCHEMA_VERSION,
+    UPCASTERS,
+    decode_event,
+    encode_body,
+    encode_event,
+    register_upcaster,
+)
+from eventlog.errors import DecodeError
+from eventlog.subjects import subject_for
+from tests.golden_events import SAMPLES, golden_path
+
+HEADERS = {HDR_SCHEMA: str(SCHEMA_VERSION)}
+
+# -- golden vectors -------------------------------------------------------------------------
+
+
+def test_every_event_type_and_experience_variant_has_a_golden_vector() -> None:
+    types = {type(e) for e in SAMPLES.values()}
+    assert types == set(ev.EVENT_TYPES)
+    kinds = {type(e.experience_type) for e in SAMPLES.values() if isinstance(e, ev.ExperienceRecorded)}
+    assert kinds == set(ev.EXPERIENCE_TYPES)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_golden_vector_is_unchanged(name: str) -> None:
+    frozen = golden_path(name).read_bytes()
+    assert encode_body(SAMPLES[name]) == frozen, f"the wire format of {name} changed"
+    assert decode_event(frozen, HEADERS) == SAMPLES[name]
+
+
+def test_embeddings_travel_as_little_endian_float32() -> None:
+    sample = SAMPLES["insight.stored"]
+    assert isinstance(sample, ev.InsightStored)
+    raw = msgspec.msgpack.decode(golden_path("insight.stored").read_bytes())
+    assert raw["embedding"] == b"\x00\x00\x80>\x00\x00\xc0\xbf\x00\x00@@\x00\x00\x00\x00"
+    assert sample.vector.tolist() == [0.25, -1.5, 3.0, 0.0]
+
+
+def test_headers_carry_id_type_and_schema() -> None:
+    event = SAMPLES["experience.reinforced"]
+    wire = encode_event(event)
+    assert wire.headers == {
+        HDR_MSG_ID: str(event.event_id),
+        HDR_EVENT_TYPE: "experience.reinforced",
+        HDR_SCHEMA: str(SCHEMA_VERSION),
+    }
+    assert wire.subject == subject_for(event)  # type: ignore[arg-type]
+    assert wire.subject.startswith("pulse.c.01930c4e-2b2a-7d40-8a11-0000000000c0.experience.")
+
+
+# -- round trips of every event type (strategies derived from the struct definitions) ------
+
+_floats = st.floats(allow_nan=False)
+
+
+def strategy_for(info: mi.Type, name: str = "") -> st.SearchStrategy[Any]:
+    if isinstance(info, mi.StructType):
+        fields = {
+            f.name: strategy_for(f.type, f.name)
+            if f.required
+            else st.one_of(st.just(f.default), strategy_for(f.type, f.name))
+            for f in info.fields
+        }
+        return st.fixed_dictionaries(fields).map(lambda kw: info.cls(**kw))
+    if isinstance(info, mi.UnionType):
+        return st.one_of(*(strategy_for(t, name) for t in info.types))
+    if isinstance(info, mi.UUIDType):
+        return st.uuids()
+    if isinstance(info, mi.StrType):
+        return st.text(max_size=40)
+    if isinstance(info, mi.IntType):
+        return st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    if isinstance(info, mi.FloatType):
+        return _floats
+    if isinstance(info, mi.BoolType):
+        return st.booleans()
+    if isinstance(info, mi.NoneType):
+        return st.none()
+    if isinstance(info, mi.BytesType):  # embeddings
+        return st.lists(st.floats(width=32, allow_nan=False), max_size=16).map(ev.pack_vector)
+    if isinstance(info, mi.LiteralType):
+        return st.sampled_from(info.values)
+    if isinstance(info, mi.VarTupleType):
+        return st.lists(strategy_for(info.item_type, name), max_size=5).map(tuple)
+    raise TypeError(f"no strategy for {info!r} ({name})")
+
+
+@pytest.mark.parametrize("event_type", ev.EVENT_TYPES, ids=lambda t: t.__name__)
+@given(data=st.data())
+def test_every_event_type_round_trips(event_type: type[ev.EventBase], data: st.DataObject) -> None:
+    event = data.draw(strategy_for(mi.type_info(event_type)))
+    wire = encode_event(event)
+    decoded = decode_event(wire.payload, wire.headers, subject=wire.subject, seq=1)
+    assert decoded == event
+    assert type(decoded) is event_type
+    assert encode_body(decoded) == wire.payload
+
+
+@given(st.lists(st.floats(width=32, allow_nan=False), max_size=64))
+def test_vectors_round_trip_bit_for_bit(values: list[float]) -> None:
+    packed = ev.pack_vector(values)
+    assert len(packed) == 4 * len(values)
+    assert ev.unpack_vector(packed).tolist() == values
+
+
+# -- bytes that are not events ----------------------------------------------------------------
+
+
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_raise_only_decode_error(payload: bytes) -> None:
+    try:
+        decode_event(payload, HEADERS, subject="pulse.c.x.experience.y", seq=9)
+    except DecodeError as exc:
+        assert exc.subject == "pulse.c.x.experience.y" and exc.seq == 9
+        assert "subject pulse.c.x.experience.y, stream sequence 9" in str(exc)
+
+
+@pytest.mark.parametrize(
+    ("payload", "headers", "reason"),
+    [
+        (b"\xc1", HEADERS, "malformed"),
+        (golden_path("relation.stored").read_bytes()[:-7], HEADERS, "truncated|malformed"),
+        (msgspec.msgpack.encode({"type": "experience.teleported"}), HEADERS, "Invalid value"),
+        (msgspec.msgpack.encode({"type": "collective.deleted"}), HEADERS, "missing required field"),
+        (golden_path("collective.deleted").read_bytes(), {}, "no Pulse-Schema header"),
+        (golden_path("collective.deleted").read_bytes(), {HDR_SCHEMA: "v1"}, "not a number"),
+        (golden_path("collective.deleted").read_bytes(), {HDR_SCHEMA: "2"}, "upgrade Pulse"),
+    ],
+    ids=["garbage", "truncated", "unknown-type", "missing-field", "no-header", "bad-header", "newer"],
+)
+def test_unreadable_messages_raise_decode_error(payload: bytes, headers: dict[str, str], reason: str) -> None:
+    with pytest.raises(DecodeError, match=reason) as info:
+        decode_event(payload, headers, subject="pulse.c.a.b.c", seq=42)
+    assert "subject pulse.c.a.b.c, stream sequence 42" in str(info.value)
+
+
+def test_embedding_of_partial_floats_is_refused() -> None:
+    body = msgspec.msgpack.decode(golden_path("insight.stored").read_bytes())
+    body["embedding"] = b"\x00\x00\x80"
+    with pytest.raises(DecodeError, match="whole number of float32"):
+        decode_event(msgspec.msgpack.encode(body), HEADERS)
+
+
+def test_older_schema_is_upcast_on_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A version-0 body (say, one that named the dimension ``dim``) reads as today's event."""
+    current = SAMPLES["collective.created"]
+    old_body = msgspec.msgpack.decode(encode_body(current))
+    old_body["dim"] = old_body.pop("embedding_dimension")
+    old = msgspec.msgpack.encode(old_body)
+    old_headers = {HDR_SCHEMA: "0"}
+
+    with pytest.raises(DecodeError, match="schema 0 has no upcaster"):
+        decode_event(old, old_headers)
+
+    def rename_dim(body: dict[str, Any]) -> dict[str, Any]:
+        body["embedding_dimension"] = body.pop("dim")
+        return body
+
+    monkeypatch.setitem(UPCASTERS, 0, rename_dim)  # restored (removed) after the test
+    assert decode_event(old, old_headers) == current
+
+    def broken(body: dict[str, Any]) -> dict[str, Any]:
+        raise KeyError("dim")
+
+    register_upcaster(0, broken)
+    with pytest.raises(DecodeError, match="upcasting failed"):
+        decode_event(old, old_headers, subject="s", seq=1)
+
+
+def test_upcasters_are_only_for_older_versions() -> None:
+    with pytest.raises(ValueError, match="below"):
+        register_upcaster(SCHEMA_VERSION, lambda body: body)
+
+
+def test_adding_a_defaulted_field_leaves_old_bytes_readable() -> None:
+    """The schema-evolution rule: omit_defaults keeps bytes of default values identical."""
+
+    class CollectiveCreatedV2(ev.EventBase, tag="collective.created"):
+        collective_id: UUID
+        owner_id: str
+        name: str
+        embedding_dimension: int
+        embedder: str = ""
+        retention_days: int = 0  # a field added later, with a default
+
+    old = SAMPLES["collective.created"]
+    assert isinstance(old, ev.CollectiveCreated)
+    new = CollectiveCreatedV2(**msgspec.structs.asdict(old))
+    assert msgspec.msgpack.Encoder(uuid_format="bytes").encode(new) == encode_body(old)
+    as_new = msgspec.msgpack.decode(encode_body(old), type=CollectiveCreatedV2)
+    assert as_new.retention_days == 0 and as_new.embedding_dimension == 4
