@@ -79,7 +79,8 @@ def schema_version_of(headers: Mapping[str, str] | None, *, subject: str, seq: i
     try:
         return int(raw)
     except ValueError:
-        raise DecodeError(f"{HDR_SCHEMA} header {raw!r} is not a number", subject=subject, seq=seq)
+        reason = f"{HDR_SCHEMA} header {raw!r} is not a number"
+        raise DecodeError(reason, subject=subject, seq=seq) from None
 
 
 def decode_event(
@@ -93,7 +94,8 @@ def decode_event(
     version = schema_version_of(headers, subject=subject, seq=seq)
     if version > SCHEMA_VERSION:
         raise DecodeError(
-            f"written with schema {version}, this Pulse reads up to {SCHEMA_VERSION}: upgrade Pulse",
+            f"written with schema {version}, this Pulse reads up to {SCHEMA_VERSION}: "
+            "upgrade Pulse",
             subject=subject,
             seq=seq,
         )

@@ -146,7 +146,7 @@ class EmbeddedNats:
         self._process = None
         self._release()
 
-    def __enter__(self) -> "EmbeddedNats":
+    def __enter__(self) -> EmbeddedNats:
         self.start()
         return self
 
@@ -219,7 +219,8 @@ class EmbeddedNats:
             if time.monotonic() > deadline:
                 self._process.kill()
                 raise EmbeddedNatsError(
-                    f"nats-server not ready within {self.ready_timeout:g}s; see {self.dir / 'nats.log'}"
+                    f"nats-server not ready within {self.ready_timeout:g}s; "
+                    f"see {self.dir / 'nats.log'}"
                 )
             time.sleep(0.02)
         self._write_state()

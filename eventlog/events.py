@@ -13,7 +13,7 @@ raw little-endian float32 bytes (``pack_vector`` / ``unpack_vector``).
 
 from __future__ import annotations
 
-from typing import Literal, Sequence, TypeAlias, Union
+from typing import Literal, Sequence, TypeAlias
 from uuid import UUID
 
 import msgspec
@@ -83,66 +83,66 @@ class _Kind(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_f
     """Base of the experience-type variants; the tag is the variant's name."""
 
 
-class Difficulty(_Kind, tag="Difficulty"):
+class Difficulty(_Kind, frozen=True, tag="Difficulty"):
     description: str
     severity: Severity
 
 
-class Solution(_Kind, tag="Solution"):
+class Solution(_Kind, frozen=True, tag="Solution"):
     approach: str
     worked: bool
     problem_ref: UUID | None = None
 
 
-class ErrorPattern(_Kind, tag="ErrorPattern"):
+class ErrorPattern(_Kind, frozen=True, tag="ErrorPattern"):
     signature: str
     fix: str
     prevention: str
 
 
-class SuccessPattern(_Kind, tag="SuccessPattern"):
+class SuccessPattern(_Kind, frozen=True, tag="SuccessPattern"):
     task_type: str
     approach: str
     quality: float
 
 
-class UserPreference(_Kind, tag="UserPreference"):
+class UserPreference(_Kind, frozen=True, tag="UserPreference"):
     category: str
     preference: str
     strength: float
 
 
-class ArchitecturalDecision(_Kind, tag="ArchitecturalDecision"):
+class ArchitecturalDecision(_Kind, frozen=True, tag="ArchitecturalDecision"):
     decision: str
     rationale: str
 
 
-class TechInsight(_Kind, tag="TechInsight"):
+class TechInsight(_Kind, frozen=True, tag="TechInsight"):
     technology: str
     insight: str
 
 
-class Fact(_Kind, tag="Fact"):
+class Fact(_Kind, frozen=True, tag="Fact"):
     statement: str
     source: str
 
 
-class Generic(_Kind, tag="Generic"):
+class Generic(_Kind, frozen=True, tag="Generic"):
     category: str | None = None
 
 
-ExperienceType: TypeAlias = Union[
-    Difficulty,
-    Solution,
-    ErrorPattern,
-    SuccessPattern,
-    UserPreference,
-    ArchitecturalDecision,
-    TechInsight,
-    Fact,
-    Generic,
-]
-EXPERIENCE_TYPES: tuple[type[_Kind], ...] = ExperienceType.__args__  # type: ignore[attr-defined]
+ExperienceType: TypeAlias = (
+    Difficulty
+    | Solution
+    | ErrorPattern
+    | SuccessPattern
+    | UserPreference
+    | ArchitecturalDecision
+    | TechInsight
+    | Fact
+    | Generic
+)
+EXPERIENCE_TYPES: tuple[type[_Kind], ...] = ExperienceType.__args__
 
 # --- events -------------------------------------------------------------------------------
 
@@ -155,7 +155,7 @@ class EventBase(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, t
     hlc: int  # hybrid logical clock, see pack_hlc
 
 
-class CollectiveCreated(EventBase, tag="collective.created"):
+class CollectiveCreated(EventBase, frozen=True, tag="collective.created"):
     collective_id: UUID
     owner_id: str
     name: str
@@ -163,11 +163,11 @@ class CollectiveCreated(EventBase, tag="collective.created"):
     embedder: str = ""  # the text embedder the collective uses; "" = callers bring vectors
 
 
-class CollectiveDeleted(EventBase, tag="collective.deleted"):
+class CollectiveDeleted(EventBase, frozen=True, tag="collective.deleted"):
     collective_id: UUID
 
 
-class ExperienceRecorded(EventBase, tag="experience.recorded"):
+class ExperienceRecorded(EventBase, frozen=True, tag="experience.recorded"):
     experience_id: UUID
     collective_id: UUID
     content: str
@@ -188,7 +188,7 @@ class ExperienceRecorded(EventBase, tag="experience.recorded"):
         return unpack_vector(self.embedding)
 
 
-class ExperienceUpdated(EventBase, tag="experience.updated"):
+class ExperienceUpdated(EventBase, frozen=True, tag="experience.updated"):
     """Changes the fields that are not None; each is a last-writer-wins register."""
 
     experience_id: UUID
@@ -199,22 +199,22 @@ class ExperienceUpdated(EventBase, tag="experience.updated"):
     related_files: tuple[str, ...] | None = None
 
 
-class ExperienceArchived(EventBase, tag="experience.archived"):
+class ExperienceArchived(EventBase, frozen=True, tag="experience.archived"):
     experience_id: UUID
     collective_id: UUID
 
 
-class ExperienceUnarchived(EventBase, tag="experience.unarchived"):
+class ExperienceUnarchived(EventBase, frozen=True, tag="experience.unarchived"):
     experience_id: UUID
     collective_id: UUID
 
 
-class ExperienceDeleted(EventBase, tag="experience.deleted"):
+class ExperienceDeleted(EventBase, frozen=True, tag="experience.deleted"):
     experience_id: UUID
     collective_id: UUID
 
 
-class ExperienceReinforced(EventBase, tag="experience.reinforced"):
+class ExperienceReinforced(EventBase, frozen=True, tag="experience.reinforced"):
     """G-counter state: ``instance_id`` has now applied the experience ``applications``
     times in total. Never an increment, so redelivery cannot over-count."""
 
@@ -223,7 +223,7 @@ class ExperienceReinforced(EventBase, tag="experience.reinforced"):
     applications: int
 
 
-class RelationStored(EventBase, tag="relation.stored"):
+class RelationStored(EventBase, frozen=True, tag="relation.stored"):
     relation_id: UUID
     collective_id: UUID
     source_id: UUID
@@ -233,12 +233,12 @@ class RelationStored(EventBase, tag="relation.stored"):
     metadata: str | None = None
 
 
-class RelationDeleted(EventBase, tag="relation.deleted"):
+class RelationDeleted(EventBase, frozen=True, tag="relation.deleted"):
     relation_id: UUID
     collective_id: UUID
 
 
-class InsightStored(EventBase, tag="insight.stored"):
+class InsightStored(EventBase, frozen=True, tag="insight.stored"):
     insight_id: UUID
     collective_id: UUID
     content: str
@@ -255,19 +255,19 @@ class InsightStored(EventBase, tag="insight.stored"):
         return unpack_vector(self.embedding)
 
 
-class InsightDeleted(EventBase, tag="insight.deleted"):
+class InsightDeleted(EventBase, frozen=True, tag="insight.deleted"):
     insight_id: UUID
     collective_id: UUID
 
 
-class ActivityRegistered(EventBase, tag="activity.registered"):
+class ActivityRegistered(EventBase, frozen=True, tag="activity.registered"):
     collective_id: UUID
     agent_id: str
     task_description: str = ""
     working_on: tuple[str, ...] = ()
 
 
-class ActivityHeartbeat(EventBase, tag="activity.heartbeat"):
+class ActivityHeartbeat(EventBase, frozen=True, tag="activity.heartbeat"):
     """Carries the whole activity, not just "alive": the activity stream keeps only the
     last message per agent, so a heartbeat replaces the registration it refreshes."""
 
@@ -278,12 +278,12 @@ class ActivityHeartbeat(EventBase, tag="activity.heartbeat"):
     working_on: tuple[str, ...] = ()
 
 
-class ActivityEnded(EventBase, tag="activity.ended"):
+class ActivityEnded(EventBase, frozen=True, tag="activity.ended"):
     collective_id: UUID
     agent_id: str
 
 
-class WisdomStored(EventBase, tag="wisdom.stored"):
+class WisdomStored(EventBase, frozen=True, tag="wisdom.stored"):
     wisdom_id: UUID
     owner_id: str
     category: WisdomCategory
@@ -302,31 +302,31 @@ class WisdomStored(EventBase, tag="wisdom.stored"):
         return unpack_vector(self.embedding)
 
 
-class WisdomDeleted(EventBase, tag="wisdom.deleted"):
+class WisdomDeleted(EventBase, frozen=True, tag="wisdom.deleted"):
     wisdom_id: UUID
     owner_id: str
 
 
-Event: TypeAlias = Union[
-    CollectiveCreated,
-    CollectiveDeleted,
-    ExperienceRecorded,
-    ExperienceUpdated,
-    ExperienceArchived,
-    ExperienceUnarchived,
-    ExperienceDeleted,
-    ExperienceReinforced,
-    RelationStored,
-    RelationDeleted,
-    InsightStored,
-    InsightDeleted,
-    ActivityRegistered,
-    ActivityHeartbeat,
-    ActivityEnded,
-    WisdomStored,
-    WisdomDeleted,
-]
-EVENT_TYPES: tuple[type[EventBase], ...] = Event.__args__  # type: ignore[attr-defined]
+Event: TypeAlias = (
+    CollectiveCreated
+    | CollectiveDeleted
+    | ExperienceRecorded
+    | ExperienceUpdated
+    | ExperienceArchived
+    | ExperienceUnarchived
+    | ExperienceDeleted
+    | ExperienceReinforced
+    | RelationStored
+    | RelationDeleted
+    | InsightStored
+    | InsightDeleted
+    | ActivityRegistered
+    | ActivityHeartbeat
+    | ActivityEnded
+    | WisdomStored
+    | WisdomDeleted
+)
+EVENT_TYPES: tuple[type[EventBase], ...] = Event.__args__
 ACTIVITY_EVENT_TYPES: tuple[type[EventBase], ...] = (
     ActivityRegistered,
     ActivityHeartbeat,

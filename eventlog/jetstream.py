@@ -7,7 +7,7 @@ JetStream atomic batches, because atomic batches refuse ``Nats-Msg-Id`` and Puls
 idempotent retries over all-or-nothing batches.
 
 Reads and tails drive an ephemeral pull consumer with raw ``CONSUMER.MSG.NEXT``
-requests (no acks, in memory, one replica): one outstanding request at a time, idle
+requests (no acks, in memory, one replica): two batches requested ahead, idle
 heartbeats on live tails, and a fresh consumer from the last delivered sequence + 1
 whenever the old one stalls or vanishes (a reconnect, a node that died, a server
 restart). That gives resumption without relying on nats-py's ordered consumer.
@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections import deque
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncGenerator, Sequence
 from uuid import UUID
 
 import nats
@@ -60,7 +60,9 @@ _LIVE_EXPIRES = 10.0  # seconds a live pull request stays open
 _CONSUMER_IDLE = 60.0  # an abandoned consumer is removed by the server after this
 
 
-def _translate(exc: BaseException, *, subject: str, expected: int | None = None) -> PulseError | None:
+def _translate(
+    exc: BaseException, *, subject: str, expected: int | None = None
+) -> PulseError | None:
     """Pulse's error for a failed publish, or None when it is worth retrying."""
     if isinstance(exc, nats.js.errors.ServiceUnavailableError):
         return None
@@ -117,7 +119,7 @@ class JetStreamLog(EventLog):
         connect_timeout: float = 5.0,
         create_streams: bool = True,
         name: str = "pulse",
-    ) -> "JetStreamLog":
+    ) -> JetStreamLog:
         """Connect to NATS (one URL or a cluster's URLs) and make sure the streams exist.
 
         Raises ``LogUnavailable`` if NATS cannot be reached within ``connect_timeout``
@@ -141,7 +143,7 @@ class JetStreamLog(EventLog):
                 ),
                 timeout=connect_timeout,
             )
-        except (asyncio.TimeoutError, OSError, nats.errors.Error) as exc:
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
             raise LogUnavailable(
                 f"cannot reach NATS at {', '.join(urls)} within {connect_timeout:g}s ({exc!r}); "
                 "is the server running? (`pulse up` starts one)"
@@ -165,12 +167,16 @@ class JetStreamLog(EventLog):
                 if isinstance(exc, nats.js.errors.APIError) and exc.code not in (None, 503, 500):
                     raise LogUnavailable(f"JetStream refused: {exc.description}") from exc
                 if time.monotonic() >= deadline:
-                    raise LogUnavailable(f"JetStream not ready within {budget:g}s ({exc!r})") from exc
+                    raise LogUnavailable(
+                        f"JetStream not ready within {budget:g}s ({exc!r})"
+                    ) from exc
                 await asyncio.sleep(0.1)
 
     # -- writing ---------------------------------------------------------------------------
 
-    def _publish_args(self, event: Event, expected: int | None) -> tuple[str, bytes, dict[str, str], float | None]:
+    def _publish_args(
+        self, event: Event, expected: int | None
+    ) -> tuple[str, bytes, dict[str, str], float | None]:
         wire = encode_event(event)
         headers = dict(wire.headers)
         if expected is not None:
@@ -238,20 +244,22 @@ class JetStreamLog(EventLog):
                 raise LogUnavailable("the NATS connection is closed")
             futures: dict[int, asyncio.Future[api.PubAck]] = {}
             try:
-                for i in pending:
-                    subject, payload, headers, ttl = prepared[i]
-                    futures[i] = await self.js.publish_async(
-                        subject, payload, wait_stall=remaining, headers=headers, msg_ttl=ttl
-                    )
+                # one deadline for the whole round (no per-message timers: they cost more
+                # than the publish itself)
+                async with asyncio.timeout(remaining):
+                    for i in pending:
+                        subject, payload, headers, ttl = prepared[i]
+                        futures[i] = await self.js.publish_async(
+                            subject, payload, headers=headers, msg_ttl=ttl
+                        )
+                    await asyncio.wait(futures.values())
+            except TimeoutError:
+                last_error = TimeoutError("no acknowledgement in time")
             except Exception as exc:
                 error = _translate(exc, subject=prepared[i][0])
                 if error is not None:
                     raise error from exc
                 last_error = exc
-            if futures:
-                await asyncio.wait(
-                    futures.values(), timeout=max(0.0, deadline - time.monotonic())
-                )
             still: list[int] = []
             for i in pending:
                 future = futures.get(i)
@@ -260,14 +268,14 @@ class JetStreamLog(EventLog):
                         future.cancel()
                     still.append(i)
                     continue
-                exc = future.exception()
-                if exc is None:
+                failure = future.exception()
+                if failure is None:
                     seqs[i] = int(future.result().seq)
                     continue
-                error = _translate(exc, subject=prepared[i][0])
+                error = _translate(failure, subject=prepared[i][0])
                 if error is not None:
-                    raise error from exc
-                last_error = exc
+                    raise error from failure
+                last_error = failure
                 still.append(i)
             pending = still
             if pending:
@@ -282,7 +290,7 @@ class JetStreamLog(EventLog):
         *,
         batch_size: int = 1000,
         subjects: Sequence[str] | None = None,
-    ) -> AsyncIterator[list[LogEntry]]:
+    ) -> AsyncGenerator[list[LogEntry], None]:
         if batch_size < 1:
             raise ValidationError(f"batch_size: must be >= 1, got {batch_size}")
         end = await self.last_seq()
@@ -295,7 +303,7 @@ class JetStreamLog(EventLog):
 
     async def tail(
         self, from_seq: int = 1, *, subjects: Sequence[str] | None = None
-    ) -> AsyncIterator[LogEntry]:
+    ) -> AsyncGenerator[LogEntry, None]:
         async for batch in _pull(self, self.settings.name, from_seq, subjects, 256, live=True):
             for entry in batch:
                 yield entry
@@ -307,7 +315,9 @@ class JetStreamLog(EventLog):
     async def last_subject_seq(self, subject: str) -> int:
         stream = self.settings.activity_name if is_activity_subject(subject) else self.settings.name
         try:
-            msg = await self._retry(lambda: self.js.get_last_msg(stream, subject), self.read_timeout)
+            msg = await self._retry(
+                lambda: self.js.get_last_msg(stream, subject), self.read_timeout
+            )
         except nats.js.errors.NotFoundError:
             return 0
         except LogUnavailable as exc:
@@ -373,7 +383,7 @@ async def _pull(
     live: bool,
     end_seq: int | None = None,
     last_per_subject: bool = False,
-) -> AsyncIterator[list[LogEntry]]:
+) -> AsyncGenerator[list[LogEntry], None]:
     """Batches of entries from an ephemeral pull consumer, recreated after any stall."""
     if from_seq < 1:
         raise ValidationError(f"from_seq: must be >= 1, got {from_seq}")
@@ -382,7 +392,7 @@ async def _pull(
     consumer: str | None = None
     sub: Subscription | None = None
     inbox = _Inbox()
-    outstanding = 0  # unfilled messages of the open pull request
+    outstanding = 0  # messages requested but not delivered yet
     stall_after = 3 * _LIVE_HEARTBEAT if live else owner.read_timeout
     quiet_since = time.monotonic()  # last time we heard anything, or made progress
 
@@ -434,32 +444,40 @@ async def _pull(
                 sub = await nc.subscribe(nc.new_inbox(), cb=inbox.put)
                 outstanding = 0
                 quiet_since = time.monotonic()
+                if not live and info.num_pending == 0:
+                    return  # nothing (more) to read
 
-            if outstanding == 0:
+            # Keep up to two batches requested, so the server never waits for our next
+            # request while we decode the last batch.
+            while outstanding <= batch_size and sub is not None:
                 request: dict[str, Any] = {"batch": batch_size}
                 if live:
                     request["expires"] = int(_LIVE_EXPIRES * 1e9)
                     request["idle_heartbeat"] = int(_LIVE_HEARTBEAT * 1e9)
                 else:
-                    request["no_wait"] = True
+                    request["expires"] = int(stall_after * 1e9)
                 try:
                     await nc.publish(
                         f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
                         json.dumps(request).encode(),
-                        reply=sub.subject,  # type: ignore[union-attr]
+                        reply=sub.subject,
                     )
                 except Exception:  # reconnecting or buffer full: treat as a stall
                     await drop()
                     await asyncio.sleep(0.2)
-                    continue
-                outstanding = batch_size
+                    break
+                outstanding += batch_size
+            if sub is None:
+                continue
 
             timeout = max(0.0, stall_after - (time.monotonic() - quiet_since))
             try:
                 await asyncio.wait_for(inbox.arrived.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if not live:
-                    raise LogUnavailable(f"reading {stream}: no answer within {stall_after:g}s")
+                    raise LogUnavailable(
+                        f"reading {stream}: no answer within {stall_after:g}s"
+                    ) from None
                 log.info("pull consumer on %s stalled; resuming from %d", stream, next_seq)
                 await drop()
                 continue
@@ -485,18 +503,17 @@ async def _pull(
                         finished = True
                 elif status == "100":  # idle heartbeat: the consumer is alive
                     continue
-                elif status in ("404", "408"):  # nothing more now / request expired
-                    outstanding = 0
-                    if not live:
-                        finished = True
+                elif status in ("404", "408"):  # nothing more now / a request expired
+                    unfilled = msg.headers.get("Nats-Pending-Messages")  # type: ignore[union-attr]
+                    outstanding = max(0, outstanding - int(unfilled)) if unfilled else 0
                 else:  # 409 (consumer deleted, leader change, ...) or anything else: start over
                     log.info("pull consumer on %s: status %s; recreating", stream, status)
                     await drop()
                     break
             if end_seq is not None and next_seq > end_seq:
                 finished = True
-            if entries:
-                yield entries
+            for start in range(0, len(entries), batch_size):
+                yield entries[start : start + batch_size]
             if finished:
                 return
     finally:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from types import TracebackType
-from typing import AsyncIterator, Sequence
+from typing import AsyncGenerator, Sequence
 from uuid import UUID
 
 from eventlog.errors import DecodeError
@@ -67,13 +67,13 @@ class EventLog(abc.ABC):
         *,
         batch_size: int = 1000,
         subjects: Sequence[str] | None = None,
-    ) -> AsyncIterator[list[LogEntry]]:
+    ) -> AsyncGenerator[list[LogEntry], None]:
         """Batches of stored events from ``from_seq`` up to the end as of the call."""
 
     @abc.abstractmethod
     def tail(
         self, from_seq: int = 1, *, subjects: Sequence[str] | None = None
-    ) -> AsyncIterator[LogEntry]:
+    ) -> AsyncGenerator[LogEntry, None]:
         """Every event from ``from_seq`` on, then live ones as they are stored; never ends.
 
         Survives disconnects: after a reconnect it resumes after the last entry it gave.
@@ -96,7 +96,7 @@ class EventLog(abc.ABC):
     async def close(self) -> None:
         """Release connections; the log's contents stay."""
 
-    async def __aenter__(self) -> "EventLog":
+    async def __aenter__(self) -> EventLog:
         return self
 
     async def __aexit__(

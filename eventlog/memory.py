@@ -11,7 +11,7 @@ import asyncio
 import bisect
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Mapping, Sequence
+from typing import AsyncGenerator, Callable, Mapping, Sequence
 from uuid import UUID
 
 from eventlog.codec import HDR_MSG_ID, decode_event, encode_event
@@ -120,7 +120,7 @@ class MemoryLog(EventLog):
         *,
         batch_size: int = 1000,
         subjects: Sequence[str] | None = None,
-    ) -> AsyncIterator[list[LogEntry]]:
+    ) -> AsyncGenerator[list[LogEntry], None]:
         self._check_open()
         if batch_size < 1:
             raise ValidationError(f"batch_size: must be >= 1, got {batch_size}")
@@ -139,7 +139,7 @@ class MemoryLog(EventLog):
 
     async def tail(
         self, from_seq: int = 1, *, subjects: Sequence[str] | None = None
-    ) -> AsyncIterator[LogEntry]:
+    ) -> AsyncGenerator[LogEntry, None]:
         self._check_open()
         next_seq = from_seq
         while True:
@@ -150,7 +150,9 @@ class MemoryLog(EventLog):
                     yield _entry(stored)
             changed = self._condition()
             async with changed:
-                await changed.wait_for(lambda: self._main.last_seq >= next_seq or self._closed)
+                await changed.wait_for(
+                    lambda n=next_seq: self._main.last_seq >= n or self._closed  # type: ignore[misc]
+                )
             self._check_open()
 
     async def last_seq(self) -> int:

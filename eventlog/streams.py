@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nats.js import JetStreamContext
-from nats.js import api
+from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError as JsNotFound
 
 from eventlog.errors import ValidationError
@@ -34,7 +33,9 @@ class StreamSettings:
 
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= 5:
-            raise ValidationError(f"replicas: must be 1..5 (1 or 3 in practice), got {self.replicas}")
+            raise ValidationError(
+                f"replicas: must be 1..5 (1 or 3 in practice), got {self.replicas}"
+            )
         if self.duplicate_window <= 0:
             raise ValidationError(
                 f"duplicate_window: must be > 0 seconds, got {self.duplicate_window}"

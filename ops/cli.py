@@ -24,7 +24,9 @@ DEFAULT_DATA_DIR = ".pulse"
 
 
 @contextlib.asynccontextmanager
-async def open_log(args: argparse.Namespace) -> AsyncIterator[tuple[JetStreamLog, EmbeddedNats | None]]:
+async def open_log(
+    args: argparse.Namespace,
+) -> AsyncIterator[tuple[JetStreamLog, EmbeddedNats | None]]:
     """The log named by --nats-url, or the embedded server of --data-dir (reused if running)."""
     settings = StreamSettings(replicas=args.replicas)
     server: EmbeddedNats | None = None
@@ -89,12 +91,12 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _jsonable(event: Event) -> dict[str, object]:
-    def hook(value: object) -> object:
+    """The event as JSON-ready builtins, embeddings as lists of floats (not base64)."""
+    record: dict[str, object] = msgspec.to_builtins(event, builtin_types=(bytes,))
+    for key, value in record.items():
         if isinstance(value, bytes):
-            return [round(float(x), 6) for x in unpack_vector(value)]
-        raise NotImplementedError(type(value))
-
-    return msgspec.to_builtins(event, enc_hook=hook, builtin_types=())  # type: ignore[no-any-return]
+            record[key] = [round(float(x), 6) for x in unpack_vector(value)]
+    return record
 
 
 def _summary(entry: LogEntry) -> str:
@@ -203,7 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
             )
         if name == "tail":
             where = sub.add_mutually_exclusive_group()
-            where.add_argument("--from-seq", type=_positive, default=1, help="first stream sequence")
+            where.add_argument(
+                "--from-seq", type=_positive, default=1, help="first stream sequence"
+            )
             where.add_argument("--new", action="store_true", help="only events stored from now on")
             sub.add_argument(
                 "--collective",

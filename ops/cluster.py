@@ -78,14 +78,21 @@ class LocalCluster:
         peers = [p for j, p in enumerate(self.route_ports) if j != i]
         conf.write_text(
             node_config(
-                f"n{i}", node_dir / "store", self.client_ports[i], self.route_ports[i],
-                self.monitor_ports[i], peers, self.name,
+                f"n{i}",
+                node_dir / "store",
+                self.client_ports[i],
+                self.route_ports[i],
+                self.monitor_ports[i],
+                peers,
+                self.name,
             )
         )
         with open(node_dir / "nats.log", "ab") as logfile:
             self.processes[i] = subprocess.Popen(
                 [find_nats_server(), "-c", str(conf)],
-                stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 preexec_fn=_die_with_parent,
             )
         if wait:
@@ -98,7 +105,9 @@ class LocalCluster:
             while True:
                 process = self.processes[i]
                 if process is not None and process.poll() is not None:
-                    raise EmbeddedNatsError(f"cluster node n{i} exited: see {self.root}/n{i}/nats.log")
+                    raise EmbeddedNatsError(
+                        f"cluster node n{i} exited: see {self.root}/n{i}/nats.log"
+                    )
                 with contextlib.suppress(OSError):
                     with urllib.request.urlopen(url, timeout=0.5) as response:  # noqa: S310
                         if response.status == 200:
@@ -128,7 +137,7 @@ class LocalCluster:
                     process.wait(10)
                 self.processes[i] = None
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         self.start()
         return self
 

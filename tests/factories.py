@@ -31,7 +31,9 @@ def collective(collective_id: UUID | None = None, dim: int = 4) -> ev.Collective
     )
 
 
-def experience(collective_id: UUID, content: str = "a lesson", dim: int = 4) -> ev.ExperienceRecorded:
+def experience(
+    collective_id: UUID, content: str = "a lesson", dim: int = 4
+) -> ev.ExperienceRecorded:
     return ev.ExperienceRecorded(
         **_common(),  # type: ignore[arg-type]
         experience_id=uuid7(),

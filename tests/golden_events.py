@@ -50,12 +50,20 @@ def _recorded(kind: ev.ExperienceType) -> ev.ExperienceRecorded:
 
 SAMPLES: dict[str, ev.EventBase] = {
     "collective.created": ev.CollectiveCreated(
-        **common, collective_id=COLLECTIVE, owner_id="owner-1", name="pulse-dev",  # type: ignore[arg-type]
-        embedding_dimension=4, embedder="hash",
+        **common,
+        collective_id=COLLECTIVE,
+        owner_id="owner-1",
+        name="pulse-dev",  # type: ignore[arg-type]
+        embedding_dimension=4,
+        embedder="hash",
     ),
     "collective.deleted": ev.CollectiveDeleted(**common, collective_id=COLLECTIVE),  # type: ignore[arg-type]
-    "experience.recorded.Difficulty": _recorded(ev.Difficulty(description="flaky ack", severity="High")),
-    "experience.recorded.Solution": _recorded(ev.Solution(approach="dedup by id", worked=True, problem_ref=OTHER)),
+    "experience.recorded.Difficulty": _recorded(
+        ev.Difficulty(description="flaky ack", severity="High")
+    ),
+    "experience.recorded.Solution": _recorded(
+        ev.Solution(approach="dedup by id", worked=True, problem_ref=OTHER)
+    ),
     "experience.recorded.ErrorPattern": _recorded(
         ev.ErrorPattern(signature="wrong last sequence", fix="re-read", prevention="expected seq")
     ),
@@ -74,35 +82,66 @@ SAMPLES: dict[str, ev.EventBase] = {
     "experience.recorded.Fact": _recorded(ev.Fact(statement="R3 survives one node", source="docs")),
     "experience.recorded.Generic": _recorded(ev.Generic(category="misc")),
     "experience.updated": ev.ExperienceUpdated(
-        **common, **exp, importance=0.25, domain=("nats",),  # type: ignore[arg-type]
+        **common,
+        **exp,
+        importance=0.25,
+        domain=("nats",),  # type: ignore[arg-type]
     ),
     "experience.archived": ev.ExperienceArchived(**common, **exp),  # type: ignore[arg-type]
     "experience.unarchived": ev.ExperienceUnarchived(**common, **exp),  # type: ignore[arg-type]
     "experience.deleted": ev.ExperienceDeleted(**common, **exp),  # type: ignore[arg-type]
     "experience.reinforced": ev.ExperienceReinforced(**common, **exp, applications=3),  # type: ignore[arg-type]
     "relation.stored": ev.RelationStored(
-        **common, relation_id=RELATION, collective_id=COLLECTIVE, source_id=EXPERIENCE,  # type: ignore[arg-type]
-        target_id=OTHER, relation_type="Supports", strength=0.5, metadata='{"why": "same fix"}',
+        **common,
+        relation_id=RELATION,
+        collective_id=COLLECTIVE,
+        source_id=EXPERIENCE,  # type: ignore[arg-type]
+        target_id=OTHER,
+        relation_type="Supports",
+        strength=0.5,
+        metadata='{"why": "same fix"}',
     ),
-    "relation.deleted": ev.RelationDeleted(**common, relation_id=RELATION, collective_id=COLLECTIVE),  # type: ignore[arg-type]
+    "relation.deleted": ev.RelationDeleted(
+        **common, relation_id=RELATION, collective_id=COLLECTIVE
+    ),  # type: ignore[arg-type]
     "insight.stored": ev.InsightStored(
-        **common, insight_id=INSIGHT, collective_id=COLLECTIVE, content="Idempotency beats atomicity.",  # type: ignore[arg-type]
-        embedding=VECTOR, source_experiences=(EXPERIENCE, OTHER), confidence=0.5, domain=("nats",),
+        **common,
+        insight_id=INSIGHT,
+        collective_id=COLLECTIVE,
+        content="Idempotency beats atomicity.",  # type: ignore[arg-type]
+        embedding=VECTOR,
+        source_experiences=(EXPERIENCE, OTHER),
+        confidence=0.5,
+        domain=("nats",),
     ),
     "insight.deleted": ev.InsightDeleted(**common, insight_id=INSIGHT, collective_id=COLLECTIVE),  # type: ignore[arg-type]
     "activity.registered": ev.ActivityRegistered(
-        **common, collective_id=COLLECTIVE, agent_id="agent-7", task_description="writing the codec",  # type: ignore[arg-type]
+        **common,
+        collective_id=COLLECTIVE,
+        agent_id="agent-7",
+        task_description="writing the codec",  # type: ignore[arg-type]
         working_on=("eventlog/codec.py",),
     ),
     "activity.heartbeat": ev.ActivityHeartbeat(
-        **common, collective_id=COLLECTIVE, agent_id="agent-7", started_ms=1_732_000_000_000,  # type: ignore[arg-type]
-        task_description="writing the codec", working_on=("eventlog/codec.py",),
+        **common,
+        collective_id=COLLECTIVE,
+        agent_id="agent-7",
+        started_ms=1_732_000_000_000,  # type: ignore[arg-type]
+        task_description="writing the codec",
+        working_on=("eventlog/codec.py",),
     ),
     "activity.ended": ev.ActivityEnded(**common, collective_id=COLLECTIVE, agent_id="agent-7"),  # type: ignore[arg-type]
     "wisdom.stored": ev.WisdomStored(
-        **common, wisdom_id=WISDOM, owner_id="owner-1", category="ArchitecturalPreference",  # type: ignore[arg-type]
-        pattern="logs over mutable state", confidence=0.875, embedding=VECTOR,
-        source_collectives=(COLLECTIVE,), source_experience_count=12, applicable_domains=("storage",),
+        **common,
+        wisdom_id=WISDOM,
+        owner_id="owner-1",
+        category="ArchitecturalPreference",  # type: ignore[arg-type]
+        pattern="logs over mutable state",
+        confidence=0.875,
+        embedding=VECTOR,
+        source_collectives=(COLLECTIVE,),
+        source_experience_count=12,
+        applicable_domains=("storage",),
     ),
     "wisdom.deleted": ev.WisdomDeleted(**common, wisdom_id=WISDOM, owner_id="owner-1"),  # type: ignore[arg-type]
 }

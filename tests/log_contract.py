@@ -110,7 +110,9 @@ class LogContract:
         assert await log.append(stale, expected_last_subject_seq=1) == 3
         assert await log.last_subject_seq(subject) == 3
 
-    async def test_conditional_retry_after_success_returns_first_sequence(self, log: EventLog) -> None:
+    async def test_conditional_retry_after_success_returns_first_sequence(
+        self, log: EventLog
+    ) -> None:
         cid = uuid7()
         created = f.collective(cid)
         assert await log.append(created, expected_last_subject_seq=0) == 1
@@ -139,7 +141,13 @@ class LogContract:
         mine, other = uuid7(), uuid7()
         wisdom = f.wisdom()
         await log.append_batch(
-            [f.collective(mine), f.collective(other), f.experience(other), f.experience(mine), wisdom]
+            [
+                f.collective(mine),
+                f.collective(other),
+                f.experience(other),
+                f.experience(mine),
+                wisdom,
+            ]
         )
         only_mine = await read_all(log, subjects=collective_filter([mine], wisdom=False))
         assert [e.seq for e in only_mine] == [1, 4]
@@ -202,7 +210,7 @@ class LogContract:
         bad = entries[1]
         assert bad.event is None and isinstance(bad.error, DecodeError)
         assert bad.error.seq == 2 and bad.error.subject == subject
-        assert f"stream sequence 2" in str(bad.error) and subject in str(bad.error)
+        assert "stream sequence 2" in str(bad.error) and subject in str(bad.error)
         assert entries[2].event == good
 
     async def test_newer_schema_and_foreign_messages_are_reported(self, log: EventLog) -> None:

@@ -35,7 +35,9 @@ HEADERS = {HDR_SCHEMA: str(SCHEMA_VERSION)}
 def test_every_event_type_and_experience_variant_has_a_golden_vector() -> None:
     types = {type(e) for e in SAMPLES.values()}
     assert types == set(ev.EVENT_TYPES)
-    kinds = {type(e.experience_type) for e in SAMPLES.values() if isinstance(e, ev.ExperienceRecorded)}
+    kinds = {
+        type(e.experience_type) for e in SAMPLES.values() if isinstance(e, ev.ExperienceRecorded)
+    }
     assert kinds == set(ev.EXPERIENCE_TYPES)
 
 
@@ -144,9 +146,19 @@ def test_arbitrary_bytes_raise_only_decode_error(payload: bytes) -> None:
         (golden_path("collective.deleted").read_bytes(), {HDR_SCHEMA: "v1"}, "not a number"),
         (golden_path("collective.deleted").read_bytes(), {HDR_SCHEMA: "2"}, "upgrade Pulse"),
     ],
-    ids=["garbage", "truncated", "unknown-type", "missing-field", "no-header", "bad-header", "newer"],
+    ids=[
+        "garbage",
+        "truncated",
+        "unknown-type",
+        "missing-field",
+        "no-header",
+        "bad-header",
+        "newer",
+    ],
 )
-def test_unreadable_messages_raise_decode_error(payload: bytes, headers: dict[str, str], reason: str) -> None:
+def test_unreadable_messages_raise_decode_error(
+    payload: bytes, headers: dict[str, str], reason: str
+) -> None:
     with pytest.raises(DecodeError, match=reason) as info:
         decode_event(payload, headers, subject="pulse.c.a.b.c", seq=42)
     assert "subject pulse.c.a.b.c, stream sequence 42" in str(info.value)

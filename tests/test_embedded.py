@@ -34,7 +34,9 @@ SHARE = textwrap.dedent(
 )
 
 
-def spawn_holder(data_dir: Path, ready_timeout: float = 15.0) -> tuple[subprocess.Popen[str], dict[str, object]]:
+def spawn_holder(
+    data_dir: Path, ready_timeout: float = 15.0
+) -> tuple[subprocess.Popen[str], dict[str, object]]:
     process = subprocess.Popen(
         [sys.executable, "-c", SHARE, str(data_dir), str(ready_timeout)],
         stdin=subprocess.PIPE,

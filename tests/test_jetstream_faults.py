@@ -119,7 +119,9 @@ async def test_tail_resumes_after_the_server_restarts(tmp_path: Path) -> None:
         server.stop()
 
 
-async def test_append_after_a_lost_acknowledgement_is_stored_once(jetstream_log: JetStreamLog) -> None:
+async def test_append_after_a_lost_acknowledgement_is_stored_once(
+    jetstream_log: JetStreamLog,
+) -> None:
     cid = f.uuid7()
     event = f.collective(cid)
     wire = encode_event(event)
