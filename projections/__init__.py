@@ -1,1 +1,2 @@
-"""Pulse's read side: folds the event log into DuckDB tables, FAISS indexes and a full-text index (to come)."""
+"""Pulse's read side: folds the event log into DuckDB tables, FAISS indexes and a
+full-text index, with checkpoints, rebuild, digest and the queries the API calls."""

@@ -1,0 +1,304 @@
+"""The order-free fold: events become rows of a join-semilattice.
+
+Every row type has one ``merge`` (the join), and applying an event is merging the
+partial row the event describes. Because the join is commutative, associative and
+idempotent, any permutation of the same events with any duplicates folds to the same
+rows; hosts that saw the same events agree whatever the order. The rules:
+
+- create (insert if absent): the fields of the create with the smallest event id win,
+  so even two different creates under one id (a buggy writer) resolve the same way
+  everywhere; a retry of the same create changes nothing;
+- field updates, archive / unarchive: last-writer-wins registers ordered by the stamp
+  (HLC, instance id, event id); the create contributes its values with its own stamp;
+- delete: a tombstone that wins and is never undone; it also wipes the content and the
+  embedding, so a create that arrives after the delete cannot bring them back;
+- reinforce: a G-counter, one entry per instance holding the largest total it reported,
+  and the largest HLC of a reinforcement.
+
+Invariants that need other rows (dimension of the collective, relation endpoints, a
+relation triple taken twice) are not decided here, where the answer would depend on
+what has arrived so far; they are evaluated on the folded state by the views in
+``projections.schema``, which is why they are order-free too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+from uuid import UUID
+
+import msgspec
+
+from eventlog import events as ev
+
+Stamp = bytes  # 8-byte big-endian HLC + instance id + event id: compares like the tuple
+NO_STAMP: Stamp = b""
+
+
+def stamp_of(event: ev.EventBase) -> Stamp:
+    hlc = min(max(event.hlc, 0), 2**64 - 1)
+    return hlc.to_bytes(8, "big") + event.instance_id.bytes + event.event_id.bytes
+
+
+R = TypeVar("R", bound="Row")
+
+
+@dataclass(slots=True)
+class Row:
+    """Base of the folded rows. Subclasses list their create fields and registers."""
+
+    KEY: ClassVar[tuple[str, ...]]
+    CREATE: ClassVar[tuple[str, ...]] = ()  # set by the winning create
+    REGISTERS: ClassVar[tuple[str, ...]] = ()  # each with a "<name>_stamp" column
+    WIPE: ClassVar[tuple[str, ...]] = ()  # cleared once deleted
+    MAXED: ClassVar[tuple[str, ...]] = ()  # G-counter style: the largest value wins
+
+    def key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, k) for k in self.KEY)
+
+    def merge(self: R, other: R) -> R:
+        """The join of two rows with the same key (returns self, updated)."""
+        if self.CREATE:
+            mine, theirs = self.create_event, other.create_event
+            if theirs is not None and (mine is None or theirs < mine):
+                for name in ("create_event", *self.CREATE):
+                    setattr(self, name, getattr(other, name))
+        for name in self.REGISTERS:
+            if getattr(other, f"{name}_stamp") > getattr(self, f"{name}_stamp"):
+                setattr(self, name, getattr(other, name))
+                setattr(self, f"{name}_stamp", getattr(other, f"{name}_stamp"))
+        for name in self.MAXED:
+            setattr(self, name, max(getattr(self, name), getattr(other, name)))
+        if getattr(other, "deleted", False):
+            self.deleted = True  # type: ignore[attr-defined]
+        if getattr(self, "deleted", False):
+            for name in self.WIPE:
+                setattr(self, name, None)
+        return self
+
+    def copy(self: R) -> R:
+        return dataclasses.replace(self)
+
+
+@dataclass(slots=True)
+class CollectiveRow(Row):
+    KEY = ("collective_id",)
+    CREATE = ("owner_id", "name", "embedding_dimension", "embedder", "created_hlc")
+
+    collective_id: UUID
+    create_event: UUID | None = None
+    owner_id: str | None = None
+    name: str | None = None
+    embedding_dimension: int | None = None
+    embedder: str | None = None
+    created_hlc: int | None = None
+    deleted: bool = False
+
+
+@dataclass(slots=True)
+class ExperienceRow(Row):
+    KEY = ("experience_id",)
+    CREATE = (
+        "collective_id", "content", "embedding", "experience_type", "type_data",
+        "source_agent", "source_task", "created_hlc",
+    )  # fmt: skip
+    REGISTERS = ("importance", "confidence", "domain", "related_files", "archived")
+    WIPE = ("content", "embedding")
+
+    experience_id: UUID
+    create_event: UUID | None = None
+    collective_id: UUID | None = None
+    content: str | None = None
+    embedding: bytes | None = None
+    experience_type: str | None = None  # the variant's tag, e.g. "Fact"
+    type_data: str | None = None  # the variant as JSON
+    source_agent: str | None = None
+    source_task: str | None = None
+    created_hlc: int | None = None
+    importance: float | None = None
+    importance_stamp: Stamp = NO_STAMP
+    confidence: float | None = None
+    confidence_stamp: Stamp = NO_STAMP
+    domain: tuple[str, ...] | None = None
+    domain_stamp: Stamp = NO_STAMP
+    related_files: tuple[str, ...] | None = None
+    related_files_stamp: Stamp = NO_STAMP
+    archived: bool = False
+    archived_stamp: Stamp = NO_STAMP
+    deleted: bool = False
+
+
+@dataclass(slots=True)
+class ApplicationRow(Row):
+    KEY = ("experience_id", "instance_id")
+    MAXED = ("applications", "last_hlc")
+
+    experience_id: UUID
+    instance_id: UUID
+    applications: int = 0
+    last_hlc: int = 0
+
+
+@dataclass(slots=True)
+class RelationRow(Row):
+    KEY = ("relation_id",)
+    CREATE = (
+        "collective_id", "source_id", "target_id", "relation_type", "strength", "metadata",
+        "created_hlc",
+    )  # fmt: skip
+
+    relation_id: UUID
+    create_event: UUID | None = None
+    collective_id: UUID | None = None
+    source_id: UUID | None = None
+    target_id: UUID | None = None
+    relation_type: str | None = None
+    strength: float | None = None
+    metadata: str | None = None
+    created_hlc: int | None = None
+    deleted: bool = False
+
+
+@dataclass(slots=True)
+class InsightRow(Row):
+    KEY = ("insight_id",)
+    CREATE = (
+        "collective_id", "content", "embedding", "source_experiences", "confidence", "domain",
+        "created_hlc",
+    )  # fmt: skip
+    WIPE = ("content", "embedding")
+
+    insight_id: UUID
+    create_event: UUID | None = None
+    collective_id: UUID | None = None
+    content: str | None = None
+    embedding: bytes | None = None
+    source_experiences: tuple[UUID, ...] | None = None
+    confidence: float | None = None
+    domain: tuple[str, ...] | None = None
+    created_hlc: int | None = None
+    deleted: bool = False
+
+
+@dataclass(slots=True)
+class WisdomRow(Row):
+    KEY = ("wisdom_id",)
+    CREATE = (
+        "owner_id", "category", "pattern", "confidence", "embedding", "source_collectives",
+        "source_experience_count", "applicable_domains", "created_hlc",
+    )  # fmt: skip
+    WIPE = ("pattern", "embedding")
+
+    wisdom_id: UUID
+    create_event: UUID | None = None
+    owner_id: str | None = None
+    category: str | None = None
+    pattern: str | None = None
+    confidence: float | None = None
+    embedding: bytes | None = None
+    source_collectives: tuple[UUID, ...] | None = None
+    source_experience_count: int | None = None
+    applicable_domains: tuple[str, ...] | None = None
+    created_hlc: int | None = None
+    deleted: bool = False
+
+
+ROW_TYPES: tuple[type[Row], ...] = (
+    CollectiveRow, ExperienceRow, ApplicationRow, RelationRow, InsightRow, WisdomRow,
+)  # fmt: skip
+
+
+def row_of(event: ev.Event) -> Row | None:
+    """The partial row an event describes (None for events not folded here: activities)."""
+    s = stamp_of(event)
+    match event:
+        case ev.CollectiveCreated():
+            return CollectiveRow(
+                event.collective_id, event.event_id, event.owner_id, event.name,
+                event.embedding_dimension, event.embedder, event.hlc,
+            )  # fmt: skip
+        case ev.CollectiveDeleted():
+            return CollectiveRow(event.collective_id, deleted=True)
+        case ev.ExperienceRecorded():
+            kind = event.experience_type
+            return ExperienceRow(
+                event.experience_id, event.event_id, event.collective_id, event.content,
+                event.embedding, type(kind).__struct_config__.tag,  # type: ignore[arg-type]
+                msgspec.json.encode(kind).decode(), event.source_agent, event.source_task,
+                event.hlc, event.importance, s, event.confidence, s, event.domain, s,
+                event.related_files, s,
+            )  # fmt: skip
+        case ev.ExperienceUpdated():
+            row = ExperienceRow(event.experience_id)
+            for name in ("importance", "confidence", "domain", "related_files"):
+                value = getattr(event, name)
+                if value is not None:
+                    setattr(row, name, value)
+                    setattr(row, f"{name}_stamp", s)
+            return row
+        case ev.ExperienceArchived() | ev.ExperienceUnarchived():
+            archived = isinstance(event, ev.ExperienceArchived)
+            return ExperienceRow(event.experience_id, archived=archived, archived_stamp=s)
+        case ev.ExperienceDeleted():
+            return ExperienceRow(event.experience_id, deleted=True)
+        case ev.ExperienceReinforced():
+            return ApplicationRow(
+                event.experience_id, event.instance_id, max(event.applications, 0), event.hlc
+            )
+        case ev.RelationStored():
+            return RelationRow(
+                event.relation_id, event.event_id, event.collective_id, event.source_id,
+                event.target_id, event.relation_type, event.strength, event.metadata, event.hlc,
+            )  # fmt: skip
+        case ev.RelationDeleted():
+            return RelationRow(event.relation_id, deleted=True)
+        case ev.InsightStored():
+            return InsightRow(
+                event.insight_id, event.event_id, event.collective_id, event.content,
+                event.embedding, event.source_experiences, event.confidence, event.domain,
+                event.hlc,
+            )  # fmt: skip
+        case ev.InsightDeleted():
+            return InsightRow(event.insight_id, deleted=True)
+        case ev.WisdomStored():
+            return WisdomRow(
+                event.wisdom_id, event.event_id, event.owner_id, event.category, event.pattern,
+                event.confidence, event.embedding, event.source_collectives,
+                event.source_experience_count, event.applicable_domains, event.hlc,
+            )  # fmt: skip
+        case ev.WisdomDeleted():
+            return WisdomRow(event.wisdom_id, deleted=True)
+    return None  # activities live in their own stream, not in the projection
+
+
+@dataclass(slots=True)
+class FoldState:
+    """Rows by type and key: the fold of some events (a batch, or a whole log in tests)."""
+
+    rows: dict[type[Row], dict[tuple[Any, ...], Row]] = field(
+        default_factory=lambda: {t: {} for t in ROW_TYPES}
+    )
+
+    def apply(self, event: ev.Event) -> None:
+        row = row_of(event)
+        if row is not None:
+            self.add(row)
+
+    def add(self, row: Row) -> None:
+        table = self.rows[type(row)]
+        key = row.key()
+        existing = table.get(key)
+        if existing is None:
+            table[key] = row.copy()
+        else:
+            existing.merge(row)
+
+    def merge(self, other: FoldState) -> FoldState:
+        for table in other.rows.values():
+            for row in table.values():
+                self.add(row)
+        return self
+
+    def __len__(self) -> int:
+        return sum(len(t) for t in self.rows.values())

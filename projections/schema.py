@@ -1,0 +1,197 @@
+"""The DuckDB schema of a projection: base tables (the folded rows), views (the live state,
+the analysts' contract) and the migration path.
+
+Base tables hold every folded row, including rows not yet valid (an update that arrived
+before its create) and tombstones; ``*_stamp`` columns hold the last-writer-wins stamps.
+Columns marked local (``vec_id``, ``updated_seq``) and the ``checkpoint`` table differ
+between hosts and are left out of the digest.
+
+Views (stable names, what queries and analysts read):
+
+  collectives        live collectives
+  experiences        live experiences: created, not deleted, collective live, valid
+                     embedding; ``archived`` is a column, ``applications`` the G-counter
+                     total, ``last_reinforced`` the time of the last reinforcement
+  applications       per-instance application counts (the G-counter entries)
+  relations          live relations: valid, both ends live, the winner of its triple
+  insights           live insights;  insight_sources  their source experiences
+  wisdom             live wisdom
+  dead_letters       what breaks an invariant of the folded state, with the reason:
+                     wrong embedding dimension, missing collective / endpoint / source,
+                     self-relation, relation across collectives, a (source, target, type)
+                     triple taken by another relation; and undecodable messages
+
+Because the invariants are evaluated on the folded state (not when an event arrives),
+dead letters do not depend on the order events arrived in: an experience that arrives
+before its collective is simply not live yet, and becomes live when the collective does.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+TABLES = """
+CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+CREATE TABLE IF NOT EXISTS checkpoint (
+    id INTEGER PRIMARY KEY, seq BIGINT NOT NULL, applied BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS collective_rows (
+    collective_id UUID PRIMARY KEY, create_event UUID, owner_id VARCHAR, name VARCHAR,
+    embedding_dimension INTEGER, embedder VARCHAR, created_hlc UBIGINT,
+    deleted BOOLEAN NOT NULL,
+    updated_seq BIGINT);
+CREATE TABLE IF NOT EXISTS experience_rows (
+    experience_id UUID PRIMARY KEY, create_event UUID, collective_id UUID, content VARCHAR,
+    embedding BLOB, experience_type VARCHAR, type_data VARCHAR, source_agent VARCHAR,
+    source_task VARCHAR, created_hlc UBIGINT,
+    importance DOUBLE, importance_stamp BLOB, confidence DOUBLE, confidence_stamp BLOB,
+    domain VARCHAR[], domain_stamp BLOB, related_files VARCHAR[], related_files_stamp BLOB,
+    archived BOOLEAN NOT NULL, archived_stamp BLOB, deleted BOOLEAN NOT NULL,
+    vec_id BIGINT, updated_seq BIGINT);
+CREATE TABLE IF NOT EXISTS application_rows (
+    experience_id UUID, instance_id UUID, applications UBIGINT NOT NULL,
+    last_hlc UBIGINT NOT NULL,
+    updated_seq BIGINT,
+    PRIMARY KEY (experience_id, instance_id));
+CREATE TABLE IF NOT EXISTS relation_rows (
+    relation_id UUID PRIMARY KEY, create_event UUID, collective_id UUID, source_id UUID,
+    target_id UUID, relation_type VARCHAR, strength DOUBLE, metadata VARCHAR,
+    created_hlc UBIGINT, deleted BOOLEAN NOT NULL,
+    updated_seq BIGINT);
+CREATE TABLE IF NOT EXISTS insight_rows (
+    insight_id UUID PRIMARY KEY, create_event UUID, collective_id UUID, content VARCHAR,
+    embedding BLOB, source_experiences UUID[], confidence DOUBLE, domain VARCHAR[],
+    created_hlc UBIGINT, deleted BOOLEAN NOT NULL,
+    vec_id BIGINT, updated_seq BIGINT);
+CREATE TABLE IF NOT EXISTS wisdom_rows (
+    wisdom_id UUID PRIMARY KEY, create_event UUID, owner_id VARCHAR, category VARCHAR,
+    pattern VARCHAR, confidence DOUBLE, embedding BLOB, source_collectives UUID[],
+    source_experience_count UBIGINT, applicable_domains VARCHAR[], created_hlc UBIGINT,
+    deleted BOOLEAN NOT NULL,
+    updated_seq BIGINT);
+CREATE TABLE IF NOT EXISTS undecodable (seq BIGINT PRIMARY KEY, subject VARCHAR, reason VARCHAR);
+"""
+
+VIEWS = """
+CREATE OR REPLACE VIEW collectives AS
+SELECT collective_id, owner_id, name, embedding_dimension, embedder,
+       epoch_ms((created_hlc >> 16)::BIGINT) AS created_at
+FROM collective_rows WHERE create_event IS NOT NULL AND NOT deleted;
+
+CREATE OR REPLACE VIEW applications AS
+SELECT experience_id, instance_id, applications,
+       epoch_ms((last_hlc >> 16)::BIGINT) AS last_reinforced
+FROM application_rows;
+
+CREATE OR REPLACE VIEW experience_checks AS
+SELECT e.experience_id, e.collective_id,
+       CASE WHEN c.create_event IS NULL
+                THEN 'collective ' || e.collective_id || ' does not exist'
+            WHEN octet_length(e.embedding) <> 4 * c.embedding_dimension
+                THEN 'embedding has ' || (octet_length(e.embedding) // 4)
+                     || ' dimensions, the collective has ' || c.embedding_dimension
+       END AS problem,
+       c.create_event IS NOT NULL AND NOT c.deleted AS collective_live
+FROM experience_rows e LEFT JOIN collective_rows c USING (collective_id)
+WHERE e.create_event IS NOT NULL AND NOT e.deleted;
+
+CREATE OR REPLACE VIEW experiences AS
+SELECT e.experience_id, e.collective_id, e.content, e.embedding, e.experience_type,
+       e.type_data, e.importance, e.confidence, e.domain, e.related_files, e.source_agent,
+       e.source_task, (e.created_hlc >> 16)::BIGINT AS created_ms,
+       epoch_ms((e.created_hlc >> 16)::BIGINT) AS timestamp, e.archived,
+       coalesce(a.applications, 0)::UBIGINT AS applications,
+       epoch_ms((a.last_hlc >> 16)::BIGINT) AS last_reinforced, e.vec_id
+FROM experience_rows e
+JOIN experience_checks k USING (experience_id)
+LEFT JOIN (SELECT experience_id, sum(applications) AS applications, max(last_hlc) AS last_hlc
+           FROM application_rows GROUP BY experience_id) a USING (experience_id)
+WHERE k.problem IS NULL AND k.collective_live;
+
+CREATE OR REPLACE VIEW relation_checks AS
+SELECT r.relation_id, r.collective_id,
+       CASE WHEN r.source_id = r.target_id
+                THEN 'a relation cannot link an experience to itself'
+            WHEN s.create_event IS NULL
+                THEN 'source experience ' || r.source_id || ' does not exist'
+            WHEN t.create_event IS NULL
+                THEN 'target experience ' || r.target_id || ' does not exist'
+            WHEN s.collective_id <> t.collective_id OR s.collective_id <> r.collective_id
+                THEN 'relation across collectives'
+            WHEN r.relation_id <> min(r.relation_id) OVER (
+                     PARTITION BY r.source_id, r.target_id, r.relation_type)
+                THEN '(source, target, type) is already taken by relation '
+                     || min(r.relation_id) OVER (
+                            PARTITION BY r.source_id, r.target_id, r.relation_type)
+       END AS problem
+FROM relation_rows r
+LEFT JOIN experience_rows s ON s.experience_id = r.source_id
+LEFT JOIN experience_rows t ON t.experience_id = r.target_id
+WHERE r.create_event IS NOT NULL AND NOT r.deleted;
+
+CREATE OR REPLACE VIEW relations AS
+SELECT r.relation_id, r.collective_id, r.source_id, r.target_id, r.relation_type,
+       r.strength, r.metadata, epoch_ms((r.created_hlc >> 16)::BIGINT) AS created_at
+FROM relation_rows r JOIN relation_checks k USING (relation_id)
+WHERE k.problem IS NULL
+  AND r.source_id IN (SELECT experience_id FROM experiences)
+  AND r.target_id IN (SELECT experience_id FROM experiences);
+
+CREATE OR REPLACE VIEW insight_checks AS
+SELECT i.insight_id, i.collective_id,
+       CASE WHEN c.create_event IS NULL
+                THEN 'collective ' || i.collective_id || ' does not exist'
+            WHEN octet_length(i.embedding) <> 4 * c.embedding_dimension
+                THEN 'embedding has ' || (octet_length(i.embedding) // 4)
+                     || ' dimensions, the collective has ' || c.embedding_dimension
+            WHEN len(i.source_experiences) = 0 THEN 'an insight needs at least one source'
+            WHEN EXISTS (SELECT 1 FROM unnest(i.source_experiences) AS s(id)
+                         WHERE s.id NOT IN (SELECT experience_id FROM experience_rows
+                                            WHERE create_event IS NOT NULL))
+                THEN 'a source experience does not exist'
+       END AS problem,
+       c.create_event IS NOT NULL AND NOT c.deleted AS collective_live
+FROM insight_rows i LEFT JOIN collective_rows c USING (collective_id)
+WHERE i.create_event IS NOT NULL AND NOT i.deleted;
+
+CREATE OR REPLACE VIEW insights AS
+SELECT i.insight_id, i.collective_id, i.content, i.embedding, i.source_experiences,
+       i.confidence, i.domain, epoch_ms((i.created_hlc >> 16)::BIGINT) AS created_at, i.vec_id
+FROM insight_rows i JOIN insight_checks k USING (insight_id)
+WHERE k.problem IS NULL AND k.collective_live;
+
+CREATE OR REPLACE VIEW insight_sources AS
+SELECT insight_id, unnest(source_experiences) AS experience_id FROM insights;
+
+CREATE OR REPLACE VIEW wisdom AS
+SELECT wisdom_id, owner_id, category, pattern, confidence, embedding, source_collectives,
+       source_experience_count, applicable_domains,
+       epoch_ms((created_hlc >> 16)::BIGINT) AS created_at
+FROM wisdom_rows WHERE create_event IS NOT NULL AND NOT deleted;
+
+CREATE OR REPLACE VIEW dead_letters AS
+SELECT 'experience' AS entity, experience_id AS id, collective_id, problem AS reason,
+       NULL::BIGINT AS seq, NULL::VARCHAR AS subject
+FROM experience_checks WHERE problem IS NOT NULL
+UNION ALL
+SELECT 'relation', relation_id, collective_id, problem, NULL, NULL
+FROM relation_checks WHERE problem IS NOT NULL
+UNION ALL
+SELECT 'insight', insight_id, collective_id, problem, NULL, NULL
+FROM insight_checks WHERE problem IS NOT NULL
+UNION ALL
+SELECT 'message', NULL, NULL, reason, seq, subject FROM undecodable;
+"""
+
+# The logical content of each base table, in digest order: local columns left out.
+DIGEST_QUERIES = {
+    "collective_rows": "SELECT * EXCLUDE (updated_seq) FROM collective_rows ORDER BY 1",
+    "experience_rows": "SELECT * EXCLUDE (vec_id, updated_seq) FROM experience_rows ORDER BY 1",
+    "application_rows": "SELECT * EXCLUDE (updated_seq) FROM application_rows ORDER BY 1, 2",
+    "relation_rows": "SELECT * EXCLUDE (updated_seq) FROM relation_rows ORDER BY 1",
+    "insight_rows": "SELECT * EXCLUDE (vec_id, updated_seq) FROM insight_rows ORDER BY 1",
+    "wisdom_rows": "SELECT * EXCLUDE (updated_seq) FROM wisdom_rows ORDER BY 1",
+    "undecodable": "SELECT subject, reason FROM undecodable ORDER BY 1, 2",
+}
+
+# from_version -> statements that bring the schema to from_version + 1
+MIGRATIONS: dict[int, list[str]] = {}

@@ -1,0 +1,210 @@
+"""DuckDB storage of the folded rows: load the rows a batch touches, join them with the
+batch's rows in Python (``projections.fold``), write them back, and advance the
+checkpoint, all in one transaction. One writer per database: the instance's process."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import duckdb
+import numpy as np
+
+from eventlog.errors import PulseError
+from projections import schema
+from projections.fold import (
+    ApplicationRow,
+    CollectiveRow,
+    ExperienceRow,
+    FoldState,
+    InsightRow,
+    RelationRow,
+    Row,
+    WisdomRow,
+)
+
+TABLE_OF: dict[type[Row], str] = {
+    CollectiveRow: "collective_rows",
+    ExperienceRow: "experience_rows",
+    ApplicationRow: "application_rows",
+    RelationRow: "relation_rows",
+    InsightRow: "insight_rows",
+    WisdomRow: "wisdom_rows",
+}
+VECTOR_ROWS = (ExperienceRow, InsightRow)  # rows that get a local FAISS id (vec_id)
+
+
+class SchemaError(PulseError):
+    """The database was written by a newer Pulse, or cannot be migrated."""
+
+
+@dataclass(slots=True)
+class Touched:
+    """What one applied batch changed, for the vector and text indexes to follow."""
+
+    experiences: set[UUID] = field(default_factory=set)
+    insights: set[UUID] = field(default_factory=set)
+    collectives: set[UUID] = field(default_factory=set)
+
+
+def _to_db(value: Any, sql_type: str) -> Any:
+    if value is None:
+        return None
+    if sql_type == "UUID":
+        return str(value)
+    if sql_type.endswith("[]"):
+        return json.dumps([str(v) for v in value])
+    return value
+
+
+def _cast(column: str, sql_type: str) -> str:
+    if sql_type.endswith("[]"):
+        return f"CAST(CAST({column} AS JSON) AS {sql_type}) AS {column}"
+    return f"CAST({column} AS {sql_type}) AS {column}"
+
+
+class Store:
+    """The DuckDB file of a projection."""
+
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+        self.path = Path(path)
+        self.con = duckdb.connect(str(self.path), read_only=read_only)
+        if not read_only:
+            self._migrate()
+        self._types = {
+            table: {row[0]: row[1] for row in self.con.execute(f"DESCRIBE {table}").fetchall()}
+            for table in TABLE_OF.values()
+        }
+        self._next_vec_id = 1 + int(
+            self.con.execute(
+                "SELECT greatest((SELECT coalesce(max(vec_id), 0) FROM experience_rows),"
+                " (SELECT coalesce(max(vec_id), 0) FROM insight_rows))"
+            ).fetchone()[0]  # type: ignore[index]
+        )
+
+    def _migrate(self) -> None:
+        self.con.execute(schema.TABLES)
+        found = self.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        version = int(found[0]) if found else schema.SCHEMA_VERSION
+        if version > schema.SCHEMA_VERSION:
+            raise SchemaError(
+                f"{self.path} has schema {version}; this Pulse knows up to "
+                f"{schema.SCHEMA_VERSION}: upgrade Pulse, or `pulse rebuild` from the log"
+            )
+        self.con.begin()
+        for step in range(version, schema.SCHEMA_VERSION):
+            for statement in schema.MIGRATIONS[step]:
+                self.con.execute(statement)
+        self.con.execute(
+            "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(schema.SCHEMA_VERSION)]
+        )
+        self.con.execute(schema.VIEWS)
+        self.con.commit()
+
+    def close(self) -> None:
+        self.con.close()
+
+    def checkpoint(self) -> tuple[int, int]:
+        """(last applied stream sequence, number of events applied so far)."""
+        found = self.con.execute("SELECT seq, applied FROM checkpoint WHERE id = 1").fetchone()
+        return (int(found[0]), int(found[1])) if found else (0, 0)
+
+    # -- applying a batch ------------------------------------------------------------------
+
+    def apply(
+        self,
+        delta: FoldState,
+        *,
+        last_seq: int,
+        count: int,
+        undecodable: list[tuple[int, str, str]] = [],  # noqa: B006 (never mutated)
+    ) -> Touched:
+        """Merge a folded batch into the tables and move the checkpoint, atomically."""
+        touched = Touched()
+        self.con.begin()
+        try:
+            for row_type, rows in delta.rows.items():
+                if rows:
+                    self._merge(row_type, list(rows.values()), last_seq)
+            for seq, subject, reason in undecodable:
+                self.con.execute(
+                    "INSERT OR REPLACE INTO undecodable VALUES (?, ?, ?)", [seq, subject, reason]
+                )
+            self.con.execute(
+                "INSERT INTO checkpoint VALUES (1, ?, ?) ON CONFLICT (id) DO UPDATE "
+                "SET seq = excluded.seq, applied = checkpoint.applied + excluded.applied",
+                [last_seq, count],
+            )
+            self.con.commit()
+        except BaseException:
+            self.con.rollback()
+            raise
+        touched.experiences = {k[0] for k in delta.rows[ExperienceRow]}
+        touched.insights = {k[0] for k in delta.rows[InsightRow]}
+        touched.collectives = {k[0] for k in delta.rows[CollectiveRow]}
+        return touched
+
+    def _merge(self, row_type: type[Row], rows: list[Row], seq: int) -> None:
+        table = TABLE_OF[row_type]
+        types = self._types[table]
+        names = [f.name for f in fields(row_type)]
+        key = row_type.KEY
+        keys = {k: np.array([str(getattr(r, k)) for r in rows], dtype=object) for k in key}
+        join = " AND ".join(f"t.{k} = CAST(keys.{k} AS UUID)" for k in key)
+        staged_keys = keys  # noqa: F841 (read by DuckDB's replacement scan)
+        loaded = self.con.execute(
+            f"SELECT t.* FROM {table} t JOIN staged_keys AS keys ON {join}"
+        ).fetchall()
+        columns = list(types)
+        existing: dict[tuple[Any, ...], Row] = {}
+        vec_ids: dict[tuple[Any, ...], int] = {}
+        for values in loaded:
+            record = dict(zip(columns, values, strict=True))
+            row = row_type(**{n: _from_db(record[n]) for n in names})
+            existing[row.key()] = row
+            if "vec_id" in record and record["vec_id"] is not None:
+                vec_ids[row.key()] = int(record["vec_id"])
+        merged: list[Row] = []
+        for row in rows:
+            current = existing.get(row.key())
+            merged.append(current.merge(row) if current is not None else row)
+        staged: dict[str, np.ndarray[Any, Any]] = {
+            n: np.array([_to_db(getattr(r, n), types[n]) for r in merged], dtype=object)
+            for n in names
+        }
+        if "vec_id" in types:
+            ids = []
+            for row in merged:
+                vec_id = vec_ids.get(row.key())
+                if vec_id is None:
+                    vec_id = self._next_vec_id
+                    self._next_vec_id += 1
+                ids.append(vec_id)
+            staged["vec_id"] = np.array(ids, dtype=np.int64)
+        staged["updated_seq"] = np.full(len(merged), seq, dtype=np.int64)
+        select = ", ".join(_cast(c, types[c]) for c in columns)
+        self.con.execute(f"INSERT OR REPLACE INTO {table} SELECT {select} FROM staged")
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def digest(self) -> str:
+        """SHA-256 of the logical state: every base table's rows, sorted, local columns out."""
+        import hashlib
+
+        import msgspec
+
+        h = hashlib.sha256()
+        for name, query in schema.DIGEST_QUERIES.items():
+            h.update(name.encode())
+            result = self.con.execute(query)
+            while batch := result.fetchmany(10_000):
+                for row in batch:
+                    h.update(msgspec.msgpack.encode(row))
+        return h.hexdigest()
+
+
+def _from_db(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value

@@ -1,0 +1,80 @@
+"""The fold is a join-semilattice: laws of the merge, order- and duplicate-freedom, and
+agreement with the plain model in tests/histories.py."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from eventlog import events as ev
+from projections import fold
+from tests.histories import EVENTS, histories, model, redeliveries
+
+
+def folded(events: list[ev.Event]) -> fold.FoldState:
+    state = fold.FoldState()
+    for event in events:
+        state.apply(event)
+    return state
+
+
+def same_key_rows(events: list[ev.Event]) -> list[fold.Row]:
+    rows = [r for r in map(fold.row_of, events) if r is not None]
+    if not rows:
+        return []
+    first = rows[0]
+    return [r for r in rows if type(r) is type(first) and r.key() == first.key()]
+
+
+def join(a: fold.Row, b: fold.Row) -> fold.Row:
+    return a.copy().merge(b)
+
+
+@given(st.lists(EVENTS, min_size=2, max_size=12))
+def test_merge_is_commutative(events: list[ev.Event]) -> None:
+    rows = same_key_rows(events)
+    for a in rows:
+        for b in rows:
+            assert join(a, b) == join(b, a)
+
+
+@given(st.lists(EVENTS, min_size=3, max_size=12))
+def test_merge_is_associative(events: list[ev.Event]) -> None:
+    rows = same_key_rows(events)
+    for a, b, c in zip(rows, rows[1:], rows[2:]):
+        assert join(join(a, b), c) == join(a, join(b, c))
+
+
+@given(EVENTS, EVENTS)
+def test_merge_is_idempotent(first: ev.Event, second: ev.Event) -> None:
+    for event in (first, second):
+        row = fold.row_of(event)
+        if row is not None:
+            assert join(row, row) == row
+            merged = join(row, row)
+            for other in same_key_rows([event, second]):
+                once = join(merged, other)
+                assert join(once, other) == once
+
+
+@given(st.data())
+def test_any_order_with_duplicates_folds_to_the_same_state(data: st.DataObject) -> None:
+    events = data.draw(histories)
+    again = data.draw(redeliveries(events))
+    assert folded(again).rows == folded(events).rows
+
+
+@given(histories)
+def test_fold_matches_the_plain_model(events: list[ev.Event]) -> None:
+    assert folded(events).rows == model(events)
+
+
+@given(st.data())
+def test_batches_fold_like_one_batch(data: st.DataObject) -> None:
+    """Merging per-batch states (what the store does with its rows) equals one fold."""
+    events = data.draw(histories)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(events)), max_size=4)))
+    state = fold.FoldState()
+    for start, end in zip([0, *cuts], [*cuts, len(events)], strict=True):
+        state.merge(folded(events[start:end]))
+    assert state.rows == folded(events).rows
