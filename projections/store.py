@@ -190,6 +190,14 @@ class Store:
 
     # -- reading ---------------------------------------------------------------------------
 
+    def rows(self, row_type: type[Row]) -> dict[tuple[Any, ...], Row]:
+        """Every stored row of a type, as fold rows (for checks and tools)."""
+        table = TABLE_OF[row_type]
+        names = [f.name for f in fields(row_type)]
+        result = self.con.execute(f"SELECT {', '.join(names)} FROM {table}").fetchall()
+        rows = (row_type(*map(_from_db, values)) for values in result)
+        return {row.key(): row for row in rows}
+
     def digest(self) -> str:
         """SHA-256 of the logical state: every base table's rows, sorted, local columns out."""
         import hashlib
