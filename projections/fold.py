@@ -60,7 +60,7 @@ class Row:
     def merge(self: R, other: R) -> R:
         """The join of two rows with the same key (returns self, updated)."""
         if self.CREATE:
-            mine, theirs = self.create_event, other.create_event
+            mine, theirs = getattr(self, "create_event"), getattr(other, "create_event")  # noqa: B009
             if theirs is not None and (mine is None or theirs < mine):
                 for name in ("create_event", *self.CREATE):
                     setattr(self, name, getattr(other, name))
@@ -71,7 +71,7 @@ class Row:
         for name in self.MAXED:
             setattr(self, name, max(getattr(self, name), getattr(other, name)))
         if getattr(other, "deleted", False):
-            self.deleted = True  # type: ignore[attr-defined]
+            self.deleted = True
         if getattr(self, "deleted", False):
             for name in self.WIPE:
                 setattr(self, name, None)

@@ -157,7 +157,8 @@ def _experience(row: Sequence[Any]) -> Experience:
 
 
 def _where(collective_id: UUID, flt: ExperienceFilter) -> tuple[str, list[Any]]:
-    clauses, params = ["collective_id = ?"], [collective_id]
+    clauses: list[str] = ["collective_id = ?"]
+    params: list[Any] = [collective_id]
     if not flt.include_archived:
         clauses.append("NOT archived")
     if flt.domains is not None:

@@ -15,11 +15,13 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
-import faiss
+import faiss as _faiss
 import numpy as np
 import numpy.typing as npt
+
+faiss: Any = _faiss  # its bundled stubs miss SearchParametersHNSW and selector arguments
 
 Matrix = npt.NDArray[np.float32]
 
@@ -38,11 +40,11 @@ class VectorIndex:
     dim: int
     hnsw_threshold: int = 10_000
     ef_search: int = 128
-    index: faiss.IndexIDMap2 = field(init=False)
+    index: Any = field(init=False)  # faiss.IndexIDMap2
     members: set[int] = field(default_factory=set)  # vec_ids in the FAISS index
     hidden: set[int] = field(default_factory=set)  # archived: only when asked for
     gone: set[int] = field(default_factory=set)  # deleted or invalid, still in HNSW
-    _selectors: dict[bool, faiss.IDSelector] = field(default_factory=dict)
+    _selectors: dict[bool, Any] = field(default_factory=dict)  # cached faiss.IDSelector
 
     def __post_init__(self) -> None:
         self.index = faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
@@ -113,13 +115,13 @@ class VectorIndex:
                 return []
             if self.is_hnsw and len(candidates) <= 4 * self.hnsw_threshold // 10 + k:
                 return self._exact(q, k, candidates)
-            selector: faiss.IDSelector = faiss.IDSelectorBatch(
+            selector: Any = faiss.IDSelectorBatch(
                 np.fromiter(candidates, dtype=np.int64, count=len(candidates))
             )
         else:
             selector = self._excluding(include_archived)
         if self.is_hnsw:
-            params: faiss.SearchParameters = faiss.SearchParametersHNSW(
+            params: Any = faiss.SearchParametersHNSW(
                 sel=selector, efSearch=max(self.ef_search, 2 * k)
             )
         else:
@@ -127,7 +129,7 @@ class VectorIndex:
         scores, ids = self.index.search(q, k, params=params)
         return [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
 
-    def _excluding(self, include_archived: bool) -> faiss.IDSelector:
+    def _excluding(self, include_archived: bool) -> Any:
         selector = self._selectors.get(include_archived)
         if selector is None:
             excluded = self.gone if include_archived else self.gone | self.hidden

@@ -41,7 +41,7 @@ def test_merge_is_commutative(events: list[ev.Event]) -> None:
 @given(st.lists(EVENTS, min_size=3, max_size=12))
 def test_merge_is_associative(events: list[ev.Event]) -> None:
     rows = same_key_rows(events)
-    for a, b, c in zip(rows, rows[1:], rows[2:]):
+    for a, b, c in zip(rows, rows[1:], rows[2:], strict=False):
         assert join(join(a, b), c) == join(a, join(b, c))
 
 

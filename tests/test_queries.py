@@ -28,13 +28,13 @@ def record(
     *,
     at: int,
     domain: tuple[str, ...] = (),
-    kind: ev.ExperienceType = ev.Generic(),
+    kind: ev.ExperienceType | None = None,
     importance: float = 0.5,
 ) -> ev.ExperienceRecorded:
     return ev.ExperienceRecorded(
         **stamp(at),  # type: ignore[arg-type]
         experience_id=uuid7(), collective_id=cid, content=content, embedding=ev.pack_vector(vector),
-        experience_type=kind, importance=importance, confidence=0.5, source_agent="agent-1",
+        experience_type=kind or ev.Generic(), importance=importance, confidence=0.5, source_agent="agent-1",
         domain=domain,
     )  # fmt: skip
 
