@@ -37,6 +37,10 @@ TABLE_OF: dict[type[Row], str] = {
 VECTOR_ROWS = (ExperienceRow, InsightRow)  # rows that get a local FAISS id (vec_id)
 
 
+class StateInUse(PulseError):
+    """Another process holds the projection's database (DuckDB allows one writer)."""
+
+
 class SchemaError(PulseError):
     """The database was written by a newer Pulse, or cannot be migrated."""
 
@@ -71,7 +75,13 @@ class Store:
 
     def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
         self.path = Path(path)
-        self.con = duckdb.connect(str(self.path), read_only=read_only)
+        try:
+            self.con = duckdb.connect(str(self.path), read_only=read_only)
+        except duckdb.IOException as exc:
+            raise StateInUse(
+                f"the projection {self.path} is in use by another process ({exc}); stop it, "
+                "or ask the running instance instead"
+            ) from exc
         if not read_only:
             self._migrate()
         self._types = {

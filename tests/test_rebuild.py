@@ -1,0 +1,145 @@
+"""Rebuild and digest through the command line, on a real NATS server; and a catch-up
+killed with SIGKILL mid-run that resumes from its checkpoint without applying an event
+twice or skipping one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from eventlog import EmbeddedNats, JetStreamLog
+from eventlog import events as ev
+from eventlog.ids import uuid7
+from projections.store import Store
+from tests import factories as f
+
+PULSE = str(Path(sys.executable).parent / "pulse")
+
+
+def history(n: int) -> list[ev.Event]:
+    """A realistic mix: experiences, updates, archives, deletes, relations, reinforcements."""
+    cid = uuid7()
+    events: list[ev.Event] = [f.collective(cid, dim=16)]
+    recorded = [
+        f.experience(cid, f"lesson {i} about retries and checkpoints", dim=16) for i in range(n)
+    ]
+    for i, rec in enumerate(recorded):
+        events.append(rec)
+        common = {"event_id": uuid7(), "instance_id": f.INSTANCE, "hlc": rec.hlc + 1}
+        if i % 7 == 1:
+            events.append(
+                ev.ExperienceUpdated(
+                    **common,
+                    experience_id=rec.experience_id,  # type: ignore[arg-type]
+                    collective_id=cid,
+                    importance=0.9,
+                )
+            )
+        elif i % 7 == 2:
+            events.append(
+                ev.ExperienceArchived(**common, experience_id=rec.experience_id, collective_id=cid)
+            )  # type: ignore[arg-type]
+        elif i % 7 == 3:
+            events.append(
+                ev.ExperienceDeleted(**common, experience_id=rec.experience_id, collective_id=cid)
+            )  # type: ignore[arg-type]
+        elif i % 7 == 4:
+            events.append(
+                ev.ExperienceReinforced(
+                    **common,
+                    experience_id=rec.experience_id,  # type: ignore[arg-type]
+                    collective_id=cid,
+                    applications=i % 5 + 1,
+                )
+            )
+        elif i % 7 == 5 and i > 5:
+            events.append(
+                ev.RelationStored(
+                    **common,
+                    relation_id=uuid7(),
+                    collective_id=cid,  # type: ignore[arg-type]
+                    source_id=rec.experience_id,
+                    target_id=recorded[i - 5].experience_id,
+                    relation_type="Supports",
+                    strength=0.5,
+                )
+            )
+    return events
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Iterator[Path]:
+    server = EmbeddedNats(tmp_path / "data", sync_always=False)  # the CLI reuses this server
+    server.start()
+    yield tmp_path / "data"
+    server.stop()
+
+
+async def fill(data_dir: Path, events: list[ev.Event]) -> int:
+    server = EmbeddedNats(data_dir)
+    log = await JetStreamLog.connect(server.start(), append_timeout=30)
+    for start in range(0, len(events), 1000):
+        await log.append_batch(events[start : start + 1000])
+    last = await log.last_seq()
+    await log.close()
+    return last
+
+
+def pulse_json(data_dir: Path, *args: str) -> dict[str, object]:
+    result = subprocess.run(
+        [PULSE, "--data-dir", str(data_dir), *args, "--json"],
+        capture_output=True, text=True, timeout=300, env=_env(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout))
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("PULSE_NATS_URL", "PULSE_DATA_DIR")}
+
+
+async def test_digest_is_the_same_before_and_after_rebuild(data_dir: Path) -> None:
+    last = await fill(data_dir, history(300))
+    caught = pulse_json(data_dir, "catch-up")
+    assert caught["applied"] == caught["seq"] == caught["applied_total"] == last
+    before = pulse_json(data_dir, "digest")
+    assert before["digest"] == caught["digest"] and before["seq"] == last
+    old_state = (data_dir / "state").resolve()
+
+    rebuilt = pulse_json(data_dir, "rebuild")
+    assert rebuilt["digest"] == before["digest"]
+    assert Path(str(rebuilt["state"])) == (data_dir / "state").resolve() != old_state
+    assert not old_state.exists(), "the old state is removed after the swap"
+    assert pulse_json(data_dir, "digest")["digest"] == before["digest"]
+
+
+async def test_catch_up_killed_mid_batch_resumes_from_its_checkpoint(data_dir: Path) -> None:
+    last = await fill(data_dir, history(12_000))
+    for _ in range(2):  # kill it twice, at different points
+        process = subprocess.Popen(
+            [PULSE, "--data-dir", str(data_dir), "catch-up"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+        )  # fmt: skip
+        assert process.stderr is not None
+        line = process.stderr.readline()  # the first progress line: a batch is committed
+        assert line.startswith("applying "), line
+        process.send_signal(signal.SIGKILL)
+        process.communicate(timeout=30)
+        store = Store((data_dir / "state").resolve() / "state.duckdb", read_only=True)
+        seq, applied = store.checkpoint()
+        store.close()
+        assert 0 < seq < last, "killed mid-run: part of the log is applied"
+        assert applied == seq, "no event applied twice (every sequence counted once)"
+
+    resumed = pulse_json(data_dir, "catch-up")
+    assert resumed["seq"] == resumed["applied_total"] == last
+    assert 0 < int(str(resumed["applied"])) < last  # it went on from the checkpoint
+    clean = pulse_json(data_dir, "rebuild")
+    assert clean["digest"] == resumed["digest"]
