@@ -283,14 +283,15 @@ class FoldState:
     def apply(self, event: ev.Event) -> None:
         row = row_of(event)
         if row is not None:
-            self.add(row)
+            self.add(row, owned=True)
 
-    def add(self, row: Row) -> None:
+    def add(self, row: Row, *, owned: bool = False) -> None:
+        """Merge a row in; ``owned`` rows (fresh from ``row_of``) are kept, not copied."""
         table = self.rows[type(row)]
         key = row.key()
         existing = table.get(key)
         if existing is None:
-            table[key] = row.copy()
+            table[key] = row if owned else row.copy()
         else:
             existing.merge(row)
 

@@ -33,7 +33,7 @@ Progress = Callable[[int, int], None]  # (applied so far, total to apply)
 class ProjectionSettings:
     hnsw_threshold: int = 10_000  # vectors per collective before its index becomes HNSW
     ef_search: int = 128  # HNSW search breadth (recall against speed)
-    batch_size: int = 1000  # events per transaction when catching up
+    batch_size: int = 5000  # events per transaction when catching up
     save_every: int = 50  # batches between index saves while catching up
 
 
@@ -151,14 +151,15 @@ class Projection:
                 LEFT JOIN {view} v ON v.{key} = r.{key}
                 LEFT JOIN collective_rows c ON c.collective_id = r.collective_id"""
         ).fetchall()
-        adds: dict[tuple[UUID, int], tuple[list[int], list[bytes]]] = {}
+        adds: dict[tuple[UUID, int], tuple[list[int], list[bytes], list[UUID]]] = {}
         for row_id, vec_id, collective_id, live, is_archived, embedding, content, dim in rows:
             if live:
                 index = self._index(kind, collective_id, dim)
                 if vec_id not in index.members:
-                    ids_, vecs = adds.setdefault((collective_id, dim), ([], []))
+                    ids_, vecs, keys = adds.setdefault((collective_id, dim), ([], [], []))
                     ids_.append(vec_id)
                     vecs.append(embedding)
+                    keys.append(row_id)
                     self.text.put(kind, row_id, collective_id, content)
                 index.set_hidden(vec_id, bool(is_archived))
             else:
@@ -166,9 +167,9 @@ class Projection:
                 if index_or_none is not None:
                     index_or_none.remove([vec_id])
                 self.text.remove(row_id)
-        for (collective_id, dim), (vec_ids, vectors) in adds.items():
+        for (collective_id, dim), (vec_ids, vectors, keys) in adds.items():
             matrix = np.frombuffer(b"".join(vectors), dtype="<f4").reshape(len(vectors), dim)
-            self._index(kind, collective_id, dim).add(vec_ids, matrix)
+            self._index(kind, collective_id, dim).add(vec_ids, matrix, keys)
 
     # -- persistence -----------------------------------------------------------------------
 
@@ -199,6 +200,16 @@ class Projection:
                     path, dim, self.settings.hnsw_threshold, self.settings.ef_search
                 )
         for (kind, collective_id), index in self.vectors.items():  # hidden / gone from DuckDB
+            table, key = (
+                ("experience_rows", "experience_id")
+                if kind == "experience"
+                else ("insight_rows", "insight_id")
+            )
+            for vec_id, row_id in self.store.con.execute(
+                f"SELECT vec_id, {key} FROM {table} WHERE collective_id = ?", [collective_id]
+            ).fetchall():
+                if vec_id in index.members:
+                    index.keys[vec_id] = row_id
             view, live_archived = (
                 ("experiences", "archived") if kind == "experience" else ("insights", "false")
             )
@@ -228,6 +239,10 @@ class Projection:
             "SELECT collective_id, embedding_dimension FROM collectives"
         ).fetchall():
             self._live_collectives.setdefault(collective_id, int(dim))
+
+    def live_dimension(self, collective_id: UUID) -> int | None:
+        """The embedding dimension of a live collective; None if it is not live."""
+        return self._live_collectives.get(collective_id)
 
     def digest(self) -> str:
         return self.store.digest()

@@ -127,12 +127,12 @@ _EXPERIENCE_FIELDS = (
 
 
 def _experience_columns(alias: str = "") -> str:
+    """The Experience columns as read from the ``experiences`` view."""
     cols = [f"{alias}{name}" for name in _EXPERIENCE_FIELDS]
     cols[-1] = f"epoch_ms({cols[-1]})"
     return ", ".join(cols)
 
 
-_EXPERIENCE_COLUMNS = _experience_columns()
 _kind_decoder = msgspec.json.Decoder(ev.ExperienceType)
 
 
@@ -156,9 +156,65 @@ def _experience(row: Sequence[Any]) -> Experience:
     )
 
 
-def _where(collective_id: UUID, flt: ExperienceFilter) -> tuple[str, list[Any]]:
-    clauses: list[str] = ["collective_id = ?"]
-    params: list[Any] = [collective_id]
+def _uuid_list(ids: Sequence[UUID]) -> str:
+    """A SQL list of UUID literals (str(UUID) is only hex digits and dashes: safe to inline).
+
+    Point lookups by literal keys let DuckDB prune row groups; a joined parameter list
+    makes it scan the table."""
+    return ", ".join(f"'{UUID(str(i))}'" for i in ids)
+
+
+def _fetch(p: Projection, ids: Sequence[UUID]) -> dict[UUID, Experience]:
+    """Live experiences by id, read from the base rows (much faster than the view)."""
+    if not ids:
+        return {}
+    keys = _uuid_list(ids)
+    rows = p.store.con.execute(
+        f"""SELECT e.experience_id, e.collective_id, e.content, e.embedding, e.type_data,
+                   e.importance, e.confidence, e.domain, e.related_files, e.source_agent,
+                   e.source_task, (e.created_hlc >> 16)::BIGINT, e.archived,
+                   coalesce(a.applications, 0), (a.last_hlc >> 16)::BIGINT,
+                   e.create_event IS NOT NULL AND NOT e.deleted, octet_length(e.embedding)
+            FROM experience_rows e
+            LEFT JOIN (SELECT experience_id, sum(applications) AS applications,
+                              max(last_hlc) AS last_hlc
+                       FROM application_rows WHERE experience_id IN ({keys})
+                       GROUP BY experience_id) a USING (experience_id)
+            WHERE e.experience_id IN ({keys})"""
+    ).fetchall()
+    found = {}
+    for row in rows:
+        dim = p.live_dimension(row[1]) if row[1] is not None else None
+        if row[15] and dim is not None and row[16] == 4 * dim:
+            found[row[0]] = _experience(row)
+    return found
+
+
+def _passes(e: Experience, flt: ExperienceFilter) -> bool:
+    return (
+        (flt.include_archived or not e.archived)
+        and (flt.domains is None or bool(set(flt.domains) & set(e.domain)))
+        and (
+            flt.experience_types is None
+            or type(e.experience_type).__struct_config__.tag in flt.experience_types
+        )
+        and (flt.min_importance is None or e.importance >= flt.min_importance)
+        and (flt.min_confidence is None or e.confidence >= flt.min_confidence)
+        and (flt.since_ms is None or e.timestamp_ms >= flt.since_ms)
+    )
+
+
+def _where(p: Projection, collective_id: UUID, flt: ExperienceFilter) -> tuple[str, list[Any]]:
+    """Conditions on ``experience_rows`` for the live experiences of a collective that
+    pass the filter (the collective itself must be live: see ``live_dimension``)."""
+    dim = p.live_dimension(collective_id) or 0
+    clauses = [
+        "collective_id = ?",
+        "create_event IS NOT NULL",
+        "NOT deleted",
+        "octet_length(embedding) = ?",
+    ]
+    params: list[Any] = [collective_id, 4 * dim]
     if not flt.include_archived:
         clauses.append("NOT archived")
     if flt.domains is not None:
@@ -174,17 +230,14 @@ def _where(collective_id: UUID, flt: ExperienceFilter) -> tuple[str, list[Any]]:
         clauses.append("confidence >= ?")
         params.append(flt.min_confidence)
     if flt.since_ms is not None:
-        clauses.append("created_ms >= ?")
+        clauses.append("(created_hlc >> 16) >= ?")
         params.append(flt.since_ms)
     return " AND ".join(clauses), params
 
 
 def get_experience(p: Projection, experience_id: UUID) -> Experience | None:
     """One live experience (archived ones included), or None."""
-    row = p.store.con.execute(
-        f"SELECT {_EXPERIENCE_COLUMNS} FROM experiences WHERE experience_id = ?", [experience_id]
-    ).fetchone()
-    return _experience(row) if row else None
+    return _fetch(p, [experience_id]).get(experience_id)
 
 
 def recent_experiences(
@@ -196,23 +249,19 @@ def recent_experiences(
     offset: int = 0,
 ) -> list[Experience]:
     """Newest first (by recording time, then id)."""
-    where, params = _where(collective_id, flt)
-    rows = p.store.con.execute(
-        f"SELECT {_EXPERIENCE_COLUMNS} FROM experiences WHERE {where} "
-        "ORDER BY created_ms DESC, experience_id DESC LIMIT ? OFFSET ?",
-        [*params, limit, offset],
-    ).fetchall()
-    return [_experience(r) for r in rows]
-
-
-def _by_vec_ids(p: Projection, view: str, columns: str, ids: list[int]) -> dict[int, Any]:
-    if not ids:
-        return {}
-    rows = p.store.con.execute(
-        f"SELECT vec_id, {columns} FROM {view} WHERE vec_id IN (SELECT unnest(?::BIGINT[]))",
-        [ids],
-    ).fetchall()
-    return {r[0]: r[1:] for r in rows}
+    if p.live_dimension(collective_id) is None:
+        return []
+    where, params = _where(p, collective_id, flt)
+    ids = [
+        r[0]
+        for r in p.store.con.execute(
+            f"SELECT experience_id FROM experience_rows WHERE {where} "
+            "ORDER BY created_hlc DESC, experience_id DESC LIMIT ? OFFSET ?",
+            [*params, limit, offset],
+        ).fetchall()
+    ]
+    found = _fetch(p, ids)
+    return [found[i] for i in ids if i in found]
 
 
 def similar_experiences(
@@ -224,19 +273,20 @@ def similar_experiences(
 ) -> list[ScoredExperience]:
     """The k live experiences nearest to ``query`` by cosine similarity, best first."""
     index = p.vectors.get(("experience", collective_id))
-    if index is None or k <= 0:
+    if index is None or k <= 0 or p.live_dimension(collective_id) is None:
         return []
     vector = np.asarray(query, dtype=np.float32).reshape(1, -1)
     if vector.shape[1] != index.dim:
         raise ValueError(f"query: {vector.shape[1]} dimensions, the collective has {index.dim}")
     allowed = None
     if flt.narrows:
-        where, params = _where(collective_id, flt)
-        rows = p.store.con.execute(f"SELECT vec_id FROM experiences WHERE {where}", params)
+        where, params = _where(p, collective_id, flt)
+        rows = p.store.con.execute(f"SELECT vec_id FROM experience_rows WHERE {where}", params)
         allowed = {r[0] for r in rows.fetchall()}
     hits = index.search(vector, k, include_archived=flt.include_archived, allowed=allowed)
-    found = _by_vec_ids(p, "experiences", _EXPERIENCE_COLUMNS, [i for i, _ in hits])
-    return [ScoredExperience(_experience(found[i]), s) for i, s in hits if i in found]
+    keyed = [(index.keys[v], s) for v, s in hits if v in index.keys]
+    found = _fetch(p, [i for i, _ in keyed])
+    return [ScoredExperience(found[i], s) for i, s in keyed if i in found]
 
 
 def search_text(
@@ -249,18 +299,13 @@ def search_text(
     """BM25 matches of ``text`` in experience content, best first, filtered."""
     if k <= 0 or not text.strip():
         return []
-    where, params = _where(collective_id, flt)
     fetch = k
     while True:  # ask tantivy for more until enough pass the filter, or it has no more
         hits = p.text.search("experience", collective_id, text, fetch)
-        ids = [i for i, _ in hits]
-        rows = p.store.con.execute(
-            f"SELECT {_EXPERIENCE_COLUMNS} FROM experiences WHERE {where} "
-            "AND experience_id IN (SELECT unnest(?::UUID[]))",
-            [*params, ids],
-        ).fetchall()
-        found = {r[0]: _experience(r) for r in rows}
-        result = [ScoredExperience(found[i], s) for i, s in hits if i in found]
+        found = _fetch(p, [i for i, _ in hits])
+        result = [
+            ScoredExperience(found[i], s) for i, s in hits if i in found and _passes(found[i], flt)
+        ]
         if len(result) >= k or len(hits) < fetch:
             return result[:k]
         fetch *= 4
@@ -321,8 +366,15 @@ def similar_insights(
     if index is None or k <= 0:
         return []
     hits = index.search(np.asarray(query, dtype=np.float32).reshape(1, -1), k)
-    found = _by_vec_ids(p, "insights", _INSIGHT_COLUMNS, [i for i, _ in hits])
-    return [ScoredInsight(_insight(found[i]), s) for i, s in hits if i in found]
+    keyed = [(index.keys[v], s) for v, s in hits if v in index.keys]
+    if not keyed:
+        return []
+    rows = p.store.con.execute(
+        f"SELECT {_INSIGHT_COLUMNS} FROM insights "
+        f"WHERE insight_id IN ({_uuid_list([i for i, _ in keyed])})"
+    ).fetchall()
+    found = {r[0]: _insight(r) for r in rows}
+    return [ScoredInsight(found[i], s) for i, s in keyed if i in found]
 
 
 def collective_stats(p: Projection, collective_id: UUID) -> CollectiveStats | None:

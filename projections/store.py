@@ -54,14 +54,13 @@ class Touched:
     collectives: set[UUID] = field(default_factory=set)
 
 
-def _to_db(value: Any, sql_type: str) -> Any:
-    if value is None:
-        return None
+def _column(values: list[Any], sql_type: str) -> np.ndarray[Any, Any]:
+    """One staged column: UUIDs as text, lists as JSON text (cast back in SQL)."""
     if sql_type == "UUID":
-        return str(value)
-    if sql_type.endswith("[]"):
-        return json.dumps([str(v) for v in value])
-    return value
+        values = [None if v is None else str(v) for v in values]
+    elif sql_type.endswith("[]"):
+        values = [None if v is None else json.dumps([str(x) for x in v]) for v in values]
+    return np.array(values, dtype=object)
 
 
 def _cast(column: str, sql_type: str) -> str:
@@ -182,8 +181,7 @@ class Store:
             current = existing.get(row.key())
             merged.append(current.merge(row) if current is not None else row)
         staged: dict[str, np.ndarray[Any, Any]] = {
-            n: np.array([_to_db(getattr(r, n), types[n]) for r in merged], dtype=object)
-            for n in names
+            n: _column([getattr(r, n) for r in merged], types[n]) for n in names
         }
         if "vec_id" in types:
             ids = []

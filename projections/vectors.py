@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
+from uuid import UUID
 
 import faiss as _faiss
 import numpy as np
@@ -42,6 +43,7 @@ class VectorIndex:
     ef_search: int = 128
     index: Any = field(init=False)  # faiss.IndexIDMap2
     members: set[int] = field(default_factory=set)  # vec_ids in the FAISS index
+    keys: dict[int, UUID] = field(default_factory=dict)  # vec_id -> experience / insight id
     hidden: set[int] = field(default_factory=set)  # archived: only when asked for
     gone: set[int] = field(default_factory=set)  # deleted or invalid, still in HNSW
     _selectors: dict[bool, Any] = field(default_factory=dict)  # cached faiss.IDSelector
@@ -53,10 +55,12 @@ class VectorIndex:
     def is_hnsw(self) -> bool:
         return not isinstance(faiss.downcast_index(self.index.index), faiss.IndexFlat)
 
-    def add(self, ids: list[int], vectors: Matrix) -> None:
+    def add(self, ids: list[int], vectors: Matrix, keys: list[UUID]) -> None:
         fresh = [i for i, vid in enumerate(ids) if vid not in self.members]
         if not fresh:
             return
+        for i in fresh:
+            self.keys[ids[i]] = keys[i]
         new_ids = np.array([ids[i] for i in fresh], dtype=np.int64)
         self.index.add_with_ids(normalized(vectors[fresh]), new_ids)
         self.members.update(new_ids.tolist())
@@ -80,6 +84,8 @@ class VectorIndex:
         else:
             self.index.remove_ids(np.array(drop, dtype=np.int64))
             self.members.difference_update(drop)
+            for vec_id in drop:
+                self.keys.pop(vec_id, None)
         self._selectors.clear()
 
     def _to_hnsw(self) -> None:
@@ -91,6 +97,7 @@ class VectorIndex:
         if vectors is not None:
             self.index.add_with_ids(vectors, ids)
         self.members = set(ids.tolist())
+        self.keys = {vec_id: self.keys[vec_id] for vec_id in self.members}
         self.gone.clear()
         self._selectors.clear()
 
