@@ -161,18 +161,21 @@ class Store:
         types = self._types[table]
         names = [f.name for f in fields(row_type)]
         key = row_type.KEY
-        keys = {k: np.array([str(getattr(r, k)) for r in rows], dtype=object) for k in key}
-        join = " AND ".join(f"t.{k} = CAST(keys.{k} AS UUID)" for k in key)
-        staged_keys = keys  # noqa: F841 (read by DuckDB's replacement scan)
-        loaded = self.con.execute(
-            f"SELECT t.* FROM {table} t JOIN staged_keys AS keys ON {join}"
-        ).fetchall()
+        # Literal keys, not a joined key table: DuckDB then prunes row groups by their
+        # min/max (UUIDv7 keys are time-ordered), where a join scans the whole table and
+        # makes every batch slower as the table grows.
+        first = {str(getattr(r, key[0])) for r in rows}
+        condition = f"{key[0]} IN ({', '.join(repr(k) for k in sorted(first))})"
+        loaded = self.con.execute(f"SELECT * FROM {table} WHERE {condition}").fetchall()
         columns = list(types)
         existing: dict[tuple[Any, ...], Row] = {}
         vec_ids: dict[tuple[Any, ...], int] = {}
+        wanted = {r.key() for r in rows}
         for values in loaded:
             record = dict(zip(columns, values, strict=True))
             row = row_type(**{n: _from_db(record[n]) for n in names})
+            if row.key() not in wanted:
+                continue  # same first key, other second key (application rows)
             existing[row.key()] = row
             if "vec_id" in record and record["vec_id"] is not None:
                 vec_ids[row.key()] = int(record["vec_id"])

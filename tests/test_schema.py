@@ -1,0 +1,50 @@
+"""The projection's schema has a version and a migration path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from projections import schema
+from projections.store import SchemaError, StateInUse, Store
+
+
+def test_a_newer_schema_is_refused_with_advice(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.duckdb")
+    store.con.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    store.close()
+    with pytest.raises(SchemaError, match="schema 99; this Pulse knows up to 1: upgrade Pulse"):
+        Store(tmp_path / "state.duckdb")
+
+
+def test_an_older_schema_is_migrated_on_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Store(tmp_path / "state.duckdb").close()  # written at version 1
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(
+        schema.MIGRATIONS, 1, ["ALTER TABLE experience_rows ADD COLUMN IF NOT EXISTS note VARCHAR"]
+    )
+    store = Store(tmp_path / "state.duckdb")
+    columns = {r[0] for r in store.con.execute("DESCRIBE experience_rows").fetchall()}
+    version = store.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    store.close()
+    assert "note" in columns and version == ("2",)
+
+
+def test_a_database_held_by_another_process_is_reported(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import duckdb, sys; c = duckdb.connect(sys.argv[1]); "
+         "print('open', flush=True); sys.stdin.read()", str(tmp_path / "state.duckdb")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+    try:
+        with pytest.raises(StateInUse, match="in use by another process"):
+            Store(tmp_path / "state.duckdb")
+    finally:
+        holder.communicate("", timeout=10)
