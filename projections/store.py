@@ -209,6 +209,20 @@ class Store:
         rows = (row_type(*map(_from_db, values)) for values in result)
         return {row.key(): row for row in rows}
 
+    def max_hlc(self) -> int:
+        """The largest HLC of anything folded so far (a restarted clock starts past it)."""
+        parts = [
+            f"SELECT max(created_hlc) FROM {t}"
+            for t in ("collective_rows", "experience_rows", "relation_rows", "insight_rows",
+                      "wisdom_rows")
+        ] + ["SELECT max(last_hlc) FROM application_rows"]  # fmt: skip
+        best = max(r[0] or 0 for r in self.con.execute(" UNION ALL ".join(parts)).fetchall())
+        for column in ("importance", "confidence", "domain", "related_files", "archived"):
+            found = self.con.execute(f"SELECT max({column}_stamp) FROM experience_rows").fetchone()
+            if found and found[0]:
+                best = max(best, int.from_bytes(found[0][:8], "big"))
+        return int(best)
+
     def digest(self) -> str:
         """SHA-256 of the logical state: every base table's rows, sorted, local columns out."""
         import hashlib

@@ -1,1 +1,7 @@
-"""Many hosts as one memory: CRDTs, the instance and its replication loop (to come)."""
+"""Many hosts as one memory: CRDTs, the hybrid logical clock, and the instance
+(write path, replication loop, read-your-writes) with its blocking facade."""
+
+from sync.blocking import PulseDBSync
+from sync.instance import ExperienceChange, PulseDB
+
+__all__ = ["ExperienceChange", "PulseDB", "PulseDBSync"]

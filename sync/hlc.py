@@ -1,0 +1,73 @@
+"""The hybrid logical clock: timestamps that follow the wall clock but never go back,
+whatever the wall clock does, and that move past every timestamp the host has seen.
+
+A value is ``pack_hlc(wall_ms, logical)`` (see ``eventlog.events``): one sortable int.
+``now()`` issues a value greater than every value issued or observed before;
+``observe(value)`` takes in a remote one. With a state file, the clock also stays
+monotonic across restarts (a restarted host whose wall clock went back still issues
+greater values than its previous incarnation did).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from eventlog.events import HLC_LOGICAL_MAX, hlc_logical, hlc_millis, pack_hlc
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class HybridClock:
+    def __init__(
+        self,
+        *,
+        wall: Callable[[], int] = wall_ms,
+        state_file: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._file = Path(state_file) if state_file is not None else None
+        self._last = 0
+        if self._file is not None:
+            try:
+                self._last = int(json.loads(self._file.read_text())["hlc"])
+            except (OSError, ValueError, KeyError):
+                self._last = 0
+
+    @property
+    def last(self) -> int:
+        return self._last
+
+    def now(self) -> int:
+        """A new timestamp, greater than every one issued or observed so far."""
+        with self._lock:
+            wall = self._wall()
+            millis, logical = hlc_millis(self._last), hlc_logical(self._last)
+            if wall > millis:
+                self._last = pack_hlc(wall, 0)
+            elif logical < HLC_LOGICAL_MAX:
+                self._last = pack_hlc(millis, logical + 1)
+            else:  # the logical counter is full: borrow the next millisecond
+                self._last = pack_hlc(millis + 1, 0)
+            self._save()
+            return self._last
+
+    def observe(self, remote: int) -> None:
+        """Take in a timestamp seen on the log, so later ones are issued after it."""
+        with self._lock:
+            if remote > self._last:
+                self._last = remote
+                self._save()
+
+    def _save(self) -> None:
+        if self._file is not None:
+            tmp = self._file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"hlc": self._last}))
+            os.replace(tmp, self._file)
