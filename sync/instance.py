@@ -116,6 +116,7 @@ class PulseDB:
         self._reinforce_lock = asyncio.Lock()
         self._failure: BaseException | None = None
         self._closed = False
+        self._owns_log = True
         self._loop_task: asyncio.Task[None] | None = None
         (data_dir / "identity.json").write_text(
             json.dumps(
@@ -172,9 +173,10 @@ class PulseDB:
         projection_settings: ProjectionSettings | None = None,
         *,
         server: EmbeddedNats | None = None,
+        owns_log: bool = True,
     ) -> PulseDB:
         """An instance on an already open log (any backend; ``MemoryLog`` in simulations).
-        The instance closes the log (and stops ``server``) when it closes."""
+        When it closes, it closes the log if it ``owns_log``, and stops ``server``."""
         directory = Path(data_dir)
         projection = open_projection(directory, projection_settings)
         try:
@@ -183,6 +185,7 @@ class PulseDB:
             projection.close()
             raise
         db = cls(directory, log, projection, server)
+        db._owns_log = owns_log
         db._loop_task = asyncio.create_task(db._replicate(), name="pulse-replication")
         return db
 
@@ -198,7 +201,8 @@ class PulseDB:
         for queue in self._watchers:
             queue.put_nowait(None)
         self.projection.close()
-        await self.log.close()
+        if self._owns_log:
+            await self.log.close()
         if self.server is not None:
             self.server.stop()
 
