@@ -104,6 +104,9 @@ class JetStreamLog(EventLog):
             raise ValidationError(f"append_timeout: must be > 0 seconds, got {append_timeout}")
         self.nc = nc
         self.js = nc.jetstream(timeout=append_timeout)
+        # API calls (stream info, consumers) get short timeouts and are retried, so one
+        # request lost during a leader election does not eat a whole time budget
+        self.admin = nc.jetstream(timeout=2.0)
         self.settings = settings or StreamSettings()
         self.append_timeout = append_timeout
         self.read_timeout = read_timeout
@@ -118,6 +121,7 @@ class JetStreamLog(EventLog):
         append_timeout: float = 5.0,
         connect_timeout: float = 5.0,
         create_streams: bool = True,
+        update_streams: bool = True,
         name: str = "pulse",
     ) -> JetStreamLog:
         """Connect to NATS (one URL or a cluster's URLs) and make sure the streams exist.
@@ -151,7 +155,10 @@ class JetStreamLog(EventLog):
         self = cls(nc, settings, append_timeout=append_timeout)
         if create_streams:
             try:
-                await self._retry(lambda: ensure_streams(self.js, self.settings), connect_timeout)
+                await self._retry(
+                    lambda: ensure_streams(self.admin, self.settings, update=update_streams),
+                    connect_timeout,
+                )
             except BaseException:
                 await nc.close()
                 raise
@@ -309,14 +316,16 @@ class JetStreamLog(EventLog):
                 yield entry
 
     async def last_seq(self) -> int:
-        info = await self._retry(lambda: self.js.stream_info(self.settings.name), self.read_timeout)
+        info = await self._retry(
+            lambda: self.admin.stream_info(self.settings.name), self.read_timeout
+        )
         return int(info.state.last_seq)
 
     async def last_subject_seq(self, subject: str) -> int:
         stream = self.settings.activity_name if is_activity_subject(subject) else self.settings.name
         try:
             msg = await self._retry(
-                lambda: self.js.get_last_msg(stream, subject), self.read_timeout
+                lambda: self.admin.get_last_msg(stream, subject), self.read_timeout
             )
         except nats.js.errors.NotFoundError:
             return 0
@@ -404,7 +413,7 @@ async def _pull(
         if consumer is not None and not nc.is_closed:
             name = consumer
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(owner.js.delete_consumer(stream, name), 1.0)
+                await asyncio.wait_for(owner.admin.delete_consumer(stream, name), 1.0)
         consumer, sub, outstanding = None, None, 0
 
     try:
@@ -429,7 +438,7 @@ async def _pull(
                     else:
                         config.filter_subjects = list(subjects)
                 try:
-                    info = await owner.js.add_consumer(stream, config=config, timeout=2.0)
+                    info = await owner.admin.add_consumer(stream, config=config)
                 except Exception as exc:
                     if _translate(exc, subject=stream) is not None and not live:
                         raise LogUnavailable(f"cannot read {stream}: {exc!r}") from exc

@@ -82,12 +82,21 @@ class StreamSettings:
         )
 
 
-async def ensure_streams(js: JetStreamContext, settings: StreamSettings) -> None:
-    """Create both streams, or bring existing ones to ``settings``; safe to repeat."""
+async def ensure_streams(
+    js: JetStreamContext, settings: StreamSettings, *, update: bool = True
+) -> None:
+    """Create both streams if missing; with ``update``, bring existing ones to
+    ``settings``. Safe to repeat.
+
+    Instances pass ``update=False``: one host started with other settings (say R1 on a
+    cluster that runs R3) must not reconfigure the deployment's streams behind the
+    operator's back; ``pulse up`` (the operator's command) updates them.
+    """
     for config in (settings.main_config(), settings.activity_config()):
         try:
             await js.stream_info(config.name)  # type: ignore[arg-type]
         except JsNotFound:
             await js.add_stream(config)
         else:
-            await js.update_stream(config)
+            if update:
+                await js.update_stream(config)

@@ -151,7 +151,11 @@ class PulseDB:
             urls = list(nats_url)
         try:
             jetstream = await JetStreamLog.connect(
-                urls, stream_settings, append_timeout=append_timeout, connect_timeout=30
+                urls,
+                stream_settings,
+                append_timeout=append_timeout,
+                connect_timeout=30,
+                update_streams=False,  # create if missing; never reconfigure a deployment
             )
         except BaseException:
             if server is not None:

@@ -123,7 +123,7 @@ async def test_digest_is_the_same_before_and_after_rebuild(data_dir: Path) -> No
 async def test_catch_up_killed_mid_batch_resumes_from_its_checkpoint(data_dir: Path) -> None:
     last = await fill(data_dir, history(12_000))
     for _ in range(2):  # kill it twice, at different points
-        process = subprocess.Popen(  # noqa: ASYNC220
+        process = subprocess.Popen(
             [PULSE, "--data-dir", str(data_dir), "catch-up"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
         )  # fmt: skip
