@@ -45,6 +45,7 @@ class Projection:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.settings = settings or ProjectionSettings()
         self.store = Store(self.dir / "state.duckdb")
+        self._seq = self.store.checkpoint()[0]
         self.text = TextIndex(self.dir / "text")
         (self.dir / "vectors").mkdir(exist_ok=True)
         self.vectors: dict[tuple[str, UUID], VectorIndex] = {}
@@ -55,7 +56,8 @@ class Projection:
 
     @property
     def seq(self) -> int:
-        return self.store.checkpoint()[0]
+        """The last applied stream sequence (the DuckDB checkpoint)."""
+        return self._seq
 
     def apply(self, entries: Sequence[LogEntry]) -> Touched:
         """Fold a batch of log entries (in stream order) into the state, atomically."""
@@ -74,6 +76,7 @@ class Projection:
         touched = self.store.apply(
             delta, last_seq=fresh[-1].seq, count=len(fresh), undecodable=undecodable
         )
+        self._seq = fresh[-1].seq
         self._sync(touched)
         return touched
 
@@ -126,7 +129,8 @@ class Projection:
             self._sync_rows("experience", touched.experiences)
         if touched.insights:
             self._sync_rows("insight", touched.insights)
-        self.text.commit()
+        # no text commit here: a tantivy commit costs ~15 ms; searches commit first
+        # (so they read every applied write) and save() commits with the manifest
 
     def _ids(self, table: str, column: str, collective_id: UUID) -> set[UUID]:
         rows = self.store.con.execute(

@@ -2,7 +2,9 @@
 
 Documents are keyed by ``id``; every change is delete-then-add by that key, so
 re-applying a change (catching up after a crash) never duplicates a document. What is
-archived or otherwise hidden is filtered by the caller against DuckDB.
+archived or otherwise hidden is filtered by the caller against DuckDB. Changes are
+committed lazily: by the next search (so a search sees every change made before it),
+or when the projection saves its indexes.
 """
 
 from __future__ import annotations

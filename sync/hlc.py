@@ -5,7 +5,9 @@ A value is ``pack_hlc(wall_ms, logical)`` (see ``eventlog.events``): one sortabl
 ``now()`` issues a value greater than every value issued or observed before;
 ``observe(value)`` takes in a remote one. With a state file, the clock also stays
 monotonic across restarts (a restarted host whose wall clock went back still issues
-greater values than its previous incarnation did).
+greater values than its previous incarnation did). The file holds a ceiling a few
+seconds ahead of what was issued, rewritten only when the clock reaches it, so issuing
+a timestamp rarely touches the disk; a restart starts from the ceiling.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 from eventlog.events import HLC_LOGICAL_MAX, hlc_logical, hlc_millis, pack_hlc
+
+LEASE_MS = 10_000  # how far ahead of the issued values the saved ceiling lies
 
 
 def wall_ms() -> int:
@@ -35,9 +39,10 @@ class HybridClock:
         self._lock = threading.Lock()
         self._file = Path(state_file) if state_file is not None else None
         self._last = 0
+        self._ceiling = 0  # nothing at or above this has been issued by any incarnation
         if self._file is not None:
             try:
-                self._last = int(json.loads(self._file.read_text())["hlc"])
+                self._last = self._ceiling = int(json.loads(self._file.read_text())["hlc"])
             except (OSError, ValueError, KeyError):
                 self._last = 0
 
@@ -67,7 +72,8 @@ class HybridClock:
                 self._save()
 
     def _save(self) -> None:
-        if self._file is not None:
+        if self._file is not None and self._last >= self._ceiling:
+            self._ceiling = pack_hlc(hlc_millis(self._last) + LEASE_MS, 0)
             tmp = self._file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"hlc": self._last}))
+            tmp.write_text(json.dumps({"hlc": self._ceiling}))
             os.replace(tmp, self._file)

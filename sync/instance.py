@@ -20,12 +20,12 @@ reinforced an experience.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
 import os
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -113,7 +113,9 @@ class PulseDB:
         self._progress = asyncio.Condition()
         self._watchers: set[asyncio.Queue[ExperienceChange | None]] = set()
         self._own: dict[UUID, int] = {}  # this incarnation's acknowledged totals
-        self._reinforce_lock = asyncio.Lock()
+        # one announcement in flight per experience (two concurrent calls must not both
+        # announce the same total); different experiences go in parallel
+        self._reinforce_locks: dict[UUID, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._failure: BaseException | None = None
         self._closed = False
         self._owns_log = True
@@ -200,8 +202,7 @@ class PulseDB:
         self._closed = True
         if self._loop_task is not None:
             self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._loop_task
+            await asyncio.wait({self._loop_task}, timeout=10)
         for queue in self._watchers:
             queue.put_nowait(None)
         self.projection.close()
@@ -256,8 +257,9 @@ class PulseDB:
             if getter is not None:
                 getter.cancel()
             pump_task.cancel()
-            with contextlib.suppress(BaseException):
-                await pump_task
+            # bounded: a tail stuck in its clean-up (a consumer delete the server does not
+            # answer) must not keep the instance from closing
+            await asyncio.wait({pump_task}, timeout=5)
 
     def _apply(self, batch: list[LogEntry]) -> None:
         self.projection.apply(batch)
@@ -407,7 +409,7 @@ class PulseDB:
         announcement that was stored after all is subsumed, never counted twice.
         """
         experience = self._existing(experience_id)
-        async with self._reinforce_lock:
+        async with self._reinforce_locks[experience_id]:
             total = self._own.get(experience_id, 0) + 1
             await self._write(
                 ev.ExperienceReinforced(
@@ -416,7 +418,11 @@ class PulseDB:
                 )
             )  # fmt: skip
             self._own[experience_id] = total
-        return self._existing(experience_id).applications
+        found = self.projection.store.con.execute(
+            "SELECT coalesce(sum(applications), 0) FROM application_rows WHERE experience_id = ?",
+            [experience_id],
+        ).fetchone()
+        return int(found[0]) if found else 0
 
     async def archive_experience(self, experience_id: UUID) -> None:
         experience = self._existing(experience_id)

@@ -111,3 +111,14 @@ def test_bad_arguments_get_one_line_errors(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.startswith("pulse: error: cannot reach NATS")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_demo_shows_three_hosts_agreeing(tmp_path: Path) -> None:
+    result = pulse("demo", "--experiences", "3", "--reinforcements", "10", data_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip().endswith("All three hosts agree.")
+    digests = re.findall(r"^host-\d\s+\S+\s+\d+\s+([0-9a-f]{16})$", result.stdout, re.M)
+    assert len(digests) == 3 and len(set(digests)) == 1
+    rows = re.findall(r"^lesson \d\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$", result.stdout, re.M)
+    assert len(rows) == 3 and all(len(set(row)) == 1 for row in rows)
+    assert sum(int(row[3]) for row in rows) == 30

@@ -22,12 +22,17 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_second() -> None:
     assert "make test" in CI
 
 
-def test_readme_python_example_runs() -> None:
-    (example,) = re.findall(r"```python\n(.*?)```", README, re.S)
-    result = subprocess.run(
-        [sys.executable, "-c", example], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    assert re.fullmatch(
-        r"1 pulse\.c\.[0-9a-f-]{36}\.collective\.[0-9a-f-]{36} CollectiveCreated\n", result.stdout
-    )
+def test_readme_python_examples_run(tmp_path: Path) -> None:
+    log_example, instance_example = re.findall(r"```python\n(.*?)```", README, re.DOTALL)
+    for example in (log_example, instance_example):
+        result = subprocess.run(
+            [sys.executable, "-c", example],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        if example is log_example:
+            assert re.fullmatch(
+                r"1 pulse\.c\.[0-9a-f-]{36}\.collective\.[0-9a-f-]{36} CollectiveCreated\n",
+                result.stdout,
+            )
+    assert (tmp_path / ".pulse-mine" / "state").exists()  # the instance example's data dir
