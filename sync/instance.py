@@ -425,24 +425,23 @@ class PulseDB:
         return int(found[0]) if found else 0
 
     async def archive_experience(self, experience_id: UUID) -> None:
-        experience = self._existing(experience_id)
-        await self._write(
-            ev.ExperienceArchived(**self._common(), experience_id=experience_id,  # type: ignore[arg-type]
-                                  collective_id=experience.collective_id)
-        )  # fmt: skip
+        await self._lifecycle(ev.ExperienceArchived, experience_id)
 
     async def unarchive_experience(self, experience_id: UUID) -> None:
-        experience = self._existing(experience_id)
-        await self._write(
-            ev.ExperienceUnarchived(**self._common(), experience_id=experience_id,  # type: ignore[arg-type]
-                                    collective_id=experience.collective_id)
-        )  # fmt: skip
+        await self._lifecycle(ev.ExperienceUnarchived, experience_id)
 
     async def delete_experience(self, experience_id: UUID) -> None:
+        await self._lifecycle(ev.ExperienceDeleted, experience_id)
+
+    async def _lifecycle(
+        self,
+        kind: type[ev.ExperienceArchived | ev.ExperienceUnarchived | ev.ExperienceDeleted],
+        experience_id: UUID,
+    ) -> None:
         experience = self._existing(experience_id)
         await self._write(
-            ev.ExperienceDeleted(**self._common(), experience_id=experience_id,  # type: ignore[arg-type]
-                                 collective_id=experience.collective_id)
+            kind(**self._common(), experience_id=experience_id,  # type: ignore[arg-type]
+                 collective_id=experience.collective_id)
         )  # fmt: skip
 
     async def update_experience(

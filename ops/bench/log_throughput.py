@@ -25,12 +25,11 @@ import tempfile
 import time
 from typing import Awaitable, Callable
 
-from nats.js import api
-
 from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
 from eventlog.codec import WireMessage, encode_event
 from eventlog.events import ExperienceRecorded, Fact, pack_hlc, pack_vector
 from eventlog.ids import uuid7
+from ops.bench.peers import raw_drain as raw_drain_peer
 
 DIM = 384
 
@@ -133,24 +132,7 @@ async def main(single: int, batch: int, rounds: int, sync: bool) -> None:
             return count
 
         async def raw_drain() -> int:
-            done = asyncio.Event()
-            count = 0
-
-            async def on_message(msg: object) -> None:
-                nonlocal count
-                count += 1
-                if count == total:
-                    done.set()
-
-            sub = await js.subscribe(
-                "pulse.c.>",
-                cb=on_message,
-                ordered_consumer=True,
-                deliver_policy=api.DeliverPolicy.ALL,
-            )
-            await asyncio.wait_for(done.wait(), 300)
-            await sub.unsubscribe()
-            return count
+            return await raw_drain_peer(js, "pulse.c.>", total)
 
         p_rates = []
         r_rates = []

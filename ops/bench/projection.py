@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from nats.js import api
 
 from eventlog import EmbeddedNats, JetStreamLog
 from eventlog import events as ev
 from eventlog.ids import uuid7
+from ops.bench.peers import raw_drain
 from projections import queries as q
 from projections.projection import open_projection, rebuild
 
@@ -98,22 +98,9 @@ async def main(n: int, queries: int) -> None:
             await log.append_batch(events[start : start + 1000])
         total = await log.last_seq()
 
-        done = asyncio.Event()
-        count = 0
-
-        async def on_message(msg: object) -> None:
-            nonlocal count
-            count += 1
-            if count == total:
-                done.set()
-
         started = time.perf_counter()
-        sub = await log.js.subscribe(
-            "pulse.c.>", cb=on_message, ordered_consumer=True, deliver_policy=api.DeliverPolicy.ALL
-        )
-        await asyncio.wait_for(done.wait(), 600)
+        await raw_drain(log.js, "pulse.c.>", total)
         raw_rate = total / (time.perf_counter() - started)
-        await sub.unsubscribe()
 
         started = time.perf_counter()
         await rebuild(tmp, log)
