@@ -413,7 +413,8 @@ async def _pull(
         if consumer is not None and not nc.is_closed:
             name = consumer
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(owner.admin.delete_consumer(stream, name), 1.0)
+                async with asyncio.timeout(1.0):
+                    await owner.admin.delete_consumer(stream, name)
         consumer, sub, outstanding = None, None, 0
 
     try:
@@ -481,7 +482,11 @@ async def _pull(
 
             timeout = max(0.0, stall_after - (time.monotonic() - quiet_since))
             try:
-                await asyncio.wait_for(inbox.arrived.wait(), timeout)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+                # cancellation that arrives as the awaited event fires (a heartbeat), and a
+                # cancelled tail would then run on forever
+                async with asyncio.timeout(timeout):
+                    await inbox.arrived.wait()
             except TimeoutError:
                 if not live:
                     raise LogUnavailable(

@@ -41,7 +41,8 @@ async def open_log(
         server = EmbeddedNats(args.data_dir, sync_always=not getattr(args, "no_sync", False))
         urls = [server.start()]
     try:
-        log = await JetStreamLog.connect(urls, settings)
+        # only `pulse up`, the operator's command, may reconfigure existing streams
+        log = await JetStreamLog.connect(urls, settings, update_streams=args.command == "up")
         try:
             yield log, server
         finally:

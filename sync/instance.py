@@ -201,8 +201,11 @@ class PulseDB:
             return
         self._closed = True
         if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.wait({self._loop_task}, timeout=10)
+            for _ in range(40):  # as in _replicate: cancel until it takes
+                self._loop_task.cancel()
+                done, _ = await asyncio.wait({self._loop_task}, timeout=0.25)
+                if done:
+                    break
         for queue in self._watchers:
             queue.put_nowait(None)
         self.projection.close()
@@ -256,10 +259,13 @@ class PulseDB:
         finally:
             if getter is not None:
                 getter.cancel()
-            pump_task.cancel()
-            # bounded: a tail stuck in its clean-up (a consumer delete the server does not
-            # answer) must not keep the instance from closing
-            await asyncio.wait({pump_task}, timeout=5)
+            # Cancel until it takes: on Python 3.11, asyncio.wait_for inside nats-py can
+            # swallow a cancellation that lands as its own wait completes.
+            for _ in range(20):
+                pump_task.cancel()
+                done, _ = await asyncio.wait({pump_task}, timeout=0.25)
+                if done:
+                    break
 
     def _apply(self, batch: list[LogEntry]) -> None:
         self.projection.apply(batch)
@@ -291,7 +297,8 @@ class PulseDB:
             return self._applied >= seq or self._failure is not None or self._closed
 
         async with self._progress:
-            await asyncio.wait_for(self._progress.wait_for(reached), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: see eventlog.jetstream._pull
+                await self._progress.wait_for(reached)
         if self._failure is not None:
             raise PulseError(f"replication stopped: {self._failure!r}") from self._failure
         if self._applied < seq:
