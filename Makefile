@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 HYPOTHESIS_PROFILE ?= ci
 export HYPOTHESIS_PROFILE
 
-.PHONY: run test bench clean
+.PHONY: run test lint bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Pulse needs Python 3.11 or newer; set PYTHON=python3.x")'
@@ -21,8 +21,15 @@ run: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
 bench: $(STAMP)
 	$(VENV)/bin/python -m ops.bench.log_throughput
+	$(VENV)/bin/python -m ops.bench.projection
+	$(VENV)/bin/python -m ops.bench.sync
 
 clean:
 	rm -rf $(VENV) .pulse .pytest_cache .hypothesis
