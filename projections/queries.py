@@ -235,6 +235,20 @@ def _where(p: Projection, collective_id: UUID, flt: ExperienceFilter) -> tuple[s
     return " AND ".join(clauses), params
 
 
+def live_collective_of(p: Projection, experience_id: UUID) -> UUID | None:
+    """The collective of a live experience, or None: a one-row key lookup, much cheaper
+    than reading the whole experience (what writers need to check a reference)."""
+    row = p.store.con.execute(
+        "SELECT collective_id, octet_length(embedding) FROM experience_rows "
+        "WHERE experience_id = ? AND create_event IS NOT NULL AND NOT deleted",
+        [experience_id],
+    ).fetchone()
+    if row is None:
+        return None
+    dimension = p.live_dimension(row[0])
+    return row[0] if dimension is not None and row[1] == 4 * dimension else None
+
+
 def get_experience(p: Projection, experience_id: UUID) -> Experience | None:
     """One live experience (archived ones included), or None."""
     return _fetch(p, [experience_id]).get(experience_id)

@@ -385,8 +385,9 @@ class PulseDB:
         )  # fmt: skip
         return experience_id
 
-    def _existing(self, experience_id: UUID) -> queries.Experience:
-        found = queries.get_experience(self.projection, experience_id)
+    def _collective_of(self, experience_id: UUID) -> UUID:
+        """The collective of a live experience; NotFoundError when there is none."""
+        found = queries.live_collective_of(self.projection, experience_id)
         if found is None:
             raise NotFoundError(f"experience_id: no experience {experience_id}")
         return found
@@ -415,13 +416,13 @@ class PulseDB:
         total is not advanced, and the next call announces the same total again: an
         announcement that was stored after all is subsumed, never counted twice.
         """
-        experience = self._existing(experience_id)
+        collective_id = self._collective_of(experience_id)
         async with self._reinforce_locks[experience_id]:
             total = self._own.get(experience_id, 0) + 1
             await self._write(
                 ev.ExperienceReinforced(
                     **self._common(), experience_id=experience_id,  # type: ignore[arg-type]
-                    collective_id=experience.collective_id, applications=total,
+                    collective_id=collective_id, applications=total,
                 )
             )  # fmt: skip
             self._own[experience_id] = total
@@ -445,10 +446,10 @@ class PulseDB:
         kind: type[ev.ExperienceArchived | ev.ExperienceUnarchived | ev.ExperienceDeleted],
         experience_id: UUID,
     ) -> None:
-        experience = self._existing(experience_id)
+        collective_id = self._collective_of(experience_id)
         await self._write(
             kind(**self._common(), experience_id=experience_id,  # type: ignore[arg-type]
-                 collective_id=experience.collective_id)
+                 collective_id=collective_id)
         )  # fmt: skip
 
     async def update_experience(
@@ -460,7 +461,7 @@ class PulseDB:
         domain: Sequence[str] | None = None,
         related_files: Sequence[str] | None = None,
     ) -> None:
-        experience = self._existing(experience_id)
+        collective_id = self._collective_of(experience_id)
         if importance is not None:
             _score("importance", importance)
         if confidence is not None:
@@ -468,7 +469,7 @@ class PulseDB:
         await self._write(
             ev.ExperienceUpdated(
                 **self._common(), experience_id=experience_id,  # type: ignore[arg-type]
-                collective_id=experience.collective_id, importance=importance,
+                collective_id=collective_id, importance=importance,
                 confidence=confidence, domain=None if domain is None else tuple(domain),
                 related_files=None if related_files is None else tuple(related_files),
             )
