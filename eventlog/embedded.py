@@ -273,7 +273,7 @@ class EmbeddedNats:
 
     def _write_state(self) -> None:
         state = {
-            "pid": self.pid if self._process else self._read_state().get("pid"),
+            "pid": self.pid,
             "owner_pid": os.getpid(),
             "url": self.url,
             "monitor_url": self.monitor_url,

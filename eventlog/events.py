@@ -327,11 +327,6 @@ Event: TypeAlias = (
     | WisdomDeleted
 )
 EVENT_TYPES: tuple[type[EventBase], ...] = Event.__args__
-ACTIVITY_EVENT_TYPES: tuple[type[EventBase], ...] = (
-    ActivityRegistered,
-    ActivityHeartbeat,
-    ActivityEnded,
-)
 
 
 def event_type_name(event: EventBase) -> str:

@@ -165,11 +165,15 @@ class JetStreamLog(EventLog):
         return self
 
     async def _retry(self, action: Any, budget: float) -> Any:
-        """Run ``action`` until it succeeds, retrying JetStream's 'not ready yet' errors."""
+        """Run ``action`` until it succeeds, retrying JetStream's 'not ready yet' errors.
+        ``NotFoundError`` (no such stream / message) is an answer, not a failure: it
+        propagates as it is."""
         deadline = time.monotonic() + budget
         while True:
             try:
                 return await action()
+            except nats.js.errors.NotFoundError:
+                raise
             except (nats.js.errors.APIError, *_TRANSIENT) as exc:
                 if isinstance(exc, nats.js.errors.APIError) and exc.code not in (None, 503, 500):
                     raise LogUnavailable(f"JetStream refused: {exc.description}") from exc
@@ -316,9 +320,14 @@ class JetStreamLog(EventLog):
                 yield entry
 
     async def last_seq(self) -> int:
-        info = await self._retry(
-            lambda: self.admin.stream_info(self.settings.name), self.read_timeout
-        )
+        try:
+            info = await self._retry(
+                lambda: self.admin.stream_info(self.settings.name), self.read_timeout
+            )
+        except nats.js.errors.NotFoundError as exc:
+            raise LogUnavailable(
+                f"stream {self.settings.name} does not exist; `pulse up` creates it"
+            ) from exc
         return int(info.state.last_seq)
 
     async def last_subject_seq(self, subject: str) -> int:
@@ -329,10 +338,6 @@ class JetStreamLog(EventLog):
             )
         except nats.js.errors.NotFoundError:
             return 0
-        except LogUnavailable as exc:
-            if isinstance(exc.__cause__, nats.js.errors.NotFoundError):
-                return 0
-            raise
         return int(msg.seq)
 
     async def latest_activities(self, collective_id: UUID | None = None) -> list[LogEntry]:

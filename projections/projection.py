@@ -20,6 +20,7 @@ from uuid import UUID
 
 import numpy as np
 
+from eventlog.ids import uuid7
 from eventlog.log import EventLog, LogEntry
 from projections.fold import FoldState
 from projections.store import Store, Touched
@@ -275,8 +276,6 @@ def open_projection(data_dir: str | Path, settings: ProjectionSettings | None = 
 
 
 def _fresh_dir(data_dir: Path) -> Path:
-    from eventlog.ids import uuid7
-
     target = data_dir / f"state-{uuid7()}"
     target.mkdir(parents=True)
     return target

@@ -4,13 +4,16 @@ checkpoint, all in one transaction. One writer per database: the instance's proc
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import duckdb
+import msgspec
 import numpy as np
 
 from eventlog.errors import PulseError
@@ -34,7 +37,6 @@ TABLE_OF: dict[type[Row], str] = {
     InsightRow: "insight_rows",
     WisdomRow: "wisdom_rows",
 }
-VECTOR_ROWS = (ExperienceRow, InsightRow)  # rows that get a local FAISS id (vec_id)
 
 
 class StateInUse(PulseError):
@@ -129,7 +131,7 @@ class Store:
         *,
         last_seq: int,
         count: int,
-        undecodable: list[tuple[int, str, str]] = [],  # noqa: B006 (never mutated)
+        undecodable: Sequence[tuple[int, str, str]] = (),
     ) -> Touched:
         """Merge a folded batch into the tables and move the checkpoint, atomically."""
         touched = Touched()
@@ -225,10 +227,6 @@ class Store:
 
     def digest(self) -> str:
         """SHA-256 of the logical state: every base table's rows, sorted, local columns out."""
-        import hashlib
-
-        import msgspec
-
         h = hashlib.sha256()
         for name, query in schema.DIGEST_QUERIES.items():
             h.update(name.encode())

@@ -45,16 +45,14 @@ def test_merge_is_associative(events: list[ev.Event]) -> None:
         assert join(join(a, b), c) == join(a, join(b, c))
 
 
-@given(EVENTS, EVENTS)
-def test_merge_is_idempotent(first: ev.Event, second: ev.Event) -> None:
-    for event in (first, second):
-        row = fold.row_of(event)
-        if row is not None:
-            assert join(row, row) == row
-            merged = join(row, row)
-            for other in same_key_rows([event, second]):
-                once = join(merged, other)
-                assert join(once, other) == once
+@given(st.lists(EVENTS, min_size=1, max_size=12))
+def test_merge_is_idempotent(events: list[ev.Event]) -> None:
+    rows = same_key_rows(events)
+    for a in rows:
+        assert join(a, a) == a
+        for b in rows:
+            once = join(a, b)
+            assert join(once, b) == once
 
 
 @given(st.data())

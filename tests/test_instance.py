@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import shutil
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 
 from eventlog import EmbeddedNats, NotFoundError, ValidationError
-from eventlog import events as ev
 from sync import ExperienceChange, PulseDB, PulseDBSync
 from tests.conftest import eventually
 
@@ -85,7 +85,7 @@ async def test_writes_are_validated_against_local_state(
         cid = await db.create_collective("owner", "team", 3)
         before = await db.digest()
         with pytest.raises(NotFoundError, match="collective_id: no collective"):
-            await db.record_experience(ev.pack_hlc(0) and cid.__class__(int=7), "x", [1, 0, 0])
+            await db.record_experience(UUID(int=7), "x", [1, 0, 0])
         with pytest.raises(
             ValidationError, match="embedding: 2 values, the collective's dimension is 3"
         ):
