@@ -10,8 +10,14 @@ rows; hosts that saw the same events agree whatever the order. The rules:
   everywhere; a retry of the same create changes nothing;
 - field updates, archive / unarchive: last-writer-wins registers ordered by the stamp
   (HLC, instance id, event id); the create contributes its values with its own stamp;
-- delete: a tombstone that wins and is never undone; it also wipes the content and the
-  embedding, so a create that arrives after the delete cannot bring them back;
+- delete: a tombstone that wins and is never undone; a deleted row keeps only its key
+  and the flag. Everything else (content, embedding, registers) is wiped, so a create or
+  update that arrives after the delete cannot bring it back, and a host that saw the
+  create before the delete holds the same row as one that never saw it (forgetting
+  purges the create from the log, so a rebuild never sees it);
+- a row whose collective is deleted is dropped, and so are the application counts of a
+  deleted experience (``projections.store`` enforces both after every batch, whichever
+  arrived first, so this too is order-free);
 - reinforce: a G-counter, one entry per instance holding the largest total it reported,
   and the largest HLC of a reinforcement.
 
@@ -51,14 +57,18 @@ class Row:
     KEY: ClassVar[tuple[str, ...]]
     CREATE: ClassVar[tuple[str, ...]] = ()  # set by the winning create
     REGISTERS: ClassVar[tuple[str, ...]] = ()  # each with a "<name>_stamp" column
-    WIPE: ClassVar[tuple[str, ...]] = ()  # cleared once deleted
     MAXED: ClassVar[tuple[str, ...]] = ()  # G-counter style: the largest value wins
+    ANCHOR: ClassVar[tuple[str, ...]] = ()  # the smallest non-null wins; kept by a tombstone
 
     def key(self) -> tuple[Any, ...]:
         return tuple(getattr(self, k) for k in self.KEY)
 
     def merge(self: R, other: R) -> R:
         """The join of two rows with the same key (returns self, updated)."""
+        for name in self.ANCHOR:
+            theirs = getattr(other, name)
+            if theirs is not None and (getattr(self, name) is None or theirs < getattr(self, name)):
+                setattr(self, name, theirs)
         if self.CREATE:
             mine, theirs = getattr(self, "create_event"), getattr(other, "create_event")  # noqa: B009
             if theirs is not None and (mine is None or theirs < mine):
@@ -73,9 +83,14 @@ class Row:
         if getattr(other, "deleted", False):
             self.deleted = True
         if getattr(self, "deleted", False):
-            for name in self.WIPE:
-                setattr(self, name, None)
+            self._wipe()
         return self
+
+    def _wipe(self) -> None:
+        """Keep the key and the tombstone; everything else back to its default."""
+        for f in dataclasses.fields(self):
+            if f.name not in self.KEY and f.name not in self.ANCHOR and f.name != "deleted":
+                setattr(self, f.name, f.default)
 
     def copy(self: R) -> R:
         return dataclasses.replace(self)
@@ -99,12 +114,12 @@ class CollectiveRow(Row):
 @dataclass(slots=True)
 class ExperienceRow(Row):
     KEY = ("experience_id",)
+    ANCHOR = ("collective_id",)
     CREATE = (
-        "collective_id", "content", "embedding", "experience_type", "type_data",
+        "content", "embedding", "experience_type", "type_data",
         "source_agent", "source_task", "created_hlc",
     )  # fmt: skip
     REGISTERS = ("importance", "confidence", "domain", "related_files", "archived")
-    WIPE = ("content", "embedding")
 
     experience_id: UUID
     create_event: UUID | None = None
@@ -132,19 +147,22 @@ class ExperienceRow(Row):
 @dataclass(slots=True)
 class ApplicationRow(Row):
     KEY = ("experience_id", "instance_id")
+    ANCHOR = ("collective_id",)
     MAXED = ("applications", "last_hlc")
 
     experience_id: UUID
     instance_id: UUID
     applications: int = 0
     last_hlc: int = 0
+    collective_id: UUID | None = None  # every reinforcement of an experience names the same
 
 
 @dataclass(slots=True)
 class RelationRow(Row):
     KEY = ("relation_id",)
+    ANCHOR = ("collective_id",)
     CREATE = (
-        "collective_id", "source_id", "target_id", "relation_type", "strength", "metadata",
+        "source_id", "target_id", "relation_type", "strength", "metadata",
         "created_hlc",
     )  # fmt: skip
 
@@ -163,11 +181,11 @@ class RelationRow(Row):
 @dataclass(slots=True)
 class InsightRow(Row):
     KEY = ("insight_id",)
+    ANCHOR = ("collective_id",)
     CREATE = (
-        "collective_id", "content", "embedding", "source_experiences", "confidence", "domain",
+        "content", "embedding", "source_experiences", "confidence", "domain",
         "created_hlc",
     )  # fmt: skip
-    WIPE = ("content", "embedding")
 
     insight_id: UUID
     create_event: UUID | None = None
@@ -188,7 +206,6 @@ class WisdomRow(Row):
         "owner_id", "category", "pattern", "confidence", "embedding", "source_collectives",
         "source_experience_count", "applicable_domains", "created_hlc",
     )  # fmt: skip
-    WIPE = ("pattern", "embedding")
 
     wisdom_id: UUID
     create_event: UUID | None = None
@@ -241,18 +258,21 @@ def row_of(event: ev.Event) -> Row | None:
             archived = isinstance(event, ev.ExperienceArchived)
             return ExperienceRow(event.experience_id, archived=archived, archived_stamp=s)
         case ev.ExperienceDeleted():
-            return ExperienceRow(event.experience_id, deleted=True)
+            return ExperienceRow(
+                event.experience_id, collective_id=event.collective_id, deleted=True
+            )
         case ev.ExperienceReinforced():
             return ApplicationRow(
-                event.experience_id, event.instance_id, max(event.applications, 0), event.hlc
-            )
+                event.experience_id, event.instance_id, max(event.applications, 0), event.hlc,
+                event.collective_id,
+            )  # fmt: skip
         case ev.RelationStored():
             return RelationRow(
                 event.relation_id, event.event_id, event.collective_id, event.source_id,
                 event.target_id, event.relation_type, event.strength, event.metadata, event.hlc,
             )  # fmt: skip
         case ev.RelationDeleted():
-            return RelationRow(event.relation_id, deleted=True)
+            return RelationRow(event.relation_id, collective_id=event.collective_id, deleted=True)
         case ev.InsightStored():
             return InsightRow(
                 event.insight_id, event.event_id, event.collective_id, event.content,
@@ -260,7 +280,7 @@ def row_of(event: ev.Event) -> Row | None:
                 event.hlc,
             )  # fmt: skip
         case ev.InsightDeleted():
-            return InsightRow(event.insight_id, deleted=True)
+            return InsightRow(event.insight_id, collective_id=event.collective_id, deleted=True)
         case ev.WisdomStored():
             return WisdomRow(
                 event.wisdom_id, event.event_id, event.owner_id, event.category, event.pattern,

@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from eventlog import events as ev
 from projections.projection import Projection
+from projections.store import uuid_literals
 
 
 class ExperienceFilter(msgspec.Struct, frozen=True, kw_only=True):
@@ -156,19 +157,11 @@ def _experience(row: Sequence[Any]) -> Experience:
     )
 
 
-def _uuid_list(ids: Sequence[UUID]) -> str:
-    """A SQL list of UUID literals (str(UUID) is only hex digits and dashes: safe to inline).
-
-    Point lookups by literal keys let DuckDB prune row groups; a joined parameter list
-    makes it scan the table."""
-    return ", ".join(f"'{UUID(str(i))}'" for i in ids)
-
-
 def _fetch(p: Projection, ids: Sequence[UUID]) -> dict[UUID, Experience]:
     """Live experiences by id, read from the base rows (much faster than the view)."""
     if not ids:
         return {}
-    keys = _uuid_list(ids)
+    keys = uuid_literals(ids)
     rows = p.store.con.execute(
         f"""SELECT e.experience_id, e.collective_id, e.content, e.embedding, e.type_data,
                    e.importance, e.confidence, e.domain, e.related_files, e.source_agent,
@@ -385,7 +378,7 @@ def similar_insights(
         return []
     rows = p.store.con.execute(
         f"SELECT {_INSIGHT_COLUMNS} FROM insights "
-        f"WHERE insight_id IN ({_uuid_list([i for i, _ in keyed])})"
+        f"WHERE insight_id IN ({uuid_literals([i for i, _ in keyed])})"
     ).fetchall()
     found = {r[0]: _insight(r) for r in rows}
     return [ScoredInsight(found[i], s) for i, s in keyed if i in found]

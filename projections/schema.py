@@ -21,6 +21,10 @@ Views (stable names, what queries and analysts read):
                      self-relation, relation across collectives, a (source, target, type)
                      triple taken by another relation; and undecodable messages
 
+Deletes forget: a deleted row keeps only its key, its collective and the tombstone; the
+rows of a deleted collective, and the application counts of a deleted experience, are
+removed (see ``projections.fold``).
+
 Because the invariants are evaluated on the folded state (not when an event arrives),
 dead letters do not depend on the order events arrived in: an experience that arrives
 before its collective is simply not live yet, and becomes live when the collective does.
@@ -28,7 +32,7 @@ before its collective is simply not live yet, and becomes live when the collecti
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 TABLES = """
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -50,7 +54,7 @@ CREATE TABLE IF NOT EXISTS experience_rows (
 CREATE TABLE IF NOT EXISTS application_rows (
     experience_id UUID, instance_id UUID, applications UBIGINT NOT NULL,
     last_hlc UBIGINT NOT NULL,
-    updated_seq BIGINT,
+    updated_seq BIGINT, collective_id UUID,
     PRIMARY KEY (experience_id, instance_id));
 CREATE TABLE IF NOT EXISTS relation_rows (
     relation_id UUID PRIMARY KEY, create_event UUID, collective_id UUID, source_id UUID,
@@ -79,7 +83,7 @@ FROM collective_rows WHERE create_event IS NOT NULL AND NOT deleted;
 
 CREATE OR REPLACE VIEW applications AS
 SELECT experience_id, instance_id, applications,
-       epoch_ms((last_hlc >> 16)::BIGINT) AS last_reinforced
+       epoch_ms((last_hlc >> 16)::BIGINT) AS last_reinforced, collective_id
 FROM application_rows;
 
 CREATE OR REPLACE VIEW experience_checks AS
@@ -111,9 +115,9 @@ CREATE OR REPLACE VIEW relation_checks AS
 SELECT r.relation_id, r.collective_id,
        CASE WHEN r.source_id = r.target_id
                 THEN 'a relation cannot link an experience to itself'
-            WHEN s.create_event IS NULL
+            WHEN s.create_event IS NULL AND NOT coalesce(s.deleted, false)
                 THEN 'source experience ' || r.source_id || ' does not exist'
-            WHEN t.create_event IS NULL
+            WHEN t.create_event IS NULL AND NOT coalesce(t.deleted, false)
                 THEN 'target experience ' || r.target_id || ' does not exist'
             WHEN s.collective_id <> t.collective_id OR s.collective_id <> r.collective_id
                 THEN 'relation across collectives'
@@ -146,7 +150,7 @@ SELECT i.insight_id, i.collective_id,
             WHEN len(i.source_experiences) = 0 THEN 'an insight needs at least one source'
             WHEN EXISTS (SELECT 1 FROM unnest(i.source_experiences) AS s(id)
                          WHERE s.id NOT IN (SELECT experience_id FROM experience_rows
-                                            WHERE create_event IS NOT NULL))
+                                            WHERE create_event IS NOT NULL OR deleted))
                 THEN 'a source experience does not exist'
        END AS problem,
        c.create_event IS NOT NULL AND NOT c.deleted AS collective_live
@@ -194,4 +198,8 @@ DIGEST_QUERIES = {
 }
 
 # from_version -> statements that bring the schema to from_version + 1
-MIGRATIONS: dict[int, list[str]] = {}
+MIGRATIONS: dict[int, list[str]] = {
+    # 2: application counts name their collective, so deleting a collective drops them
+    # (rows folded before this carry NULL until `pulse rebuild`)
+    1: ["ALTER TABLE application_rows ADD COLUMN IF NOT EXISTS collective_id UUID"],
+}

@@ -140,6 +140,7 @@ class Store:
             for row_type, rows in delta.rows.items():
                 if rows:
                     self._merge(row_type, list(rows.values()), last_seq)
+            self._forget(delta)
             for seq, subject, reason in undecodable:
                 self.con.execute(
                     "INSERT OR REPLACE INTO undecodable VALUES (?, ?, ?)", [seq, subject, reason]
@@ -166,8 +167,7 @@ class Store:
         # Literal keys, not a joined key table: DuckDB then prunes row groups by their
         # min/max (UUIDv7 keys are time-ordered), where a join scans the whole table and
         # makes every batch slower as the table grows.
-        first = {str(getattr(r, key[0])) for r in rows}
-        condition = f"{key[0]} IN ({', '.join(repr(k) for k in sorted(first))})"
+        condition = f"{key[0]} IN ({uuid_literals({getattr(r, key[0]) for r in rows})})"
         loaded = self.con.execute(f"SELECT * FROM {table} WHERE {condition}").fetchall()
         columns = list(types)
         existing: dict[tuple[Any, ...], Row] = {}
@@ -200,6 +200,41 @@ class Store:
         staged["updated_seq"] = np.full(len(merged), seq, dtype=np.int64)
         select = ", ".join(_cast(c, types[c]) for c in columns)
         self.con.execute(f"INSERT OR REPLACE INTO {table} SELECT {select} FROM staged")
+
+    def _forget(self, delta: FoldState) -> None:
+        """Drop what a tombstone took away, whichever arrived first: every row of a deleted
+        collective, and the application counts of a deleted experience. Tombstones are
+        permanent, so the result does not depend on the order events arrived in."""
+        collectives = {k[0] for k in delta.rows[CollectiveRow]}
+        experiences = {k[0] for k in delta.rows[ExperienceRow]}
+        for row_type in (ExperienceRow, RelationRow, InsightRow, ApplicationRow):
+            collectives |= {
+                r.collective_id  # type: ignore[attr-defined]
+                for r in delta.rows[row_type].values()
+                if r.collective_id is not None  # type: ignore[attr-defined]
+            }
+        experiences |= {k[0] for k in delta.rows[ApplicationRow]}
+        if collectives:
+            dead = [
+                r[0]
+                for r in self.con.execute(
+                    "SELECT collective_id FROM collective_rows WHERE deleted AND "
+                    f"collective_id IN ({uuid_literals(collectives)})"
+                ).fetchall()
+            ]
+            if dead:
+                for table in ("experience_rows", "relation_rows", "insight_rows",
+                              "application_rows"):  # fmt: skip
+                    self.con.execute(
+                        f"DELETE FROM {table} WHERE collective_id IN ({uuid_literals(dead)})"
+                    )
+        if experiences:
+            keys = uuid_literals(experiences)
+            self.con.execute(
+                f"DELETE FROM application_rows WHERE experience_id IN ({keys}) AND experience_id "
+                f"IN (SELECT experience_id FROM experience_rows WHERE deleted "
+                f"AND experience_id IN ({keys}))"
+            )
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -235,6 +270,14 @@ class Store:
                 for row in batch:
                     h.update(msgspec.msgpack.encode(row))
         return h.hexdigest()
+
+
+def uuid_literals(ids: Any) -> str:
+    """UUIDs as a SQL list of literals (str(UUID) is hex digits and dashes: safe to inline).
+
+    Point lookups by literal keys let DuckDB prune row groups; a joined parameter list
+    makes it scan the table."""
+    return ", ".join(f"'{UUID(str(i))}'" for i in sorted(ids, key=str))
 
 
 def _from_db(value: Any) -> Any:

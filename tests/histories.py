@@ -145,10 +145,10 @@ def model(events: list[ev.Event]) -> dict[type[fold.Row], dict[tuple[Any, ...], 
             winner = first_create(group, create)
             row = fold.row_of(winner) if winner else row_type(entity)  # type: ignore[arg-type, call-arg]
             assert row is not None
-            row.deleted = any(isinstance(e, delete) for e in group)  # type: ignore[attr-defined]
-            if row.deleted:  # type: ignore[attr-defined]
-                for name in row_type.WIPE:
-                    setattr(row, name, None)
+            if any(isinstance(e, delete) for e in group):  # a tombstone: key and flag only
+                row = row_type(entity, deleted=True)  # type: ignore[call-arg]
+            if "collective_id" in row_type.ANCHOR:  # the smallest any create or delete names
+                row.collective_id = min(e.collective_id for e in group)  # type: ignore[attr-defined]
             rows[row_type][(entity,)] = row
 
     experience_kinds = (
@@ -171,9 +171,17 @@ def model(events: list[ev.Event]) -> dict[type[fold.Row], dict[tuple[Any, ...], 
         ]
         archived, stamp = latest(toggles, lambda e: isinstance(e, ev.ExperienceArchived))
         row.archived, row.archived_stamp = bool(archived), stamp
-        row.deleted = any(isinstance(e, ev.ExperienceDeleted) for e in group)
-        if row.deleted:
-            row.content = row.embedding = None
+        if any(isinstance(e, ev.ExperienceDeleted) for e in group):
+            row = fold.ExperienceRow(entity, deleted=True)
+        row.collective_id = (
+            min(
+                e.collective_id
+                for e in group
+                if isinstance(e, (ev.ExperienceRecorded, ev.ExperienceDeleted))
+            )
+            if any(isinstance(e, (ev.ExperienceRecorded, ev.ExperienceDeleted)) for e in group)
+            else None
+        )
         rows[fold.ExperienceRow][(entity,)] = row
 
     for e in unique:
@@ -182,7 +190,26 @@ def model(events: list[ev.Event]) -> dict[type[fold.Row], dict[tuple[Any, ...], 
             current = rows[fold.ApplicationRow].get(key)
             count = max(e.applications, current.applications if current else 0)  # type: ignore[attr-defined]
             last = max(e.hlc, current.last_hlc if current else 0)  # type: ignore[attr-defined]
+            collective = e.collective_id
+            if current is not None and current.collective_id is not None:  # type: ignore[attr-defined]
+                collective = min(collective, current.collective_id)  # type: ignore[attr-defined]
             rows[fold.ApplicationRow][key] = fold.ApplicationRow(
-                e.experience_id, e.instance_id, count, last
+                e.experience_id, e.instance_id, count, last, collective
             )
+    return rows
+
+
+def stored_model(events: list[ev.Event]) -> dict[type[fold.Row], dict[tuple[Any, ...], fold.Row]]:
+    """``model`` after what the store forgets: every row of a deleted collective, and the
+    application counts of a deleted experience."""
+    rows = model(events)
+    dead = {k[0] for k, r in rows[fold.CollectiveRow].items() if r.deleted}  # type: ignore[attr-defined]
+    deleted = {k[0] for k, r in rows[fold.ExperienceRow].items() if r.deleted}  # type: ignore[attr-defined]
+    for row_type in (fold.ExperienceRow, fold.RelationRow, fold.InsightRow, fold.ApplicationRow):
+        rows[row_type] = {
+            k: r
+            for k, r in rows[row_type].items()
+            if r.collective_id not in dead  # type: ignore[attr-defined]
+            and not (row_type is fold.ApplicationRow and k[0] in deleted)
+        }
     return rows

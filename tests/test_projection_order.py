@@ -13,7 +13,7 @@ from eventlog import events as ev
 from eventlog.log import LogEntry
 from projections import fold
 from projections.projection import Projection
-from tests.histories import histories, model, redeliveries
+from tests.histories import histories, redeliveries, stored_model
 
 
 def entries(events: list[ev.Event]) -> list[LogEntry]:
@@ -34,7 +34,7 @@ def test_any_delivery_gives_the_same_digest_and_the_model_state(data: st.DataObj
         for start, end in zip([0, *cuts], [*cuts, len(delivered)], strict=True):
             shuffled.apply(delivered[start:end])
         assert shuffled.digest() == ordered.digest()
-        expected = model(events)
+        expected = stored_model(events)
         for row_type in fold.ROW_TYPES:
             assert ordered.store.rows(row_type) == expected[row_type], row_type.__name__
         assert shuffled.store.checkpoint() == (len(again), len(again))

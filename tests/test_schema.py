@@ -14,23 +14,21 @@ def test_a_newer_schema_is_refused_with_advice(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.duckdb")
     store.con.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     store.close()
-    with pytest.raises(SchemaError, match="schema 99; this Pulse knows up to 1: upgrade Pulse"):
+    expected = f"schema 99; this Pulse knows up to {schema.SCHEMA_VERSION}: upgrade Pulse"
+    with pytest.raises(SchemaError, match=expected):
         Store(tmp_path / "state.duckdb")
 
 
-def test_an_older_schema_is_migrated_on_open(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    Store(tmp_path / "state.duckdb").close()  # written at version 1
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(
-        schema.MIGRATIONS, 1, ["ALTER TABLE experience_rows ADD COLUMN IF NOT EXISTS note VARCHAR"]
-    )
+def test_a_version_1_database_is_migrated_on_open(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.duckdb")  # make it look as version 1 wrote it
+    store.con.execute("ALTER TABLE application_rows DROP COLUMN collective_id")
+    store.con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    store.close()
     store = Store(tmp_path / "state.duckdb")
-    columns = {r[0] for r in store.con.execute("DESCRIBE experience_rows").fetchall()}
+    columns = {r[0] for r in store.con.execute("DESCRIBE application_rows").fetchall()}
     version = store.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     store.close()
-    assert "note" in columns and version == ("2",)
+    assert "collective_id" in columns and version == (str(schema.SCHEMA_VERSION),) == ("2",)
 
 
 def test_a_database_held_by_another_process_is_reported(tmp_path: Path) -> None:
