@@ -349,6 +349,14 @@ class JetStreamLog(EventLog):
             entries.extend(batch)
         return entries
 
+    async def purge(self, subject: str, *, before_seq: int) -> None:
+        if before_seq < 1:
+            raise ValueError(f"before_seq: must be >= 1, got {before_seq}")
+        await self._retry(
+            lambda: self.admin.purge_stream(self.settings.name, seq=before_seq, subject=subject),
+            self.append_timeout,
+        )
+
     async def close(self) -> None:
         if self._owns_connection and not self.nc.is_closed:
             with contextlib.suppress(Exception):

@@ -93,6 +93,12 @@ class EventLog(abc.ABC):
         """The last activity event of each agent (of one collective, or all) still kept."""
 
     @abc.abstractmethod
+    async def purge(self, subject: str, *, before_seq: int) -> None:
+        """Remove every message of the main stream on ``subject`` (wildcards allowed) with
+        a sequence below ``before_seq``: forgetting. The message at ``before_seq`` (the
+        tombstone) and anything written after it stay."""
+
+    @abc.abstractmethod
     async def close(self) -> None:
         """Release connections; the log's contents stay."""
 

@@ -174,6 +174,20 @@ class MemoryLog(EventLog):
             if m.subject.startswith(prefix) and now - m.stored_at < self.settings.activity_ttl
         ]
 
+    async def purge(self, subject: str, *, before_seq: int) -> None:
+        self._check_open()
+        if before_seq < 1:
+            raise ValueError(f"before_seq: must be >= 1, got {before_seq}")
+        stream = self._main
+        stream.messages = [
+            m
+            for m in stream.messages
+            if not (m.seq < before_seq and subject_matches(subject, m.subject))
+        ]
+        stream.last_by_subject = {}
+        for m in stream.messages:
+            stream.last_by_subject[m.subject] = m.seq
+
     async def close(self) -> None:
         self._closed = True
         await self._notify()

@@ -202,8 +202,9 @@ class InsightRow(Row):
 @dataclass(slots=True)
 class WisdomRow(Row):
     KEY = ("wisdom_id",)
+    ANCHOR = ("owner_id",)
     CREATE = (
-        "owner_id", "category", "pattern", "confidence", "embedding", "source_collectives",
+        "category", "pattern", "confidence", "embedding", "source_collectives",
         "source_experience_count", "applicable_domains", "created_hlc",
     )  # fmt: skip
 
@@ -288,7 +289,7 @@ def row_of(event: ev.Event) -> Row | None:
                 event.source_experience_count, event.applicable_domains, event.hlc,
             )  # fmt: skip
         case ev.WisdomDeleted():
-            return WisdomRow(event.wisdom_id, deleted=True)
+            return WisdomRow(event.wisdom_id, owner_id=event.owner_id, deleted=True)
     return None  # activities live in their own stream, not in the projection
 
 

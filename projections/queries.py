@@ -67,8 +67,13 @@ class Experience(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ScoredExperience(msgspec.Struct, frozen=True):
+    """A search hit. ``score`` orders the results: ``relevance`` (cosine similarity, BM25
+    or the fused rank score) weighted by ``energy`` (see ``energy``)."""
+
     experience: Experience
     score: float
+    relevance: float = 0.0
+    energy: float = 1.0
 
 
 class Relation(msgspec.Struct, frozen=True, kw_only=True):
@@ -98,6 +103,33 @@ class Insight(msgspec.Struct, frozen=True, kw_only=True):
 
 class ScoredInsight(msgspec.Struct, frozen=True):
     insight: Insight
+    score: float
+
+
+class Collective(msgspec.Struct, frozen=True, kw_only=True):
+    collective_id: UUID
+    owner_id: str
+    name: str
+    embedding_dimension: int
+    embedder: str | None  # the text embedder it uses; None: callers bring vectors
+    created_ms: int
+
+
+class Wisdom(msgspec.Struct, frozen=True, kw_only=True):
+    wisdom_id: UUID
+    owner_id: str
+    category: str
+    pattern: str
+    confidence: float
+    embedding: bytes
+    source_collectives: tuple[UUID, ...]
+    source_experience_count: int
+    applicable_domains: tuple[str, ...]
+    created_ms: int
+
+
+class ScoredWisdom(msgspec.Struct, frozen=True):
+    wisdom: Wisdom
     score: float
 
 
@@ -254,16 +286,18 @@ def recent_experiences(
     flt: ExperienceFilter = ANY_LIVE,
     *,
     offset: int = 0,
+    newest_first: bool = True,
 ) -> list[Experience]:
-    """Newest first (by recording time, then id)."""
+    """Newest first (by recording time, then id); oldest first for stable paging."""
     if p.live_dimension(collective_id) is None:
         return []
     where, params = _where(p, collective_id, flt)
+    order = "DESC" if newest_first else "ASC"
     ids = [
         r[0]
         for r in p.store.con.execute(
             f"SELECT experience_id FROM experience_rows WHERE {where} "
-            "ORDER BY created_hlc DESC, experience_id DESC LIMIT ? OFFSET ?",
+            f"ORDER BY created_hlc {order}, experience_id {order} LIMIT ? OFFSET ?",
             [*params, limit, offset],
         ).fetchall()
     ]
@@ -413,3 +447,218 @@ def dead_letters(p: Projection) -> list[DeadLetter]:
         DeadLetter(entity=r[0], id=r[1], collective_id=r[2], reason=r[3], seq=r[4], subject=r[5])
         for r in rows
     ]
+
+
+# -- collectives ----------------------------------------------------------------------------
+
+_COLLECTIVE_COLUMNS = (
+    "collective_id, owner_id, name, embedding_dimension, nullif(embedder, ''), "
+    "(created_hlc >> 16)::BIGINT"
+)
+
+
+def _collective(row: Sequence[Any]) -> Collective:
+    return Collective(
+        collective_id=row[0], owner_id=row[1], name=row[2], embedding_dimension=int(row[3]),
+        embedder=row[4], created_ms=int(row[5]),
+    )  # fmt: skip
+
+
+def get_collective(p: Projection, collective_id: UUID) -> Collective | None:
+    row = p.store.con.execute(
+        f"SELECT {_COLLECTIVE_COLUMNS} FROM collective_rows "
+        "WHERE collective_id = ? AND create_event IS NOT NULL AND NOT deleted",
+        [collective_id],
+    ).fetchone()
+    return _collective(row) if row else None
+
+
+def list_collectives(p: Projection, owner_id: str | None = None) -> list[Collective]:
+    """Live collectives (of one owner, or all), oldest first."""
+    sql = (
+        f"SELECT {_COLLECTIVE_COLUMNS} FROM collective_rows "
+        "WHERE create_event IS NOT NULL AND NOT deleted"
+    )
+    params: list[Any] = []
+    if owner_id is not None:
+        sql += " AND owner_id = ?"
+        params.append(owner_id)
+    rows = p.store.con.execute(sql + " ORDER BY created_hlc, collective_id", params).fetchall()
+    return [_collective(r) for r in rows]
+
+
+def anchor_of(p: Projection, entity: str, entity_id: UUID) -> Any:
+    """The collective (owner, for wisdom) of an entity that exists or was deleted, or None
+    when it never existed here: what a delete needs to write its tombstone again."""
+    table, key, anchor = {
+        "collective": ("collective_rows", "collective_id", "collective_id"),
+        "experience": ("experience_rows", "experience_id", "collective_id"),
+        "relation": ("relation_rows", "relation_id", "collective_id"),
+        "insight": ("insight_rows", "insight_id", "collective_id"),
+        "wisdom": ("wisdom_rows", "wisdom_id", "owner_id"),
+    }[entity]
+    row = p.store.con.execute(
+        f"SELECT {anchor} FROM {table} WHERE {key} = ? AND (create_event IS NOT NULL OR deleted)",
+        [entity_id],
+    ).fetchone()
+    return row[0] if row else None
+
+
+# -- energy: importance raised by use, decayed by time; computed when read ------------------
+
+DAY_MS = 86_400_000
+
+
+def energy(
+    importance: Any,
+    applications: Any,
+    last_active_ms: Any,
+    now_ms: int,
+    *,
+    half_life_days: float = 30.0,
+    boost_every: float = 5.0,
+) -> Any:
+    """How alive an experience is, in [0, 1] (scalars or numpy arrays).
+
+    Importance is raised by applications (every ``boost_every`` applications halve the
+    distance to 1) and halves every ``half_life_days`` since the experience was last
+    reinforced (or recorded, if never). Never stored: it depends on when it is read.
+    """
+    importance = np.asarray(importance, dtype=np.float64)
+    applications = np.asarray(applications, dtype=np.float64)
+    raised = 1.0 - (1.0 - importance) * np.power(0.5, applications / boost_every)
+    age_days = np.maximum(0.0, now_ms - np.asarray(last_active_ms, dtype=np.float64)) / DAY_MS
+    return raised * np.power(0.5, age_days / half_life_days)
+
+
+def energy_of(e: Experience, now_ms: int, **settings: float) -> float:
+    last = e.last_reinforced_ms if e.last_reinforced_ms is not None else e.timestamp_ms
+    return float(energy(e.importance, e.applications, last, now_ms, **settings))
+
+
+def cold_experiences(
+    p: Projection,
+    collective_id: UUID,
+    threshold: float,
+    limit: int,
+    now_ms: int,
+    flt: ExperienceFilter = ANY_LIVE,
+    **settings: float,
+) -> list[ScoredExperience]:
+    """Experiences whose energy is below ``threshold``, coldest first (score = energy)."""
+    if p.live_dimension(collective_id) is None or limit <= 0:
+        return []
+    where, params = _where(p, collective_id, flt)
+    rows = p.store.con.execute(
+        f"""SELECT e.experience_id, e.importance, coalesce(a.applications, 0),
+                   coalesce((a.last_hlc >> 16)::BIGINT, (e.created_hlc >> 16)::BIGINT)
+            FROM (SELECT * FROM experience_rows WHERE {where}) e
+            LEFT JOIN (SELECT experience_id, sum(applications) AS applications,
+                              max(last_hlc) AS last_hlc
+                       FROM application_rows GROUP BY experience_id) a USING (experience_id)""",
+        params,
+    ).fetchall()
+    if not rows:
+        return []
+    ids = [r[0] for r in rows]
+    values = energy(
+        [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows], now_ms, **settings
+    )
+    order = [i for i in np.argsort(values, kind="stable") if values[i] < threshold][:limit]
+    found = _fetch(p, [ids[i] for i in order])
+    return [
+        ScoredExperience(found[ids[i]], float(values[i]), float(values[i]), float(values[i]))
+        for i in order
+        if ids[i] in found
+    ]
+
+
+# -- relations and insights by key ----------------------------------------------------------
+
+
+def relation_taken(p: Projection, source_id: UUID, target_id: UUID, relation_type: str) -> Any:
+    """The id of a live relation with this (source, target, type), or None."""
+    row = p.store.con.execute(
+        "SELECT min(relation_id) FROM relation_rows WHERE source_id = ? AND target_id = ? "
+        "AND relation_type = ? AND create_event IS NOT NULL AND NOT deleted",
+        [source_id, target_id, relation_type],
+    ).fetchone()
+    return row[0] if row else None
+
+
+def relations_among(p: Projection, ids: Sequence[UUID]) -> list[Relation]:
+    """Live relations whose both ends are among ``ids``."""
+    if not ids:
+        return []
+    keys = uuid_literals(ids)
+    rows = p.store.con.execute(
+        "SELECT relation_id, collective_id, source_id, target_id, relation_type, strength, "
+        f"metadata FROM relations WHERE source_id IN ({keys}) AND target_id IN ({keys}) "
+        "ORDER BY relation_id"
+    ).fetchall()
+    return [
+        Relation(
+            relation_id=r[0],
+            collective_id=r[1],
+            source_id=r[2],
+            target_id=r[3],
+            relation_type=r[4],
+            strength=r[5],
+            metadata=r[6],
+        )  # fmt: skip
+        for r in rows
+    ]
+
+
+def get_insight(p: Projection, insight_id: UUID) -> Insight | None:
+    row = p.store.con.execute(
+        f"SELECT {_INSIGHT_COLUMNS} FROM insights WHERE insight_id = ?", [insight_id]
+    ).fetchone()
+    return _insight(row) if row else None
+
+
+# -- wisdom (per owner, across collectives; few per owner: an exact scan) -------------------
+
+_WISDOM_COLUMNS = (
+    "wisdom_id, owner_id, category, pattern, confidence, embedding, source_collectives, "
+    "source_experience_count, applicable_domains, (created_hlc >> 16)::BIGINT"
+)
+
+
+def wisdom_of(p: Projection, owner_id: str) -> list[Wisdom]:
+    """The live wisdom of one owner, oldest first."""
+    rows = p.store.con.execute(
+        f"SELECT {_WISDOM_COLUMNS} FROM wisdom_rows WHERE owner_id = ? "
+        "AND create_event IS NOT NULL AND NOT deleted ORDER BY created_hlc, wisdom_id",
+        [owner_id],
+    ).fetchall()
+    return [
+        Wisdom(
+            wisdom_id=r[0],
+            owner_id=r[1],
+            category=r[2],
+            pattern=r[3],
+            confidence=r[4],
+            embedding=r[5],
+            source_collectives=tuple(r[6] or ()),
+            source_experience_count=int(r[7] or 0),
+            applicable_domains=tuple(r[8] or ()),
+            created_ms=int(r[9]),
+        )  # fmt: skip
+        for r in rows
+    ]
+
+
+def similar_wisdom(
+    p: Projection, owner_id: str, query: Sequence[float] | npt.NDArray[np.float32], k: int
+) -> list[ScoredWisdom]:
+    """The owner's wisdom nearest to ``query`` (cosine), best first; other dimensions skipped."""
+    q = np.asarray(query, dtype=np.float32)
+    q = q / (np.linalg.norm(q) or 1.0)
+    scored = []
+    for w in wisdom_of(p, owner_id):
+        vector = ev.unpack_vector(w.embedding)
+        if len(vector) == len(q):
+            scored.append(ScoredWisdom(w, float(vector @ q / (np.linalg.norm(vector) or 1.0))))
+    scored.sort(key=lambda s: -s.score)
+    return scored[:k]

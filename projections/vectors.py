@@ -4,8 +4,9 @@ as inner product of L2-normalized vectors.
 An index is exact (``IndexFlatIP``) while small and becomes HNSW once it holds more than
 ``hnsw_threshold`` vectors. Ids are the rows' local ``vec_id``. Vectors that must not be
 returned (archived unless asked for, deleted, invalid) are filtered by an ID selector at
-search time; a flat index also drops deleted vectors at once, an HNSW index keeps them
-until it is rebuilt (compaction). With a filter that leaves few candidates, search is an
+search time; a flat index also drops deleted vectors at once, an HNSW index keeps their
+graph nodes until it is rebuilt (compaction) but overwrites their vectors with zeros at
+once, so a forgotten embedding is not kept in memory or in the saved file. With a filter that leaves few candidates, search is an
 exact scan over just those candidates, so a filter never costs recall.
 """
 
@@ -81,12 +82,20 @@ class VectorIndex:
         self.hidden.difference_update(drop)
         if self.is_hnsw:
             self.gone.update(drop)
+            self._erase(drop)
         else:
             self.index.remove_ids(np.array(drop, dtype=np.int64))
             self.members.difference_update(drop)
             for vec_id in drop:
                 self.keys.pop(vec_id, None)
         self._selectors.clear()
+
+    def _erase(self, vec_ids: list[int]) -> None:
+        """Zero the stored vectors of ``vec_ids`` in an HNSW index (forgetting)."""
+        storage = faiss.downcast_index(faiss.downcast_index(self.index.index).storage)
+        stored = faiss.rev_swig_ptr(storage.get_xb(), storage.ntotal * self.dim)
+        positions = np.nonzero(np.isin(faiss.vector_to_array(self.index.id_map), vec_ids))[0]
+        stored.reshape(-1, self.dim)[positions] = 0.0
 
     def _to_hnsw(self) -> None:
         ids = np.array(sorted(self.members - self.gone), dtype=np.int64)

@@ -147,8 +147,8 @@ def model(events: list[ev.Event]) -> dict[type[fold.Row], dict[tuple[Any, ...], 
             assert row is not None
             if any(isinstance(e, delete) for e in group):  # a tombstone: key and flag only
                 row = row_type(entity, deleted=True)  # type: ignore[call-arg]
-            if "collective_id" in row_type.ANCHOR:  # the smallest any create or delete names
-                row.collective_id = min(e.collective_id for e in group)  # type: ignore[attr-defined]
+            for name in row_type.ANCHOR:  # the smallest any create or delete names
+                setattr(row, name, min(getattr(e, name) for e in group))
             rows[row_type][(entity,)] = row
 
     experience_kinds = (

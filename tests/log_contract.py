@@ -155,6 +155,28 @@ class LogContract:
         assert [e.seq for e in with_wisdom] == [1, 4, 5]
         assert await read_all(log, subjects=collective_filter([uuid7()], wisdom=False)) == []
 
+    async def test_purge_forgets_a_subject_before_its_tombstone(self, log: EventLog) -> None:
+        cid = uuid7()
+        recorded, kept = f.experience(cid), f.experience(cid)
+        common = {"instance_id": recorded.instance_id, "hlc": recorded.hlc + 1}
+        tombstone = ev.ExperienceDeleted(
+            event_id=uuid7(), experience_id=recorded.experience_id, collective_id=cid, **common
+        )
+        late = ev.ExperienceReinforced(
+            event_id=uuid7(), experience_id=recorded.experience_id, collective_id=cid,
+            applications=1, **common,
+        )  # fmt: skip
+        seqs = await log.append_batch([f.collective(cid), recorded, kept, tombstone, late])
+        await log.purge(subject_for(recorded), before_seq=seqs[3])
+        remaining = await read_all(log)
+        assert [e.seq for e in remaining] == [seqs[0], seqs[2], seqs[3], seqs[4]]
+        assert recorded.event_id not in {e.event.event_id for e in remaining if e.event}
+        assert await log.last_subject_seq(subject_for(recorded)) == seqs[4]
+        # a wildcard purge takes a whole collective, up to its tombstone
+        await log.purge(f"pulse.c.{cid}.>", before_seq=seqs[3])
+        assert [e.seq for e in await read_all(log)] == [seqs[3], seqs[4]]
+        assert await log.last_seq() == seqs[4]
+
     async def test_tail_gives_stored_then_live_events(self, log: EventLog) -> None:
         cid = uuid7()
         await log.append_batch([f.collective(cid), f.experience(cid)])

@@ -1,4 +1,4 @@
-"""The instance on a real NATS server: read-your-writes, sync, watch, validation, exact
+"""The instance on a real NATS server: read-your-writes, sync, watch, exact
 counts across instances, and the three identity rules (restart, copy, restore)."""
 
 from __future__ import annotations
@@ -75,34 +75,6 @@ async def test_watch_sees_every_change_whoever_wrote_it(
         await a.close()
         await b.close()
         await asyncio.wait_for(watcher, 10)  # the watch ends when its instance closes
-
-
-async def test_writes_are_validated_against_local_state(
-    tmp_path: Path, nats_server: EmbeddedNats
-) -> None:
-    db = await open_db(tmp_path / "a", nats_server)
-    try:
-        cid = await db.create_collective("owner", "team", 3)
-        before = await db.digest()
-        with pytest.raises(NotFoundError, match="collective_id: no collective"):
-            await db.record_experience(UUID(int=7), "x", [1, 0, 0])
-        with pytest.raises(
-            ValidationError, match="embedding: 2 values, the collective's dimension is 3"
-        ):
-            await db.record_experience(cid, "x", [1, 0])
-        with pytest.raises(
-            ValidationError, match=r"importance: must be a finite number in \[0, 1\], got 1.5"
-        ):
-            await db.record_experience(cid, "x", [1, 0, 0], importance=1.5)
-        with pytest.raises(ValidationError, match="embedding: every value must be a finite float"):
-            await db.record_experience(cid, "x", [1, float("nan"), 0])
-        with pytest.raises(ValidationError, match="embedding_dimension: must be 1..4096, got 5000"):
-            await db.create_collective("owner", "big", 5000)
-        with pytest.raises(NotFoundError, match="experience_id"):
-            await db.reinforce_experience(cid)
-        assert await db.digest() == before
-    finally:
-        await db.close()
 
 
 async def test_counts_add_up_across_instances(tmp_path: Path, nats_server: EmbeddedNats) -> None:

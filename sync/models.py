@@ -1,0 +1,408 @@
+"""The inputs of the public API as pydantic models: every limit of the data model in one
+place, shared by the Python API, the CLI (and the HTTP and MCP edges, whose JSON schemas
+come from these models). Events inside stay msgspec; these only guard the edge.
+
+``validated(Model, **fields)`` builds a model or raises ``eventlog.ValidationError`` whose
+message names each bad field, what is wrong and the limit, e.g.
+``importance: Input should be less than or equal to 1 (got 1.5)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal, TypeVar
+from uuid import UUID
+
+import numpy as np
+import numpy.typing as npt
+import pydantic
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from eventlog import events as ev
+from eventlog.errors import ValidationError
+
+# -- limits (DESIGN.md, the data-model table) ----------------------------------------------
+
+NAME_MAX = 256  # owner_id, name, source_agent, agent_id
+DIMENSION_MAX = 4096
+CONTENT_MAX_BYTES = 100 * 1024
+INSIGHT_MAX_BYTES = 50 * 1024
+METADATA_MAX_BYTES = 10 * 1024
+TASK_MAX_BYTES = 1024
+DOMAIN_MAX, DOMAIN_TAG_MAX = 50, 100
+FILES_MAX, FILE_PATH_MAX = 100, 500
+WORKING_ON_MAX, WORKING_ON_ITEM_MAX = 100, 500
+SOURCES_MAX = 100
+TYPE_TEXT_MAX = 10_000  # each text field of an experience type (not in PulseDB: our cap)
+PATTERN_MAX = 10_000  # a wisdom pattern (not in PulseDB: our cap)
+K_MAX = 1000
+
+Vector = npt.NDArray[np.float32]
+
+
+def _vector(value: Any) -> Vector:
+    """A 1-D array of finite float32 values (from a list, a tuple or an array)."""
+    if isinstance(value, (str, bytes)):
+        raise ValueError("must be a list of numbers")
+    try:
+        array = np.asarray(value, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise ValueError("must be a list of numbers") from exc
+    if array.ndim != 1 or array.size == 0:
+        raise ValueError(f"must be a non-empty list of numbers, got shape {array.shape}")
+    if array.size > DIMENSION_MAX:
+        raise ValueError(f"has {array.size} values, the limit is {DIMENSION_MAX}")
+    if not np.isfinite(array).all():
+        raise ValueError("every value must be a finite number (no NaN or infinity)")
+    return array
+
+
+VectorField = Annotated[
+    Any,
+    BeforeValidator(_vector),
+    WithJsonSchema(
+        {"type": "array", "items": {"type": "number"}, "minItems": 1, "maxItems": DIMENSION_MAX}
+    ),
+]
+
+
+def _utf8_limit(limit: int, *, allow_empty: bool = False) -> Any:
+    def check(value: str) -> str:
+        size = len(value.encode("utf-8"))
+        if size > limit or (size == 0 and not allow_empty):
+            low = "0" if allow_empty else "1 byte"
+            raise ValueError(
+                f"must be {low} to {limit:,} bytes of UTF-8 ({limit // 1024} KB), got {size:,}"
+            )
+        return value
+
+    return BeforeValidator(lambda v: check(v) if isinstance(v, str) else v)
+
+
+Score = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME_MAX)]
+TypeText = Annotated[str, StringConstraints(max_length=TYPE_TEXT_MAX)]
+DomainTag = Annotated[str, StringConstraints(min_length=1, max_length=DOMAIN_TAG_MAX)]
+FilePath = Annotated[str, StringConstraints(min_length=1, max_length=FILE_PATH_MAX)]
+Domains = Annotated[list[DomainTag], Field(max_length=DOMAIN_MAX)]
+Files = Annotated[list[FilePath], Field(max_length=FILES_MAX)]
+
+
+class _Input(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# -- experience types (mirror eventlog.events, which stay the wire format) -----------------
+
+
+class DifficultyIn(_Input):
+    kind: Literal["Difficulty"] = "Difficulty"
+    description: TypeText
+    severity: ev.Severity
+
+
+class SolutionIn(_Input):
+    kind: Literal["Solution"] = "Solution"
+    approach: TypeText
+    worked: bool
+    problem_ref: UUID | None = None
+
+
+class ErrorPatternIn(_Input):
+    kind: Literal["ErrorPattern"] = "ErrorPattern"
+    signature: TypeText
+    fix: TypeText
+    prevention: TypeText
+
+
+class SuccessPatternIn(_Input):
+    kind: Literal["SuccessPattern"] = "SuccessPattern"
+    task_type: TypeText
+    approach: TypeText
+    quality: Score
+
+
+class UserPreferenceIn(_Input):
+    kind: Literal["UserPreference"] = "UserPreference"
+    category: TypeText
+    preference: TypeText
+    strength: Score
+
+
+class ArchitecturalDecisionIn(_Input):
+    kind: Literal["ArchitecturalDecision"] = "ArchitecturalDecision"
+    decision: TypeText
+    rationale: TypeText
+
+
+class TechInsightIn(_Input):
+    kind: Literal["TechInsight"] = "TechInsight"
+    technology: TypeText
+    insight: TypeText
+
+
+class FactIn(_Input):
+    kind: Literal["Fact"] = "Fact"
+    statement: TypeText
+    source: TypeText
+
+
+class GenericIn(_Input):
+    kind: Literal["Generic"] = "Generic"
+    category: TypeText | None = None
+
+
+ExperienceTypeIn = Annotated[
+    DifficultyIn | SolutionIn | ErrorPatternIn | SuccessPatternIn | UserPreferenceIn | ArchitecturalDecisionIn | TechInsightIn | FactIn | GenericIn,
+    Field(discriminator="kind"),
+]  # fmt: skip
+
+
+def _experience_type(value: Any) -> Any:
+    """Accept the msgspec variants of ``eventlog.events`` as well as dicts."""
+    if isinstance(value, tuple(ev.EXPERIENCE_TYPES)):
+        import msgspec
+
+        return msgspec.to_builtins(value)
+    return value
+
+
+def to_event_type(value: BaseModel) -> ev.ExperienceType:
+    import msgspec
+
+    return msgspec.convert(value.model_dump(mode="python"), ev.ExperienceType)  # type: ignore[arg-type]
+
+
+# -- collectives ---------------------------------------------------------------------------
+
+
+class CollectiveIn(_Input):
+    owner_id: Name
+    name: Name
+    embedding_dimension: Annotated[int, Field(ge=1, le=DIMENSION_MAX)] | None = None
+    embedder: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+
+    @model_validator(mode="after")
+    def _dimension_given(self) -> CollectiveIn:
+        if self.embedding_dimension is None and self.embedder is None:
+            raise ValueError(
+                "embedding_dimension: required (1..4096) when the collective has no embedder"
+            )
+        return self
+
+
+# -- experiences ---------------------------------------------------------------------------
+
+
+class ExperienceIn(_Input):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    collective_id: UUID
+    content: Annotated[str, _utf8_limit(CONTENT_MAX_BYTES)]
+    embedding: VectorField | None = None  # None: the collective's embedder embeds content
+    embedder: str | None = None  # the embedder the given vector came from, if any
+    experience_type: Annotated[ExperienceTypeIn, BeforeValidator(_experience_type)] = Field(
+        default_factory=GenericIn
+    )
+    importance: Score = 0.5
+    confidence: Score = 0.5
+    domain: Domains = Field(default_factory=list)
+    related_files: Files = Field(default_factory=list)
+    source_agent: Name = "agent"
+    source_task: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = None
+
+
+IMMUTABLE = ("content", "embedding", "timestamp", "experience_type", "collective_id",
+             "source_agent", "source_task")  # fmt: skip
+
+
+class ExperienceUpdateIn(_Input):
+    importance: Score | None = None
+    confidence: Score | None = None
+    domain: Domains | None = None
+    related_files: Files | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mutable_only(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in IMMUTABLE:
+                if name in data:
+                    raise ValueError(
+                        f"{name}: is immutable once recorded (record a new experience "
+                        "instead); updatable: importance, confidence, domain, related_files"
+                    )
+            if all(data.get(n) is None for n in cls.model_fields):
+                raise ValueError(
+                    "update: give at least one of importance, confidence, domain, related_files"
+                )
+        return data
+
+
+# -- relations, insights -------------------------------------------------------------------
+
+
+class RelationIn(_Input):
+    source_id: UUID
+    target_id: UUID
+    relation_type: ev.RelationType
+    strength: Score = 0.5
+    metadata: Annotated[str, _utf8_limit(METADATA_MAX_BYTES, allow_empty=True)] | None = None
+
+    @model_validator(mode="after")
+    def _not_self(self) -> RelationIn:
+        if self.source_id == self.target_id:
+            raise ValueError(
+                "target_id: must differ from source_id (an experience cannot relate to itself)"
+            )
+        return self
+
+
+class InsightIn(_Input):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    collective_id: UUID
+    content: Annotated[str, _utf8_limit(INSIGHT_MAX_BYTES)]
+    embedding: VectorField | None = None
+    embedder: str | None = None
+    source_experiences: Annotated[list[UUID], Field(min_length=1, max_length=SOURCES_MAX)]
+    confidence: Score = 0.5
+    domain: Domains = Field(default_factory=list)
+
+    @field_validator("source_experiences")
+    @classmethod
+    def _distinct(cls, value: list[UUID]) -> list[UUID]:
+        if len(set(value)) != len(value):
+            raise ValueError("must not name an experience twice")
+        return value
+
+
+# -- activities, wisdom --------------------------------------------------------------------
+
+
+class ActivityIn(_Input):
+    collective_id: UUID
+    agent_id: Name
+    task_description: Annotated[str, _utf8_limit(TASK_MAX_BYTES, allow_empty=True)] = ""
+    working_on: Annotated[
+        list[Annotated[str, StringConstraints(min_length=1, max_length=WORKING_ON_ITEM_MAX)]],
+        Field(max_length=WORKING_ON_MAX),
+    ] = Field(default_factory=list)
+
+
+class WisdomIn(_Input):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    owner_id: Name
+    category: ev.WisdomCategory
+    pattern: Annotated[str, StringConstraints(min_length=1, max_length=PATTERN_MAX)]
+    confidence: Score = 0.5
+    embedding: VectorField
+    source_collectives: Annotated[list[UUID], Field(max_length=SOURCES_MAX)] = Field(
+        default_factory=list
+    )
+    source_experience_count: Annotated[int, Field(ge=0)] = 0
+    applicable_domains: Domains = Field(default_factory=list)
+
+
+# -- searching -----------------------------------------------------------------------------
+
+
+class FilterIn(_Input):
+    """Which experiences a search may return (every field optional)."""
+
+    domains: Annotated[list[DomainTag], Field(min_length=1, max_length=DOMAIN_MAX)] | None = None
+    experience_types: (
+        Annotated[
+            list[
+                Literal[
+                    "Difficulty", "Solution", "ErrorPattern", "SuccessPattern",
+                    "UserPreference", "ArchitecturalDecision", "TechInsight", "Fact", "Generic",
+                ]
+            ],
+            Field(min_length=1),
+        ]
+        | None
+    ) = None  # fmt: skip
+    min_importance: Score | None = None
+    min_confidence: Score | None = None
+    since_ms: Annotated[int, Field(ge=0)] | None = None
+    include_archived: bool = False
+
+
+class SearchIn(_Input):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    collective_id: UUID
+    text: Annotated[str, StringConstraints(max_length=10_000)] | None = None
+    embedding: VectorField | None = None
+    k: Annotated[int, Field(ge=1, le=K_MAX)] = 10
+    filter: FilterIn = Field(default_factory=FilterIn)
+    energy_weight: Score | None = None  # None: the instance's RecallSettings
+    vector_weight: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0
+    text_weight: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0
+
+
+class ContextIn(SearchIn):
+    """What ``get_context_candidates`` gathers; each part can be switched off."""
+
+    similar: bool = True
+    recent: Annotated[int, Field(ge=0, le=K_MAX)] = 5
+    insights: Annotated[int, Field(ge=0, le=K_MAX)] = 5
+    relations: bool = True
+    active_agents: bool = True
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(model: type[M], /, **fields: Any) -> M:
+    """``model(**fields)``, or ``ValidationError`` naming every bad field and its limit."""
+    try:
+        return model(**fields)
+    except pydantic.ValidationError as exc:
+        raise translate(exc) from None
+
+
+def translate(exc: pydantic.ValidationError) -> ValidationError:
+    problems = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in error["loc"] if not _is_variant_tag(p))
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if error["type"] == "value_error" and ": " in message and not where:
+            problems.append(message)  # already "field: problem" (model-level checks)
+            continue
+        got = error.get("input")
+        detail = ""
+        if error["type"] not in ("missing", "extra_forbidden", "value_error") and _short(got):
+            detail = f" (got {got!r})"
+        if error["type"] == "extra_forbidden":
+            message = "is not a field of this input"
+        problems.append(f"{where or 'input'}: {message}{detail}")
+    result = ValidationError("; ".join(problems))
+    result.problems = problems  # type: ignore[attr-defined]
+    return result
+
+
+_TAGS = {str(t.__struct_config__.tag) for t in ev.EXPERIENCE_TYPES}
+
+
+def _is_variant_tag(part: Any) -> bool:
+    """pydantic puts the union member's tag in an error's location; the field path is
+    clearer without it (``experience_type.severity``)."""
+    return isinstance(part, str) and part in _TAGS
+
+
+def _short(value: Any) -> bool:
+    if isinstance(value, float) and not math.isfinite(value):
+        return True
+    return isinstance(value, (int, float, bool)) or (isinstance(value, str) and len(value) <= 40)
