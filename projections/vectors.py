@@ -6,8 +6,9 @@ An index is exact (``IndexFlatIP``) while small and becomes HNSW once it holds m
 returned (archived unless asked for, deleted, invalid) are filtered by an ID selector at
 search time; a flat index also drops deleted vectors at once, an HNSW index keeps their
 graph nodes until it is rebuilt (compaction) but overwrites their vectors with zeros at
-once, so a forgotten embedding is not kept in memory or in the saved file. With a filter that leaves few candidates, search is an
-exact scan over just those candidates, so a filter never costs recall.
+once, so a forgotten embedding is not kept in memory or in the saved file. With a
+filter that leaves few candidates, search is an exact scan over just those candidates,
+so a filter never costs recall.
 """
 
 from __future__ import annotations

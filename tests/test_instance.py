@@ -6,11 +6,8 @@ from __future__ import annotations
 import asyncio
 import shutil
 from pathlib import Path
-from uuid import UUID
 
-import pytest
-
-from eventlog import EmbeddedNats, NotFoundError, ValidationError
+from eventlog import EmbeddedNats
 from sync import ExperienceChange, PulseDB, PulseDBSync
 from tests.conftest import eventually
 
