@@ -1,0 +1,158 @@
+"""Forgetting: a delete removes the content and embedding from the log itself (purge by
+subject), from every host's tables and indexes, and a rebuild does not bring it back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from eventlog import EmbeddedNats
+from eventlog.log import EventLog
+from projections.projection import ProjectionSettings
+from sync import PulseDB
+
+SECRET = "the vault combination is zebra-4417"
+SECRET_VECTOR = [0.11, -0.42, 0.89, 0.05]
+
+
+async def raw_payloads(log: EventLog) -> list[str]:
+    """Every event left on the stream, as its repr (content, vectors and all)."""
+    found = []
+    async for batch in log.read(1):
+        found.extend(repr(entry.event) for entry in batch)
+    return found
+
+
+def holds_secret(db: PulseDB) -> list[str]:
+    """Where this host still keeps the secret: tables, vector indexes, full text."""
+    places = []
+    con = db.projection.store.con
+    for table, column in (("experience_rows", "content"), ("insight_rows", "content")):
+        row = con.execute(f"SELECT count(*) FROM {table} WHERE {column} LIKE '%zebra%'").fetchone()
+        if row and row[0]:
+            places.append(table)
+    target = np.asarray(SECRET_VECTOR, dtype=np.float32)
+    target /= np.linalg.norm(target)
+    for key, index in db.projection.vectors.items():
+        for vec_id in index.members:
+            stored = index.index.reconstruct(int(vec_id))
+            norm = np.linalg.norm(stored)
+            if norm and float(stored @ target) / norm > 0.999:
+                places.append(f"faiss {key}")
+    db.projection.text.commit()
+    for kind in ("experience", "insight"):
+        for cid in {k[1] for k in db.projection.vectors}:
+            if db.projection.text.search(kind, cid, "zebra", 10):
+                places.append(f"tantivy {kind}")
+    return places
+
+
+async def test_a_deleted_experience_is_gone_from_the_log_every_host_and_a_rebuild(
+    tmp_path: Path, nats_server: EmbeddedNats
+) -> None:
+    small_hnsw = ProjectionSettings(hnsw_threshold=2)  # host b keeps an HNSW graph
+    a = await PulseDB.open(tmp_path / "a", nats_server.url)
+    b = await PulseDB.open(tmp_path / "b", nats_server.url, projection_settings=small_hnsw)
+    try:
+        cid = await a.create_collective("owner", "team", 4)
+        keep = [await a.record_experience(cid, f"note {i}", [1, i, 0, 0]) for i in range(4)]
+        secret = await a.record_experience(cid, SECRET, SECRET_VECTOR, domain=["ops"])
+        await a.update_experience(secret, importance=0.9)
+        await a.reinforce_experience(secret)
+        await a.store_relation(secret, keep[0], "Supports")
+        await b.reinforce_experience(secret)
+        await b.sync()
+        assert holds_secret(a) and holds_secret(b)  # the checks can see it when it is there
+        assert any("zebra" in p for p in await raw_payloads(a.log))
+
+        await b.delete_experience(secret)
+        await a.sync()
+
+        assert not any("zebra" in p for p in await raw_payloads(a.log))
+        for db in (a, b):
+            assert holds_secret(db) == []
+            assert await db.get_experience(secret) is None
+            assert await db.search_text(cid, "zebra") == []
+            hits = await db.search_similar(cid, SECRET_VECTOR, k=10)
+            assert secret not in {h.experience.experience_id for h in hits}
+            assert await db.get_related_experiences(keep[0]) == []
+            stats = await db.get_collective_stats(cid)
+            assert (stats.experiences, stats.relations, stats.applications) == (4, 0, 0)
+        digest = await a.digest()
+        assert await b.digest() == digest
+    finally:
+        await a.close()
+        await b.close()
+
+    # a third host built from the log alone, and a rebuild of the first: same state
+    c = await PulseDB.open(tmp_path / "c", nats_server.url)
+    try:
+        assert await c.digest() == digest and holds_secret(c) == []
+    finally:
+        await c.close()
+    from eventlog import JetStreamLog
+    from projections.projection import rebuild
+
+    log = await JetStreamLog.connect(nats_server.url)
+    try:
+        _, rebuilt = await rebuild(tmp_path / "a", log)
+    finally:
+        await log.close()
+    assert rebuilt == digest
+
+
+async def test_a_deleted_collective_leaves_only_its_tombstone(
+    tmp_path: Path, nats_server: EmbeddedNats
+) -> None:
+    a = await PulseDB.open(tmp_path / "a", nats_server.url)
+    b = await PulseDB.open(tmp_path / "b", nats_server.url)
+    try:
+        gone = await a.create_collective("owner", "gone", 4)
+        stays = await a.create_collective("owner", "stays", 4)
+        e = await a.record_experience(gone, SECRET, SECRET_VECTOR)
+        other = await a.record_experience(gone, "another note", [0, 1, 0, 0])
+        await a.store_relation(e, other, "Implies")
+        await a.store_insight(gone, "zebra insight", SECRET_VECTOR, source_experiences=[e])
+        await a.reinforce_experience(e)
+        kept = await a.record_experience(stays, "unrelated", [0, 0, 1, 0])
+        await b.sync()
+
+        await b.delete_collective(gone)
+        await b.delete_collective(gone)  # repeating is harmless
+        await a.sync()
+
+        payloads = await raw_payloads(a.log)
+        assert not any("zebra" in p or "another note" in p for p in payloads)
+        assert sum("CollectiveDeleted" in p for p in payloads) == 1  # the last tombstone
+        for db in (a, b):
+            assert holds_secret(db) == []
+            assert [c.name for c in await db.list_collectives()] == ["stays"]
+            assert await db.get_collective(gone) is None
+            assert ("experience", gone) not in db.projection.vectors
+            assert await db.get_experience(kept) is not None
+            count = db.projection.store.con.execute(
+                "SELECT (SELECT count(*) FROM experience_rows WHERE collective_id = $c)"
+                " + (SELECT count(*) FROM relation_rows WHERE collective_id = $c)"
+                " + (SELECT count(*) FROM insight_rows WHERE collective_id = $c)"
+                " + (SELECT count(*) FROM application_rows WHERE collective_id = $c)",
+                {"c": gone},
+            ).fetchone()
+            assert count == (0,)
+        assert await a.digest() == await b.digest()
+    finally:
+        await a.close()
+        await b.close()
+    c = await PulseDB.open(tmp_path / "c", nats_server.url)
+    try:
+        assert await c.digest() == await _digest_of(tmp_path / "a", nats_server)
+    finally:
+        await c.close()
+
+
+async def _digest_of(path: Path, server: EmbeddedNats) -> str:
+    db = await PulseDB.open(path, server.url)
+    try:
+        return await db.digest()
+    finally:
+        await db.close()
