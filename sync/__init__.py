@@ -1,7 +1,6 @@
-"""Many hosts as one memory: CRDTs, the hybrid logical clock, and the instance
-(write path, replication loop, read-your-writes) with its blocking facade."""
+"""Many hosts as one: CRDTs, the instance (``PulseDB``) and its blocking facade."""
 
 from sync.blocking import PulseDBSync
-from sync.instance import ExperienceChange, PulseDB
+from sync.instance import Activity, Context, ExperienceChange, InstanceSettings, PulseDB
 
-__all__ = ["ExperienceChange", "PulseDB", "PulseDBSync"]
+__all__ = ["Activity", "Context", "ExperienceChange", "InstanceSettings", "PulseDB", "PulseDBSync"]
