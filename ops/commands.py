@@ -879,10 +879,11 @@ def _cell(value: Any) -> Any:
 def table(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
     cells = [[str(_cell(v)) if v is not None else "NULL" for v in row] for row in rows]
     widths = [max([len(c)] + [min(len(r[i]), 60) for r in cells]) for i, c in enumerate(columns)]
-    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))
+    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()
     out = [line, "  ".join("-" * w for w in widths)]
     for row in cells:
-        out.append("  ".join(clip(v, w).ljust(w) for v, w in zip(row, widths, strict=True)))
+        cells_text = (clip(v, w).ljust(w) for v, w in zip(row, widths, strict=True))
+        out.append("  ".join(cells_text).rstrip())
     out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
     return "\n".join(out)
 
