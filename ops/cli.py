@@ -12,19 +12,24 @@ import signal
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 from uuid import UUID
 
 import msgspec
+import uvicorn
 
-from eventlog import EmbeddedNats, JetStreamLog, PulseError, StreamSettings
+from eventlog import EmbeddedNats, JetStreamLog, PulseError, StreamSettings, ValidationError
 from eventlog.events import Event, event_type_name, unpack_vector
 from eventlog.log import LogEntry
 from eventlog.subjects import collective_filter
-from ops.commands import GROUPS, REGISTRY, Command, execute
+from ops.commands import GROUPS, REGISTRY, Command, execute, open_instance
 from ops.demo import run_demo
+from ops.mcp_server import build_mcp
 from ops.progress import ProgressBar
+from ops.remote import service_file
+from ops.service import create_app, is_loopback
 from projections.projection import open_projection, rebuild
+from sync import PulseDB
 
 DEFAULT_DATA_DIR = ".pulse"
 
@@ -62,19 +67,62 @@ async def _wait_for_signal() -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    """Start Pulse: an embedded NATS server (unless --nats-url), and the streams.
+    """Start Pulse: the instance of the data directory, serving its HTTP API and MCP.
 
-    Runs until Ctrl-C (or SIGTERM), then stops the server it started. With
-    --nats-url it only connects to that server or cluster and creates the streams.
+    Starts an embedded NATS server (unless --nats-url), creates or updates the streams,
+    catches the projection up (with a progress line), and serves until Ctrl-C (or
+    SIGTERM): the HTTP JSON API (every PulseDB method as POST /v1/<method>, OpenAPI at
+    /docs), server-sent events at /v1/watch_experiences, the MCP server at /mcp
+    (streamable HTTP), GET /health and GET /metrics. While it runs, the other `pulse`
+    commands on this data directory go through it.
+
+    It listens on loopback (127.0.0.1:8765) unless --host; any other address needs a
+    bearer token (--token or $PULSE_TOKEN), which every request must then carry.
 
     example:
-      pulse up                       # embedded NATS, data in ./.pulse
-      pulse --data-dir /srv/pulse up
+      pulse up                       # embedded NATS, data in ./.pulse, API on 127.0.0.1:8765
+      pulse --data-dir /srv/pulse up --port 9000
+      PULSE_TOKEN=s3cret pulse up --host 0.0.0.0
       pulse --nats-url nats://10.0.0.5:4222,nats://10.0.0.6:4222 --replicas 3 up
     """
+    token = args.token or os.environ.get("PULSE_TOKEN") or None
+    if not is_loopback(args.host) and not token:
+        raise ValidationError(
+            f"host: {args.host} is not a loopback address; serving beyond this host needs "
+            "a bearer token (--token or $PULSE_TOKEN)"
+        )
+    return asyncio.run(_serve(args, token))
 
-    async def run() -> int:
-        async with open_log(args) as (log, server):
+
+async def _serve(args: argparse.Namespace, token: str | None) -> int:
+    async with open_log(args) as (log, server):
+        bar = ProgressBar("catching up")
+        db = await PulseDB.attach(args.data_dir, log, owns_log=False, progress=bar)
+        bar.finish()
+        try:
+            mcp = build_mcp(db, host=args.host)
+            mcp_app = mcp.streamable_http_app()
+
+            @contextlib.asynccontextmanager
+            async def lifespan(_: object) -> AsyncIterator[None]:
+                async with mcp.session_manager.run():
+                    yield
+
+            app = create_app(db, token=token, mcp_routes=list(mcp_app.routes), lifespan=lifespan)
+            web = _QuietServer(
+                uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                               lifespan="on", timeout_graceful_shutdown=5)
+            )  # fmt: skip
+            serving = asyncio.create_task(web.serve())
+            while not web.started:
+                if serving.done():
+                    serving.result()
+                    raise PulseError(f"cannot listen on {args.host}:{args.port}")
+                await asyncio.sleep(0.02)
+            host, port = web.servers[0].sockets[0].getsockname()[:2]
+            url = f"http://{host}:{port}"
+            info = {"url": url, "pid": os.getpid(), "token": bool(token)}
+            service_file(args.data_dir).write_text(json.dumps(info))
             last = await log.last_seq()
             if server is not None:
                 where = (
@@ -83,15 +131,57 @@ def cmd_up(args: argparse.Namespace) -> int:
                 )
                 if not server.owned:
                     where = f"already running, started by another pulse process (pid {server.pid})"
-                url = server.url
+                nats_url = server.url
             else:
-                where, url = "external", args.nats_url
+                where, nats_url = "external", args.nats_url
             print("Pulse is up.")
-            print(f"  NATS     {url}  ({where})")
+            print(f"  NATS     {nats_url}  ({where})")
             print(f"  streams  {log.settings.name} ({last} events), {log.settings.activity_name}")
-            print(f"Point other hosts here with PULSE_NATS_URL={url}. Ctrl-C stops.", flush=True)
-            await _wait_for_signal()
+            print(f"  state    {db.projection.dir} (sequence {db.projection.seq})")
+            print(f"  HTTP     {url}  (API /v1, OpenAPI {url}/docs, MCP {url}/mcp)"
+                  + ("  bearer token required" if token else ""))  # fmt: skip
+            print(f"Point other hosts here with PULSE_NATS_URL={nats_url}. Ctrl-C stops.",
+                  flush=True)  # fmt: skip
+            stop = asyncio.ensure_future(_wait_for_signal())
+            await asyncio.wait({stop, serving}, return_when=asyncio.FIRST_COMPLETED)
+            web.should_exit = True
+            await serving
+            stop.cancel()
             print("Pulse stopped.", flush=True)
+        finally:
+            with contextlib.suppress(OSError):
+                service_file(args.data_dir).unlink()
+            await db.close()
+    return 0
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its own signal handling: `pulse up` stops it on its signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """Serve Pulse's MCP tools over stdio, for an agent host that starts it.
+
+    Tools: remember, recall, reinforce, relate, insights, activity. When `pulse up`
+    serves this data directory, the tools go through it; otherwise this process opens
+    the data directory itself (and its embedded NATS). Configure an agent host with
+    the command `pulse --data-dir /path/to/data mcp`.
+
+    example:
+      pulse mcp
+      pulse --data-dir ~/.pulse mcp
+    """
+
+    async def run() -> int:
+        db = await open_instance(args)
+        try:
+            await build_mcp(db).run_stdio_async()
+        finally:
+            await db.close()
         return 0
 
     return asyncio.run(run())
@@ -272,6 +362,7 @@ def _report(args: argparse.Namespace, record: dict[str, object], text: str) -> N
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "up": cmd_up,
+    "mcp": cmd_mcp,
     "tail": cmd_tail,
     "catch-up": cmd_catch_up,
     "rebuild": cmd_rebuild,
@@ -323,6 +414,11 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="let the embedded server fsync periodically instead of before every ack",
             )
+            sub.add_argument("--host", default="127.0.0.1", help="listen here (127.0.0.1)")
+            sub.add_argument(
+                "--port", type=int, default=8765, help="HTTP port (default 8765; 0: any free)"
+            )
+            sub.add_argument("--token", help="bearer token for every request ($PULSE_TOKEN)")
         if name == "demo":
             sub.add_argument("--dir", type=Path, help="keep the demo's data here")
             sub.add_argument("--experiences", type=_positive, default=5, help="default 5")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -20,12 +21,11 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-import duckdb
-import msgspec
-
 from eventlog.errors import NotFoundError, ValidationError
+from ops.encoding import to_json
+from ops.remote import RemotePulseDB, running_service
 from projections import queries
-from sync import PulseDB
+from sync import PulseDB, analytics
 
 Run = Callable[[PulseDB, argparse.Namespace], Awaitable[tuple[Any, str]]]
 Setup = Callable[[argparse.ArgumentParser], object]
@@ -126,22 +126,7 @@ def search_filter(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def plain(value: Any) -> Any:
     """JSON-ready builtins: UUIDs as strings, embeddings left out (``dimension`` instead)."""
-    data = msgspec.to_builtins(value, builtin_types=(bytes,))
-    return _strip(data)
-
-
-def _strip(data: Any) -> Any:
-    if isinstance(data, dict):
-        out = {}
-        for key, item in data.items():
-            if isinstance(item, bytes):
-                out["dimension"] = len(item) // 4
-            else:
-                out[key] = _strip(item)
-        return out
-    if isinstance(data, list):
-        return [_strip(x) for x in data]
-    return data
+    return to_json(value)
 
 
 def when(ms: int | None) -> str:
@@ -825,59 +810,9 @@ async def wisdom_delete(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str
 
 # -- analytics -----------------------------------------------------------------------------
 
-READ_ONLY = {"SELECT", "EXPLAIN", "PRAGMA"}
-VIEWS = ("collectives", "experiences", "applications", "relations", "insights",
-         "insight_sources", "wisdom", "dead_letters")  # fmt: skip
 
-
-def read_only_statements(sql: str) -> None:
-    """Refuse anything but queries: the projection belongs to the fold."""
-    try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise ValidationError(f"sql: {_first_line(exc)}") from None
-    if not statements:
-        raise ValidationError("sql: no statement given")
-    for statement in statements:
-        kind = statement.type.name
-        if kind not in READ_ONLY:
-            raise ValidationError(
-                f"sql: only read-only queries are allowed (SELECT, EXPLAIN), got {kind}; "
-                "the state changes only through events"
-            )
-
-
-def _first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0]
-
-
-def run_sql(db: PulseDB, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-    read_only_statements(sql)
-    cursor = db.projection.store.con.cursor()
-    try:
-        result = cursor.execute(sql)
-        columns = [d[0] for d in result.description or []]
-        return columns, result.fetchall()
-    except duckdb.Error as exc:
-        raise ValidationError(f"sql: {_first_line(exc)}") from None
-    finally:
-        cursor.close()
-
-
-def _cell(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return f"<{len(value) // 4} floats>"
-    if isinstance(value, UUID):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return [_cell(v) for v in value]
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    return value
-
-
-def table(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
-    cells = [[str(_cell(v)) if v is not None else "NULL" for v in row] for row in rows]
+def table(columns: list[str], rows: list[list[Any]]) -> str:
+    cells = [[str(v) if v is not None else "NULL" for v in row] for row in rows]
     widths = [max([len(c)] + [min(len(r[i]), 60) for r in cells]) for i, c in enumerate(columns)]
     line = "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()
     out = [line, "  ".join("-" * w for w in widths)]
@@ -888,21 +823,31 @@ def table(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
     return "\n".join(out)
 
 
-@command("sql", setup=lambda p: p.add_argument("query", help="a read-only SQL query"))
+def _setup_sql(p: argparse.ArgumentParser) -> None:
+    p.add_argument("query", help="a read-only SQL query")
+    p.add_argument("--limit", type=int, default=10_000, help="at most this many rows (10000)")
+
+
+@command("sql", setup=_setup_sql)
 async def sql(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Run a read-only SQL query over the current state (DuckDB).
 
     Views with stable names are the analysts' contract: collectives, experiences,
-    applications, relations, insights, insight_sources, wisdom, dead_letters.
-    Writes are refused: the state changes only through events.
+    applications, relations, insights, insight_sources, wisdom, dead_letters, and
+    activities. While `pulse up` serves the data directory, the query goes through its
+    API (the current state of the running instance); otherwise it runs on the data
+    directory. Writes are refused: the state changes only through events.
 
     example:
       pulse sql "SELECT experience_type, count(*) FROM experiences GROUP BY ALL"
       pulse sql "SELECT content, applications FROM experiences ORDER BY applications DESC LIMIT 5" --json
     """  # noqa: E501
-    columns, rows = run_sql(db, args.query)
-    records = [dict(zip(columns, (_cell(v) for v in row), strict=True)) for row in rows]
-    return records, table(columns, rows)
+    result = await db.sql(args.query, limit=args.limit)
+    records = [dict(zip(result.columns, row, strict=True)) for row in result.rows]
+    text = table(result.columns, result.rows)
+    if result.truncated:
+        text += f"\n(stopped at --limit {args.limit})"
+    return records, text
 
 
 @command("export", setup=lambda p: p.add_argument("directory", type=Path, help="where to write"))
@@ -915,12 +860,17 @@ async def export(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
       pulse export ./pulse-export
       duckdb -c "SELECT * FROM './pulse-export/experiences.parquet' LIMIT 3"
     """
+    if not isinstance(db, PulseDB):
+        raise ValidationError(
+            "export: `pulse up` serves this data directory and holds its files; stop it to "
+            "export, or query the running state with `pulse sql`"
+        )
     directory: Path = args.directory
     await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
     con = db.projection.store.con.cursor()
     written = {}
     try:
-        for view in VIEWS:
+        for view in analytics.VIEWS:
             target = directory / f"{view}.parquet"
             columns = [r[0] for r in con.execute(f"DESCRIBE {view}").fetchall() if r[0] != "vec_id"]
             con.execute(
@@ -959,9 +909,18 @@ def _quote(path: Path) -> str:
 # -- running a command ---------------------------------------------------------------------
 
 
+async def open_instance(args: argparse.Namespace) -> Any:
+    """The running service of the data directory (through its API), or an instance of
+    this process when none runs."""
+    service = running_service(args.data_dir)
+    if service is not None:
+        return RemotePulseDB(service["url"], os.environ.get("PULSE_TOKEN"))
+    return await PulseDB.open(args.data_dir, args.nats_url or None)
+
+
 def execute(cmd: Command, args: argparse.Namespace) -> int:
     async def go() -> int:
-        db = await PulseDB.open(args.data_dir, args.nats_url or None)
+        db = await open_instance(args)
         try:
             result, text = await cmd.run(db, args)
         finally:

@@ -27,7 +27,7 @@ import os
 import time
 import typing
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -50,7 +50,8 @@ from eventlog.ids import uuid7
 from eventlog.log import EventLog, LogEntry
 from projections import queries
 from projections.projection import Projection, ProjectionSettings, open_projection
-from sync import embedders, models
+from sync import analytics, embedders, models
+from sync.analytics import SqlResult
 from sync.hlc import HybridClock
 from sync.models import validated
 
@@ -147,6 +148,7 @@ class PulseDB:
         # announce the same total); different experiences go in parallel
         self._reinforce_locks: dict[UUID, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._failure: BaseException | None = None
+        self.events_applied = 0  # by the replication loop since open (a metric)
         self._closed = False
         self._owns_log = True
         self._loop_task: asyncio.Task[None] | None = None
@@ -170,6 +172,7 @@ class PulseDB:
         projection_settings: ProjectionSettings | None = None,
         append_timeout: float = 10.0,
         settings: InstanceSettings | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> PulseDB:
         """Open (or create) an instance on ``data_dir``; embedded NATS unless ``nats_url``."""
         directory = Path(data_dir)
@@ -196,8 +199,9 @@ class PulseDB:
             raise
         try:
             return await cls.attach(
-                directory, jetstream, projection_settings, server=server, settings=settings
-            )
+                directory, jetstream, projection_settings, server=server, settings=settings,
+                progress=progress,
+            )  # fmt: skip
         except BaseException:
             await jetstream.close()
             if server is not None:
@@ -214,13 +218,14 @@ class PulseDB:
         server: EmbeddedNats | None = None,
         owns_log: bool = True,
         settings: InstanceSettings | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> PulseDB:
         """An instance on an already open log (any backend; ``MemoryLog`` in simulations).
         When it closes, it closes the log if it ``owns_log``, and stops ``server``."""
         directory = Path(data_dir)
         projection = open_projection(directory, projection_settings)
         try:
-            await projection.catch_up(log)
+            await projection.catch_up(log, progress=progress)
         except BaseException:
             projection.close()
             raise
@@ -320,6 +325,7 @@ class PulseDB:
                 for watcher in self._watchers:
                     watcher.put_nowait(change)
         self._applied = self.projection.seq
+        self.events_applied += len(batch)
         asyncio.get_running_loop().create_task(self._notify())
 
     async def _notify(self) -> None:
@@ -1046,7 +1052,7 @@ class PulseDB:
         active.sort(key=lambda a: (-a.last_heartbeat_ms, a.agent_id))
         return active
 
-    async def _activities(self, collective_id: UUID) -> list[Activity]:
+    async def _activities(self, collective_id: UUID | None) -> list[Activity]:
         """The last registration or heartbeat of every agent that has not ended."""
         found = []
         for entry in await self.log.latest_activities(collective_id):
@@ -1142,6 +1148,25 @@ class PulseDB:
         event = ev.WisdomDeleted(**self._common(), wisdom_id=wid, owner_id=owner_id)
         await self._tombstone(event, subjects.subject_for(event))
 
+    # -- analytics -------------------------------------------------------------------------
+
+    async def sql(self, query: str, *, limit: int = 10_000) -> SqlResult:
+        """Run one read-only SQL query over the current state (DuckDB).
+
+        The views are the analysts' contract: collectives, experiences, applications,
+        relations, insights, insight_sources, wisdom, dead_letters, and activities (the
+        latest activity of every agent, read from the activity stream for this query).
+        Anything but a query is refused: the state changes only through events.
+        """
+        if not isinstance(query, str) or not query.strip():
+            raise ValidationError("query: give one SQL query")
+        _limit_rows(limit)
+        analytics.check_read_only(query)
+        activities = await self._activities(None)
+        return await asyncio.to_thread(
+            analytics.run, self.projection.store.con, query, activities, limit
+        )
+
     # -- changes, state ----------------------------------------------------------------------
 
     def watch_experiences(self) -> ExperienceWatch:
@@ -1197,6 +1222,11 @@ def _uuid(field: str, value: Any) -> UUID:
         return UUID(str(value))
     except ValueError:
         raise ValidationError(f"{field}: not a UUID: {value!r}") from None
+
+
+def _limit_rows(value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
+        raise ValidationError(f"limit: must be an integer in 1..1000000, got {value!r}")
 
 
 def _limit(field: str, value: int) -> None:

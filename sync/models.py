@@ -10,6 +10,7 @@ message names each bad field, what is wrong and the limit, e.g.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal, TypeVar
 from uuid import UUID
 
@@ -386,9 +387,18 @@ def validated(model: type[M], /, **fields: Any) -> M:
 
 
 def translate(exc: pydantic.ValidationError) -> ValidationError:
+    return from_errors(exc.errors(include_url=False))
+
+
+def from_errors(errors: Sequence[Any], *, skip: tuple[str, ...] = ()) -> ValidationError:
+    """Our ``ValidationError`` from pydantic's error list (also FastAPI's, whose
+    locations start with ``skip`` parts such as "body")."""
     problems = []
-    for error in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in error["loc"] if not _is_variant_tag(p))
+    for error in errors:
+        loc = [p for p in error["loc"] if not _is_variant_tag(p)]
+        while loc and loc[0] in skip:
+            loc = loc[1:]
+        where = ".".join(str(p) for p in loc)
         message = str(error["msg"]).removeprefix("Value error, ")
         if error["type"] == "value_error" and ": " in message and not where:
             problems.append(message)  # already "field: problem" (model-level checks)

@@ -245,8 +245,8 @@ def test_every_operation_from_the_command_line(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (("sql", "DELETE FROM experience_rows"),
-         "sql: only read-only queries are allowed (SELECT, EXPLAIN), got DELETE"),
-        (("sql", "SELEC 1"), "sql: Parser Error"),
+         "query: only read-only queries are allowed (SELECT, EXPLAIN), got DELETE"),
+        (("sql", "SELEC 1"), "query: Parser Error"),
         (("record", "-c", "nowhere", "text"), "collective: no collective named 'nowhere'"),
         (("collective", "create", "x", "--owner", "o", "--dim", "0"),
          "embedding_dimension: Input should be greater than or equal to 1"),

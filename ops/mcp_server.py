@@ -1,0 +1,191 @@
+"""Pulse as MCP tools for agents: remember, recall, reinforce, relate, insights, activity.
+
+``build_mcp(db)`` makes a FastMCP server over an instance: ``sync.PulseDB`` inside
+``pulse up`` (served at ``/mcp``, streamable HTTP), or, for ``pulse mcp`` (stdio), the
+running service of the data directory through ``ops.remote.RemotePulseDB`` (a second
+process cannot open the files) or an instance of its own when nothing runs. Tool
+inputs carry the data model's limits in their JSON schemas; a refused input comes
+back as a tool error with the library's message.
+
+(No ``from __future__ import annotations``: FastMCP reads the annotations.)
+"""
+
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from mcp.server.fastmcp import FastMCP
+from pydantic import Field
+
+from ops.commands import collective_of
+from ops.encoding import to_json
+from sync import models
+
+INSTRUCTIONS = """Pulse is the shared memory of a collective of agents. Before a task,
+`recall` what others learned (mode "context" also returns insights, relations and who is
+active); after it, `remember` what you learned and `reinforce` what helped. Collectives
+are named by name or id."""
+
+Collective = Annotated[str, Field(description="collective name or id", min_length=1)]
+Content = Annotated[
+    str,
+    Field(
+        description="what was learned (1 byte to 100 KB of UTF-8)",
+        min_length=1,
+        max_length=models.CONTENT_MAX_BYTES,
+    ),
+]
+Score = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+Tags = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=models.DOMAIN_TAG_MAX)]],
+    Field(max_length=models.DOMAIN_MAX, description="domain tags"),
+]
+Files = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=models.FILE_PATH_MAX)]],
+    Field(max_length=models.FILES_MAX, description="related files"),
+]
+Kind = Literal[
+    "Difficulty", "Solution", "ErrorPattern", "SuccessPattern", "UserPreference",
+    "ArchitecturalDecision", "TechInsight", "Fact", "Generic",
+]  # fmt: skip
+Agent = Annotated[str, Field(min_length=1, max_length=models.NAME_MAX)]
+K = Annotated[int, Field(ge=1, le=100)]
+
+
+def build_mcp(db: Any, **settings: Any) -> FastMCP:
+    """The MCP server over ``db`` (a PulseDB or a RemotePulseDB)."""
+    mcp = FastMCP("pulse", instructions=INSTRUCTIONS, log_level="WARNING", **settings)
+
+    @mcp.tool()
+    async def remember(
+        collective: Collective,
+        content: Content,
+        importance: Score = 0.5,
+        confidence: Score = 0.5,
+        domain: Tags | None = None,
+        related_files: Files | None = None,
+        kind: Kind = "Generic",
+        details: Annotated[
+            dict[str, Any] | None,
+            Field(description="the fields of the kind, e.g. Fact: statement, source"),
+        ] = None,
+        agent: Agent = "mcp-agent",
+        embedding: Annotated[
+            list[float] | None,
+            Field(
+                description="a vector, when the collective has no embedder",
+                max_length=models.DIMENSION_MAX,
+            ),
+        ] = None,
+    ) -> dict[str, Any]:
+        """Record an experience (what you learned); returns its id."""
+        c = await collective_of(db, collective)
+        eid = await db.record_experience(
+            c.collective_id, content, embedding, experience_type={"kind": kind, **(details or {})},
+            importance=importance, confidence=confidence, domain=domain or [],
+            related_files=related_files or [], source_agent=agent,
+        )  # fmt: skip
+        return {"experience_id": str(eid)}
+
+    @mcp.tool()
+    async def recall(
+        collective: Collective,
+        query: Annotated[str, Field(min_length=1, max_length=10_000)],
+        mode: Literal["hybrid", "similar", "text", "context"] = "hybrid",
+        k: K = 5,
+        domains: Tags | None = None,
+        include_archived: bool = False,
+    ) -> Any:
+        """Find what the collective knows about ``query``: by meaning and words (hybrid),
+        or everything for a task (context: similar, recent, insights, relations, agents)."""
+        c = await collective_of(db, collective)
+        flt: dict[str, Any] = {"include_archived": include_archived}
+        if domains:
+            flt["domains"] = domains
+        if mode == "context":
+            found = await db.get_context_candidates(
+                collective_id=c.collective_id, text=query, k=k, filter=flt
+            )
+        elif mode == "text":
+            found = await db.search_text(c.collective_id, query, k, flt)
+        elif mode == "similar":
+            found = await db.search_similar(c.collective_id, query, k, flt)
+        else:
+            found = await db.search_hybrid(c.collective_id, query, None, k, flt)
+        return to_json(found)
+
+    @mcp.tool()
+    async def reinforce(experience_id: UUID) -> dict[str, Any]:
+        """Count one more application of an experience that helped; returns the total."""
+        total = await db.reinforce_experience(experience_id)
+        return {"experience_id": str(experience_id), "applications": total}
+
+    @mcp.tool()
+    async def relate(
+        source_id: UUID,
+        relation_type: Literal[
+            "Supports", "Contradicts", "Elaborates", "Supersedes", "Implies", "RelatedTo"
+        ],
+        target_id: UUID,
+        strength: Score = 0.5,
+        metadata: Annotated[str | None, Field(max_length=models.METADATA_MAX_BYTES)] = None,
+    ) -> dict[str, Any]:
+        """Link two experiences of one collective; returns the relation's id."""
+        rid = await db.store_relation(
+            source_id, target_id, relation_type, strength=strength, metadata=metadata
+        )
+        return {"relation_id": str(rid)}
+
+    @mcp.tool()
+    async def insights(
+        collective: Collective,
+        action: Literal["search", "store"],
+        text: Annotated[str, Field(min_length=1, max_length=models.INSIGHT_MAX_BYTES)],
+        source_experiences: Annotated[
+            list[UUID] | None, Field(max_length=models.SOURCES_MAX)
+        ] = None,
+        confidence: Score = 0.5,
+        k: K = 5,
+    ) -> Any:
+        """Search the collective's insights near ``text``, or store ``text`` as an insight
+        distilled from ``source_experiences`` (1 to 100 ids)."""
+        c = await collective_of(db, collective)
+        if action == "store":
+            iid = await db.store_insight(
+                c.collective_id, text, source_experiences=source_experiences or [],
+                confidence=confidence,
+            )  # fmt: skip
+            return {"insight_id": str(iid)}
+        return to_json(await db.get_insights(c.collective_id, text, k))
+
+    @mcp.tool()
+    async def activity(
+        collective: Collective,
+        action: Literal["register", "heartbeat", "end", "active"],
+        agent: Agent | None = None,
+        task: Annotated[str | None, Field(max_length=models.TASK_MAX_BYTES)] = None,
+        working_on: Annotated[
+            list[Annotated[str, Field(min_length=1, max_length=models.WORKING_ON_ITEM_MAX)]] | None,
+            Field(max_length=models.WORKING_ON_MAX),
+        ] = None,
+    ) -> Any:
+        """Say what you work on (register), keep it alive (heartbeat), stop (end), or see
+        who is active in the collective (active)."""
+        c = await collective_of(db, collective)
+        if action == "active":
+            return to_json(await db.get_active_agents(c.collective_id))
+        if agent is None:
+            raise ValueError(f"agent: required to {action} an activity")
+        if action == "register":
+            return to_json(
+                await db.register_activity(c.collective_id, agent, task or "", working_on or [])
+            )
+        if action == "heartbeat":
+            return to_json(
+                await db.update_heartbeat(
+                    c.collective_id, agent, task_description=task, working_on=working_on
+                )
+            )
+        await db.end_activity(c.collective_id, agent)
+        return {"ended": agent}
+
+    return mcp
