@@ -94,24 +94,27 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         k: K = 5,
         domains: Tags | None = None,
         include_archived: bool = False,
-    ) -> Any:
-        """Find what the collective knows about ``query``: by meaning and words (hybrid),
-        or everything for a task (context: similar, recent, insights, relations, agents)."""
+    ) -> dict[str, Any]:
+        """Find what the collective knows about ``query``: {"results": [...]} by meaning
+        and words (hybrid, similar or text), or everything for a task (context: similar,
+        recent, insights, relations, active agents)."""
         c = await collective_of(db, collective)
         flt: dict[str, Any] = {"include_archived": include_archived}
         if domains:
             flt["domains"] = domains
         if mode == "context":
-            found = await db.get_context_candidates(
+            context = await db.get_context_candidates(
                 collective_id=c.collective_id, text=query, k=k, filter=flt
             )
-        elif mode == "text":
+            parts: dict[str, Any] = to_json(context)
+            return parts
+        if mode == "text":
             found = await db.search_text(c.collective_id, query, k, flt)
         elif mode == "similar":
             found = await db.search_similar(c.collective_id, query, k, flt)
         else:
             found = await db.search_hybrid(c.collective_id, query, None, k, flt)
-        return to_json(found)
+        return {"results": to_json(found)}
 
     @mcp.tool()
     async def reinforce(experience_id: UUID) -> dict[str, Any]:
@@ -145,7 +148,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         ] = None,
         confidence: Score = 0.5,
         k: K = 5,
-    ) -> Any:
+    ) -> dict[str, Any]:
         """Search the collective's insights near ``text``, or store ``text`` as an insight
         distilled from ``source_experiences`` (1 to 100 ids)."""
         c = await collective_of(db, collective)
@@ -155,7 +158,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
                 confidence=confidence,
             )  # fmt: skip
             return {"insight_id": str(iid)}
-        return to_json(await db.get_insights(c.collective_id, text, k))
+        return {"insights": to_json(await db.get_insights(c.collective_id, text, k))}
 
     @mcp.tool()
     async def activity(
@@ -167,24 +170,22 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
             list[Annotated[str, Field(min_length=1, max_length=models.WORKING_ON_ITEM_MAX)]] | None,
             Field(max_length=models.WORKING_ON_MAX),
         ] = None,
-    ) -> Any:
+    ) -> dict[str, Any]:
         """Say what you work on (register), keep it alive (heartbeat), stop (end), or see
         who is active in the collective (active)."""
         c = await collective_of(db, collective)
         if action == "active":
-            return to_json(await db.get_active_agents(c.collective_id))
+            return {"agents": to_json(await db.get_active_agents(c.collective_id))}
         if agent is None:
             raise ValueError(f"agent: required to {action} an activity")
         if action == "register":
-            return to_json(
-                await db.register_activity(c.collective_id, agent, task or "", working_on or [])
-            )
+            done = await db.register_activity(c.collective_id, agent, task or "", working_on or [])
+            return {"activity": to_json(done)}
         if action == "heartbeat":
-            return to_json(
-                await db.update_heartbeat(
-                    c.collective_id, agent, task_description=task, working_on=working_on
-                )
+            done = await db.update_heartbeat(
+                c.collective_id, agent, task_description=task, working_on=working_on
             )
+            return {"activity": to_json(done)}
         await db.end_activity(c.collective_id, agent)
         return {"ended": agent}
 

@@ -94,7 +94,7 @@ def test_every_command_has_help_with_an_example() -> None:
         assert sub.description and len(sub.description) > 60, f"`pulse {command}` undocumented"
         for action in sub._actions:
             assert action.help, f"`pulse {command}`: {action.dest} has no help text"
-        if path[0] not in ("up", "demo", "tail"):
+        if path[0] not in ("up", "demo", "tail", "mcp"):
             assert "--json" in text, f"`pulse {command}` has no --json"
 
 

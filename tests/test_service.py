@@ -1,0 +1,376 @@
+"""`pulse up` serving agent hosts, driven through real clients: the HTTP JSON API (httpx,
+plain JSON as another language would send it), server-sent events, the bearer token,
+health and metrics, `pulse sql` while serving, and MCP over streamable HTTP and stdio."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from ops.remote import API_METHODS
+from tests.conftest import eventually
+
+PULSE = str(Path(sys.executable).parent / "pulse")
+
+
+@dataclass
+class Service:
+    url: str
+    data_dir: Path
+    process: subprocess.Popen[str]
+    token: str | None = None
+
+    def client(self, token: str | None = None) -> httpx.AsyncClient:
+        given = token or self.token
+        headers = {"Authorization": f"Bearer {given}"} if given else {}
+        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=60)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PULSE_")}
+    env.update(extra)
+    return env
+
+
+def start(data_dir: Path, *args: str, env: dict[str, str] | None = None) -> Service:
+    process = subprocess.Popen(
+        [PULSE, "--data-dir", str(data_dir), "up", "--port", "0", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or _env(),
+    )  # fmt: skip
+    assert process.stdout is not None
+    lines = []
+    while not lines or "Ctrl-C stops" not in lines[-1]:
+        line = process.stdout.readline()
+        assert line, f"`pulse up` ended: {''.join(lines)} {process.stderr.read()}"  # type: ignore[union-attr]
+        lines.append(line)
+    match = re.search(r"HTTP\s+(http://127\.0\.0\.1:\d+)", "".join(lines))
+    assert match, lines
+    return Service(match.group(1), data_dir, process)
+
+
+def stop(service: Service) -> str:
+    service.process.send_signal(signal.SIGTERM)
+    out, _ = service.process.communicate(timeout=30)
+    return out
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[Service]:
+    running = start(tmp_path / "data")
+    yield running
+    if running.process.poll() is None:
+        stop(running)
+
+
+async def call(client: httpx.AsyncClient, method: str, **body: Any) -> Any:
+    response = await client.post(f"/v1/{method}", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+# -- the HTTP API -----------------------------------------------------------------------------
+
+
+async def test_openapi_lists_every_method_with_the_data_model_limits(service: Service) -> None:
+    async with service.client() as client:
+        schema = (await client.get("/openapi.json")).json()
+    paths = set(schema["paths"])
+    assert {f"/v1/{name}" for name in API_METHODS} <= paths
+    assert {"/v1/watch_experiences", "/health", "/metrics"} <= paths
+    experience = schema["components"]["schemas"]["ExperienceIn"]["properties"]
+    assert experience["importance"]["maximum"] == 1.0
+    assert experience["domain"]["maxItems"] == 50
+    relation = schema["components"]["schemas"]["RelationIn"]["properties"]
+    assert set(relation["relation_type"]["enum"]) >= {"Supports", "Contradicts", "RelatedTo"}
+
+
+async def test_remember_and_recall_over_plain_http_json(service: Service) -> None:
+    async with service.client() as client:
+        team = await call(client, "create_collective", owner_id="ana", name="team",
+                          embedder="hash")  # fmt: skip
+        a = await call(client, "record_experience", collective_id=team,
+                       content="retry NATS publishes with the same message id",
+                       domain=["nats"], importance=0.8,
+                       experience_type={"kind": "Solution", "approach": "retry",
+                                        "worked": True})  # fmt: skip
+        b = await call(client, "record_experience", collective_id=team,
+                       content="NATS timeouts came from slow fsync")  # fmt: skip
+        hits = await call(client, "search_hybrid", collective_id=team, text="nats publish", k=2)
+        assert [h["experience"]["experience_id"] for h in hits] == [a, b]
+        assert hits[0]["experience"]["dimension"] == 384 and "embedding" not in hits[0]
+        full = await client.post("/v1/get_experience", params={"embeddings": "true"},
+                                 json={"experience_id": a})  # fmt: skip
+        assert len(full.json()["embedding"]) == 384
+        assert full.json()["experience_type"] == {"kind": "Solution", "approach": "retry",
+                                                  "worked": True}  # fmt: skip
+        await call(client, "store_relation", source_id=a, target_id=b, relation_type="Supports")
+        assert await call(client, "reinforce_experience", experience_id=a) == 1
+        context = await call(client, "get_context_candidates", collective_id=team,
+                             text="nats", recent=1)  # fmt: skip
+        assert len(context["relations"]) == 1 and len(context["recent"]) == 1
+        await call(client, "update_experience", experience_id=b, importance=0.1)
+        stats = await call(client, "get_collective_stats", collective_id=team)
+        assert (stats["experiences"], stats["relations"], stats["applications"]) == (2, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("method", "body", "status", "message"),
+    [
+        ("create_collective", {"owner_id": "", "name": "x", "embedding_dimension": 3}, 422,
+         "owner_id: String should have at least 1 character (got '')"),
+        ("create_collective", {"owner_id": "o", "name": "x", "embedding_dimension": 5000}, 422,
+         "embedding_dimension: Input should be less than or equal to 4096 (got 5000)"),
+        ("record_experience", {"collective_id": "01900000-0000-7000-8000-000000000000",
+                               "content": "x", "importance": 1.5}, 422,
+         "importance: Input should be less than or equal to 1 (got 1.5)"),
+        ("record_experience", {"collective_id": "01900000-0000-7000-8000-000000000000",
+                               "content": "x", "embedding": [1, 0, 0]}, 404,
+         "collective_id: no collective 01900000-0000-7000-8000-000000000000"),
+        ("update_experience", {"experience_id": "01900000-0000-7000-8000-000000000000",
+                               "content": "new"}, 422,
+         "content: is immutable once recorded"),
+        ("store_relation", {"source_id": "01900000-0000-7000-8000-000000000000",
+                            "target_id": "01900000-0000-7000-8000-000000000000",
+                            "relation_type": "Supports"}, 422,
+         "target_id: must differ from source_id"),
+        ("sql", {"query": "DELETE FROM experience_rows"}, 422,
+         "query: only read-only queries are allowed (SELECT, EXPLAIN), got DELETE"),
+        ("get_experience", {"experience_id": "nope"}, 422, "experience_id: Input should be a "
+         "valid UUID"),
+        ("get_experience", {"experience_id": "01900000-0000-7000-8000-000000000000",
+                            "colour": "red"}, 422, "colour: is not a field of this input"),
+    ],
+)  # fmt: skip
+async def test_bad_requests_get_the_library_messages(
+    service: Service, method: str, body: dict[str, Any], status: int, message: str
+) -> None:
+    async with service.client() as client:
+        before = await call(client, "digest")
+        response = await client.post(f"/v1/{method}", json=body)
+        assert response.status_code == status, response.text
+        error = response.json()
+        assert error["message"].startswith(message), error
+        assert error["error"] in ("ValidationError", "NotFoundError")
+        assert await call(client, "digest") == before
+
+
+async def test_a_conflict_is_409(service: Service) -> None:
+    async with service.client() as client:
+        team = await call(client, "create_collective", owner_id="o", name="t",
+                          embedding_dimension=2)  # fmt: skip
+        a = await call(client, "record_experience", collective_id=team, content="a",
+                       embedding=[1, 0])  # fmt: skip
+        b = await call(client, "record_experience", collective_id=team, content="b",
+                       embedding=[0, 1])  # fmt: skip
+        await call(client, "store_relation", source_id=a, target_id=b, relation_type="Implies")
+        again = await client.post("/v1/store_relation", json={
+            "source_id": a, "target_id": b, "relation_type": "Implies"})  # fmt: skip
+        assert again.status_code == 409 and again.json()["error"] == "ConflictError"
+
+
+async def test_watch_streams_changes_as_server_sent_events(service: Service) -> None:
+    async with service.client() as client, client.stream("GET", "/v1/watch_experiences") as sse:
+        assert sse.headers["content-type"].startswith("text/event-stream")
+        lines = sse.aiter_lines()
+        assert await anext(lines) == ": watching"  # registered from here on
+        team = await call(client, "create_collective", owner_id="o", name="t",
+                          embedding_dimension=2)  # fmt: skip
+        eid = await call(client, "record_experience", collective_id=team, content="seen",
+                         embedding=[1, 0])  # fmt: skip
+        await call(client, "archive_experience", experience_id=eid)
+        seen = []
+        async for line in lines:
+            if line.startswith("data: "):
+                seen.append(json.loads(line[6:]))
+                if len(seen) == 2:
+                    break
+        assert [(c["kind"], c["experience_id"]) for c in seen] == [
+            ("created", eid), ("archived", eid)]  # fmt: skip
+
+
+async def test_health_and_metrics(service: Service) -> None:
+    async with service.client() as client:
+        team = await call(client, "create_collective", owner_id="o", name="t",
+                          embedding_dimension=2)  # fmt: skip
+        await call(client, "record_experience", collective_id=team, content="x", embedding=[1, 0])
+        health = (await client.get("/health")).json()
+        assert health["status"] == "ok" and health["nats_connected"] is True
+        assert health["stream_seq"] == health["applied_seq"] == 2 and health["lag"] == 0
+        text = (await client.get("/metrics")).text
+    assert re.search(
+        r'^pulse_http_requests_total\{route="/v1/record_experience",method="POST",'
+        r'status="200"\} 1$', text, re.M)  # fmt: skip
+    assert re.search(
+        r'^pulse_http_request_duration_seconds_count\{route="/v1/create_collective"\} 1$',
+        text, re.M)  # fmt: skip
+    assert re.search(r"^pulse_events_applied_total [2-9]", text, re.M)
+    assert re.search(r"^pulse_replication_lag_events 0$", text, re.M)
+
+
+async def test_health_reports_a_lost_nats(tmp_path: Path) -> None:
+    from eventlog import EmbeddedNats
+
+    with EmbeddedNats(tmp_path / "nats") as nats:
+        running = start(tmp_path / "data", env=_env())
+        try:
+            async with running.client() as client:
+                assert (await client.get("/health")).json()["status"] == "ok"
+        finally:
+            stop(running)
+        # the same through an external server that then goes away
+        env = _env(PULSE_NATS_URL=nats.url)
+        running = start(tmp_path / "data2", env=env)
+    try:
+        async with running.client() as client:
+
+            async def degraded() -> bool:
+                response = await client.get("/health")
+                return response.status_code == 503 and not response.json()["nats_connected"]
+
+            await eventually(degraded, timeout=30, what="health reporting NATS down")
+    finally:
+        stop(running)
+
+
+def test_a_token_guards_every_request(tmp_path: Path) -> None:
+    running = start(tmp_path / "data", "--token", "s3cret")
+    try:
+        with httpx.Client(base_url=running.url, timeout=30) as client:
+            denied = client.post("/v1/list_collectives", json={})
+            assert denied.status_code == 401
+            assert denied.headers["www-authenticate"] == "Bearer"
+            wrong = client.post("/v1/list_collectives", json={},
+                                headers={"Authorization": "Bearer nope"})  # fmt: skip
+            assert wrong.status_code == 401
+            assert client.get("/metrics").status_code == 401
+            assert client.get("/health").status_code == 200  # for load balancers
+            allowed = client.post("/v1/list_collectives", json={},
+                                  headers={"Authorization": "Bearer s3cret"})  # fmt: skip
+            assert allowed.status_code == 200 and allowed.json() == []
+        # the CLI passes $PULSE_TOKEN to the service it finds
+        result = subprocess.run(
+            [PULSE, "--data-dir", str(tmp_path / "data"), "collective", "list"],
+            capture_output=True, text=True, timeout=60, env=_env(PULSE_TOKEN="s3cret"),
+        )  # fmt: skip
+        assert result.returncode == 0 and result.stdout.strip() == "no collectives"
+    finally:
+        stop(running)
+
+
+def test_serving_beyond_loopback_needs_a_token(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [PULSE, "--data-dir", str(tmp_path / "data"), "up", "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True, text=True, timeout=60, env=_env(),
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "pulse: error: host: 0.0.0.0 is not a loopback address; serving beyond this host "
+        "needs a bearer token (--token or $PULSE_TOKEN)"
+    )
+
+
+def test_sql_and_the_cli_go_through_the_running_service(service: Service) -> None:
+    def pulse(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PULSE, "--data-dir", str(service.data_dir), *args],
+                              capture_output=True, text=True, timeout=60, env=_env())  # fmt: skip
+
+    assert (
+        pulse("collective", "create", "team", "--owner", "o", "--embedder", "hash").returncode == 0
+    )
+    assert pulse("record", "-c", "team", "while serving").returncode == 0
+    assert pulse("activity", "start", "bot-1", "-c", "team", "--task", "analysing").returncode == 0
+    result = pulse("sql", "SELECT e.content, a.agent_id FROM experiences e, activities a", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [{"content": "while serving", "agent_id": "bot-1"}]
+    refused = pulse("sql", "UPDATE experience_rows SET content = 'x'")
+    assert refused.returncode == 1
+    assert "query: only read-only queries are allowed (SELECT, EXPLAIN), got UPDATE" in (
+        refused.stderr)  # fmt: skip
+    assert pulse("export", "out").stderr.startswith("pulse: error: export: `pulse up` serves")
+
+
+# -- MCP ----------------------------------------------------------------------------------------
+
+
+async def _remember_and_recall(session: ClientSession) -> None:
+    await session.initialize()
+    tools = {t.name: t for t in (await session.list_tools()).tools}
+    assert set(tools) == {"remember", "recall", "reinforce", "relate", "insights", "activity"}
+    remember = tools["remember"].inputSchema["properties"]
+    assert remember["content"]["maxLength"] == 100 * 1024
+    assert remember["importance"]["maximum"] == 1.0
+    done = await session.call_tool("remember", {
+        "collective": "team", "content": "agents share memory through pulse",
+        "importance": 0.9, "kind": "Fact", "details": {"statement": "s", "source": "docs"},
+    })  # fmt: skip
+    assert not done.isError, done.content
+    eid = json.loads(done.content[0].text)["experience_id"]  # type: ignore[union-attr]
+    found = await session.call_tool("recall", {"collective": "team", "query": "shared memory"})
+    hits = json.loads(found.content[0].text)["results"]  # type: ignore[union-attr]
+    assert hits[0]["experience"]["experience_id"] == eid
+    reinforced = await session.call_tool("reinforce", {"experience_id": eid})
+    assert json.loads(reinforced.content[0].text)["applications"] == 1  # type: ignore[union-attr]
+    await session.call_tool("activity", {"collective": "team", "action": "register",
+                                         "agent": "claude", "task": "testing"})  # fmt: skip
+    who = await session.call_tool("activity", {"collective": "team", "action": "active"})
+    agents = json.loads(who.content[0].text)["agents"]  # type: ignore[union-attr]
+    assert [a["agent_id"] for a in agents] == ["claude"]
+    context = await session.call_tool("recall", {"collective": "team", "query": "memory",
+                                                 "mode": "context"})  # fmt: skip
+    parts = json.loads(context.content[0].text)  # type: ignore[union-attr]
+    assert parts["similar"][0]["experience"]["experience_id"] == eid
+    assert [a["agent_id"] for a in parts["active_agents"]] == ["claude"]
+    refused = await session.call_tool("remember", {"collective": "team", "content": "x",
+                                                   "importance": 2})  # fmt: skip
+    assert refused.isError and "importance" in refused.content[0].text  # type: ignore[union-attr]
+    missing = await session.call_tool("remember", {"collective": "nowhere", "content": "x"})
+    assert missing.isError
+    assert "no collective named 'nowhere'" in missing.content[0].text  # type: ignore[union-attr]
+
+
+async def test_mcp_over_streamable_http(service: Service) -> None:
+    async with service.client() as client:
+        await call(client, "create_collective", owner_id="o", name="team", embedder="hash")
+    async with (
+        streamable_http_client(f"{service.url}/mcp") as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
+        await _remember_and_recall(session)
+
+
+async def test_mcp_over_stdio_with_and_without_a_running_service(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    subprocess.run(
+        [PULSE, "--data-dir", str(data_dir), "collective", "create", "team", "--owner", "o",
+         "--embedder", "hash"], check=True, capture_output=True, env=_env(), timeout=60,
+    )  # fmt: skip
+    params = StdioServerParameters(command=PULSE, args=["--data-dir", str(data_dir), "mcp"],
+                                   env=_env())  # fmt: skip
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await _remember_and_recall(session)  # its own instance: nothing is running
+
+    running = start(data_dir)
+    try:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            found = await session.call_tool("recall", {"collective": "team", "query": "pulse"})
+            assert "agents share memory" in found.content[0].text  # type: ignore[union-attr]
+        async with running.client() as client:  # what the tools wrote, the service holds
+            stats = await call(client, "list_collectives")
+            assert [c["name"] for c in stats] == ["team"]
+    finally:
+        stop(running)
