@@ -45,14 +45,14 @@ def _env() -> dict[str, str]:
 def running_pulse(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
     data_dir = tmp_path / "data"
     process = subprocess.Popen(
-        [PULSE, "--data-dir", str(data_dir), "up"],
+        [PULSE, "--data-dir", str(data_dir), "up", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=_env(),
     )
     assert process.stdout is not None
-    lines = [process.stdout.readline() for _ in range(4)]
+    lines = [process.stdout.readline() for _ in range(6)]
     match = re.search(r"NATS\s+(nats://127\.0\.0\.1:\d+)", "".join(lines))
     assert match, f"`pulse up` printed {lines!r}"
     yield process, match.group(1), data_dir

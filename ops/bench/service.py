@@ -1,0 +1,204 @@
+"""Benchmark: the HTTP API under 16 concurrent clients, beside the same calls in-process.
+
+    python -m ops.bench.service [--n 100000] [--clients 16] [--requests 25]
+
+Fills a data directory's embedded NATS with ``n`` experiences (12 words each from a
+2,000-word vocabulary, 384-d clustered vectors, a collective with the ``hash``
+embedder), starts ``pulse up`` on it (a separate process, which catches up first), and
+runs ``clients`` concurrent HTTP clients (httpx, plain JSON) making ``requests`` calls
+each of ``search_hybrid`` (three-word queries, k=10) and then ``record_experience``
+(text only, embedded by the service). It then stops the service, opens the same data
+directory in this process and makes the same calls from ``clients`` concurrent tasks.
+Prints JSON lines: p50 / p99 latency in ms for each, and the ratio HTTP / in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from eventlog import EmbeddedNats, JetStreamLog
+from eventlog import events as ev
+from eventlog.ids import uuid7
+from sync import PulseDB
+
+DIM, CLUSTERS, VOCABULARY = 384, 40, 2000
+
+
+def words(rng: np.random.Generator, count: int) -> str:
+    return " ".join(f"w{int(i)}" for i in rng.integers(0, VOCABULARY, count))
+
+
+def corpus(n: int, rng: np.random.Generator) -> tuple[Any, list[ev.Event]]:
+    centers = rng.normal(size=(CLUSTERS, DIM))
+    vectors = centers[rng.integers(0, CLUSTERS, n)] + 0.35 * rng.normal(size=(n, DIM))
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+    cid, instance = uuid7(), uuid7()
+    hlc = ev.pack_hlc(int(time.time() * 1000))
+    events: list[ev.Event] = [
+        ev.CollectiveCreated(
+            event_id=uuid7(), instance_id=instance, hlc=hlc, collective_id=cid,
+            owner_id="bench", name="bench", embedding_dimension=DIM, embedder="hash",
+        )
+    ]  # fmt: skip
+    for i in range(n):
+        events.append(
+            ev.ExperienceRecorded(
+                event_id=uuid7(), instance_id=instance, hlc=hlc + i, experience_id=uuid7(),
+                collective_id=cid, content=words(rng, 12), embedding=vectors[i].tobytes(),
+                experience_type=ev.Generic(), importance=0.5, confidence=0.5,
+                source_agent="bench",
+            )
+        )  # fmt: skip
+    return cid, events
+
+
+async def fill(data_dir: Path, events: list[ev.Event]) -> None:
+    with EmbeddedNats(data_dir) as server:
+        log = await JetStreamLog.connect(server.url)
+        try:
+            for start in range(0, len(events), 1000):
+                await log.append_batch(events[start : start + 1000])
+        finally:
+            await log.close()
+
+
+async def load(
+    clients: int, requests: int, call: Callable[[int, int], Awaitable[None]]
+) -> list[float]:
+    """``clients`` concurrent loops of ``requests`` calls; every call's latency (s)."""
+    latencies: list[float] = []
+
+    async def client(c: int) -> None:
+        for r in range(requests):
+            started = time.perf_counter()
+            await call(c, r)
+            latencies.append(time.perf_counter() - started)
+
+    await asyncio.gather(*(client(c) for c in range(clients)))
+    return latencies
+
+
+def summary(latencies: list[float]) -> dict[str, float]:
+    ms = np.array(latencies) * 1000
+    return {"p50_ms": round(float(np.percentile(ms, 50)), 2),
+            "p99_ms": round(float(np.percentile(ms, 99)), 2), "calls": len(latencies)}  # fmt: skip
+
+
+def emit(figure: str, **values: object) -> None:
+    print(json.dumps({"bench": "service", "figure": figure, **values}), flush=True)
+
+
+async def over_http(
+    url: str, cid: str, queries: list[str], contents: list[str], clients: int, requests: int
+) -> tuple[list[float], list[float]]:
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+
+        async def search(c: int, r: int) -> None:
+            body = {"collective_id": cid, "text": queries[(c * requests + r) % len(queries)],
+                    "k": 10}  # fmt: skip
+            response = await http.post("/v1/search_hybrid", json=body)
+            response.raise_for_status()
+
+        async def record(c: int, r: int) -> None:
+            body = {"collective_id": cid, "content": contents[c * requests + r]}
+            response = await http.post("/v1/record_experience", json=body)
+            response.raise_for_status()
+
+        await search(0, 0)  # warm up
+        return await load(clients, requests, search), await load(clients, requests, record)
+
+
+async def in_process(
+    data_dir: Path, cid: str, queries: list[str], contents: list[str], clients: int,
+    requests: int,
+) -> tuple[list[float], list[float]]:  # fmt: skip
+    db = await PulseDB.open(data_dir)
+    try:
+
+        async def search(c: int, r: int) -> None:
+            await db.search_hybrid(cid, queries[(c * requests + r) % len(queries)], k=10)  # type: ignore[arg-type]
+
+        async def record(c: int, r: int) -> None:
+            await db.record_experience(cid, contents[c * requests + r])  # type: ignore[arg-type]
+
+        await search(0, 0)
+        return await load(clients, requests, search), await load(clients, requests, record)
+    finally:
+        await db.close()
+
+
+def start_service(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    pulse = str(Path(sys.executable).parent / "pulse")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PULSE_")}
+    process = subprocess.Popen(
+        [pulse, "--data-dir", str(data_dir), "up", "--port", "0"],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert process.stdout is not None
+    seen = ""
+    while "Ctrl-C stops" not in seen:
+        line = process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"pulse up ended: {seen}")
+        seen += line
+    match = re.search(r"HTTP\s+(http://\S+)", seen)
+    assert match
+    return process, match.group(1)
+
+
+async def main(n: int, clients: int, requests: int) -> None:
+    rng = np.random.default_rng(7)
+    with tempfile.TemporaryDirectory(prefix="pulse-bench-service-") as tmp:
+        data_dir = Path(tmp) / "data"
+        collective, events = corpus(n, rng)
+        cid = str(collective)
+        await fill(data_dir, events)
+        del events
+        queries = [words(rng, 3) for _ in range(clients * requests)]
+        contents = [words(rng, 12) for _ in range(2 * clients * requests)]
+        started = time.perf_counter()
+        process, url = start_service(data_dir)
+        emit("service_start", seconds=round(time.perf_counter() - started, 1), experiences=n)
+        try:
+            http_search, http_record = await over_http(
+                url, cid, queries, contents[: clients * requests], clients, requests
+            )
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.communicate(timeout=60)
+        local_search, local_record = await in_process(
+            data_dir, cid, queries, contents[clients * requests :], clients, requests
+        )
+        for figure, http, local in (
+            ("search_hybrid", http_search, local_search),
+            ("record_experience", http_record, local_record),
+        ):
+            h, loc = summary(http), summary(local)
+            emit(figure, clients=clients, experiences=n, http=h, in_process=loc,
+                 ratio_p50=round(h["p50_ms"] / loc["p50_ms"], 2),
+                 ratio_p99=round(h["p99_ms"] / loc["p99_ms"], 2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=100_000, help="experiences (100000)")
+    parser.add_argument("--clients", type=int, default=16, help="concurrent clients (16)")
+    parser.add_argument("--requests", type=int, default=25, help="calls per client (25)")
+    options = parser.parse_args()
+    asyncio.run(main(options.n, options.clients, options.requests))
