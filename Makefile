@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m ops.bench.log_throughput
 	$(VENV)/bin/python -m ops.bench.projection
 	$(VENV)/bin/python -m ops.bench.sync
+	$(VENV)/bin/python -m ops.bench.service
 
 clean:
 	rm -rf $(VENV) .pulse .pytest_cache .hypothesis
