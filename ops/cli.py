@@ -137,7 +137,7 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
             print("Pulse is up.")
             print(f"  NATS     {nats_url}  ({where})")
             print(f"  streams  {log.settings.name} ({last} events), {log.settings.activity_name}")
-            print(f"  state    {db.projection.dir} (sequence {db.projection.seq})")
+            print(f"  state    {Path(args.data_dir) / 'state'} (sequence {db.projection.seq})")
             print(f"  HTTP     {url}  (API /v1, OpenAPI {url}/docs, MCP {url}/mcp)"
                   + ("  bearer token required" if token else ""))  # fmt: skip
             print(f"Point other hosts here with PULSE_NATS_URL={nats_url}. Ctrl-C stops.",

@@ -350,9 +350,8 @@ async def list_(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
         )
     else:
         found = await db.get_recent_experiences(
-            c.collective_id, args.limit + args.offset, search_filter(args)
+            c.collective_id, args.limit, search_filter(args), offset=args.offset
         )
-        found = found[args.offset :]
     return plain(found), "\n".join(experience_lines(e) for e in found) or "no experiences"
 
 

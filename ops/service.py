@@ -289,7 +289,15 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(models.from_errors(exc.errors(), skip=("body", "query")))
+        errors = list(exc.errors())
+        if any(tuple(e["loc"]) == ("body",) and e["type"] != "value_error" for e in errors):
+            return _error(
+                ValidationError(
+                    "body: must be a JSON object of the method's arguments "
+                    "(Content-Type: application/json)"
+                )
+            )
+        return _error(models.from_errors(errors, skip=("body", "query")))
 
     for name, method in API_METHODS.items():
         app.add_api_route(

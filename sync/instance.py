@@ -564,13 +564,15 @@ class PulseDB:
         return queries.get_experience(self.projection, _uuid("experience_id", experience_id))
 
     async def get_recent_experiences(
-        self, collective_id: UUID, limit: int = 20, flt: Any = None
+        self, collective_id: UUID, limit: int = 20, flt: Any = None, *, offset: int = 0
     ) -> list[queries.Experience]:
         """The newest experiences of a collective (filtered), newest first."""
         _limit("limit", limit)
+        if offset < 0:
+            raise ValidationError(f"offset: must be >= 0, got {offset}")
         return queries.recent_experiences(
             self.projection, self._collective(collective_id).collective_id, limit,
-            self._filter(flt),
+            self._filter(flt), offset=offset,
         )  # fmt: skip
 
     async def list_experiences(

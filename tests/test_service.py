@@ -168,6 +168,16 @@ async def test_bad_requests_get_the_library_messages(
         assert await call(client, "digest") == before
 
 
+async def test_a_body_that_is_not_json_is_named(service: Service) -> None:
+    async with service.client() as client:
+        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        response = await client.post("/v1/list_collectives", content=b"owner=me", headers=form)
+    assert response.status_code == 422
+    assert response.json()["message"] == (
+        "body: must be a JSON object of the method's arguments (Content-Type: application/json)"
+    )
+
+
 async def test_a_conflict_is_409(service: Service) -> None:
     async with service.client() as client:
         team = await call(client, "create_collective", owner_id="o", name="t",
