@@ -113,11 +113,20 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
                 uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                lifespan="on", timeout_graceful_shutdown=5)
             )  # fmt: skip
-            serving = asyncio.create_task(web.serve())
+
+            async def serve() -> None:
+                try:
+                    await web.serve()
+                except SystemExit:  # what uvicorn does when it cannot bind
+                    raise PulseError(
+                        f"port: cannot listen on {args.host}:{args.port} (in use? try --port)"
+                    ) from None
+
+            serving = asyncio.create_task(serve())
             while not web.started:
                 if serving.done():
                     serving.result()
-                    raise PulseError(f"cannot listen on {args.host}:{args.port}")
+                    raise PulseError(f"port: cannot listen on {args.host}:{args.port}")
                 await asyncio.sleep(0.02)
             host, port = web.servers[0].sockets[0].getsockname()[:2]
             url = f"http://{host}:{port}"

@@ -293,6 +293,24 @@ def test_serving_beyond_loopback_needs_a_token(tmp_path: Path) -> None:
     )
 
 
+def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [PULSE, "--data-dir", str(tmp_path / "data"), "up", "--port", str(port)],
+            capture_output=True, text=True, timeout=60, env=_env(),
+        )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"pulse: error: port: cannot listen on 127.0.0.1:{port} (in use? try --port)"
+    )
+    assert not (tmp_path / "data" / "service.json").exists()
+
+
 def test_sql_and_the_cli_go_through_the_running_service(service: Service) -> None:
     def pulse(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([PULSE, "--data-dir", str(service.data_dir), *args],
