@@ -305,14 +305,14 @@ def recent_experiences(
     return [found[i] for i in ids if i in found]
 
 
-def similar_experiences(
+def similar_ids(
     p: Projection,
     collective_id: UUID,
     query: Sequence[float] | npt.NDArray[np.float32],
     k: int = 10,
     flt: ExperienceFilter = ANY_LIVE,
-) -> list[ScoredExperience]:
-    """The k live experiences nearest to ``query`` by cosine similarity, best first."""
+) -> list[tuple[UUID, float]]:
+    """(id, cosine similarity) of the k nearest experiences, best first, unread."""
     index = p.vectors.get(("experience", collective_id))
     if index is None or k <= 0 or p.live_dimension(collective_id) is None:
         return []
@@ -325,9 +325,48 @@ def similar_experiences(
         rows = p.store.con.execute(f"SELECT vec_id FROM experience_rows WHERE {where}", params)
         allowed = {r[0] for r in rows.fetchall()}
     hits = index.search(vector, k, include_archived=flt.include_archived, allowed=allowed)
-    keyed = [(index.keys[v], s) for v, s in hits if v in index.keys]
+    return [(index.keys[v], s) for v, s in hits if v in index.keys]
+
+
+def similar_experiences(
+    p: Projection,
+    collective_id: UUID,
+    query: Sequence[float] | npt.NDArray[np.float32],
+    k: int = 10,
+    flt: ExperienceFilter = ANY_LIVE,
+) -> list[ScoredExperience]:
+    """The k live experiences nearest to ``query`` by cosine similarity, best first."""
+    keyed = similar_ids(p, collective_id, query, k, flt)
     found = _fetch(p, [i for i, _ in keyed])
     return [ScoredExperience(found[i], s) for i, s in keyed if i in found]
+
+
+def hybrid_experiences(
+    p: Projection,
+    collective_id: UUID,
+    text: str,
+    query: Sequence[float] | npt.NDArray[np.float32],
+    pool: int,
+    flt: ExperienceFilter = ANY_LIVE,
+    *,
+    vector_weight: float = 1.0,
+    text_weight: float = 1.0,
+    rrf_k: int = 60,
+) -> list[ScoredExperience]:
+    """The vector and the BM25 rankings (``pool`` candidates each) fused by Reciprocal
+    Rank Fusion: score = sum over the rankings of weight / (rrf_k + rank). The two
+    candidate lists are read from DuckDB in one query."""
+    by_vector = similar_ids(p, collective_id, query, pool, flt)
+    by_text = p.text.search("experience", collective_id, text, pool) if text.strip() else []
+    found = _fetch(p, list(dict.fromkeys([i for i, _ in by_vector] + [i for i, _ in by_text])))
+    fused: dict[UUID, float] = {}
+    for weight, ranking in ((vector_weight, by_vector), (text_weight, by_text)):
+        rank = 0
+        for experience_id, _ in ranking:
+            if experience_id in found and _passes(found[experience_id], flt):
+                rank += 1
+                fused[experience_id] = fused.get(experience_id, 0.0) + weight / (rrf_k + rank)
+    return [ScoredExperience(found[i], score) for i, score in fused.items()]
 
 
 def search_text(

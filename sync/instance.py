@@ -748,16 +748,10 @@ class PulseDB:
         q: npt.NDArray[np.float32],
         flt: queries.ExperienceFilter,
     ) -> list[queries.ScoredExperience]:
-        pool = max(4 * spec.k, 50)
-        by_vector = queries.similar_experiences(self.projection, collective_id, q, pool, flt)
-        by_text = queries.search_text(self.projection, collective_id, spec.text or "", pool, flt)
-        fused: dict[UUID, float] = defaultdict(float)
-        found: dict[UUID, queries.Experience] = {}
-        for weight, ranking in ((spec.vector_weight, by_vector), (spec.text_weight, by_text)):
-            for rank, hit in enumerate(ranking, start=1):
-                fused[hit.experience.experience_id] += weight / (RRF_K + rank)
-                found[hit.experience.experience_id] = hit.experience
-        hits = [queries.ScoredExperience(found[i], score) for i, score in fused.items()]
+        hits = queries.hybrid_experiences(
+            self.projection, collective_id, spec.text or "", q, max(4 * spec.k, 50), flt,
+            vector_weight=spec.vector_weight, text_weight=spec.text_weight, rrf_k=RRF_K,
+        )  # fmt: skip
         return self._weighted(hits, spec.energy_weight, spec.k)
 
     async def list_cold_experiences(
