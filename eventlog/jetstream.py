@@ -349,11 +349,12 @@ class JetStreamLog(EventLog):
             entries.extend(batch)
         return entries
 
-    async def purge(self, subject: str, *, before_seq: int) -> None:
-        if before_seq < 1:
+    async def purge(self, subject: str, *, before_seq: int | None) -> None:
+        if before_seq is not None and before_seq < 1:
             raise ValueError(f"before_seq: must be >= 1, got {before_seq}")
+        stream = self.settings.activity_name if is_activity_subject(subject) else self.settings.name
         await self._retry(
-            lambda: self.admin.purge_stream(self.settings.name, seq=before_seq, subject=subject),
+            lambda: self.admin.purge_stream(stream, seq=before_seq, subject=subject),
             self.append_timeout,
         )
 

@@ -93,10 +93,11 @@ class EventLog(abc.ABC):
         """The last activity event of each agent (of one collective, or all) still kept."""
 
     @abc.abstractmethod
-    async def purge(self, subject: str, *, before_seq: int) -> None:
-        """Remove every message of the main stream on ``subject`` (wildcards allowed) with
-        a sequence below ``before_seq``: forgetting. The message at ``before_seq`` (the
-        tombstone) and anything written after it stay."""
+    async def purge(self, subject: str, *, before_seq: int | None) -> None:
+        """Remove every message on ``subject`` (wildcards allowed) with a sequence below
+        ``before_seq``: forgetting. The message at ``before_seq`` (the tombstone) and
+        anything written after it stay; ``None`` removes them all. Activity subjects are
+        purged from the activity stream."""
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -174,15 +174,16 @@ class MemoryLog(EventLog):
             if m.subject.startswith(prefix) and now - m.stored_at < self.settings.activity_ttl
         ]
 
-    async def purge(self, subject: str, *, before_seq: int) -> None:
+    async def purge(self, subject: str, *, before_seq: int | None) -> None:
         self._check_open()
-        if before_seq < 1:
+        if before_seq is not None and before_seq < 1:
             raise ValueError(f"before_seq: must be >= 1, got {before_seq}")
-        stream = self._main
+        stream = self._activity if is_activity_subject(subject) else self._main
+        below = before_seq if before_seq is not None else stream.last_seq + 1
         stream.messages = [
             m
             for m in stream.messages
-            if not (m.seq < before_seq and subject_matches(subject, m.subject))
+            if not (m.seq < below and subject_matches(subject, m.subject))
         ]
         stream.last_by_subject = {}
         for m in stream.messages:

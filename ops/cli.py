@@ -129,7 +129,8 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
                     raise PulseError(f"port: cannot listen on {args.host}:{args.port}")
                 await asyncio.sleep(0.02)
             host, port = web.servers[0].sockets[0].getsockname()[:2]
-            url = f"http://{host}:{port}"
+            host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # how to reach it here
+            url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
             info = {"url": url, "pid": os.getpid(), "token": bool(token)}
             service_file(args.data_dir).write_text(json.dumps(info))
             last = await log.last_seq()

@@ -69,6 +69,8 @@ def raise_for(response: httpx.Response) -> None:
         kind, message = body["error"], body["message"]
     except (ValueError, KeyError, TypeError):
         raise PulseError(f"HTTP {response.status_code}: {response.text[:200]}") from None
+    if response.status_code == 401:
+        message = f"the Pulse service at {response.url.host} wants a bearer token: set $PULSE_TOKEN"
     raise ERRORS.get(kind, PulseError)(message)
 
 

@@ -26,6 +26,7 @@ import contextlib
 import inspect
 import ipaddress
 import json
+import logging
 import secrets
 import time
 import types
@@ -39,6 +40,7 @@ import pydantic
 from fastapi import Body, FastAPI, Query
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -53,6 +55,8 @@ from ops.encoding import to_json
 from ops.remote import API_METHODS
 from sync import models
 from sync.instance import PulseDB
+
+log = logging.getLogger("pulse.service")
 
 STATUS: dict[type[PulseError], int] = {
     ValidationError: 422,
@@ -71,6 +75,9 @@ INPUT_MODELS: dict[str, type[pydantic.BaseModel]] = {
     "store_wisdom": models.WisdomIn,
     "get_context_candidates": models.ContextIn,
 }
+
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 def is_loopback(host: str) -> bool:
@@ -200,6 +207,7 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
+METHODS = {"GET", "POST", "HEAD", "OPTIONS", "DELETE"}  # metric labels; others: "other"
 KNOWN_ROUTES = ("/health", "/metrics", "/mcp", "/openapi.json", "/docs")
 
 
@@ -241,9 +249,8 @@ class Guard:
                 return
             await self.app(scope, receive, sending)
         finally:
-            self.metrics.observe(
-                route_of(path), scope["method"], status, time.perf_counter() - started
-            )
+            method = scope["method"] if scope["method"] in METHODS else "other"
+            self.metrics.observe(route_of(path), method, status, time.perf_counter() - started)
 
     def _authorized(self, scope: Scope) -> bool:
         for key, value in scope["headers"]:
@@ -281,15 +288,30 @@ def create_app(
         lifespan=lifespan,
     )
     metrics = Metrics()
+    if token is None:  # loopback only: refuse other Host names (DNS rebinding)
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(LOOPBACK_NAMES))
     app.add_middleware(Guard, metrics=metrics, token=token)
 
     @app.exception_handler(PulseError)
     async def pulse_error(_: Request, exc: PulseError) -> JSONResponse:
         return _error(exc)
 
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("request failed")
+        return JSONResponse(
+            {"error": "InternalError", "message": f"{type(exc).__name__}: {exc}"},
+            status_code=500,
+        )
+
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = list(exc.errors())
+        for error in errors:
+            if error["type"] == "json_invalid":
+                reason = (error.get("ctx") or {}).get("error", "not valid JSON")
+                where = error["loc"][-1] if len(error["loc"]) > 1 else "?"
+                return _error(ValidationError(f"body: not valid JSON ({reason} at {where})"))
         if any(tuple(e["loc"]) == ("body",) and e["type"] != "value_error" for e in errors):
             return _error(
                 ValidationError(
@@ -327,6 +349,9 @@ def create_app(
                         yield b": keep-alive\n\n"
                         continue
                     except StopAsyncIteration:
+                        return
+                    except PulseError as exc:  # the reader fell too far behind
+                        yield b"event: overflow\ndata: " + json.dumps(str(exc)).encode() + b"\n\n"
                         return
                     yield b"data: " + json.dumps(to_json(change)).encode() + b"\n\n"
             finally:

@@ -248,7 +248,7 @@ def row_of(event: ev.Event) -> Row | None:
                 event.related_files, s,
             )  # fmt: skip
         case ev.ExperienceUpdated():
-            row = ExperienceRow(event.experience_id)
+            row = ExperienceRow(event.experience_id, collective_id=event.collective_id)
             for name in ("importance", "confidence", "domain", "related_files"):
                 value = getattr(event, name)
                 if value is not None:
@@ -257,7 +257,10 @@ def row_of(event: ev.Event) -> Row | None:
             return row
         case ev.ExperienceArchived() | ev.ExperienceUnarchived():
             archived = isinstance(event, ev.ExperienceArchived)
-            return ExperienceRow(event.experience_id, archived=archived, archived_stamp=s)
+            return ExperienceRow(
+                event.experience_id, collective_id=event.collective_id, archived=archived,
+                archived_stamp=s,
+            )  # fmt: skip
         case ev.ExperienceDeleted():
             return ExperienceRow(
                 event.experience_id, collective_id=event.collective_id, deleted=True

@@ -199,7 +199,42 @@ DIGEST_QUERIES = {
 
 # from_version -> statements that bring the schema to from_version + 1
 MIGRATIONS: dict[int, list[str]] = {
-    # 2: application counts name their collective, so deleting a collective drops them
-    # (rows folded before this carry NULL until `pulse rebuild`)
-    1: ["ALTER TABLE application_rows ADD COLUMN IF NOT EXISTS collective_id UUID"],
+    # 2: deletes forget. Application counts name their collective; a deleted row keeps
+    # only its key, its collective (owner) and the flag; the rows of a deleted collective
+    # and the counts of a deleted experience go. (What version 1 deleted stays in its log:
+    # only deletes made from version 2 on purge the stream.)
+    1: [
+        "ALTER TABLE application_rows ADD COLUMN IF NOT EXISTS collective_id UUID",
+        """UPDATE application_rows SET collective_id = (
+               SELECT e.collective_id FROM experience_rows e
+               WHERE e.experience_id = application_rows.experience_id)
+           WHERE collective_id IS NULL""",
+        """DELETE FROM application_rows WHERE experience_id IN (
+               SELECT experience_id FROM experience_rows WHERE deleted)""",
+        *[
+            f"""DELETE FROM {table} WHERE collective_id IN (
+                    SELECT collective_id FROM collective_rows WHERE deleted)"""
+            for table in ("application_rows", "experience_rows", "relation_rows", "insight_rows")
+        ],
+        """UPDATE collective_rows SET create_event = NULL, owner_id = NULL, name = NULL,
+               embedding_dimension = NULL, embedder = NULL, created_hlc = NULL
+           WHERE deleted""",
+        """UPDATE experience_rows SET create_event = NULL, content = NULL, embedding = NULL,
+               experience_type = NULL, type_data = NULL, source_agent = NULL,
+               source_task = NULL, created_hlc = NULL, importance = NULL,
+               importance_stamp = ''::BLOB, confidence = NULL, confidence_stamp = ''::BLOB,
+               domain = NULL, domain_stamp = ''::BLOB, related_files = NULL,
+               related_files_stamp = ''::BLOB, archived = false, archived_stamp = ''::BLOB
+           WHERE deleted""",
+        """UPDATE relation_rows SET create_event = NULL, source_id = NULL, target_id = NULL,
+               relation_type = NULL, strength = NULL, metadata = NULL, created_hlc = NULL
+           WHERE deleted""",
+        """UPDATE insight_rows SET create_event = NULL, content = NULL, embedding = NULL,
+               source_experiences = NULL, confidence = NULL, domain = NULL, created_hlc = NULL
+           WHERE deleted""",
+        """UPDATE wisdom_rows SET create_event = NULL, category = NULL, pattern = NULL,
+               confidence = NULL, embedding = NULL, source_collectives = NULL,
+               source_experience_count = NULL, applicable_domains = NULL, created_hlc = NULL
+           WHERE deleted""",
+    ],
 }

@@ -16,7 +16,6 @@ import numpy as np
 
 from eventlog.errors import ValidationError
 
-READ_ONLY = {"SELECT", "EXPLAIN"}
 VIEWS = ("collectives", "experiences", "applications", "relations", "insights",
          "insight_sources", "wisdom", "dead_letters")  # fmt: skip
 
@@ -35,7 +34,13 @@ def check_read_only(sql: str) -> None:
     if len(statements) != 1:
         raise ValidationError(f"query: give exactly one statement, got {len(statements)}")
     kind = statements[0].type.name
-    if kind not in READ_ONLY:
+    if kind == "EXPLAIN":  # EXPLAIN ANALYZE runs what it explains: only plain SELECTs
+        words = sql.split()
+        inner = " ".join(words[1:])
+        if words[1:2] and words[1].upper() == "ANALYZE":
+            raise ValidationError("query: EXPLAIN ANALYZE runs the statement; use EXPLAIN")
+        kind = duckdb.extract_statements(inner)[0].type.name if inner else kind
+    if kind != "SELECT":
         raise ValidationError(
             f"query: only read-only queries are allowed (SELECT, EXPLAIN), got {kind}; "
             "the state changes only through events"
@@ -46,6 +51,7 @@ def run(con: duckdb.DuckDBPyConnection, sql: str, activities: list[Any], limit: 
     """Run a checked query on a cursor of ``con`` with ``activities`` as a table."""
     check_read_only(sql)
     cursor = con.cursor()
+    cursor.begin()  # rolled back below: whatever a query might change is undone
     try:
         table = {
             "collective_id": np.array([str(a.collective_id) for a in activities], dtype=object),
@@ -64,6 +70,7 @@ def run(con: duckdb.DuckDBPyConnection, sql: str, activities: list[Any], limit: 
     except duckdb.Error as exc:
         raise ValidationError(f"query: {_first_line(exc)}") from None
     finally:
+        cursor.rollback()
         cursor.close()
     return SqlResult(
         columns=columns,

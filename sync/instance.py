@@ -20,6 +20,7 @@ reinforced an experience.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -79,17 +80,45 @@ class ExperienceChange(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ExperienceWatch:
-    """An async iterator of ``ExperienceChange``, registered when created."""
+    """An async iterator of ``ExperienceChange``, registered when created.
 
-    def __init__(self, watchers: set[asyncio.Queue[ExperienceChange | None]]) -> None:
+    It holds at most ``limit`` changes its reader has not taken yet; a reader that falls
+    further behind is dropped (its next read raises ``PulseError``: watch again and
+    re-read what changed), so a stalled reader cannot make the instance hold every
+    change in memory."""
+
+    def __init__(self, watchers: set[ExperienceWatch], limit: int = 10_000) -> None:
         self._watchers = watchers
-        self._queue: asyncio.Queue[ExperienceChange | None] = asyncio.Queue()
-        watchers.add(self._queue)
+        self._queue: asyncio.Queue[ExperienceChange | None] = asyncio.Queue(maxsize=limit)
+        self._overflowed = False
+        self._ended = False
+        watchers.add(self)
+
+    def offer(self, change: ExperienceChange) -> None:
+        try:
+            self._queue.put_nowait(change)
+        except asyncio.QueueFull:
+            self._overflowed = True
+            self.close()
+
+    def end(self) -> None:
+        """The instance closed: the iteration stops once what is queued is read."""
+        self._ended = True
+        self.close()
+        with contextlib.suppress(asyncio.QueueFull):
+            self._queue.put_nowait(None)
 
     def __aiter__(self) -> ExperienceWatch:
         return self
 
     async def __anext__(self) -> ExperienceChange:
+        if self._overflowed and self._queue.empty():
+            raise PulseError(
+                f"watch: the reader fell more than {self._queue.maxsize} changes behind; "
+                "watch again and re-read"
+            )
+        if self._ended and self._queue.empty():
+            raise StopAsyncIteration
         change = await self._queue.get()
         if change is None:
             self.close()
@@ -97,7 +126,7 @@ class ExperienceWatch:
         return change
 
     def close(self) -> None:
-        self._watchers.discard(self._queue)
+        self._watchers.discard(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +171,7 @@ class PulseDB:
         self.settings = settings or InstanceSettings()
         self._applied = projection.seq
         self._progress = asyncio.Condition()
-        self._watchers: set[asyncio.Queue[ExperienceChange | None]] = set()
+        self._watchers: set[ExperienceWatch] = set()
         self._own: dict[UUID, int] = {}  # this incarnation's acknowledged totals
         # one announcement in flight per experience (two concurrent calls must not both
         # announce the same total); different experiences go in parallel
@@ -245,8 +274,8 @@ class PulseDB:
                 done, _ = await asyncio.wait({self._loop_task}, timeout=0.25)
                 if done:
                     break
-        for queue in self._watchers:
-            queue.put_nowait(None)
+        for watch in list(self._watchers):
+            watch.end()
         self.projection.close()
         if self._owns_log:
             await self.log.close()
@@ -322,8 +351,8 @@ class PulseDB:
                     seq=entry.seq,
                     instance_id=event.instance_id,
                 )
-                for watcher in self._watchers:
-                    watcher.put_nowait(change)
+                for watcher in list(self._watchers):
+                    watcher.offer(change)
         self._applied = self.projection.seq
         self.events_applied += len(batch)
         asyncio.get_running_loop().create_task(self._notify())
@@ -336,9 +365,15 @@ class PulseDB:
         def reached() -> bool:
             return self._applied >= seq or self._failure is not None or self._closed
 
-        async with self._progress:
-            async with asyncio.timeout(timeout):  # not wait_for: see eventlog.jetstream._pull
-                await self._progress.wait_for(reached)
+        try:
+            async with self._progress:
+                async with asyncio.timeout(timeout):  # not wait_for: see jetstream._pull
+                    await self._progress.wait_for(reached)
+        except TimeoutError:
+            raise LogUnavailable(
+                f"the local state did not reach stream sequence {seq} within {timeout:g} s "
+                f"(it is at {self._applied})"
+            ) from None
         if self._failure is not None:
             raise PulseError(f"replication stopped: {self._failure!r}") from self._failure
         if self._applied < seq:
@@ -355,7 +390,34 @@ class PulseDB:
             raise PulseError("the instance is closed")
         seq = await self.log.append(event)
         await self._wait_applied(seq)
+        await self._forget_if_deleted(event, seq)
         return seq
+
+    async def _forget_if_deleted(self, event: ev.Event, seq: int) -> None:
+        """A write checked against a state that did not have a concurrent delete yet lands
+        after the tombstone: it must not keep deleted content in the log. Forget it (and
+        say so); every host's fold already ignores it."""
+        if isinstance(event, DELETES):
+            return
+        collective_id = getattr(event, "collective_id", None)
+        if collective_id is None:
+            return
+        entity, entity_id = _entity_of(event)
+        row = self.projection.store.con.execute(
+            f"""SELECT (SELECT deleted FROM collective_rows WHERE collective_id = $c),
+                       (SELECT deleted FROM {entity}_rows WHERE {entity}_id = $e)""",
+            {"c": collective_id, "e": entity_id},
+        ).fetchone()
+        collective_gone, entity_gone = (bool(row[0]), bool(row[1])) if row else (False, False)
+        if collective_gone:
+            await self.log.purge(subjects.subject_for(event), before_seq=seq + 1)
+            raise NotFoundError(f"collective_id: collective {collective_id} was deleted")
+        if entity_gone:
+            tombstone = DELETES_OF[entity](
+                **self._common(), collective_id=collective_id, **{f"{entity}_id": entity_id}
+            )
+            await self._tombstone(tombstone, subjects.subject_for(tombstone))
+            raise NotFoundError(f"{entity}_id: {entity} {entity_id} was deleted")
 
     def _common(self) -> dict[str, Any]:
         return {"event_id": uuid7(), "instance_id": self.instance_id, "hlc": self.clock.now()}
@@ -507,6 +569,7 @@ class PulseDB:
             ev.CollectiveDeleted(**self._common(), collective_id=cid),
             f"{subjects.PREFIX}.c.{cid}.>",
         )
+        await self.log.purge(f"{subjects.PREFIX}.a.{cid}.>", before_seq=None)  # its presence
 
     # -- experiences -----------------------------------------------------------------------
 
@@ -591,6 +654,7 @@ class PulseDB:
         """Change importance, confidence, domain and/or related_files (last writer wins,
         per field). Content, embedding and timestamp are immutable."""
         spec = validated(models.ExperienceUpdateIn, **changes)
+        experience_id = _uuid("experience_id", experience_id)
         collective_id = self._collective_of(experience_id)
         await self._write(
             ev.ExperienceUpdated(
@@ -612,6 +676,7 @@ class PulseDB:
     async def _lifecycle(
         self, kind: type[ev.ExperienceArchived | ev.ExperienceUnarchived], experience_id: UUID
     ) -> None:
+        experience_id = _uuid("experience_id", experience_id)
         collective_id = self._collective_of(experience_id)
         await self._write(
             kind(**self._common(), experience_id=experience_id,
@@ -640,6 +705,7 @@ class PulseDB:
         total is not advanced, and the next call announces the same total again: an
         announcement that was stored after all is subsumed, never counted twice.
         """
+        experience_id = _uuid("experience_id", experience_id)
         collective_id = self._collective_of(experience_id)
         async with self._reinforce_locks[experience_id]:
             total = self._own.get(experience_id, 0) + 1
@@ -783,7 +849,7 @@ class PulseDB:
         flt = self._filter(spec.filter)
         q: npt.NDArray[np.float32] | None = None
         if spec.embedding is not None or spec.text:
-            q = await self._vector(collective, spec.text, spec.embedding, None, query=True)
+            q = await self._vector(collective, spec.text, spec.embedding, spec.embedder, query=True)
         similar: list[queries.ScoredExperience] = []
         if spec.similar and q is not None:
             if spec.text and spec.text.strip():
@@ -883,6 +949,7 @@ class PulseDB:
             math.isfinite(min_strength) and 0 <= min_strength <= 1
         ):
             raise ValidationError(f"min_strength: must be in [0, 1], got {min_strength}")
+        experience_id = _uuid("experience_id", experience_id)
         self._collective_of(experience_id)
         related = queries.related_experiences(
             self.projection, experience_id, direction, relation_types
@@ -1001,6 +1068,7 @@ class PulseDB:
         working_on: Sequence[str] | None = None,
     ) -> Activity:
         """Keep an agent's activity alive (optionally changing what it works on)."""
+        collective_id = self._collective(collective_id).collective_id
         current = await self._current_activity(collective_id, agent_id)
         if current is None:
             raise NotFoundError(
@@ -1039,11 +1107,10 @@ class PulseDB:
         window = self.settings.stale_after if stale_after is None else stale_after
         if not (math.isfinite(window) and window > 0):
             raise ValidationError(f"stale_after: must be > 0 seconds, got {stale_after}")
+        cid = self._collective(collective_id).collective_id
         now_ms = int(time.time() * 1000)
         active = [
-            a
-            for a in await self._activities(_uuid("collective_id", collective_id))
-            if now_ms - a.last_heartbeat_ms <= window * 1000
+            a for a in await self._activities(cid) if now_ms - a.last_heartbeat_ms <= window * 1000
         ]
         active.sort(key=lambda a: (-a.last_heartbeat_ms, a.agent_id))
         return active
@@ -1158,7 +1225,8 @@ class PulseDB:
             raise ValidationError("query: give one SQL query")
         _limit_rows(limit)
         analytics.check_read_only(query)
-        activities = await self._activities(None)
+        live = {c.collective_id for c in queries.list_collectives(self.projection)}
+        activities = [a for a in await self._activities(None) if a.collective_id in live]
         return await asyncio.to_thread(
             analytics.run, self.projection.store.con, query, activities, limit
         )
@@ -1181,6 +1249,23 @@ class PulseDB:
 
 
 RRF_K = 60  # the usual Reciprocal Rank Fusion constant
+
+DELETES = (ev.CollectiveDeleted, ev.ExperienceDeleted, ev.RelationDeleted, ev.InsightDeleted,
+           ev.WisdomDeleted)  # fmt: skip
+DELETES_OF: dict[str, Any] = {
+    "experience": ev.ExperienceDeleted,
+    "relation": ev.RelationDeleted,
+    "insight": ev.InsightDeleted,
+}
+
+
+def _entity_of(event: ev.Event) -> tuple[str, UUID | None]:
+    """The entity (table prefix) and id an event of a collective is about."""
+    for entity in ("experience", "relation", "insight"):
+        found = getattr(event, f"{entity}_id", None)
+        if found is not None:
+            return entity, found
+    return "collective", None
 
 
 class Activity(msgspec.Struct, frozen=True, kw_only=True):

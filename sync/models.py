@@ -323,7 +323,7 @@ class WisdomIn(_Input):
     source_collectives: Annotated[list[UUID], Field(max_length=SOURCES_MAX)] = Field(
         default_factory=list
     )
-    source_experience_count: Annotated[int, Field(ge=0)] = 0
+    source_experience_count: Annotated[int, Field(ge=0, le=2**32)] = 0
     applicable_domains: Domains = Field(default_factory=list)
 
 
@@ -348,7 +348,7 @@ class FilterIn(_Input):
     ) = None  # fmt: skip
     min_importance: Score | None = None
     min_confidence: Score | None = None
-    since_ms: Annotated[int, Field(ge=0)] | None = None
+    since_ms: Annotated[int, Field(ge=0, le=2**47)] | None = None
     include_archived: bool = False
 
 
@@ -358,6 +358,7 @@ class SearchIn(_Input):
     collective_id: UUID
     text: Annotated[str, StringConstraints(max_length=10_000)] | None = None
     embedding: VectorField | None = None
+    embedder: str | None = None  # the embedder the given vector came from, if any
     k: Annotated[int, Field(ge=1, le=K_MAX)] = 10
     filter: FilterIn = Field(default_factory=FilterIn)
     energy_weight: Score | None = None  # None: the instance's RecallSettings

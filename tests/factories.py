@@ -67,3 +67,8 @@ def wisdom() -> ev.WisdomStored:
         confidence=0.9,
         embedding=ev.pack_vector([1.0, 0.0, 0.0, 0.0]),
     )
+
+
+def common() -> dict[str, object]:
+    """The fields every event carries, fresh (for events built in a test)."""
+    return _common()

@@ -173,15 +173,7 @@ def model(events: list[ev.Event]) -> dict[type[fold.Row], dict[tuple[Any, ...], 
         row.archived, row.archived_stamp = bool(archived), stamp
         if any(isinstance(e, ev.ExperienceDeleted) for e in group):
             row = fold.ExperienceRow(entity, deleted=True)
-        row.collective_id = (
-            min(
-                e.collective_id
-                for e in group
-                if isinstance(e, (ev.ExperienceRecorded, ev.ExperienceDeleted))
-            )
-            if any(isinstance(e, (ev.ExperienceRecorded, ev.ExperienceDeleted)) for e in group)
-            else None
-        )
+        row.collective_id = min(e.collective_id for e in group)  # every one names it
         rows[fold.ExperienceRow][(entity,)] = row
 
     for e in unique:

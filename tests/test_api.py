@@ -246,3 +246,75 @@ def test_experience_types_round_trip_through_the_api_models() -> None:
         spec = validated(ExperienceIn, collective_id=ev.UUID(int=1), content="x",
                          experience_type=variant)  # fmt: skip
         assert to_event_type(spec.experience_type) == variant
+
+
+async def test_context_accepts_a_vector_from_the_collectives_embedder(db: PulseDB) -> None:
+    cid = await db.create_collective("o", "c", embedder="hash")
+    e = await db.record_experience(cid, "vectors made elsewhere with the same embedder")
+    vector = HashEmbedder(384).embed_query("vectors made elsewhere")
+    context = await db.get_context_candidates(
+        collective_id=cid, embedding=vector.tolist(), embedder="hash", recent=0
+    )
+    assert [h.experience.experience_id for h in context.similar] == [e]
+
+
+async def test_a_write_that_lands_after_a_delete_is_forgotten_too(
+    tmp_path: Path, nats_server: EmbeddedNats
+) -> None:
+    """Host b checked its write against a state without a's delete (a race); the write
+    lands after the tombstone, and must not keep anything in the log."""
+    from eventlog.ids import uuid7
+
+    a = await PulseDB.open(tmp_path / "a", nats_server.url)
+    b = await PulseDB.open(tmp_path / "b", nats_server.url)
+    try:
+        cid = await a.create_collective("o", "c", 2)
+        eid = await a.record_experience(cid, "soon deleted", [1, 0])
+        await b.sync()
+        await a.delete_experience(eid)
+        await b.sync()
+        late = ev.ExperienceUpdated(
+            event_id=uuid7(), instance_id=b.instance_id, hlc=b.clock.now(), experience_id=eid,
+            collective_id=cid, domain=("written after the delete",),
+        )  # fmt: skip
+        with pytest.raises(NotFoundError, match=f"experience_id: experience {eid} was deleted"):
+            await b._write(late)  # what update_experience does once its check has passed
+        gone = await a.create_collective("o", "gone", 2)
+        await a.delete_collective(gone)
+        await b.sync()
+        stale = ev.ExperienceRecorded(
+            event_id=uuid7(), instance_id=b.instance_id, hlc=b.clock.now(),
+            experience_id=uuid7(), collective_id=gone, content="into a deleted collective",
+            embedding=ev.pack_vector([1, 0]), experience_type=ev.Generic(), importance=0.5,
+            confidence=0.5, source_agent="b",
+        )  # fmt: skip
+        with pytest.raises(NotFoundError, match=f"collective_id: collective {gone} was deleted"):
+            await b._write(stale)
+        left = []
+        async for batch in a.log.read(1):
+            left.extend(repr(entry.event) for entry in batch)
+        assert not any("after the delete" in e or "deleted collective" in e for e in left)
+        assert await a.digest() == await b.digest()
+    finally:
+        await a.close()
+        await b.close()
+
+
+def test_a_watch_that_falls_behind_is_dropped_not_buffered_forever() -> None:
+    from eventlog.errors import PulseError
+    from eventlog.ids import uuid7
+    from sync.instance import ExperienceChange, ExperienceWatch
+
+    async def run() -> None:
+        watchers: set[ExperienceWatch] = set()
+        watch = ExperienceWatch(watchers, limit=2)
+        change = ExperienceChange(kind="created", experience_id=uuid7(), collective_id=uuid7(),
+                                  seq=1, instance_id=uuid7())  # fmt: skip
+        for _ in range(3):
+            watch.offer(change)
+        assert watchers == set()  # no longer fed
+        assert [await anext(watch), await anext(watch)] == [change, change]
+        with pytest.raises(PulseError, match="fell more than 2 changes behind"):
+            await anext(watch)
+
+    asyncio.run(run())

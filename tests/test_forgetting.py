@@ -116,12 +116,14 @@ async def test_a_deleted_collective_leaves_only_its_tombstone(
         await a.store_insight(gone, "zebra insight", SECRET_VECTOR, source_experiences=[e])
         await a.reinforce_experience(e)
         kept = await a.record_experience(stays, "unrelated", [0, 0, 1, 0])
+        await a.register_activity(gone, "agent-z", "working on the zebra vault")
         await b.sync()
 
         await b.delete_collective(gone)
         await b.delete_collective(gone)  # repeating is harmless
         await a.sync()
 
+        assert await a.log.latest_activities(gone) == []  # presence goes too
         payloads = await raw_payloads(a.log)
         assert not any("zebra" in p or "another note" in p for p in payloads)
         assert sum("CollectiveDeleted" in p for p in payloads) == 1  # the last tombstone

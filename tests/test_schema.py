@@ -31,6 +31,54 @@ def test_a_version_1_database_is_migrated_on_open(tmp_path: Path) -> None:
     assert "collective_id" in columns and version == (str(schema.SCHEMA_VERSION),) == ("2",)
 
 
+def test_version_1_deletes_are_forgotten_by_the_migration(tmp_path: Path) -> None:
+    """A version-1 database kept deleted content, rows of deleted collectives and counts
+    without a collective; migrated, it holds what version 2 folds from the same events."""
+    from eventlog import events as ev
+    from eventlog.log import LogEntry
+    from projections.projection import Projection
+    from tests import factories as f
+
+    kept, gone = f.uuid7(), f.uuid7()
+    lesson = f.experience(kept, "a secret lesson")
+    doomed = f.experience(gone, "in a doomed collective")
+    reinforced = ev.ExperienceReinforced(
+        **f.common(), experience_id=lesson.experience_id, collective_id=kept, applications=2
+    )  # type: ignore[arg-type]
+    events = [
+        f.collective(kept), lesson, reinforced, f.collective(gone), doomed,
+        ev.ExperienceDeleted(**f.common(), experience_id=lesson.experience_id,  # type: ignore[arg-type]
+                             collective_id=kept),
+        ev.CollectiveDeleted(**f.common(), collective_id=gone),  # type: ignore[arg-type]
+    ]  # fmt: skip
+    projection = Projection(tmp_path)
+    projection.apply([LogEntry(i, "pulse.test", e) for i, e in enumerate(events, start=1)])
+    expected = projection.digest()
+    con = projection.store.con  # now make it look as version 1 left it
+    con.execute("ALTER TABLE application_rows DROP COLUMN collective_id")
+    con.execute("ALTER TABLE application_rows ADD COLUMN collective_id UUID")
+    con.execute(
+        "INSERT INTO application_rows (experience_id, instance_id, applications, last_hlc)"
+        " VALUES (?, ?, 2, ?)", [lesson.experience_id, lesson.instance_id, reinforced.hlc])  # fmt: skip
+    con.execute(
+        "UPDATE experience_rows SET content = ?, create_event = ?, importance = 0.5 "
+        "WHERE experience_id = ?", [lesson.content, lesson.event_id, lesson.experience_id])  # fmt: skip
+    con.execute(
+        "INSERT INTO experience_rows (experience_id, create_event, collective_id, content,"
+        " archived, deleted) VALUES (?, ?, ?, ?, false, false)",
+        [doomed.experience_id, doomed.event_id, gone, doomed.content])  # fmt: skip
+    con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    assert projection.digest() != expected
+    projection.close()
+    migrated = Projection(tmp_path)
+    assert migrated.digest() == expected
+    leftovers = migrated.store.con.execute(
+        "SELECT count(*) FROM experience_rows WHERE content IS NOT NULL"
+    ).fetchone()
+    migrated.close()
+    assert leftovers == (0,)
+
+
 def test_a_database_held_by_another_process_is_reported(tmp_path: Path) -> None:
     import subprocess
     import sys

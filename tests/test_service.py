@@ -172,10 +172,23 @@ async def test_a_body_that_is_not_json_is_named(service: Service) -> None:
     async with service.client() as client:
         form = {"Content-Type": "application/x-www-form-urlencoded"}
         response = await client.post("/v1/list_collectives", content=b"owner=me", headers=form)
-    assert response.status_code == 422
-    assert response.json()["message"] == (
-        "body: must be a JSON object of the method's arguments (Content-Type: application/json)"
-    )
+        assert response.status_code == 422
+        assert response.json()["message"] == (
+            "body: must be a JSON object of the method's arguments (Content-Type: application/json)"
+        )
+        broken = await client.post("/v1/list_collectives", content=b'{"owner_id": ',
+                                   headers={"Content-Type": "application/json"})  # fmt: skip
+        assert broken.status_code == 422
+        assert broken.json()["message"].startswith("body: not valid JSON (")
+
+
+async def test_other_host_names_are_refused_on_loopback(service: Service) -> None:
+    """A web page that rebinds its own name to 127.0.0.1 must not reach the API."""
+    async with service.client() as client:
+        response = await client.post("/v1/list_collectives", json={},
+                                     headers={"Host": "attacker.example"})  # fmt: skip
+        assert response.status_code == 400
+        assert (await client.post("/v1/list_collectives", json={})).status_code == 200
 
 
 async def test_a_conflict_is_409(service: Service) -> None:
@@ -277,6 +290,13 @@ def test_a_token_guards_every_request(tmp_path: Path) -> None:
             capture_output=True, text=True, timeout=60, env=_env(PULSE_TOKEN="s3cret"),
         )  # fmt: skip
         assert result.returncode == 0 and result.stdout.strip() == "no collectives"
+        result = subprocess.run(
+            [PULSE, "--data-dir", str(tmp_path / "data"), "collective", "list"],
+            capture_output=True, text=True, timeout=60, env=_env(),
+        )  # fmt: skip
+        assert result.returncode == 1 and result.stderr.strip() == (
+            "pulse: error: the Pulse service at 127.0.0.1 wants a bearer token: set $PULSE_TOKEN"
+        )
     finally:
         stop(running)
 
