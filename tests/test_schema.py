@@ -59,10 +59,14 @@ def test_version_1_deletes_are_forgotten_by_the_migration(tmp_path: Path) -> Non
     con.execute("ALTER TABLE application_rows ADD COLUMN collective_id UUID")
     con.execute(
         "INSERT INTO application_rows (experience_id, instance_id, applications, last_hlc)"
-        " VALUES (?, ?, 2, ?)", [lesson.experience_id, lesson.instance_id, reinforced.hlc])  # fmt: skip
+        " VALUES (?, ?, 2, ?)",
+        [lesson.experience_id, lesson.instance_id, reinforced.hlc],
+    )
     con.execute(
         "UPDATE experience_rows SET content = ?, create_event = ?, importance = 0.5 "
-        "WHERE experience_id = ?", [lesson.content, lesson.event_id, lesson.experience_id])  # fmt: skip
+        "WHERE experience_id = ?",
+        [lesson.content, lesson.event_id, lesson.experience_id],
+    )
     con.execute(
         "INSERT INTO experience_rows (experience_id, create_event, collective_id, content,"
         " archived, deleted) VALUES (?, ?, ?, ?, false, false)",
