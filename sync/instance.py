@@ -167,6 +167,16 @@ class PulseDB:
         self.instance_id = uuid7()
         self.clock = HybridClock(state_file=data_dir / "clock.json")
         self.clock.observe(projection.store.max_hlc())
+        # ids whose tombstone this host has applied (a write must not outlive them)
+        self._deleted: set[UUID] = {
+            row[0]
+            for table, key in (("collective_rows", "collective_id"),
+                               ("experience_rows", "experience_id"),
+                               ("relation_rows", "relation_id"), ("insight_rows", "insight_id"),
+                               ("wisdom_rows", "wisdom_id"))
+            for row in projection.store.con.execute(
+                f"SELECT {key} FROM {table} WHERE deleted").fetchall()
+        }  # fmt: skip
         self._batch_size = batch_size
         self.settings = settings or InstanceSettings()
         self._applied = projection.seq
@@ -342,6 +352,8 @@ class PulseDB:
             if event is None:
                 continue
             self.clock.observe(event.hlc)
+            if isinstance(event, DELETES):
+                self._deleted.add(_entity_of(event)[1])  # type: ignore[arg-type]
             kind = _CHANGE_OF.get(type(event))
             if kind is not None and self._watchers:
                 change = ExperienceChange(
@@ -403,12 +415,8 @@ class PulseDB:
         if collective_id is None:
             return
         entity, entity_id = _entity_of(event)
-        row = self.projection.store.con.execute(
-            f"""SELECT (SELECT deleted FROM collective_rows WHERE collective_id = $c),
-                       (SELECT deleted FROM {entity}_rows WHERE {entity}_id = $e)""",
-            {"c": collective_id, "e": entity_id},
-        ).fetchone()
-        collective_gone, entity_gone = (bool(row[0]), bool(row[1])) if row else (False, False)
+        collective_gone = collective_id in self._deleted
+        entity_gone = entity_id in self._deleted
         if collective_gone:
             await self.log.purge(subjects.subject_for(event), before_seq=seq + 1)
             raise NotFoundError(f"collective_id: collective {collective_id} was deleted")
@@ -1260,12 +1268,12 @@ DELETES_OF: dict[str, Any] = {
 
 
 def _entity_of(event: ev.Event) -> tuple[str, UUID | None]:
-    """The entity (table prefix) and id an event of a collective is about."""
-    for entity in ("experience", "relation", "insight"):
+    """The entity an event is about, and its id."""
+    for entity in ("experience", "relation", "insight", "wisdom"):
         found = getattr(event, f"{entity}_id", None)
         if found is not None:
             return entity, found
-    return "collective", None
+    return "collective", getattr(event, "collective_id", None)
 
 
 class Activity(msgspec.Struct, frozen=True, kw_only=True):
