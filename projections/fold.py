@@ -15,9 +15,10 @@ rows; hosts that saw the same events agree whatever the order. The rules:
   update that arrives after the delete cannot bring it back, and a host that saw the
   create before the delete holds the same row as one that never saw it (forgetting
   purges the create from the log, so a rebuild never sees it);
-- a row whose collective is deleted is dropped, and so are the application counts of a
-  deleted experience (``projections.store`` enforces both after every batch, whichever
-  arrived first, so this too is order-free);
+- the application counts of a deleted experience are dropped (``projections.store``
+  enforces it after every batch, whichever arrived first, so this too is order-free).
+  Deleting a collective is a tombstone for the collective and one for each entity in
+  it (the writer appends them), so the fold needs no rule across rows for it;
 - reinforce: a G-counter, one entry per instance holding the largest total it reported,
   and the largest HLC of a reinforcement.
 

@@ -21,9 +21,8 @@ Views (stable names, what queries and analysts read):
                      self-relation, relation across collectives, a (source, target, type)
                      triple taken by another relation; and undecodable messages
 
-Deletes forget: a deleted row keeps only its key, its collective and the tombstone; the
-rows of a deleted collective, and the application counts of a deleted experience, are
-removed (see ``projections.fold``).
+Deletes forget: a deleted row keeps only its key, its collective and the tombstone, and
+the application counts of a deleted experience are removed (see ``projections.fold``).
 
 Because the invariants are evaluated on the folded state (not when an event arrives),
 dead letters do not depend on the order events arrived in: an experience that arrives
@@ -200,8 +199,8 @@ DIGEST_QUERIES = {
 # from_version -> statements that bring the schema to from_version + 1
 MIGRATIONS: dict[int, list[str]] = {
     # 2: deletes forget. Application counts name their collective; a deleted row keeps
-    # only its key, its collective (owner) and the flag; the rows of a deleted collective
-    # and the counts of a deleted experience go. (What version 1 deleted stays in its log:
+    # only its key, its collective (owner) and the flag; the counts of a deleted
+    # experience go. (What version 1 deleted stays in its log:
     # only deletes made from version 2 on purge the stream.)
     1: [
         "ALTER TABLE application_rows ADD COLUMN IF NOT EXISTS collective_id UUID",
@@ -211,11 +210,6 @@ MIGRATIONS: dict[int, list[str]] = {
            WHERE collective_id IS NULL""",
         """DELETE FROM application_rows WHERE experience_id IN (
                SELECT experience_id FROM experience_rows WHERE deleted)""",
-        *[
-            f"""DELETE FROM {table} WHERE collective_id IN (
-                    SELECT collective_id FROM collective_rows WHERE deleted)"""
-            for table in ("application_rows", "experience_rows", "relation_rows", "insight_rows")
-        ],
         """UPDATE collective_rows SET create_event = NULL, owner_id = NULL, name = NULL,
                embedding_dimension = NULL, embedder = NULL, created_hlc = NULL
            WHERE deleted""",

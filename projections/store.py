@@ -89,6 +89,15 @@ class Store:
             table: {row[0]: row[1] for row in self.con.execute(f"DESCRIBE {table}").fetchall()}
             for table in TABLE_OF.values()
         }
+        # every tombstoned id (they are permanent): what later rows must not outlive
+        self.deleted: set[UUID] = {
+            row[0]
+            for table, key in (("collective_rows", "collective_id"),
+                               ("experience_rows", "experience_id"),
+                               ("relation_rows", "relation_id"), ("insight_rows", "insight_id"),
+                               ("wisdom_rows", "wisdom_id"))
+            for row in self.con.execute(f"SELECT {key} FROM {table} WHERE deleted").fetchall()
+        }  # fmt: skip
         self._next_vec_id = 1 + int(
             self.con.execute(
                 "SELECT greatest((SELECT coalesce(max(vec_id), 0) FROM experience_rows),"
@@ -140,7 +149,13 @@ class Store:
             for row_type, rows in delta.rows.items():
                 if rows:
                     self._merge(row_type, list(rows.values()), last_seq)
-            self._forget(delta)
+            tombstones = {
+                row.key()[0]
+                for rows in delta.rows.values()
+                for row in rows.values()
+                if getattr(row, "deleted", False)
+            }
+            self._forget(delta, self.deleted | tombstones)
             for seq, subject, reason in undecodable:
                 self.con.execute(
                     "INSERT OR REPLACE INTO undecodable VALUES (?, ?, ?)", [seq, subject, reason]
@@ -154,6 +169,7 @@ class Store:
         except BaseException:
             self.con.rollback()
             raise
+        self.deleted |= tombstones
         touched.experiences = {k[0] for k in delta.rows[ExperienceRow]}
         touched.insights = {k[0] for k in delta.rows[InsightRow]}
         touched.collectives = {k[0] for k in delta.rows[CollectiveRow]}
@@ -201,39 +217,16 @@ class Store:
         select = ", ".join(_cast(c, types[c]) for c in columns)
         self.con.execute(f"INSERT OR REPLACE INTO {table} SELECT {select} FROM staged")
 
-    def _forget(self, delta: FoldState) -> None:
-        """Drop what a tombstone took away, whichever arrived first: every row of a deleted
-        collective, and the application counts of a deleted experience. Tombstones are
-        permanent, so the result does not depend on the order events arrived in."""
-        collectives = {k[0] for k in delta.rows[CollectiveRow]}
+    def _forget(self, delta: FoldState, deleted: set[UUID]) -> None:
+        """Drop the application counts of a deleted experience, whichever arrived first
+        (tombstones are permanent, so the result does not depend on the order).
+        ``deleted`` holds every tombstoned id, this batch's included."""
         experiences = {k[0] for k in delta.rows[ExperienceRow]}
-        for row_type in (ExperienceRow, RelationRow, InsightRow, ApplicationRow):
-            collectives |= {
-                r.collective_id  # type: ignore[attr-defined]
-                for r in delta.rows[row_type].values()
-                if r.collective_id is not None  # type: ignore[attr-defined]
-            }
         experiences |= {k[0] for k in delta.rows[ApplicationRow]}
-        if collectives:
-            dead = [
-                r[0]
-                for r in self.con.execute(
-                    "SELECT collective_id FROM collective_rows WHERE deleted AND "
-                    f"collective_id IN ({uuid_literals(collectives)})"
-                ).fetchall()
-            ]
-            if dead:
-                for table in ("experience_rows", "relation_rows", "insight_rows",
-                              "application_rows"):  # fmt: skip
-                    self.con.execute(
-                        f"DELETE FROM {table} WHERE collective_id IN ({uuid_literals(dead)})"
-                    )
-        if experiences:
-            keys = uuid_literals(experiences)
+        doomed = experiences & deleted
+        if doomed:
             self.con.execute(
-                f"DELETE FROM application_rows WHERE experience_id IN ({keys}) AND experience_id "
-                f"IN (SELECT experience_id FROM experience_rows WHERE deleted "
-                f"AND experience_id IN ({keys}))"
+                f"DELETE FROM application_rows WHERE experience_id IN ({uuid_literals(doomed)})"
             )
 
     # -- reading ---------------------------------------------------------------------------

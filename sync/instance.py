@@ -167,16 +167,6 @@ class PulseDB:
         self.instance_id = uuid7()
         self.clock = HybridClock(state_file=data_dir / "clock.json")
         self.clock.observe(projection.store.max_hlc())
-        # ids whose tombstone this host has applied (a write must not outlive them)
-        self._deleted: set[UUID] = {
-            row[0]
-            for table, key in (("collective_rows", "collective_id"),
-                               ("experience_rows", "experience_id"),
-                               ("relation_rows", "relation_id"), ("insight_rows", "insight_id"),
-                               ("wisdom_rows", "wisdom_id"))
-            for row in projection.store.con.execute(
-                f"SELECT {key} FROM {table} WHERE deleted").fetchall()
-        }  # fmt: skip
         self._batch_size = batch_size
         self.settings = settings or InstanceSettings()
         self._applied = projection.seq
@@ -352,8 +342,6 @@ class PulseDB:
             if event is None:
                 continue
             self.clock.observe(event.hlc)
-            if isinstance(event, DELETES):
-                self._deleted.add(_entity_of(event)[1])  # type: ignore[arg-type]
             kind = _CHANGE_OF.get(type(event))
             if kind is not None and self._watchers:
                 change = ExperienceChange(
@@ -415,8 +403,8 @@ class PulseDB:
         if collective_id is None:
             return
         entity, entity_id = _entity_of(event)
-        collective_gone = collective_id in self._deleted
-        entity_gone = entity_id in self._deleted
+        deleted = self.projection.store.deleted  # every tombstone applied here
+        collective_gone, entity_gone = collective_id in deleted, entity_id in deleted
         if collective_gone:
             await self.log.purge(subjects.subject_for(event), before_seq=seq + 1)
             raise NotFoundError(f"collective_id: collective {collective_id} was deleted")
@@ -567,16 +555,28 @@ class PulseDB:
         return stats
 
     async def delete_collective(self, collective_id: UUID) -> None:
-        """Delete a collective and forget everything in it: every host drops its rows and
-        indexes, and the stream keeps nothing of it but the tombstone. Repeating it is
-        harmless (and finishes forgetting if an earlier call was interrupted)."""
+        """Delete a collective and forget everything in it: a tombstone for the collective
+        and one for every experience, relation and insight in it, then everything before
+        the collective's tombstone is purged from the stream (and its agents' activities).
+        Every host wipes those rows and drops them from its indexes; the stream keeps the
+        tombstones only. Repeating it is harmless (and finishes forgetting if an earlier
+        call was interrupted)."""
         cid = _uuid("collective_id", collective_id)
         if queries.anchor_of(self.projection, "collective", cid) is None:
             raise NotFoundError(f"collective_id: no collective {collective_id}")
-        await self._tombstone(
-            ev.CollectiveDeleted(**self._common(), collective_id=cid),
-            f"{subjects.PREFIX}.c.{cid}.>",
-        )
+        seq = await self._write(ev.CollectiveDeleted(**self._common(), collective_id=cid))
+        tombstones: list[ev.Event] = [
+            DELETES_OF[entity](**self._common(), collective_id=cid, **{f"{entity}_id": row[0]})
+            for entity in ("experience", "relation", "insight")
+            for row in self.projection.store.con.execute(
+                f"SELECT {entity}_id FROM {entity}_rows WHERE collective_id = ?", [cid]
+            ).fetchall()
+        ]  # after the collective's tombstone, so the purge below keeps them
+        last = seq
+        for start in range(0, len(tombstones), 1000):
+            last = (await self.log.append_batch(tombstones[start : start + 1000]))[-1]
+        await self._wait_applied(last)
+        await self.log.purge(f"{subjects.PREFIX}.c.{cid}.>", before_seq=seq)
         await self.log.purge(f"{subjects.PREFIX}.a.{cid}.>", before_seq=None)  # its presence
 
     # -- experiences -----------------------------------------------------------------------

@@ -192,16 +192,11 @@ def model(events: list[ev.Event]) -> dict[type[fold.Row], dict[tuple[Any, ...], 
 
 
 def stored_model(events: list[ev.Event]) -> dict[type[fold.Row], dict[tuple[Any, ...], fold.Row]]:
-    """``model`` after what the store forgets: every row of a deleted collective, and the
-    application counts of a deleted experience."""
+    """``model`` after what the store forgets: the application counts of a deleted
+    experience."""
     rows = model(events)
-    dead = {k[0] for k, r in rows[fold.CollectiveRow].items() if r.deleted}  # type: ignore[attr-defined]
     deleted = {k[0] for k, r in rows[fold.ExperienceRow].items() if r.deleted}  # type: ignore[attr-defined]
-    for row_type in (fold.ExperienceRow, fold.RelationRow, fold.InsightRow, fold.ApplicationRow):
-        rows[row_type] = {
-            k: r
-            for k, r in rows[row_type].items()
-            if r.collective_id not in dead  # type: ignore[attr-defined]
-            and not (row_type is fold.ApplicationRow and k[0] in deleted)
-        }
+    rows[fold.ApplicationRow] = {
+        k: r for k, r in rows[fold.ApplicationRow].items() if k[0] not in deleted
+    }
     return rows

@@ -127,6 +127,7 @@ async def test_a_deleted_collective_leaves_only_its_tombstone(
         payloads = await raw_payloads(a.log)
         assert not any("zebra" in p or "another note" in p for p in payloads)
         assert sum("CollectiveDeleted" in p for p in payloads) == 1  # the last tombstone
+        assert sum("ExperienceDeleted" in p for p in payloads) == 2  # one per experience
         for db in (a, b):
             assert holds_secret(db) == []
             assert [c.name for c in await db.list_collectives()] == ["stays"]
@@ -134,13 +135,15 @@ async def test_a_deleted_collective_leaves_only_its_tombstone(
             assert ("experience", gone) not in db.projection.vectors
             assert await db.get_experience(kept) is not None
             count = db.projection.store.con.execute(
-                "SELECT (SELECT count(*) FROM experience_rows WHERE collective_id = $c)"
-                " + (SELECT count(*) FROM relation_rows WHERE collective_id = $c)"
-                " + (SELECT count(*) FROM insight_rows WHERE collective_id = $c)"
+                "SELECT (SELECT count(*) FROM experience_rows WHERE collective_id = $c"
+                "        AND (NOT deleted OR content IS NOT NULL))"
+                " + (SELECT count(*) FROM relation_rows WHERE collective_id = $c AND NOT deleted)"
+                " + (SELECT count(*) FROM insight_rows WHERE collective_id = $c"
+                "    AND (NOT deleted OR content IS NOT NULL))"
                 " + (SELECT count(*) FROM application_rows WHERE collective_id = $c)",
                 {"c": gone},
             ).fetchone()
-            assert count == (0,)
+            assert count == (0,)  # only wiped tombstone rows are left
         assert await a.digest() == await b.digest()
     finally:
         await a.close()
