@@ -409,10 +409,7 @@ class PulseDB:
             await self.log.purge(subjects.subject_for(event), before_seq=seq + 1)
             raise NotFoundError(f"collective_id: collective {collective_id} was deleted")
         if entity_gone:
-            tombstone = DELETES_OF[entity](
-                **self._common(), collective_id=collective_id, **{f"{entity}_id": entity_id}
-            )
-            await self._tombstone(tombstone, subjects.subject_for(tombstone))
+            await self._delete(entity, entity_id)  # a new tombstone, purging the write
             raise NotFoundError(f"{entity}_id: {entity} {entity_id} was deleted")
 
     def _common(self) -> dict[str, Any]:
@@ -695,15 +692,16 @@ class PulseDB:
         """Delete and forget: the content and embedding leave every host's state and
         indexes and the stream itself (only the tombstone stays). Repeating it is
         harmless and finishes forgetting if an earlier call was interrupted."""
-        eid = _uuid("experience_id", experience_id)
-        collective_id = queries.anchor_of(self.projection, "experience", eid)
-        if collective_id is None:
-            raise NotFoundError(f"experience_id: no experience {experience_id}")
-        event = ev.ExperienceDeleted(
-            **self._common(),
-            experience_id=eid,
-            collective_id=collective_id,
-        )
+        await self._delete("experience", experience_id)
+
+    async def _delete(self, entity: str, entity_id: Any) -> None:
+        """Tombstone an entity that exists or was deleted here, and forget it."""
+        key = _uuid(f"{entity}_id", entity_id)
+        anchor = queries.anchor_of(self.projection, entity, key)
+        if anchor is None:
+            raise NotFoundError(f"{entity}_id: no {entity} {entity_id}")
+        anchor_field = "owner_id" if entity == "wisdom" else "collective_id"
+        event = DELETES_OF[entity](**self._common(), **{f"{entity}_id": key, anchor_field: anchor})
         await self._tombstone(event, subjects.subject_for(event))
 
     async def reinforce_experience(self, experience_id: UUID) -> int:
@@ -968,12 +966,7 @@ class PulseDB:
 
     async def delete_relation(self, relation_id: UUID) -> None:
         """Delete a relation and forget it (idempotent, as every delete)."""
-        rid = _uuid("relation_id", relation_id)
-        collective_id = queries.anchor_of(self.projection, "relation", rid)
-        if collective_id is None:
-            raise NotFoundError(f"relation_id: no relation {relation_id}")
-        event = ev.RelationDeleted(**self._common(), relation_id=rid, collective_id=collective_id)
-        await self._tombstone(event, subjects.subject_for(event))
+        await self._delete("relation", relation_id)
 
     # -- insights --------------------------------------------------------------------------
 
@@ -1038,12 +1031,7 @@ class PulseDB:
 
     async def delete_insight(self, insight_id: UUID) -> None:
         """Delete an insight and forget it (idempotent, as every delete)."""
-        iid = _uuid("insight_id", insight_id)
-        collective_id = queries.anchor_of(self.projection, "insight", iid)
-        if collective_id is None:
-            raise NotFoundError(f"insight_id: no insight {insight_id}")
-        event = ev.InsightDeleted(**self._common(), insight_id=iid, collective_id=collective_id)
-        await self._tombstone(event, subjects.subject_for(event))
+        await self._delete("insight", insight_id)
 
     # -- activities: presence in PULSE_ACTIVITY (last message per agent, with a TTL) --------
 
@@ -1212,12 +1200,7 @@ class PulseDB:
 
     async def delete_wisdom(self, wisdom_id: UUID) -> None:
         """Delete wisdom and forget it (idempotent, as every delete)."""
-        wid = _uuid("wisdom_id", wisdom_id)
-        owner_id = queries.anchor_of(self.projection, "wisdom", wid)
-        if owner_id is None:
-            raise NotFoundError(f"wisdom_id: no wisdom {wisdom_id}")
-        event = ev.WisdomDeleted(**self._common(), wisdom_id=wid, owner_id=owner_id)
-        await self._tombstone(event, subjects.subject_for(event))
+        await self._delete("wisdom", wisdom_id)
 
     # -- analytics -------------------------------------------------------------------------
 
@@ -1264,6 +1247,7 @@ DELETES_OF: dict[str, Any] = {
     "experience": ev.ExperienceDeleted,
     "relation": ev.RelationDeleted,
     "insight": ev.InsightDeleted,
+    "wisdom": ev.WisdomDeleted,
 }
 
 
