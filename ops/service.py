@@ -40,7 +40,6 @@ import pydantic
 from fastapi import Body, FastAPI, Query
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -217,9 +216,21 @@ def route_of(path: str) -> str:
     return path if path in KNOWN_ROUTES else "other"
 
 
+def _host_name(scope: Scope) -> str:
+    """The host name of the Host header, without the port (IPv6 in brackets)."""
+    for key, value in scope["headers"]:
+        if key == b"host":
+            host: str = value.decode("latin-1")
+            if host.startswith("["):
+                return host[: host.find("]") + 1]
+            return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return ""
+
+
 class Guard:
-    """Bearer-token check (when a token is set) and request metrics, as plain ASGI (so
-    streaming responses, SSE and MCP, pass through untouched)."""
+    """Without a token, loopback Host names only (no DNS rebinding); with one, the bearer
+    token; and request metrics. Plain ASGI, so streaming responses (SSE, MCP) pass
+    through untouched."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, token: str | None) -> None:
         self.app, self.metrics, self.token = app, metrics, token
@@ -239,6 +250,14 @@ class Guard:
             await send(message)
 
         try:
+            if self.token is None and _host_name(scope) not in LOOPBACK_NAMES:
+                # loopback only: another Host name is a page rebinding its DNS name to us
+                response = JSONResponse(
+                    {"error": "BadHost", "message": "this service answers loopback names only"},
+                    status_code=400,
+                )
+                await response(scope, receive, sending)
+                return
             if self.token is not None and path != "/health" and not self._authorized(scope):
                 response = JSONResponse(
                     {"error": "Unauthorized", "message": "a bearer token is required: "
@@ -288,8 +307,6 @@ def create_app(
         lifespan=lifespan,
     )
     metrics = Metrics()
-    if token is None:  # loopback only: refuse other Host names (DNS rebinding)
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(LOOPBACK_NAMES))
     app.add_middleware(Guard, metrics=metrics, token=token)
 
     @app.exception_handler(PulseError)

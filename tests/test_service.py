@@ -189,6 +189,9 @@ async def test_other_host_names_are_refused_on_loopback(service: Service) -> Non
                                      headers={"Host": "attacker.example"})  # fmt: skip
         assert response.status_code == 400
         assert (await client.post("/v1/list_collectives", json={})).status_code == 200
+        for name in ("localhost:8765", "[::1]:8765", "127.0.0.1"):
+            allowed = await client.post("/v1/list_collectives", json={}, headers={"Host": name})
+            assert allowed.status_code == 200, name
 
 
 async def test_a_conflict_is_409(service: Service) -> None:
