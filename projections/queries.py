@@ -391,6 +391,23 @@ def search_text(
         fetch *= 4
 
 
+_RELATION_FIELDS = (
+    "relation_id", "collective_id", "source_id", "target_id", "relation_type", "strength",
+    "metadata",
+)  # fmt: skip
+
+
+def _relation_columns(alias: str = "") -> str:
+    return ", ".join(f"{alias}{name}" for name in _RELATION_FIELDS)
+
+
+def _relation(row: Sequence[Any]) -> Relation:
+    return Relation(
+        relation_id=row[0], collective_id=row[1], source_id=row[2], target_id=row[3],
+        relation_type=row[4], strength=row[5], metadata=row[6],
+    )  # fmt: skip
+
+
 def related_experiences(
     p: Projection,
     experience_id: UUID,
@@ -406,8 +423,8 @@ def related_experiences(
     result = []
     for here, there in ends:
         sql = (
-            "SELECT r.relation_id, r.collective_id, r.source_id, r.target_id, r.relation_type, "
-            f"r.strength, r.metadata, {_experience_columns('e.')} "
+            f"SELECT {_relation_columns('r.')}, "
+            f"{_experience_columns('e.')} "
             f"FROM relations r JOIN experiences e ON e.experience_id = r.{there} "
             f"WHERE r.{here} = ?"
         )
@@ -416,11 +433,7 @@ def related_experiences(
             sql += " AND list_contains(?::VARCHAR[], r.relation_type)"
             params.append(list(relation_types))
         for row in p.store.con.execute(sql + " ORDER BY r.relation_id", params).fetchall():
-            relation = Relation(
-                relation_id=row[0], collective_id=row[1], source_id=row[2], target_id=row[3],
-                relation_type=row[4], strength=row[5], metadata=row[6],
-            )  # fmt: skip
-            result.append(RelatedExperience(relation, _experience(row[7:])))
+            result.append(RelatedExperience(_relation(row), _experience(row[7:])))
     return result
 
 
@@ -631,22 +644,10 @@ def relations_among(p: Projection, ids: Sequence[UUID]) -> list[Relation]:
         return []
     keys = uuid_literals(ids)
     rows = p.store.con.execute(
-        "SELECT relation_id, collective_id, source_id, target_id, relation_type, strength, "
-        f"metadata FROM relations WHERE source_id IN ({keys}) AND target_id IN ({keys}) "
-        "ORDER BY relation_id"
+        f"SELECT {_relation_columns()} FROM relations "
+        f"WHERE source_id IN ({keys}) AND target_id IN ({keys}) ORDER BY relation_id"
     ).fetchall()
-    return [
-        Relation(
-            relation_id=r[0],
-            collective_id=r[1],
-            source_id=r[2],
-            target_id=r[3],
-            relation_type=r[4],
-            strength=r[5],
-            metadata=r[6],
-        )  # fmt: skip
-        for r in rows
-    ]
+    return [_relation(r) for r in rows]
 
 
 def get_insight(p: Projection, insight_id: UUID) -> Insight | None:
