@@ -31,6 +31,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m ops.bench.projection
 	$(VENV)/bin/python -m ops.bench.sync
 	$(VENV)/bin/python -m ops.bench.service
+	$(VENV)/bin/python -m ops.bench.engine
 
 clean:
 	rm -rf $(VENV) .pulse .pytest_cache .hypothesis

@@ -28,7 +28,8 @@ from ops.mcp_server import build_mcp
 from ops.progress import ProgressBar
 from ops.remote import service_file
 from ops.service import create_app, is_loopback
-from projections.projection import open_projection, rebuild
+from projections.engine import Engine
+from projections.projection import rebuild, state_dir
 from sync import PulseDB
 
 DEFAULT_DATA_DIR = ".pulse"
@@ -147,7 +148,7 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
             print("Pulse is up.")
             print(f"  NATS     {nats_url}  ({where})")
             print(f"  streams  {log.settings.name} ({last} events), {log.settings.activity_name}")
-            print(f"  state    {Path(args.data_dir) / 'state'} (sequence {db.projection.seq})")
+            print(f"  state    {Path(args.data_dir) / 'state'} (sequence {db.applied_seq})")
             print(f"  HTTP     {url}  (API /v1, OpenAPI {url}/docs, MCP {url}/mcp)"
                   + ("  bearer token required" if token else ""))  # fmt: skip
             print(f"Point other hosts here with PULSE_NATS_URL={nats_url}. Ctrl-C stops.",
@@ -267,8 +268,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
 def cmd_catch_up(args: argparse.Namespace) -> int:
     """Apply new events from the log to the data directory's projection.
 
-    Folds everything past the projection's checkpoint into DuckDB, FAISS and the
-    full-text index, one transaction per batch, with a progress line. Safe to
+    Folds everything past the projection's checkpoint into memory, FAISS and the
+    full-text index, writes DuckDB in bulk, with a progress line. Safe to
     interrupt at any moment (even kill -9): the next run resumes from the checkpoint.
 
     example:
@@ -278,15 +279,15 @@ def cmd_catch_up(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         async with open_log(args) as (log, _server):
-            projection = open_projection(args.data_dir)
+            engine = await Engine.start(state_dir(args.data_dir))
             try:
                 bar = ProgressBar("applying")
-                applied = await projection.catch_up(log, progress=bar)
+                applied = await engine.catch_up(log, progress=bar)
                 bar.finish()
-                seq, total = projection.store.checkpoint()
-                digest = projection.digest()
+                seq, total = await engine.checkpoint()
+                digest = await engine.digest()
             finally:
-                projection.close()
+                await engine.close()
         _report(
             args,
             {"applied": applied, "seq": seq, "applied_total": total, "digest": digest},
@@ -335,12 +336,16 @@ def cmd_digest(args: argparse.Namespace) -> int:
       pulse digest
       pulse --data-dir /srv/pulse digest --json
     """
-    projection = open_projection(args.data_dir)
-    try:
-        seq, applied = projection.store.checkpoint()
-        digest = projection.digest()
-    finally:
-        projection.close()
+
+    async def read() -> tuple[int, int, str]:
+        engine = await Engine.start(state_dir(args.data_dir))
+        try:
+            seq, applied = await engine.checkpoint()
+            return seq, applied, await engine.digest()
+        finally:
+            await engine.close()
+
+    seq, applied, digest = asyncio.run(read())
     _report(
         args, {"digest": digest, "seq": seq, "applied": applied}, f"{digest}  (sequence {seq:,})"
     )

@@ -53,7 +53,7 @@ async def run_demo(directory: Path | None, experiences: int, reinforcements: int
         print()
         print(f"{'host':<8} {'instance':<38} {'applied':>8}  digest")
         for i, host in enumerate(hosts):
-            seq = host.projection.seq
+            seq = host.applied_seq
             print(f"host-{i + 1:<3} {host.instance_id!s:<38} {seq:>8}  {digests[i][:16]}")
         print()
         header = "".join(f"{'host-' + str(i + 1):>8}" for i in range(HOSTS))

@@ -9,8 +9,11 @@ from typing import TextIO
 
 
 class ProgressBar:
-    def __init__(self, label: str, stream: TextIO | None = None, width: int = 30) -> None:
+    def __init__(
+        self, label: str, stream: TextIO | None = None, width: int = 30, *, unit: str = ""
+    ) -> None:
         self.label = label
+        self.unit = f" {unit}" if unit else ""  # "1,234 experiences/s" rather than "1,234/s"
         self.stream = stream or sys.stderr
         self.width = width
         self.tty = self.stream.isatty()
@@ -21,7 +24,7 @@ class ProgressBar:
         total = max(total, done, 1)
         fraction = done / total
         rate = done / max(time.monotonic() - self.started, 1e-9)
-        text = f"{self.label} {done:,}/{total:,} ({fraction:.0%}, {rate:,.0f}/s)"
+        text = f"{self.label} {done:,}/{total:,} ({fraction:.0%}, {rate:,.0f}{self.unit}/s)"
         if self.tty:
             filled = int(self.width * fraction)
             bar = "#" * filled + "-" * (self.width - filled)

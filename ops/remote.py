@@ -33,7 +33,7 @@ from sync.instance import PulseDB
 API_METHODS: dict[str, Any] = {
     name: func
     for name, func in inspect.getmembers(PulseDB, inspect.iscoroutinefunction)
-    if not name.startswith("_") and name not in ("close", "open", "attach")
+    if not name.startswith("_") and name not in ("close", "open", "attach", "export")
 }
 
 ERRORS: dict[str, type[PulseError]] = {

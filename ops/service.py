@@ -185,14 +185,14 @@ class Metrics:
             lines.append(
                 f'pulse_http_request_duration_seconds_count{{route="{route}"}} {int(counts[-1])}'
             )
-        lag = None if stream_seq is None else max(0, stream_seq - db.projection.seq)
+        lag = None if stream_seq is None else max(0, stream_seq - db.applied_seq)
         lines += [
             "# HELP pulse_events_applied_total Events applied by the replication loop.",
             "# TYPE pulse_events_applied_total counter",
             f"pulse_events_applied_total {db.events_applied}",
             "# HELP pulse_applied_sequence Last stream sequence applied to the local state.",
             "# TYPE pulse_applied_sequence gauge",
-            f"pulse_applied_sequence {db.projection.seq}",
+            f"pulse_applied_sequence {db.applied_seq}",
         ]
         if stream_seq is not None:
             lines += [
@@ -391,9 +391,9 @@ def create_app(
             "status": "ok" if ok else "degraded",
             "nats_connected": connected,
             "replicating": failure is None,
-            "applied_seq": db.projection.seq,
+            "applied_seq": db.applied_seq,
             "stream_seq": stream_seq,
-            "lag": None if stream_seq is None else max(0, stream_seq - db.projection.seq),
+            "lag": None if stream_seq is None else max(0, stream_seq - db.applied_seq),
             "instance_id": str(db.instance_id),
         }
         if failure is not None:

@@ -22,6 +22,11 @@ rows; hosts that saw the same events agree whatever the order. The rules:
 - reinforce: a G-counter, one entry per instance holding the largest total it reported,
   and the largest HLC of a reinforcement.
 
+The registers are ``projections.crdt.LWWRegister``s and an ``ApplicationRow`` is one
+``projections.crdt.GCounter`` entry (joined by ``GCounter.join_entry``): the rows keep
+each register as two columns (value and ``<name>_stamp``) and ``Row.merge`` joins them
+with those types, so the laws tested on the types are the laws of the fold.
+
 Invariants that need other rows (dimension of the collective, relation endpoints, a
 relation triple taken twice) are not decided here, where the answer would depend on
 what has arrived so far; they are evaluated on the folded state by the views in
@@ -38,9 +43,9 @@ from uuid import UUID
 import msgspec
 
 from eventlog import events as ev
-
-Stamp = bytes  # 8-byte big-endian HLC + instance id + event id: compares like the tuple
-NO_STAMP: Stamp = b""
+from projections.crdt import NO_STAMP as NO_STAMP
+from projections.crdt import GCounter, LWWRegister
+from projections.crdt import Stamp as Stamp
 
 
 def stamp_of(event: ev.EventBase) -> Stamp:
@@ -57,9 +62,13 @@ class Row:
 
     KEY: ClassVar[tuple[str, ...]]
     CREATE: ClassVar[tuple[str, ...]] = ()  # set by the winning create
-    REGISTERS: ClassVar[tuple[str, ...]] = ()  # each with a "<name>_stamp" column
-    MAXED: ClassVar[tuple[str, ...]] = ()  # G-counter style: the largest value wins
+    REGISTERS: ClassVar[tuple[str, ...]] = ()  # LWWRegisters: each with a "<name>_stamp" column
+    MAXED: ClassVar[tuple[str, ...]] = ()  # G-counter entries: the largest value wins
     ANCHOR: ClassVar[tuple[str, ...]] = ()  # the smallest non-null wins; kept by a tombstone
+    _STAMPED: ClassVar[tuple[tuple[str, str], ...]] = ()  # (register, its stamp column)
+
+    def __init_subclass__(cls) -> None:  # no super(): slots=True makes a new class
+        cls._STAMPED = tuple((name, f"{name}_stamp") for name in cls.REGISTERS)
 
     def key(self) -> tuple[Any, ...]:
         return tuple(getattr(self, k) for k in self.KEY)
@@ -75,12 +84,17 @@ class Row:
             if theirs is not None and (mine is None or theirs < mine):
                 for name in ("create_event", *self.CREATE):
                     setattr(self, name, getattr(other, name))
-        for name in self.REGISTERS:
-            if getattr(other, f"{name}_stamp") > getattr(self, f"{name}_stamp"):
-                setattr(self, name, getattr(other, name))
-                setattr(self, f"{name}_stamp", getattr(other, f"{name}_stamp"))
+        for name, stamp in self._STAMPED:
+            written = getattr(other, stamp)
+            if written == NO_STAMP:  # never written: the register's bottom changes nothing
+                continue
+            held = LWWRegister(getattr(self, name), getattr(self, stamp))
+            kept = held.merge(LWWRegister(getattr(other, name), written))
+            if kept is not held:
+                setattr(self, name, kept.value)
+                setattr(self, stamp, kept.stamp)
         for name in self.MAXED:
-            setattr(self, name, max(getattr(self, name), getattr(other, name)))
+            setattr(self, name, GCounter.join_entry(getattr(self, name), getattr(other, name)))
         if getattr(other, "deleted", False):
             self.deleted = True
         if getattr(self, "deleted", False):

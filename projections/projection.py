@@ -1,18 +1,30 @@
-"""A host's projection of the log: DuckDB rows, FAISS indexes and the full-text index of
-one state directory, applied batch by batch from the log with a checkpoint.
+"""A host's projection of the log: the engine's memory, the DuckDB copy, the FAISS
+indexes and the full-text index of one state directory.
 
-    <state dir>/state.duckdb       rows, views and the checkpoint (one transaction a batch)
+    <state dir>/state.duckdb       rows, views and the checkpoint (written in bulk)
     <state dir>/vectors/*.faiss    FAISS indexes + manifest.json (the sequence they reflect)
     <state dir>/text/              the tantivy index (committed before the manifest)
 
-The DuckDB checkpoint is the truth. The indexes are saved now and then with the sequence
-they reflect; on open, whatever they miss is caught up from DuckDB's stored rows and
-embeddings (rows with ``updated_seq`` past the manifest), never from the network.
+``apply`` folds a batch into memory (``projections.state``) and keeps the vector and text
+indexes in step: that is all a write waits for. ``flush`` writes the rows changed since
+the last flush to DuckDB with the checkpoint, in one transaction; ``save`` flushes and
+saves the indexes with the sequence they reflect. On open, memory is read back from
+DuckDB, the indexes are loaded and reconciled with it, and whatever they miss is
+caught up from the stored rows, never from the network. The log holds every event past
+the DuckDB checkpoint, so a crash loses nothing: the tail replays it.
+
+An event that cannot be applied (unreadable, a value out of range, anything that makes
+folding it raise) is kept aside as a dead letter with its sequence, subject, reason
+and writer; the rest of its batch applies. One bad event never stops a host.
+
+A ``Projection`` is not thread-safe: ``projections.engine.Engine`` owns it on one thread.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +34,13 @@ import numpy as np
 
 from eventlog.ids import uuid7
 from eventlog.log import EventLog, LogEntry
-from projections.fold import FoldState
-from projections.store import Store, Touched
+from projections.fold import ROW_TYPES, FoldState, InsightRow, row_of
+from projections.state import MemoryState, Rejected, Touched
+from projections.store import Store
 from projections.text import TextIndex
 from projections.vectors import VectorIndex, read_manifest, write_manifest
+
+log = logging.getLogger("pulse.projection")
 
 Progress = Callable[[int, int], None]  # (applied so far, total to apply)
 
@@ -34,12 +49,14 @@ Progress = Callable[[int, int], None]  # (applied so far, total to apply)
 class ProjectionSettings:
     hnsw_threshold: int = 10_000  # vectors per collective before its index becomes HNSW
     ef_search: int = 128  # HNSW search breadth (recall against speed)
-    batch_size: int = 5000  # events per transaction when catching up
-    save_every: int = 50  # batches between index saves while catching up
+    batch_size: int = 5000  # events per read when catching up
+    flush_interval: float = 0.25  # seconds between DuckDB writes while events arrive
+    flush_events: int = 5000  # ... or this many events applied since the last one
+    save_interval: float = 30.0  # seconds between index saves while events arrive
 
 
 class Projection:
-    """The folded state of one directory; ``apply`` batches, ``catch_up`` from a log."""
+    """The folded state of one directory; ``apply`` batches, ``flush``, ``save``."""
 
     def __init__(self, directory: str | Path, settings: ProjectionSettings | None = None) -> None:
         self.dir = Path(directory)
@@ -47,55 +64,124 @@ class Projection:
         self.settings = settings or ProjectionSettings()
         self.store = Store(self.dir / "state.duckdb")
         self._seq = self.store.checkpoint()[0]
+        self.flushed_seq = self._seq
+        self._unflushed = 0  # events applied in memory since the last DuckDB write
+        self.memory = MemoryState()
+        self.memory.load(
+            (row for t in ROW_TYPES for row in self.store.rows(t).values()), self.store.vec_ids()
+        )
+        for rejected in self.store.rejected():
+            self.memory.rejected[rejected.seq] = rejected
         self.text = TextIndex(self.dir / "text")
         (self.dir / "vectors").mkdir(exist_ok=True)
         self.vectors: dict[tuple[str, UUID], VectorIndex] = {}
-        self._live_collectives: dict[UUID, int | None] = {}  # last known dimension if live
+        self._live_collectives: dict[UUID, int | None] = {}  # dimension the indexes assume
         self._load_indexes()
+        self.last_flush = self.last_save = time.monotonic()
 
     # -- applying --------------------------------------------------------------------------
 
     @property
     def seq(self) -> int:
-        """The last applied stream sequence (the DuckDB checkpoint)."""
+        """The last stream sequence applied (in memory)."""
         return self._seq
 
+    @property
+    def unflushed(self) -> int:
+        """Events applied in memory since the last DuckDB write."""
+        return self._unflushed
+
+    @property
+    def dirty(self) -> bool:
+        """Applied in memory but not yet written to DuckDB."""
+        return self.flushed_seq != self._seq or bool(self.memory.unflushed_rejected)
+
     def apply(self, entries: Sequence[LogEntry]) -> Touched:
-        """Fold a batch of log entries (in stream order) into the state, atomically."""
-        current = self.seq
-        fresh = [e for e in entries if e.seq > current]
+        """Fold a batch of log entries (in stream order) into memory and the indexes.
+        An entry that cannot be folded becomes a dead letter; the others apply."""
+        fresh = [e for e in entries if e.seq > self._seq]
         if not fresh:
-            return Touched()
+            return Touched.nothing()
         delta = FoldState()
-        undecodable = []
         for entry in fresh:
-            if entry.event is not None:
-                delta.apply(entry.event)
-            else:
-                reason = entry.error.reason if entry.error else "unreadable"
-                undecodable.append((entry.seq, entry.subject, reason))
-        touched = self.store.apply(
-            delta, last_seq=fresh[-1].seq, count=len(fresh), undecodable=undecodable
-        )
-        self._seq = fresh[-1].seq
+            if entry.event is None:
+                error = entry.error
+                self.memory.reject(
+                    Rejected(
+                        seq=entry.seq, subject=entry.subject,
+                        reason=error.reason if error else "unreadable",
+                        instance_id=getattr(error, "instance_id", None),
+                    )
+                )  # fmt: skip
+                continue
+            try:
+                row = row_of(entry.event)
+                if row is not None:
+                    _fits_store(row)
+                    delta.add(row, owned=True)
+            except Exception as exc:  # an event no rule can fold: keep it aside
+                log.warning("event at sequence %d kept aside: %s", entry.seq, exc)
+                self.memory.reject(
+                    Rejected(
+                        seq=entry.seq, subject=entry.subject, reason=f"cannot apply: {exc}",
+                        instance_id=entry.event.instance_id,
+                    )
+                )  # fmt: skip
+        touched = self.memory.merge(delta)
         self._sync(touched)
+        self._seq = fresh[-1].seq  # last: a batch that raised is applied again, halved
+        self._unflushed += len(fresh)
         return touched
 
-    async def catch_up(self, log: EventLog, *, progress: Progress | None = None) -> int:
-        """Apply everything the log has past the checkpoint; returns how many events."""
-        start = self.seq
-        end = await log.last_seq()
-        applied = batches = 0
-        async for batch in log.read(start + 1, batch_size=self.settings.batch_size):
-            self.apply(batch)
-            applied += len(batch)
-            batches += 1
-            if progress is not None:
-                progress(batch[-1].seq - start, max(end - start, batch[-1].seq - start))
-            if batches % self.settings.save_every == 0:
-                self.save()
-        self.save()
-        return applied
+    def skip(self, entry: LogEntry, reason: str) -> None:
+        """Keep an entry aside as a dead letter and move past it (the engine found that
+        applying it raises)."""
+        event = entry.event
+        self.memory.reject(
+            Rejected(
+                seq=entry.seq, subject=entry.subject, reason=reason,
+                instance_id=event.instance_id if event is not None else None,
+            )
+        )  # fmt: skip
+        if entry.seq > self._seq:
+            self._seq = entry.seq
+            self._unflushed += 1
+
+    # -- DuckDB and the index files ----------------------------------------------------------
+
+    def flush(self) -> int:
+        """Write what memory holds past the DuckDB checkpoint, in one transaction;
+        returns the sequence DuckDB now reflects."""
+        if self.dirty:
+            rows, forgotten, rejected = self.memory.take_dirty()
+            try:
+                self.store.write(
+                    rows, vec_ids=self.memory.vec_ids, forgotten=forgotten, rejected=rejected,
+                    last_seq=self._seq, count=self._unflushed,
+                )  # fmt: skip
+            except BaseException:
+                self.memory.restore_dirty(rows, forgotten, rejected)
+                raise
+            self.flushed_seq = self._seq
+            self._unflushed = 0
+        self.last_flush = time.monotonic()
+        return self.flushed_seq
+
+    def save(self) -> None:
+        """Flush, then save the indexes with the sequence they reflect."""
+        self.flush()
+        self.text.commit()
+        entries = {}
+        for (kind, collective_id), index in self.vectors.items():
+            path = self._path(kind, collective_id)
+            index.save(path)
+            entries[path.name] = index.dim
+        for stale in (self.dir / "vectors").glob("*.faiss"):
+            if stale.name not in entries:
+                stale.unlink()
+        write_manifest(self.dir / "vectors", self.flushed_seq, entries)
+        self.saved_seq = self.flushed_seq
+        self.last_save = time.monotonic()
 
     # -- keeping the indexes in step -------------------------------------------------------
 
@@ -106,16 +192,10 @@ class Projection:
             self.vectors[(kind, collective_id)] = index
         return index
 
-    def _collective_dim(self, collective_id: UUID) -> int | None:
-        """The dimension of a live collective, None when it is not live."""
-        found = self.store.con.execute(
-            "SELECT embedding_dimension FROM collectives WHERE collective_id = ?", [collective_id]
-        ).fetchone()
-        return int(found[0]) if found else None
-
     def _sync(self, touched: Touched) -> None:
+        memory = self.memory
         for collective_id in touched.collectives:
-            now = self._collective_dim(collective_id)
+            now = memory.collective_dimension(collective_id)
             if collective_id in self._live_collectives and (
                 self._live_collectives[collective_id] == now
             ):
@@ -124,8 +204,8 @@ class Projection:
             for kind in ("experience", "insight"):
                 self.vectors.pop((kind, collective_id), None)
             self.text.remove_collective(collective_id)
-            touched.experiences |= self._ids("experience_rows", "experience_id", collective_id)
-            touched.insights |= self._ids("insight_rows", "insight_id", collective_id)
+            touched.experiences |= memory.experiences_of.get(collective_id, set())
+            touched.insights |= memory.insights_of.get(collective_id, set())
         if touched.experiences:
             self._sync_rows("experience", touched.experiences)
         if touched.insights:
@@ -133,44 +213,37 @@ class Projection:
         # no text commit here: a tantivy commit costs ~15 ms; searches commit first
         # (so they read every applied write) and save() commits with the manifest
 
-    def _ids(self, table: str, column: str, collective_id: UUID) -> set[UUID]:
-        rows = self.store.con.execute(
-            f"SELECT {column} FROM {table} WHERE collective_id = ?", [collective_id]
-        ).fetchall()
-        return {r[0] for r in rows}
-
     def _sync_rows(self, kind: str, ids: set[UUID]) -> None:
-        table, view, key = (
-            ("experience_rows", "experiences", "experience_id")
-            if kind == "experience"
-            else ("insight_rows", "insights", "insight_id")
-        )
-        archived = "v.archived" if kind == "experience" else "false"
-        staged = {"id": np.array([str(i) for i in ids], dtype=object)}  # noqa: F841
-        rows = self.store.con.execute(
-            f"""SELECT r.{key}, r.vec_id, r.collective_id, v.{key} IS NOT NULL AS live,
-                       coalesce({archived}, false), r.embedding, r.content,
-                       c.embedding_dimension
-                FROM {table} r
-                JOIN staged s ON r.{key} = CAST(s.id AS UUID)
-                LEFT JOIN {view} v ON v.{key} = r.{key}
-                LEFT JOIN collective_rows c ON c.collective_id = r.collective_id"""
-        ).fetchall()
+        memory = self.memory
         adds: dict[tuple[UUID, int], tuple[list[int], list[bytes], list[UUID]]] = {}
-        for row_id, vec_id, collective_id, live, is_archived, embedding, content, dim in rows:
-            if live:
+        for row_id in sorted(ids):  # one insertion order everywhere: ties rank alike
+            if kind == "experience":
+                row = memory.experiences.get((row_id,))
+                live = memory.live_experience(row_id) is not None
+                hidden = bool(row is not None and row.archived)
+            else:
+                insight = memory.insights.get((row_id,))
+                row = insight  # type: ignore[assignment]
+                live = insight is not None and _indexable_insight(memory, insight)
+                hidden = False
+            collective_id = row.collective_id if row is not None else None
+            if live and row is not None and collective_id is not None:
+                dim = memory.collective_dimension(collective_id)
+                assert dim is not None
                 index = self._index(kind, collective_id, dim)
+                vec_id = memory.vec_id(row_id)
                 if vec_id not in index.members:
                     ids_, vecs, keys = adds.setdefault((collective_id, dim), ([], [], []))
                     ids_.append(vec_id)
-                    vecs.append(embedding)
+                    vecs.append(row.embedding)  # type: ignore[arg-type]
                     keys.append(row_id)
-                    self.text.put(kind, row_id, collective_id, content)
-                index.set_hidden(vec_id, bool(is_archived))
+                    self.text.put(kind, row_id, collective_id, row.content or "")
+                index.set_hidden(vec_id, hidden)
             else:
-                index_or_none = self.vectors.get((kind, collective_id))
-                if index_or_none is not None:
-                    index_or_none.remove([vec_id])
+                vec_id_or_none = memory.vec_ids.get(row_id)
+                index_or_none = self.vectors.get((kind, collective_id))  # type: ignore[arg-type]
+                if index_or_none is not None and vec_id_or_none is not None:
+                    index_or_none.remove([vec_id_or_none])
                 self.text.remove(row_id)
         for (collective_id, dim), (vec_ids, vectors, keys) in adds.items():
             matrix = np.frombuffer(b"".join(vectors), dtype="<f4").reshape(len(vectors), dim)
@@ -181,21 +254,10 @@ class Projection:
     def _path(self, kind: str, collective_id: UUID) -> Path:
         return self.dir / "vectors" / f"{kind}-{collective_id}.faiss"
 
-    def save(self) -> None:
-        """Save the indexes with the sequence they reflect (the DuckDB checkpoint)."""
-        self.text.commit()
-        entries = {}
-        for (kind, collective_id), index in self.vectors.items():
-            path = self._path(kind, collective_id)
-            index.save(path)
-            entries[path.name] = index.dim
-        for stale in (self.dir / "vectors").glob("*.faiss"):
-            if stale.name not in entries:
-                stale.unlink()
-        write_manifest(self.dir / "vectors", self.seq, entries)
-
     def _load_indexes(self) -> None:
+        memory = self.memory
         saved_seq, entries = read_manifest(self.dir / "vectors")
+        self.saved_seq = saved_seq
         for name, dim in entries.items():
             kind, _, rest = name.partition("-")
             collective_id = UUID(rest.removesuffix(".faiss"))
@@ -204,58 +266,76 @@ class Projection:
                 self.vectors[(kind, collective_id)] = VectorIndex.load(
                     path, dim, self.settings.hnsw_threshold, self.settings.ef_search
                 )
-        for (kind, collective_id), index in self.vectors.items():  # hidden / gone from DuckDB
-            table, key = (
-                ("experience_rows", "experience_id")
-                if kind == "experience"
-                else ("insight_rows", "insight_id")
-            )
-            for vec_id, row_id in self.store.con.execute(
-                f"SELECT vec_id, {key} FROM {table} WHERE collective_id = ?", [collective_id]
-            ).fetchall():
-                if vec_id in index.members:
-                    index.keys[vec_id] = row_id
-            view, live_archived = (
-                ("experiences", "archived") if kind == "experience" else ("insights", "false")
-            )
-            live = self.store.con.execute(
-                f"SELECT vec_id, {live_archived} FROM {view} WHERE collective_id = ?",
-                [collective_id],
-            ).fetchall()
-            live_ids = {v for v, _ in live}
-            index.remove(index.members - live_ids)
-            for vec_id, is_archived in live:
-                if vec_id in index.members:
-                    index.set_hidden(vec_id, bool(is_archived))
-        if saved_seq < self.seq:  # the indexes are behind DuckDB: catch up from its rows
-            touched = Touched()
-            for table, key, target in (
-                ("experience_rows", "experience_id", touched.experiences),
-                ("insight_rows", "insight_id", touched.insights),
-                ("collective_rows", "collective_id", touched.collectives),
-            ):
-                found = self.store.con.execute(
-                    f"SELECT {key} FROM {table} WHERE updated_seq > ?", [saved_seq]
-                ).fetchall()
-                target.update(r[0] for r in found)
-            self._sync(touched)
+                self._live_collectives[collective_id] = dim
+        by_vec_id = {vec_id: row_id for row_id, vec_id in memory.vec_ids.items()}
+        for (kind, _collective_id), index in self.vectors.items():  # reconcile with memory
+            stale = []
+            for vec_id in index.members:
+                row_id = by_vec_id.get(vec_id)
+                if row_id is None:
+                    stale.append(vec_id)
+                    continue
+                index.keys[vec_id] = row_id
+                if kind == "experience":
+                    row = memory.live_experience(row_id)
+                    if row is None:
+                        stale.append(vec_id)
+                    else:
+                        index.set_hidden(vec_id, row.archived)
+                elif (insight := memory.insights.get((row_id,))) is None or (
+                    not _indexable_insight(memory, insight)
+                ):
+                    stale.append(vec_id)
+            index.remove(stale)
+        if saved_seq < self._seq:  # the indexes are behind DuckDB: catch up from its rows
+            changed = self.store.changed_since(saved_seq)
+            self._sync(Touched(changed["experience"], changed["insight"], changed["collective"]))
             self.save()
-        for collective_id, dim in self.store.con.execute(
-            "SELECT collective_id, embedding_dimension FROM collectives"
-        ).fetchall():
-            self._live_collectives.setdefault(collective_id, int(dim))
+
+    def checkpoint(self) -> tuple[int, int]:
+        """(last applied stream sequence, events applied in all), DuckDB flushed first."""
+        self.flush()
+        return self.store.checkpoint()
 
     def live_dimension(self, collective_id: UUID) -> int | None:
         """The embedding dimension of a live collective; None if it is not live."""
-        return self._live_collectives.get(collective_id)
+        return self.memory.collective_dimension(collective_id)
 
     def digest(self) -> str:
+        """The hash of the logical state (DuckDB is flushed first)."""
+        self.flush()
         return self.store.digest()
 
     def close(self) -> None:
         self.save()
         self.text.close()
         self.store.close()
+
+
+def _indexable_insight(memory: MemoryState, row: InsightRow) -> bool:
+    """An insight's vector belongs in its collective's index when it is created, not
+    deleted, and fits a live collective (whether its sources are live is decided when
+    it is read, as they may arrive later)."""
+    if row.create_event is None or row.deleted:
+        return False
+    dim = memory.collective_dimension(row.collective_id)
+    return dim is not None and len(row.embedding or b"") == 4 * dim
+
+
+_UBIGINT_MAX = 2**64 - 1
+_INTEGER_MAX = 2**31 - 1
+
+
+def _fits_store(row: object) -> None:
+    """Refuse a row DuckDB could not hold (the codec checks ranges of events read from
+    the log; this guards events handed over directly, and every host alike)."""
+    for name in ("created_hlc", "last_hlc", "applications", "source_experience_count"):
+        value = getattr(row, name, None)
+        if value is not None and not 0 <= value <= _UBIGINT_MAX // 2:
+            raise ValueError(f"{name}: must be in 0..2**63-1, got {value}")
+    dim = getattr(row, "embedding_dimension", None)
+    if dim is not None and not 1 <= dim <= 4096:
+        raise ValueError(f"embedding_dimension: must be in 1..4096, got {dim}")
 
 
 # -- the state directory of a data directory, swapped atomically by rebuild -------------------
@@ -265,14 +345,14 @@ def state_link(data_dir: Path) -> Path:
     return Path(data_dir) / "state"
 
 
-def open_projection(data_dir: str | Path, settings: ProjectionSettings | None = None) -> Projection:
-    """The current projection of a data directory (created empty the first time)."""
+def state_dir(data_dir: str | Path) -> Path:
+    """The current state directory of a data directory (created empty the first time)."""
     data_dir = Path(data_dir)
     link = state_link(data_dir)
     if not link.exists():
         data_dir.mkdir(parents=True, exist_ok=True)
         _point(link, _fresh_dir(data_dir))
-    return Projection(link.resolve(), settings)
+    return link.resolve()
 
 
 def _fresh_dir(data_dir: Path) -> Path:
@@ -302,15 +382,19 @@ async def rebuild(
     The current state is untouched (and keeps serving) until the swap; afterwards it is
     removed. Returns the new directory and its digest.
     """
+    from projections.engine import Engine  # the engine owns the fresh projection
+
     data_dir = Path(data_dir)
     link = state_link(data_dir)
     old = link.resolve() if link.exists() else None
     target = _fresh_dir(data_dir)
     try:
-        fresh = Projection(target, settings)
-        await fresh.catch_up(log, progress=progress)
-        digest = fresh.digest()
-        fresh.close()
+        engine = await Engine.start(target, settings)
+        try:
+            await engine.catch_up(log, progress=progress)
+            digest = await engine.digest()
+        finally:
+            await engine.close()
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise

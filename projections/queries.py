@@ -1,6 +1,8 @@
-"""Read queries over a projection: what the public API calls. Results are typed msgspec
-Structs; everything here reads the live views, so deleted, invalid and (unless asked
-for) archived rows never come back."""
+"""Read queries over a projection: what the public API calls, run on the engine thread
+(``projections.engine``). Results are typed msgspec Structs. Everything here reads the
+engine's memory (``projections.state``) and its indexes, never DuckDB, and only what
+``MemoryState`` calls live, so deleted, invalid and (unless asked for) archived rows
+never come back."""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ import numpy as np
 import numpy.typing as npt
 
 from eventlog import events as ev
+from projections.fold import CollectiveRow, ExperienceRow, InsightRow, RelationRow
 from projections.projection import Projection
-from projections.store import uuid_literals
 
 
 class ExperienceFilter(msgspec.Struct, frozen=True, kw_only=True):
@@ -150,133 +152,66 @@ class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
     seq: int | None
     subject: str | None
-
-
-_EXPERIENCE_FIELDS = (
-    "experience_id", "collective_id", "content", "embedding", "type_data", "importance",
-    "confidence", "domain", "related_files", "source_agent", "source_task", "created_ms",
-    "archived", "applications", "last_reinforced",
-)  # fmt: skip
-
-
-def _experience_columns(alias: str = "") -> str:
-    """The Experience columns as read from the ``experiences`` view."""
-    cols = [f"{alias}{name}" for name in _EXPERIENCE_FIELDS]
-    cols[-1] = f"epoch_ms({cols[-1]})"
-    return ", ".join(cols)
+    instance_id: UUID | None = None  # the writer of a message kept aside, when readable
 
 
 _kind_decoder = msgspec.json.Decoder(ev.ExperienceType)
 
 
-def _experience(row: Sequence[Any]) -> Experience:
+def _experience(p: Projection, row: ExperienceRow) -> Experience:
+    """The public form of a live experience row."""
+    applications, last_hlc = p.memory.applications_of(row.experience_id)
     return Experience(
-        experience_id=row[0],
-        collective_id=row[1],
-        content=row[2],
-        embedding=row[3],
-        experience_type=_kind_decoder.decode(row[4]),
-        importance=row[5],
-        confidence=row[6],
-        domain=tuple(row[7] or ()),
-        related_files=tuple(row[8] or ()),
-        source_agent=row[9],
-        source_task=row[10],
-        timestamp_ms=row[11],
-        archived=row[12],
-        applications=int(row[13]),
-        last_reinforced_ms=row[14],
+        experience_id=row.experience_id,
+        collective_id=row.collective_id,  # type: ignore[arg-type]
+        content=row.content or "",
+        embedding=row.embedding or b"",
+        experience_type=_kind_decoder.decode(row.type_data or '{"kind": "Generic"}'),
+        importance=row.importance if row.importance is not None else 0.0,
+        confidence=row.confidence if row.confidence is not None else 0.0,
+        domain=tuple(row.domain or ()),
+        related_files=tuple(row.related_files or ()),
+        source_agent=row.source_agent or "",
+        source_task=row.source_task,
+        timestamp_ms=ev.hlc_millis(row.created_hlc or 0),
+        archived=row.archived,
+        applications=applications,
+        last_reinforced_ms=None if last_hlc is None else ev.hlc_millis(last_hlc),
     )
 
 
-def _fetch(p: Projection, ids: Sequence[UUID]) -> dict[UUID, Experience]:
-    """Live experiences by id, read from the base rows (much faster than the view)."""
-    if not ids:
-        return {}
-    keys = uuid_literals(ids)
-    rows = p.store.con.execute(
-        f"""SELECT e.experience_id, e.collective_id, e.content, e.embedding, e.type_data,
-                   e.importance, e.confidence, e.domain, e.related_files, e.source_agent,
-                   e.source_task, (e.created_hlc >> 16)::BIGINT, e.archived,
-                   coalesce(a.applications, 0), (a.last_hlc >> 16)::BIGINT,
-                   e.create_event IS NOT NULL AND NOT e.deleted, octet_length(e.embedding)
-            FROM experience_rows e
-            LEFT JOIN (SELECT experience_id, sum(applications) AS applications,
-                              max(last_hlc) AS last_hlc
-                       FROM application_rows WHERE experience_id IN ({keys})
-                       GROUP BY experience_id) a USING (experience_id)
-            WHERE e.experience_id IN ({keys})"""
-    ).fetchall()
-    found = {}
-    for row in rows:
-        dim = p.live_dimension(row[1]) if row[1] is not None else None
-        if row[15] and dim is not None and row[16] == 4 * dim:
-            found[row[0]] = _experience(row)
-    return found
-
-
-def _passes(e: Experience, flt: ExperienceFilter) -> bool:
+def _passes(row: ExperienceRow, flt: ExperienceFilter) -> bool:
+    """Whether a live experience row passes a filter."""
     return (
-        (flt.include_archived or not e.archived)
-        and (flt.domains is None or bool(set(flt.domains) & set(e.domain)))
-        and (
-            flt.experience_types is None
-            or type(e.experience_type).__struct_config__.tag in flt.experience_types
-        )
-        and (flt.min_importance is None or e.importance >= flt.min_importance)
-        and (flt.min_confidence is None or e.confidence >= flt.min_confidence)
-        and (flt.since_ms is None or e.timestamp_ms >= flt.since_ms)
+        (flt.include_archived or not row.archived)
+        and (flt.domains is None or not set(flt.domains).isdisjoint(row.domain or ()))
+        and (flt.experience_types is None or row.experience_type in flt.experience_types)
+        and (flt.min_importance is None or (row.importance or 0.0) >= flt.min_importance)
+        and (flt.min_confidence is None or (row.confidence or 0.0) >= flt.min_confidence)
+        and (flt.since_ms is None or ev.hlc_millis(row.created_hlc or 0) >= flt.since_ms)
     )
-
-
-def _where(p: Projection, collective_id: UUID, flt: ExperienceFilter) -> tuple[str, list[Any]]:
-    """Conditions on ``experience_rows`` for the live experiences of a collective that
-    pass the filter (the collective itself must be live: see ``live_dimension``)."""
-    dim = p.live_dimension(collective_id) or 0
-    clauses = [
-        "collective_id = ?",
-        "create_event IS NOT NULL",
-        "NOT deleted",
-        "octet_length(embedding) = ?",
-    ]
-    params: list[Any] = [collective_id, 4 * dim]
-    if not flt.include_archived:
-        clauses.append("NOT archived")
-    if flt.domains is not None:
-        clauses.append("list_has_any(domain, ?::VARCHAR[])")
-        params.append(list(flt.domains))
-    if flt.experience_types is not None:
-        clauses.append("list_contains(?::VARCHAR[], experience_type)")
-        params.append(list(flt.experience_types))
-    if flt.min_importance is not None:
-        clauses.append("importance >= ?")
-        params.append(flt.min_importance)
-    if flt.min_confidence is not None:
-        clauses.append("confidence >= ?")
-        params.append(flt.min_confidence)
-    if flt.since_ms is not None:
-        clauses.append("(created_hlc >> 16) >= ?")
-        params.append(flt.since_ms)
-    return " AND ".join(clauses), params
 
 
 def live_collective_of(p: Projection, experience_id: UUID) -> UUID | None:
-    """The collective of a live experience, or None: a one-row key lookup, much cheaper
-    than reading the whole experience (what writers need to check a reference)."""
-    row = p.store.con.execute(
-        "SELECT collective_id, octet_length(embedding) FROM experience_rows "
-        "WHERE experience_id = ? AND create_event IS NOT NULL AND NOT deleted",
-        [experience_id],
-    ).fetchone()
-    if row is None:
-        return None
-    dimension = p.live_dimension(row[0])
-    return row[0] if dimension is not None and row[1] == 4 * dimension else None
+    """The collective of a live experience, or None (what writers check a reference by)."""
+    row = p.memory.live_experience(experience_id)
+    return row.collective_id if row is not None else None
 
 
 def get_experience(p: Projection, experience_id: UUID) -> Experience | None:
     """One live experience (archived ones included), or None."""
-    return _fetch(p, [experience_id]).get(experience_id)
+    row = p.memory.live_experience(experience_id)
+    return _experience(p, row) if row is not None else None
+
+
+def total_applications(p: Projection, experience_id: UUID) -> int:
+    """The G-counter total of an experience (0 when it has none)."""
+    return p.memory.applications_of(experience_id)[0]
+
+
+def get_experiences(p: Projection, ids: Sequence[UUID]) -> list[Experience | None]:
+    """Several experiences by id, in order (None where there is no live one)."""
+    return [get_experience(p, i) for i in ids]
 
 
 def recent_experiences(
@@ -291,18 +226,28 @@ def recent_experiences(
     """Newest first (by recording time, then id); oldest first for stable paging."""
     if p.live_dimension(collective_id) is None:
         return []
-    where, params = _where(p, collective_id, flt)
-    order = "DESC" if newest_first else "ASC"
-    ids = [
-        r[0]
-        for r in p.store.con.execute(
-            f"SELECT experience_id FROM experience_rows WHERE {where} "
-            f"ORDER BY created_hlc {order}, experience_id {order} LIMIT ? OFFSET ?",
-            [*params, limit, offset],
-        ).fetchall()
-    ]
-    found = _fetch(p, ids)
-    return [found[i] for i in ids if i in found]
+    picked: list[Experience] = []
+    skipped = 0
+    for row in p.memory.experiences_in_order(collective_id, newest_first=newest_first):
+        if not _passes(row, flt):
+            continue
+        if skipped < offset:
+            skipped += 1
+            continue
+        picked.append(_experience(p, row))
+        if len(picked) >= limit:
+            break
+    return picked
+
+
+def _allowed(p: Projection, collective_id: UUID, flt: ExperienceFilter) -> set[int]:
+    """The vector ids of the live experiences of a collective that pass a filter."""
+    vec_ids = p.memory.vec_ids
+    return {
+        vec_ids[row.experience_id]
+        for row in p.memory.live_experiences_of(collective_id)
+        if row.experience_id in vec_ids and _passes(row, flt)
+    }
 
 
 def similar_ids(
@@ -312,20 +257,18 @@ def similar_ids(
     k: int = 10,
     flt: ExperienceFilter = ANY_LIVE,
 ) -> list[tuple[UUID, float]]:
-    """(id, cosine similarity) of the k nearest experiences, best first, unread."""
+    """(id, cosine similarity) of the k nearest live experiences, best first."""
     index = p.vectors.get(("experience", collective_id))
     if index is None or k <= 0 or p.live_dimension(collective_id) is None:
         return []
     vector = np.asarray(query, dtype=np.float32).reshape(1, -1)
     if vector.shape[1] != index.dim:
         raise ValueError(f"query: {vector.shape[1]} dimensions, the collective has {index.dim}")
-    allowed = None
-    if flt.narrows:
-        where, params = _where(p, collective_id, flt)
-        rows = p.store.con.execute(f"SELECT vec_id FROM experience_rows WHERE {where}", params)
-        allowed = {r[0] for r in rows.fetchall()}
+    allowed = _allowed(p, collective_id, flt) if flt.narrows else None
     hits = index.search(vector, k, include_archived=flt.include_archived, allowed=allowed)
-    return [(index.keys[v], s) for v, s in hits if v in index.keys]
+    keyed = [(index.keys[v], s) for v, s in hits if v in index.keys]
+    keyed.sort(key=lambda hit: (-hit[1], hit[0]))  # equal scores in one order on every host
+    return keyed
 
 
 def similar_experiences(
@@ -336,9 +279,12 @@ def similar_experiences(
     flt: ExperienceFilter = ANY_LIVE,
 ) -> list[ScoredExperience]:
     """The k live experiences nearest to ``query`` by cosine similarity, best first."""
-    keyed = similar_ids(p, collective_id, query, k, flt)
-    found = _fetch(p, [i for i, _ in keyed])
-    return [ScoredExperience(found[i], s) for i, s in keyed if i in found]
+    found = []
+    for experience_id, score in similar_ids(p, collective_id, query, k, flt):
+        row = p.memory.live_experience(experience_id)
+        if row is not None:
+            found.append(ScoredExperience(_experience(p, row), score))
+    return found
 
 
 def hybrid_experiences(
@@ -354,19 +300,21 @@ def hybrid_experiences(
     rrf_k: int = 60,
 ) -> list[ScoredExperience]:
     """The vector and the BM25 rankings (``pool`` candidates each) fused by Reciprocal
-    Rank Fusion: score = sum over the rankings of weight / (rrf_k + rank). The two
-    candidate lists are read from DuckDB in one query."""
+    Rank Fusion: score = sum over the rankings of weight / (rrf_k + rank)."""
     by_vector = similar_ids(p, collective_id, query, pool, flt)
     by_text = p.text.search("experience", collective_id, text, pool) if text.strip() else []
-    found = _fetch(p, list(dict.fromkeys([i for i, _ in by_vector] + [i for i, _ in by_text])))
     fused: dict[UUID, float] = {}
+    rows: dict[UUID, ExperienceRow] = {}
     for weight, ranking in ((vector_weight, by_vector), (text_weight, by_text)):
         rank = 0
         for experience_id, _ in ranking:
-            if experience_id in found and _passes(found[experience_id], flt):
-                rank += 1
-                fused[experience_id] = fused.get(experience_id, 0.0) + weight / (rrf_k + rank)
-    return [ScoredExperience(found[i], score) for i, score in fused.items()]
+            row = rows.get(experience_id) or p.memory.live_experience(experience_id)
+            if row is None or row.collective_id != collective_id or not _passes(row, flt):
+                continue
+            rows[experience_id] = row
+            rank += 1
+            fused[experience_id] = fused.get(experience_id, 0.0) + weight / (rrf_k + rank)
+    return [ScoredExperience(_experience(p, rows[i]), score) for i, score in fused.items()]
 
 
 def search_text(
@@ -382,29 +330,22 @@ def search_text(
     fetch = k
     while True:  # ask tantivy for more until enough pass the filter, or it has no more
         hits = p.text.search("experience", collective_id, text, fetch)
-        found = _fetch(p, [i for i, _ in hits])
-        result = [
-            ScoredExperience(found[i], s) for i, s in hits if i in found and _passes(found[i], flt)
-        ]
+        result = []
+        for experience_id, score in hits:
+            row = p.memory.live_experience(experience_id)
+            if row is not None and row.collective_id == collective_id and _passes(row, flt):
+                result.append(ScoredExperience(_experience(p, row), score))
         if len(result) >= k or len(hits) < fetch:
             return result[:k]
         fetch *= 4
 
 
-_RELATION_FIELDS = (
-    "relation_id", "collective_id", "source_id", "target_id", "relation_type", "strength",
-    "metadata",
-)  # fmt: skip
-
-
-def _relation_columns(alias: str = "") -> str:
-    return ", ".join(f"{alias}{name}" for name in _RELATION_FIELDS)
-
-
-def _relation(row: Sequence[Any]) -> Relation:
+def _relation(row: RelationRow) -> Relation:
     return Relation(
-        relation_id=row[0], collective_id=row[1], source_id=row[2], target_id=row[3],
-        relation_type=row[4], strength=row[5], metadata=row[6],
+        relation_id=row.relation_id, collective_id=row.collective_id,  # type: ignore[arg-type]
+        source_id=row.source_id, target_id=row.target_id,  # type: ignore[arg-type]
+        relation_type=row.relation_type or "", strength=row.strength or 0.0,
+        metadata=row.metadata,
     )  # fmt: skip
 
 
@@ -415,37 +356,32 @@ def related_experiences(
     relation_types: Sequence[str] | None = None,
 ) -> list[RelatedExperience]:
     """Experiences linked to ``experience_id`` by live relations."""
+    memory = p.memory
     ends = {
-        "outgoing": [("source_id", "target_id")],
-        "incoming": [("target_id", "source_id")],
-        "both": [("source_id", "target_id"), ("target_id", "source_id")],
+        "outgoing": [(memory.by_source, "target_id")],
+        "incoming": [(memory.by_target, "source_id")],
+        "both": [(memory.by_source, "target_id"), (memory.by_target, "source_id")],
     }[direction]
     result = []
-    for here, there in ends:
-        sql = (
-            f"SELECT {_relation_columns('r.')}, "
-            f"{_experience_columns('e.')} "
-            f"FROM relations r JOIN experiences e ON e.experience_id = r.{there} "
-            f"WHERE r.{here} = ?"
-        )
-        params: list[Any] = [experience_id]
-        if relation_types is not None:
-            sql += " AND list_contains(?::VARCHAR[], r.relation_type)"
-            params.append(list(relation_types))
-        for row in p.store.con.execute(sql + " ORDER BY r.relation_id", params).fetchall():
-            result.append(RelatedExperience(_relation(row), _experience(row[7:])))
+    for by_end, there in ends:
+        for relation_id in sorted(by_end.get(experience_id, ())):
+            row = memory.live_relation(relation_id)
+            if row is None or (
+                relation_types is not None and row.relation_type not in relation_types
+            ):
+                continue
+            other = memory.live_experience(getattr(row, there))
+            if other is not None:
+                result.append(RelatedExperience(_relation(row), _experience(p, other)))
     return result
 
 
-_INSIGHT_COLUMNS = (
-    "insight_id, collective_id, content, embedding, source_experiences, confidence, domain"
-)
-
-
-def _insight(row: Sequence[Any]) -> Insight:
+def _insight(row: InsightRow) -> Insight:
     return Insight(
-        insight_id=row[0], collective_id=row[1], content=row[2], embedding=row[3],
-        source_experiences=tuple(row[4]), confidence=row[5], domain=tuple(row[6] or ()),
+        insight_id=row.insight_id, collective_id=row.collective_id,  # type: ignore[arg-type]
+        content=row.content or "", embedding=row.embedding or b"",
+        source_experiences=tuple(row.source_experiences or ()),
+        confidence=row.confidence or 0.0, domain=tuple(row.domain or ()),
     )  # fmt: skip
 
 
@@ -458,102 +394,119 @@ def similar_insights(
     index = p.vectors.get(("insight", collective_id))
     if index is None or k <= 0:
         return []
-    hits = index.search(np.asarray(query, dtype=np.float32).reshape(1, -1), k)
-    keyed = [(index.keys[v], s) for v, s in hits if v in index.keys]
-    if not keyed:
-        return []
-    rows = p.store.con.execute(
-        f"SELECT {_INSIGHT_COLUMNS} FROM insights "
-        f"WHERE insight_id IN ({uuid_literals([i for i, _ in keyed])})"
-    ).fetchall()
-    found = {r[0]: _insight(r) for r in rows}
-    return [ScoredInsight(found[i], s) for i, s in keyed if i in found]
+    found = []
+    for vec_id, score in index.search(np.asarray(query, dtype=np.float32).reshape(1, -1), k):
+        row = p.memory.live_insight(index.keys[vec_id]) if vec_id in index.keys else None
+        if row is not None:
+            found.append(ScoredInsight(_insight(row), score))
+    return found
 
 
 def collective_stats(p: Projection, collective_id: UUID) -> CollectiveStats | None:
-    row = p.store.con.execute(
-        """SELECT
-             (SELECT count(*) FROM experiences WHERE collective_id = $c),
-             (SELECT count(*) FROM experiences WHERE collective_id = $c AND archived),
-             (SELECT count(*) FROM relations WHERE collective_id = $c),
-             (SELECT count(*) FROM insights WHERE collective_id = $c),
-             (SELECT coalesce(sum(applications), 0) FROM experiences WHERE collective_id = $c),
-             (SELECT count(*) FROM dead_letters WHERE collective_id = $c),
-             (SELECT count(*) FROM collectives WHERE collective_id = $c)""",
-        {"c": collective_id},
-    ).fetchone()
-    if row is None or row[6] == 0:
+    memory = p.memory
+    if memory.live_collective(collective_id) is None:
         return None
+    experiences = list(memory.live_experiences_of(collective_id))
     return CollectiveStats(
-        collective_id=collective_id, experiences=row[0], archived=row[1], relations=row[2],
-        insights=row[3], applications=int(row[4]), dead_letters=row[5],
-    )  # fmt: skip
+        collective_id=collective_id,
+        experiences=len(experiences),
+        archived=sum(1 for e in experiences if e.archived),
+        relations=sum(1 for _ in memory.live_relations_of(collective_id)),
+        insights=sum(1 for _ in memory.live_insights_of(collective_id)),
+        applications=sum(memory.applications_of(e.experience_id)[0] for e in experiences),
+        dead_letters=sum(1 for d in dead_letters(p) if d.collective_id == collective_id),
+    )
 
 
 def dead_letters(p: Projection) -> list[DeadLetter]:
-    rows = p.store.con.execute(
-        "SELECT entity, id, collective_id, reason, seq, subject FROM dead_letters "
-        "ORDER BY entity, coalesce(seq, 0), id"
-    ).fetchall()
-    return [
-        DeadLetter(entity=r[0], id=r[1], collective_id=r[2], reason=r[3], seq=r[4], subject=r[5])
-        for r in rows
-    ]
+    """What breaks an invariant of the folded state, and the messages kept aside."""
+    memory = p.memory
+    found = []
+    checks: tuple[tuple[str, Any, Any], ...] = (
+        ("experience", memory.experiences.values(), memory.experience_problem),
+        ("relation", memory.relations.values(), memory.relation_problem),
+        ("insight", memory.insights.values(), memory.insight_problem),
+    )
+    for entity, rows, problem in checks:
+        for row in rows:
+            if row.create_event is None or row.deleted:
+                continue
+            reason = problem(row)
+            if reason is not None:
+                found.append(
+                    DeadLetter(
+                        entity=entity, id=row.key()[0], reason=reason,
+                        collective_id=row.collective_id, seq=None, subject=None,
+                    )
+                )  # fmt: skip
+    for r in memory.rejected.values():
+        found.append(
+            DeadLetter(
+                entity="message", id=None, collective_id=None, reason=r.reason, seq=r.seq,
+                subject=r.subject, instance_id=r.instance_id,
+            )
+        )  # fmt: skip
+    found.sort(key=lambda d: (d.entity, d.seq or 0, str(d.id)))
+    return found
 
 
 # -- collectives ----------------------------------------------------------------------------
 
-_COLLECTIVE_COLUMNS = (
-    "collective_id, owner_id, name, embedding_dimension, nullif(embedder, ''), "
-    "(created_hlc >> 16)::BIGINT"
-)
 
-
-def _collective(row: Sequence[Any]) -> Collective:
+def _collective(row: CollectiveRow) -> Collective:
     return Collective(
-        collective_id=row[0], owner_id=row[1], name=row[2], embedding_dimension=int(row[3]),
-        embedder=row[4], created_ms=int(row[5]),
+        collective_id=row.collective_id, owner_id=row.owner_id or "", name=row.name or "",
+        embedding_dimension=int(row.embedding_dimension or 0), embedder=row.embedder or None,
+        created_ms=ev.hlc_millis(row.created_hlc or 0),
     )  # fmt: skip
 
 
 def get_collective(p: Projection, collective_id: UUID) -> Collective | None:
-    row = p.store.con.execute(
-        f"SELECT {_COLLECTIVE_COLUMNS} FROM collective_rows "
-        "WHERE collective_id = ? AND create_event IS NOT NULL AND NOT deleted",
-        [collective_id],
-    ).fetchone()
-    return _collective(row) if row else None
+    row = p.memory.live_collective(collective_id)
+    return _collective(row) if row is not None else None
 
 
 def list_collectives(p: Projection, owner_id: str | None = None) -> list[Collective]:
     """Live collectives (of one owner, or all), oldest first."""
-    sql = (
-        f"SELECT {_COLLECTIVE_COLUMNS} FROM collective_rows "
-        "WHERE create_event IS NOT NULL AND NOT deleted"
-    )
-    params: list[Any] = []
-    if owner_id is not None:
-        sql += " AND owner_id = ?"
-        params.append(owner_id)
-    rows = p.store.con.execute(sql + " ORDER BY created_hlc, collective_id", params).fetchall()
+    rows = [
+        r
+        for r in p.memory.collectives.values()
+        if r.create_event is not None and not r.deleted and owner_id in (None, r.owner_id)
+    ]
+    rows.sort(key=lambda r: (r.created_hlc or 0, r.collective_id))
     return [_collective(r) for r in rows]
 
 
 def anchor_of(p: Projection, entity: str, entity_id: UUID) -> Any:
     """The collective (owner, for wisdom) of an entity that exists or was deleted, or None
     when it never existed here: what a delete needs to write its tombstone again."""
-    table, key, anchor = {
-        "collective": ("collective_rows", "collective_id", "collective_id"),
-        "experience": ("experience_rows", "experience_id", "collective_id"),
-        "relation": ("relation_rows", "relation_id", "collective_id"),
-        "insight": ("insight_rows", "insight_id", "collective_id"),
-        "wisdom": ("wisdom_rows", "wisdom_id", "owner_id"),
-    }[entity]
-    row = p.store.con.execute(
-        f"SELECT {anchor} FROM {table} WHERE {key} = ? AND (create_event IS NOT NULL OR deleted)",
-        [entity_id],
-    ).fetchone()
-    return row[0] if row else None
+    tables: dict[str, dict[tuple[Any, ...], Any]] = {
+        "collective": p.memory.collectives,
+        "experience": p.memory.experiences,
+        "relation": p.memory.relations,
+        "insight": p.memory.insights,
+        "wisdom": p.memory.wisdom,
+    }
+    row = tables[entity].get((entity_id,))
+    if row is None or (row.create_event is None and not row.deleted):
+        return None
+    return getattr(row, "owner_id" if entity == "wisdom" else "collective_id")
+
+
+def ids_in_collective(p: Projection, entity: str, collective_id: UUID) -> list[UUID]:
+    """Every experience, relation or insight row of a collective (deleted ones too)."""
+    memory = p.memory
+    found = {
+        "experience": memory.experiences_of,
+        "relation": memory.relations_of,
+        "insight": memory.insights_of,
+    }[entity].get(collective_id, set())
+    return sorted(found)
+
+
+def is_deleted(p: Projection, entity_id: UUID) -> bool:
+    """Whether a tombstone for this id (any entity) has been applied here."""
+    return entity_id in p.memory.deleted
 
 
 # -- energy: importance raised by use, decayed by time; computed when read ------------------
@@ -600,28 +553,25 @@ def cold_experiences(
     """Experiences whose energy is below ``threshold``, coldest first (score = energy)."""
     if p.live_dimension(collective_id) is None or limit <= 0:
         return []
-    where, params = _where(p, collective_id, flt)
-    rows = p.store.con.execute(
-        f"""SELECT e.experience_id, e.importance, coalesce(a.applications, 0),
-                   coalesce((a.last_hlc >> 16)::BIGINT, (e.created_hlc >> 16)::BIGINT)
-            FROM (SELECT * FROM experience_rows WHERE {where}) e
-            LEFT JOIN (SELECT experience_id, sum(applications) AS applications,
-                              max(last_hlc) AS last_hlc
-                       FROM application_rows GROUP BY experience_id) a USING (experience_id)""",
-        params,
-    ).fetchall()
+    rows = [r for r in p.memory.live_experiences_of(collective_id) if _passes(r, flt)]
     if not rows:
         return []
-    ids = [r[0] for r in rows]
+    rows.sort(key=lambda r: r.experience_id)
+    counts = [p.memory.applications_of(r.experience_id) for r in rows]
     values = energy(
-        [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows], now_ms, **settings
-    )
+        [r.importance or 0.0 for r in rows],
+        [n for n, _ in counts],
+        [ev.hlc_millis(last if last is not None else (r.created_hlc or 0))
+         for r, (_, last) in zip(rows, counts, strict=True)],
+        now_ms,
+        **settings,
+    )  # fmt: skip
     order = [i for i in np.argsort(values, kind="stable") if values[i] < threshold][:limit]
-    found = _fetch(p, [ids[i] for i in order])
     return [
-        ScoredExperience(found[ids[i]], float(values[i]), float(values[i]), float(values[i]))
+        ScoredExperience(
+            _experience(p, rows[i]), float(values[i]), float(values[i]), float(values[i])
+        )
         for i in order
-        if ids[i] in found
     ]
 
 
@@ -629,61 +579,51 @@ def cold_experiences(
 
 
 def relation_taken(p: Projection, source_id: UUID, target_id: UUID, relation_type: str) -> Any:
-    """The id of a live relation with this (source, target, type), or None."""
-    row = p.store.con.execute(
-        "SELECT min(relation_id) FROM relation_rows WHERE source_id = ? AND target_id = ? "
-        "AND relation_type = ? AND create_event IS NOT NULL AND NOT deleted",
-        [source_id, target_id, relation_type],
-    ).fetchone()
-    return row[0] if row else None
+    """The id of the relation holding this (source, target, type), or None."""
+    return p.memory.triple_winner((source_id, target_id, relation_type))
 
 
 def relations_among(p: Projection, ids: Sequence[UUID]) -> list[Relation]:
     """Live relations whose both ends are among ``ids``."""
-    if not ids:
-        return []
-    keys = uuid_literals(ids)
-    rows = p.store.con.execute(
-        f"SELECT {_relation_columns()} FROM relations "
-        f"WHERE source_id IN ({keys}) AND target_id IN ({keys}) ORDER BY relation_id"
-    ).fetchall()
-    return [_relation(r) for r in rows]
+    wanted = set(ids)
+    found = {
+        rid
+        for i in wanted
+        for rid in p.memory.by_source.get(i, ())
+        if (r := p.memory.relations.get((rid,))) is not None and r.target_id in wanted
+    }
+    rows = [p.memory.live_relation(rid) for rid in sorted(found)]
+    return [_relation(r) for r in rows if r is not None]
 
 
 def get_insight(p: Projection, insight_id: UUID) -> Insight | None:
-    row = p.store.con.execute(
-        f"SELECT {_INSIGHT_COLUMNS} FROM insights WHERE insight_id = ?", [insight_id]
-    ).fetchone()
-    return _insight(row) if row else None
+    row = p.memory.live_insight(insight_id)
+    return _insight(row) if row is not None else None
 
 
 # -- wisdom (per owner, across collectives; few per owner: an exact scan) -------------------
 
-_WISDOM_COLUMNS = (
-    "wisdom_id, owner_id, category, pattern, confidence, embedding, source_collectives, "
-    "source_experience_count, applicable_domains, (created_hlc >> 16)::BIGINT"
-)
-
 
 def wisdom_of(p: Projection, owner_id: str) -> list[Wisdom]:
     """The live wisdom of one owner, oldest first."""
-    rows = p.store.con.execute(
-        f"SELECT {_WISDOM_COLUMNS} FROM wisdom_rows WHERE owner_id = ? "
-        "AND create_event IS NOT NULL AND NOT deleted ORDER BY created_hlc, wisdom_id",
-        [owner_id],
-    ).fetchall()
+    rows = [
+        r
+        for r in p.memory.wisdom.values()
+        if r.owner_id == owner_id and r.create_event is not None and not r.deleted
+    ]
+    rows.sort(key=lambda r: (r.created_hlc or 0, r.wisdom_id))
     return [
         Wisdom(
-            wisdom_id=r[0],
-            owner_id=r[1],
-            category=r[2],
-            pattern=r[3],
-            confidence=r[4],
-            embedding=r[5],
-            source_collectives=tuple(r[6] or ()),
-            source_experience_count=int(r[7] or 0),
-            applicable_domains=tuple(r[8] or ()),
-            created_ms=int(r[9]),
+            wisdom_id=r.wisdom_id,
+            owner_id=r.owner_id or "",
+            category=r.category or "",
+            pattern=r.pattern or "",
+            confidence=r.confidence or 0.0,
+            embedding=r.embedding or b"",
+            source_collectives=tuple(r.source_collectives or ()),
+            source_experience_count=int(r.source_experience_count or 0),
+            applicable_domains=tuple(r.applicable_domains or ()),
+            created_ms=ev.hlc_millis(r.created_hlc or 0),
         )  # fmt: skip
         for r in rows
     ]

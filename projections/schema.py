@@ -19,7 +19,9 @@ Views (stable names, what queries and analysts read):
   dead_letters       what breaks an invariant of the folded state, with the reason:
                      wrong embedding dimension, missing collective / endpoint / source,
                      self-relation, relation across collectives, a (source, target, type)
-                     triple taken by another relation; and undecodable messages
+                     triple taken by another relation; and messages the engine could
+                     not apply (unreadable, or a value out of range), with the
+                     sequence, subject and, when readable, the instance that wrote it
 
 Deletes forget: a deleted row keeps only its key, its collective and the tombstone, and
 the application counts of a deleted experience are removed (see ``projections.fold``).
@@ -31,7 +33,7 @@ before its collective is simply not live yet, and becomes live when the collecti
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 TABLES = """
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -71,7 +73,8 @@ CREATE TABLE IF NOT EXISTS wisdom_rows (
     source_experience_count UBIGINT, applicable_domains VARCHAR[], created_hlc UBIGINT,
     deleted BOOLEAN NOT NULL,
     updated_seq BIGINT);
-CREATE TABLE IF NOT EXISTS undecodable (seq BIGINT PRIMARY KEY, subject VARCHAR, reason VARCHAR);
+CREATE TABLE IF NOT EXISTS undecodable (
+    seq BIGINT PRIMARY KEY, subject VARCHAR, reason VARCHAR, instance_id UUID);
 """
 
 VIEWS = """
@@ -173,16 +176,16 @@ FROM wisdom_rows WHERE create_event IS NOT NULL AND NOT deleted;
 
 CREATE OR REPLACE VIEW dead_letters AS
 SELECT 'experience' AS entity, experience_id AS id, collective_id, problem AS reason,
-       NULL::BIGINT AS seq, NULL::VARCHAR AS subject
+       NULL::BIGINT AS seq, NULL::VARCHAR AS subject, NULL::UUID AS instance_id
 FROM experience_checks WHERE problem IS NOT NULL
 UNION ALL
-SELECT 'relation', relation_id, collective_id, problem, NULL, NULL
+SELECT 'relation', relation_id, collective_id, problem, NULL, NULL, NULL
 FROM relation_checks WHERE problem IS NOT NULL
 UNION ALL
-SELECT 'insight', insight_id, collective_id, problem, NULL, NULL
+SELECT 'insight', insight_id, collective_id, problem, NULL, NULL, NULL
 FROM insight_checks WHERE problem IS NOT NULL
 UNION ALL
-SELECT 'message', NULL, NULL, reason, seq, subject FROM undecodable;
+SELECT 'message', NULL, NULL, reason, seq, subject, instance_id FROM undecodable;
 """
 
 # The logical content of each base table, in digest order: local columns left out.
@@ -198,6 +201,8 @@ DIGEST_QUERIES = {
 
 # from_version -> statements that bring the schema to from_version + 1
 MIGRATIONS: dict[int, list[str]] = {
+    # 3: a message kept aside names the instance that wrote it (when readable)
+    2: ["ALTER TABLE undecodable ADD COLUMN IF NOT EXISTS instance_id UUID"],
     # 2: deletes forget. Application counts name their collective; a deleted row keeps
     # only its key, its collective (owner) and the flag; the counts of a deleted
     # experience go. (What version 1 deleted stays in its log:

@@ -1,13 +1,18 @@
-"""DuckDB storage of the folded rows: load the rows a batch touches, join them with the
-batch's rows in Python (``projections.fold``), write them back, and advance the
-checkpoint, all in one transaction. One writer per database: the instance's process."""
+"""DuckDB storage of the folded rows: the analytical copy and the checkpoint.
+
+The engine (``projections.engine``) folds events in memory (``projections.state``) and
+hands this store the rows that changed since its last write; ``Store.write`` writes them
+in one columnar insert per table and advances the checkpoint in the same transaction.
+Whatever happened after the checkpoint is still in the log, so a crash loses nothing.
+On open, ``rows`` reads the state back into memory. One writer per database: the
+instance's process."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -22,12 +27,12 @@ from projections.fold import (
     ApplicationRow,
     CollectiveRow,
     ExperienceRow,
-    FoldState,
     InsightRow,
     RelationRow,
     Row,
     WisdomRow,
 )
+from projections.state import Rejected
 
 TABLE_OF: dict[type[Row], str] = {
     CollectiveRow: "collective_rows",
@@ -45,15 +50,6 @@ class StateInUse(PulseError):
 
 class SchemaError(PulseError):
     """The database was written by a newer Pulse, or cannot be migrated."""
-
-
-@dataclass(slots=True)
-class Touched:
-    """What one applied batch changed, for the vector and text indexes to follow."""
-
-    experiences: set[UUID] = field(default_factory=set)
-    insights: set[UUID] = field(default_factory=set)
-    collectives: set[UUID] = field(default_factory=set)
 
 
 def _column(values: list[Any], sql_type: str) -> np.ndarray[Any, Any]:
@@ -89,21 +85,6 @@ class Store:
             table: {row[0]: row[1] for row in self.con.execute(f"DESCRIBE {table}").fetchall()}
             for table in TABLE_OF.values()
         }
-        # every tombstoned id (they are permanent): what later rows must not outlive
-        self.deleted: set[UUID] = {
-            row[0]
-            for table, key in (("collective_rows", "collective_id"),
-                               ("experience_rows", "experience_id"),
-                               ("relation_rows", "relation_id"), ("insight_rows", "insight_id"),
-                               ("wisdom_rows", "wisdom_id"))
-            for row in self.con.execute(f"SELECT {key} FROM {table} WHERE deleted").fetchall()
-        }  # fmt: skip
-        self._next_vec_id = 1 + int(
-            self.con.execute(
-                "SELECT greatest((SELECT coalesce(max(vec_id), 0) FROM experience_rows),"
-                " (SELECT coalesce(max(vec_id), 0) FROM insight_rows))"
-            ).fetchone()[0]  # type: ignore[index]
-        )
 
     def _migrate(self) -> None:
         self.con.execute(schema.TABLES)
@@ -132,33 +113,35 @@ class Store:
         found = self.con.execute("SELECT seq, applied FROM checkpoint WHERE id = 1").fetchone()
         return (int(found[0]), int(found[1])) if found else (0, 0)
 
-    # -- applying a batch ------------------------------------------------------------------
+    # -- writing the engine's changes in bulk -----------------------------------------------
 
-    def apply(
+    def write(
         self,
-        delta: FoldState,
+        rows: dict[type[Row], list[Row]],
         *,
+        vec_ids: dict[UUID, int],
+        forgotten: set[UUID],
+        rejected: Sequence[Rejected],
         last_seq: int,
         count: int,
-        undecodable: Sequence[tuple[int, str, str]] = (),
-    ) -> Touched:
-        """Merge a folded batch into the tables and move the checkpoint, atomically."""
-        touched = Touched()
+    ) -> None:
+        """Write the rows the engine changed (already merged in memory) and move the
+        checkpoint, in one transaction: one columnar insert per table, whatever the
+        number of events behind them."""
         self.con.begin()
         try:
-            for row_type, rows in delta.rows.items():
-                if rows:
-                    self._merge(row_type, list(rows.values()), last_seq)
-            tombstones = {
-                row.key()[0]
-                for rows in delta.rows.values()
-                for row in rows.values()
-                if getattr(row, "deleted", False)
-            }
-            self._forget(delta, self.deleted | tombstones)
-            for seq, subject, reason in undecodable:
+            for row_type, batch in rows.items():
+                if batch:
+                    self._replace(row_type, batch, vec_ids, last_seq)
+            if forgotten:
                 self.con.execute(
-                    "INSERT OR REPLACE INTO undecodable VALUES (?, ?, ?)", [seq, subject, reason]
+                    "DELETE FROM application_rows "
+                    f"WHERE experience_id IN ({uuid_literals(forgotten)})"
+                )
+            for r in rejected:
+                self.con.execute(
+                    "INSERT OR REPLACE INTO undecodable VALUES (?, ?, ?, ?)",
+                    [r.seq, r.subject, r.reason, r.instance_id],
                 )
             self.con.execute(
                 "INSERT INTO checkpoint VALUES (1, ?, ?) ON CONFLICT (id) DO UPDATE "
@@ -169,65 +152,52 @@ class Store:
         except BaseException:
             self.con.rollback()
             raise
-        self.deleted |= tombstones
-        touched.experiences = {k[0] for k in delta.rows[ExperienceRow]}
-        touched.insights = {k[0] for k in delta.rows[InsightRow]}
-        touched.collectives = {k[0] for k in delta.rows[CollectiveRow]}
-        return touched
 
-    def _merge(self, row_type: type[Row], rows: list[Row], seq: int) -> None:
+    def _replace(
+        self, row_type: type[Row], rows: list[Row], vec_ids: dict[UUID, int], seq: int
+    ) -> None:
         table = TABLE_OF[row_type]
         types = self._types[table]
         names = [f.name for f in fields(row_type)]
-        key = row_type.KEY
-        # Literal keys, not a joined key table: DuckDB then prunes row groups by their
-        # min/max (UUIDv7 keys are time-ordered), where a join scans the whole table and
-        # makes every batch slower as the table grows.
-        condition = f"{key[0]} IN ({uuid_literals({getattr(r, key[0]) for r in rows})})"
-        loaded = self.con.execute(f"SELECT * FROM {table} WHERE {condition}").fetchall()
-        columns = list(types)
-        existing: dict[tuple[Any, ...], Row] = {}
-        vec_ids: dict[tuple[Any, ...], int] = {}
-        wanted = {r.key() for r in rows}
-        for values in loaded:
-            record = dict(zip(columns, values, strict=True))
-            row = row_type(**{n: _from_db(record[n]) for n in names})
-            if row.key() not in wanted:
-                continue  # same first key, other second key (application rows)
-            existing[row.key()] = row
-            if "vec_id" in record and record["vec_id"] is not None:
-                vec_ids[row.key()] = int(record["vec_id"])
-        merged: list[Row] = []
-        for row in rows:
-            current = existing.get(row.key())
-            merged.append(current.merge(row) if current is not None else row)
         staged: dict[str, np.ndarray[Any, Any]] = {
-            n: _column([getattr(r, n) for r in merged], types[n]) for n in names
+            n: _column([getattr(r, n) for r in rows], types[n]) for n in names
         }
         if "vec_id" in types:
-            ids = []
-            for row in merged:
-                vec_id = vec_ids.get(row.key())
-                if vec_id is None:
-                    vec_id = self._next_vec_id
-                    self._next_vec_id += 1
-                ids.append(vec_id)
-            staged["vec_id"] = np.array(ids, dtype=np.int64)
-        staged["updated_seq"] = np.full(len(merged), seq, dtype=np.int64)
-        select = ", ".join(_cast(c, types[c]) for c in columns)
+            staged["vec_id"] = np.array([vec_ids.get(r.key()[0]) for r in rows], dtype=object)
+        staged["updated_seq"] = np.full(len(rows), seq, dtype=np.int64)
+        select = ", ".join(_cast(c, types[c]) for c in types)
         self.con.execute(f"INSERT OR REPLACE INTO {table} SELECT {select} FROM staged")
 
-    def _forget(self, delta: FoldState, deleted: set[UUID]) -> None:
-        """Drop the application counts of a deleted experience, whichever arrived first
-        (tombstones are permanent, so the result does not depend on the order).
-        ``deleted`` holds every tombstoned id, this batch's included."""
-        experiences = {k[0] for k in delta.rows[ExperienceRow]}
-        experiences |= {k[0] for k in delta.rows[ApplicationRow]}
-        doomed = experiences & deleted
-        if doomed:
-            self.con.execute(
-                f"DELETE FROM application_rows WHERE experience_id IN ({uuid_literals(doomed)})"
-            )
+    def vec_ids(self) -> dict[UUID, int]:
+        """The local FAISS ids of experiences and insights."""
+        found: dict[UUID, int] = {}
+        for table, key in (("experience_rows", "experience_id"), ("insight_rows", "insight_id")):
+            for row_id, vec_id in self.con.execute(
+                f"SELECT {key}, vec_id FROM {table} WHERE vec_id IS NOT NULL"
+            ).fetchall():
+                found[row_id] = int(vec_id)
+        return found
+
+    def rejected(self) -> list[Rejected]:
+        return [
+            Rejected(seq=int(r[0]), subject=r[1], reason=r[2], instance_id=r[3])
+            for r in self.con.execute(
+                "SELECT seq, subject, reason, instance_id FROM undecodable ORDER BY seq"
+            ).fetchall()
+        ]
+
+    def changed_since(self, seq: int) -> dict[str, set[UUID]]:
+        """Ids of experiences, insights and collectives written after ``seq``."""
+        return {
+            table: {
+                r[0]
+                for r in self.con.execute(
+                    f"SELECT {key} FROM {table}_rows WHERE updated_seq > ?", [seq]
+                ).fetchall()
+            }
+            for table, key in (("experience", "experience_id"), ("insight", "insight_id"),
+                               ("collective", "collective_id"))
+        }  # fmt: skip
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -238,20 +208,6 @@ class Store:
         result = self.con.execute(f"SELECT {', '.join(names)} FROM {table}").fetchall()
         rows = (row_type(*map(_from_db, values)) for values in result)
         return {row.key(): row for row in rows}
-
-    def max_hlc(self) -> int:
-        """The largest HLC of anything folded so far (a restarted clock starts past it)."""
-        parts = [
-            f"SELECT max(created_hlc) FROM {t}"
-            for t in ("collective_rows", "experience_rows", "relation_rows", "insight_rows",
-                      "wisdom_rows")
-        ] + ["SELECT max(last_hlc) FROM application_rows"]  # fmt: skip
-        best = max(r[0] or 0 for r in self.con.execute(" UNION ALL ".join(parts)).fetchall())
-        for column in ("importance", "confidence", "domain", "related_files", "archived"):
-            found = self.con.execute(f"SELECT max({column}_stamp) FROM experience_rows").fetchone()
-            if found and found[0]:
-                best = max(best, int.from_bytes(found[0][:8], "big"))
-        return int(best)
 
     def digest(self) -> str:
         """SHA-256 of the logical state: every base table's rows, sorted, local columns out."""

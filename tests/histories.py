@@ -1,13 +1,19 @@
 """Hypothesis strategies for event histories over a small id space written by several
 instances: enough collisions to exercise every fold rule (conflicting creates, updates
 before creates, deletes, repeated reinforcements, relation triples taken twice, wrong
-dimensions, relations across collectives), plus a plain model of the fold."""
+dimensions, relations across collectives), plus a plain model of the fold written from
+the specification alone (the rules in ``projections.fold``'s docstring and DESIGN.md's
+table): it shares no code with the fold, whose row classes it uses only as the format
+to compare in."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+import msgspec
 from hypothesis import strategies as st
 
 from eventlog import events as ev
@@ -110,92 +116,150 @@ def redeliveries(draw: st.DrawFn, events: list[ev.Event]) -> list[ev.Event]:
 
 # -- the plain model: every rule applied "by definition" to the whole set of events --------
 
+Rows = dict[type[fold.Row], dict[tuple[Any, ...], fold.Row]]
 
-def model(events: list[ev.Event]) -> dict[type[fold.Row], dict[tuple[Any, ...], fold.Row]]:
-    unique = {e.event_id: e for e in events}.values()
-    rows: dict[type[fold.Row], dict[tuple[Any, ...], fold.Row]] = {t: {} for t in fold.ROW_TYPES}
 
-    def by_entity(kinds: tuple[type, ...], key: str) -> dict[UUID, list[ev.Event]]:
-        grouped: dict[UUID, list[ev.Event]] = {}
-        for e in unique:
-            if isinstance(e, kinds):
-                grouped.setdefault(getattr(e, key), []).append(e)
-        return grouped
+def later(e: ev.Event) -> tuple[int, UUID, UUID]:
+    """The last-writer-wins order: HLC, then instance id, then event id."""
+    return (e.hlc, e.instance_id, e.event_id)
 
-    def first_create(group: list[ev.Event], kind: type) -> ev.Event | None:
-        creates = [e for e in group if isinstance(e, kind)]
-        return min(creates, key=lambda e: e.event_id) if creates else None
 
-    def latest(group: list[ev.Event], value_of: Any) -> tuple[Any, bytes]:
-        best: tuple[Any, bytes] = (None, fold.NO_STAMP)
-        for e in group:
-            value = value_of(e)
-            if value is not None and fold.stamp_of(e) > best[1]:
-                best = (value, fold.stamp_of(e))
-        return best
+def stamp_column(e: ev.Event) -> bytes:
+    """How a row stores the stamp of the write it holds: the three of ``later`` as bytes,
+    the HLC as 8 bytes big-endian."""
+    return e.hlc.to_bytes(8, "big") + e.instance_id.bytes + e.event_id.bytes
 
-    plain_creates = [
-        (ev.CollectiveCreated, ev.CollectiveDeleted, "collective_id", fold.CollectiveRow),
-        (ev.RelationStored, ev.RelationDeleted, "relation_id", fold.RelationRow),
-        (ev.InsightStored, ev.InsightDeleted, "insight_id", fold.InsightRow),
-        (ev.WisdomStored, ev.WisdomDeleted, "wisdom_id", fold.WisdomRow),
-    ]
-    for create, delete, key, row_type in plain_creates:
-        for entity, group in by_entity((create, delete), key).items():
-            winner = first_create(group, create)
-            row = fold.row_of(winner) if winner else row_type(entity)  # type: ignore[arg-type, call-arg]
-            assert row is not None
-            if any(isinstance(e, delete) for e in group):  # a tombstone: key and flag only
-                row = row_type(entity, deleted=True)  # type: ignore[call-arg]
-            for name in row_type.ANCHOR:  # the smallest any create or delete names
-                setattr(row, name, min(getattr(e, name) for e in group))
-            rows[row_type][(entity,)] = row
 
-    experience_kinds = (
-        ev.ExperienceRecorded, ev.ExperienceUpdated, ev.ExperienceArchived,
-        ev.ExperienceUnarchived, ev.ExperienceDeleted,
-    )  # fmt: skip
-    for entity, group in by_entity(experience_kinds, "experience_id").items():
-        winner = first_create(group, ev.ExperienceRecorded)
-        row = fold.row_of(winner) if winner else fold.ExperienceRow(entity)  # type: ignore[arg-type]
-        assert isinstance(row, fold.ExperienceRow)
-        for name in ("importance", "confidence", "domain", "related_files"):
-            setters = [
-                e for e in group if isinstance(e, (ev.ExperienceRecorded, ev.ExperienceUpdated))
-            ]
-            value, stamp = latest(setters, lambda e, n=name: getattr(e, n))
-            setattr(row, name, value)
-            setattr(row, f"{name}_stamp", stamp)
-        toggles = [
-            e for e in group if isinstance(e, (ev.ExperienceArchived, ev.ExperienceUnarchived))
+def last_write(writes: Sequence[tuple[ev.Event, Any]], default: Any = None) -> tuple[Any, bytes]:
+    """A register: the value of the latest write and its stamp; unwritten, the default."""
+    if not writes:
+        return default, b""
+    event, value = max(writes, key=lambda write: later(write[0]))
+    return value, stamp_column(event)
+
+
+@dataclass(frozen=True)
+class Entity:
+    """One kind of entity: its events, its row and what its create sets."""
+
+    row: type[fold.Row]
+    key: str
+    create: type[ev.Event]
+    delete: type[ev.Event]
+    updates: tuple[type[ev.Event], ...]  # field updates, archive / unarchive
+    anchor: str | None  # the smallest one named by any of its events is kept
+    created: Callable[[Any], dict[str, Any]]  # the create's fields, by row column
+
+
+def experience_type(kind: Any) -> dict[str, Any]:
+    """The variant's name (its tag) and the variant as JSON."""
+    return {"experience_type": type(kind).__name__, "type_data": msgspec.json.encode(kind).decode()}
+
+
+ENTITIES = [
+    Entity(
+        fold.CollectiveRow, "collective_id", ev.CollectiveCreated, ev.CollectiveDeleted, (), None,
+        lambda e: {"owner_id": e.owner_id, "name": e.name, "embedding_dimension": e.embedding_dimension, "embedder": e.embedder},
+    ),
+    Entity(
+        fold.ExperienceRow, "experience_id", ev.ExperienceRecorded,
+        ev.ExperienceDeleted, (ev.ExperienceUpdated, ev.ExperienceArchived, ev.ExperienceUnarchived), "collective_id",
+        lambda e: {
+            "content": e.content, "embedding": e.embedding, **experience_type(e.experience_type),
+            "source_agent": e.source_agent, "source_task": e.source_task,
+        },
+    ),
+    Entity(
+        fold.RelationRow, "relation_id", ev.RelationStored, ev.RelationDeleted, (), "collective_id",
+        lambda e: {
+            "source_id": e.source_id, "target_id": e.target_id, "relation_type": e.relation_type,
+            "strength": e.strength, "metadata": e.metadata,
+        },
+    ),
+    Entity(
+        fold.InsightRow, "insight_id", ev.InsightStored, ev.InsightDeleted, (), "collective_id",
+        lambda e: {
+            "content": e.content, "embedding": e.embedding, "source_experiences": e.source_experiences,
+            "confidence": e.confidence, "domain": e.domain,
+        },
+    ),
+    Entity(
+        fold.WisdomRow, "wisdom_id", ev.WisdomStored, ev.WisdomDeleted, (), "owner_id",
+        lambda e: {
+            "category": e.category, "pattern": e.pattern, "confidence": e.confidence, "embedding": e.embedding,
+            "source_collectives": e.source_collectives, "source_experience_count": e.source_experience_count,
+            "applicable_domains": e.applicable_domains,
+        },
+    ),
+]  # fmt: skip
+
+
+def experience_registers(group: list[ev.Event]) -> dict[str, Any]:
+    """Last-writer-wins per field: every create writes all four fields, an update those it
+    does not leave None; archive and unarchive write ``archived``."""
+    columns: dict[str, Any] = {}
+    for name in ("importance", "confidence", "domain", "related_files"):
+        writes = [
+            (e, getattr(e, name))
+            for e in group
+            if isinstance(e, ev.ExperienceRecorded)
+            or (isinstance(e, ev.ExperienceUpdated) and getattr(e, name) is not None)
         ]
-        archived, stamp = latest(toggles, lambda e: isinstance(e, ev.ExperienceArchived))
-        row.archived, row.archived_stamp = bool(archived), stamp
-        if any(isinstance(e, ev.ExperienceDeleted) for e in group):
-            row = fold.ExperienceRow(entity, deleted=True)
-        row.collective_id = min(e.collective_id for e in group)  # every one names it
-        rows[fold.ExperienceRow][(entity,)] = row
+        columns[name], columns[f"{name}_stamp"] = last_write(writes)
+    toggles = [
+        (e, isinstance(e, ev.ExperienceArchived))
+        for e in group
+        if isinstance(e, (ev.ExperienceArchived, ev.ExperienceUnarchived))
+    ]
+    columns["archived"], columns["archived_stamp"] = last_write(toggles, default=False)
+    return columns
 
-    for e in unique:
+
+def model(events: list[ev.Event]) -> Rows:
+    unique = list({e.event_id: e for e in events}.values())  # a redelivery is the same write
+    rows: Rows = {t: {} for t in fold.ROW_TYPES}
+    for entity in ENTITIES:
+        groups: dict[UUID, list[ev.Event]] = {}
+        for e in unique:
+            if isinstance(e, (entity.create, entity.delete, *entity.updates)):
+                groups.setdefault(getattr(e, entity.key), []).append(e)
+        for key, group in groups.items():
+            columns: dict[str, Any] = {}
+            if entity.anchor is not None:
+                columns[entity.anchor] = min(getattr(e, entity.anchor) for e in group)
+            if any(isinstance(e, entity.delete) for e in group):
+                columns["deleted"] = True  # a tombstone: the key, the anchor and the flag
+            else:
+                creates = [e for e in group if isinstance(e, entity.create)]
+                if creates:  # the create with the smallest event id sets the create fields
+                    first = min(creates, key=lambda e: e.event_id)
+                    columns.update(
+                        entity.created(first), create_event=first.event_id, created_hlc=first.hlc
+                    )
+                if entity.row is fold.ExperienceRow:
+                    columns.update(experience_registers(group))
+            rows[entity.row][(key,)] = entity.row(key, **columns)  # type: ignore[call-arg]
+
+    reports: dict[tuple[UUID, UUID], list[ev.ExperienceReinforced]] = {}
+    for e in unique:  # a G-counter: one entry per (experience, instance)
         if isinstance(e, ev.ExperienceReinforced):
-            key = (e.experience_id, e.instance_id)
-            current = rows[fold.ApplicationRow].get(key)
-            count = max(e.applications, current.applications if current else 0)  # type: ignore[attr-defined]
-            last = max(e.hlc, current.last_hlc if current else 0)  # type: ignore[attr-defined]
-            collective = e.collective_id
-            if current is not None and current.collective_id is not None:  # type: ignore[attr-defined]
-                collective = min(collective, current.collective_id)  # type: ignore[attr-defined]
-            rows[fold.ApplicationRow][key] = fold.ApplicationRow(
-                e.experience_id, e.instance_id, count, last, collective
-            )
+            reports.setdefault((e.experience_id, e.instance_id), []).append(e)
+    for (experience, instance), totals in reports.items():
+        rows[fold.ApplicationRow][(experience, instance)] = fold.ApplicationRow(
+            experience_id=experience,
+            instance_id=instance,
+            applications=max(0, *(e.applications for e in totals)),  # the largest total reported
+            last_hlc=max(e.hlc for e in totals),
+            collective_id=min(e.collective_id for e in totals),
+        )
     return rows
 
 
-def stored_model(events: list[ev.Event]) -> dict[type[fold.Row], dict[tuple[Any, ...], fold.Row]]:
+def stored_model(events: list[ev.Event]) -> Rows:
     """``model`` after what the store forgets: the application counts of a deleted
     experience."""
     rows = model(events)
-    deleted = {k[0] for k, r in rows[fold.ExperienceRow].items() if r.deleted}  # type: ignore[attr-defined]
+    deleted = {e.experience_id for e in events if isinstance(e, ev.ExperienceDeleted)}
     rows[fold.ApplicationRow] = {
         k: r for k, r in rows[fold.ApplicationRow].items() if k[0] not in deleted
     }

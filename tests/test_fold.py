@@ -1,5 +1,6 @@
 """The fold is a join-semilattice: laws of the merge, order- and duplicate-freedom, and
-agreement with the plain model in tests/histories.py."""
+agreement with the plain model in tests/histories.py (written from the specification,
+sharing no code with the fold)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from hypothesis import strategies as st
 
 from eventlog import events as ev
 from projections import fold
-from tests.histories import EVENTS, histories, model, redeliveries
+from tests.histories import EVENTS, histories, later, model, redeliveries
 
 
 def folded(events: list[ev.Event]) -> fold.FoldState:
@@ -53,6 +54,11 @@ def test_merge_is_idempotent(events: list[ev.Event]) -> None:
         for b in rows:
             once = join(a, b)
             assert join(once, b) == once
+
+
+@given(EVENTS, EVENTS)
+def test_stamps_order_writes_by_hlc_then_instance_then_event(a: ev.Event, b: ev.Event) -> None:
+    assert (fold.stamp_of(a) < fold.stamp_of(b)) == (later(a) < later(b))
 
 
 @given(st.data())

@@ -9,7 +9,7 @@ import numpy as np
 
 from eventlog import EmbeddedNats
 from eventlog.log import EventLog
-from projections.projection import ProjectionSettings
+from projections.projection import Projection, ProjectionSettings
 from sync import PulseDB
 
 SECRET = "the vault combination is zebra-4417"
@@ -24,26 +24,35 @@ async def raw_payloads(log: EventLog) -> list[str]:
     return found
 
 
-def holds_secret(db: PulseDB) -> list[str]:
-    """Where this host still keeps the secret: tables, vector indexes, full text."""
+async def holds_secret(db: PulseDB) -> list[str]:
+    """Where this host still keeps the secret: memory, tables, vector indexes, full text
+    (looked at on the engine thread, DuckDB flushed first)."""
+    return await db.engine.run(_places_of_secret)
+
+
+def _places_of_secret(p: Projection) -> list[str]:
     places = []
-    con = db.projection.store.con
+    p.flush()
+    for row in [*p.memory.experiences.values(), *p.memory.insights.values()]:
+        if "zebra" in (row.content or ""):
+            places.append(f"memory {type(row).__name__}")
+    con = p.store.con
     for table, column in (("experience_rows", "content"), ("insight_rows", "content")):
         row = con.execute(f"SELECT count(*) FROM {table} WHERE {column} LIKE '%zebra%'").fetchone()
         if row and row[0]:
             places.append(table)
     target = np.asarray(SECRET_VECTOR, dtype=np.float32)
     target /= np.linalg.norm(target)
-    for key, index in db.projection.vectors.items():
+    for key, index in p.vectors.items():
         for vec_id in index.members:
             stored = index.index.reconstruct(int(vec_id))
             norm = np.linalg.norm(stored)
             if norm and float(stored @ target) / norm > 0.999:
                 places.append(f"faiss {key}")
-    db.projection.text.commit()
+    p.text.commit()
     for kind in ("experience", "insight"):
-        for cid in {k[1] for k in db.projection.vectors}:
-            if db.projection.text.search(kind, cid, "zebra", 10):
+        for cid in {k[1] for k in p.vectors}:
+            if p.text.search(kind, cid, "zebra", 10):
                 places.append(f"tantivy {kind}")
     return places
 
@@ -63,7 +72,9 @@ async def test_a_deleted_experience_is_gone_from_the_log_every_host_and_a_rebuil
         await a.store_relation(secret, keep[0], "Supports")
         await b.reinforce_experience(secret)
         await b.sync()
-        assert holds_secret(a) and holds_secret(b)  # the checks can see it when it is there
+        assert await holds_secret(a) and await holds_secret(
+            b
+        )  # the checks can see it when it is there
         assert any("zebra" in p for p in await raw_payloads(a.log))
 
         await b.delete_experience(secret)
@@ -71,7 +82,7 @@ async def test_a_deleted_experience_is_gone_from_the_log_every_host_and_a_rebuil
 
         assert not any("zebra" in p for p in await raw_payloads(a.log))
         for db in (a, b):
-            assert holds_secret(db) == []
+            assert await holds_secret(db) == []
             assert await db.get_experience(secret) is None
             assert await db.search_text(cid, "zebra") == []
             hits = await db.search_similar(cid, SECRET_VECTOR, k=10)
@@ -88,7 +99,7 @@ async def test_a_deleted_experience_is_gone_from_the_log_every_host_and_a_rebuil
     # a third host built from the log alone, and a rebuild of the first: same state
     c = await PulseDB.open(tmp_path / "c", nats_server.url)
     try:
-        assert await c.digest() == digest and holds_secret(c) == []
+        assert await c.digest() == digest and await holds_secret(c) == []
     finally:
         await c.close()
     from eventlog import JetStreamLog
@@ -129,12 +140,14 @@ async def test_a_deleted_collective_leaves_only_its_tombstone(
         assert sum("CollectiveDeleted" in p for p in payloads) == 1  # the last tombstone
         assert sum("ExperienceDeleted" in p for p in payloads) == 2  # one per experience
         for db in (a, b):
-            assert holds_secret(db) == []
+            assert await holds_secret(db) == []
             assert [c.name for c in await db.list_collectives()] == ["stays"]
             assert await db.get_collective(gone) is None
-            assert ("experience", gone) not in db.projection.vectors
+            assert not await db.engine.run(lambda p: ("experience", gone) in p.vectors)
             assert await db.get_experience(kept) is not None
-            count = db.projection.store.con.execute(
+            await db.engine.flush()
+            cursor, _ = await db.engine.cursor()
+            count = cursor.execute(
                 "SELECT (SELECT count(*) FROM experience_rows WHERE collective_id = $c"
                 "        AND (NOT deleted OR content IS NOT NULL))"
                 " + (SELECT count(*) FROM relation_rows WHERE collective_id = $c AND NOT deleted)"
@@ -143,6 +156,7 @@ async def test_a_deleted_collective_leaves_only_its_tombstone(
                 " + (SELECT count(*) FROM application_rows WHERE collective_id = $c)",
                 {"c": gone},
             ).fetchone()
+            cursor.close()
             assert count == (0,)  # only wiped tombstone rows are left
         assert await a.digest() == await b.digest()
     finally:

@@ -273,6 +273,8 @@ def test_dead_letters_say_why(world: World) -> None:
 
 
 def test_deleted_content_is_gone_from_the_rows(world: World) -> None:
+    assert world.projection.memory.experiences[(world.gone.experience_id,)].content is None
+    world.projection.flush()
     content, embedding, deleted = world.projection.store.con.execute(
         "SELECT content, embedding, deleted FROM experience_rows WHERE experience_id = ?",
         [world.gone.experience_id],
@@ -289,6 +291,7 @@ def test_indexes_survive_reopening_and_catch_up_from_duckdb(tmp_path: Path) -> N
     assert ids(q.similar_experiences(reopened, world.cid, [1, 0, 0, 0], k=3)) == expected
     late = record(world.cid, "Applied but never saved to the index files", [0, 0, 0, 1], at=2000)
     reopened.apply([LogEntry(100, "s", late)])
+    reopened.flush()
     reopened.text.close()  # a crash: DuckDB and tantivy committed, the FAISS files not saved
     reopened.store.close()
 
@@ -357,5 +360,5 @@ def test_unknown_header_schema_is_a_dead_letter_not_a_crash(tmp_path: Path) -> N
     error = DecodeError("written with schema 9", subject="pulse.c.a.b.c", seq=1)
     projection.apply([LogEntry(1, "pulse.c.a.b.c", None, error)])
     assert [d.reason for d in q.dead_letters(projection)] == ["written with schema 9"]
-    assert projection.store.checkpoint() == (1, 1)
+    assert projection.checkpoint() == (1, 1)
     projection.close()

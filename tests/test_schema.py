@@ -22,13 +22,30 @@ def test_a_newer_schema_is_refused_with_advice(tmp_path: Path) -> None:
 def test_a_version_1_database_is_migrated_on_open(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.duckdb")  # make it look as version 1 wrote it
     store.con.execute("ALTER TABLE application_rows DROP COLUMN collective_id")
+    store.con.execute("ALTER TABLE undecodable DROP COLUMN instance_id")
     store.con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     store.close()
     store = Store(tmp_path / "state.duckdb")
     columns = {r[0] for r in store.con.execute("DESCRIBE application_rows").fetchall()}
+    kept_aside = {r[0] for r in store.con.execute("DESCRIBE undecodable").fetchall()}
     version = store.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     store.close()
-    assert "collective_id" in columns and version == (str(schema.SCHEMA_VERSION),) == ("2",)
+    assert "collective_id" in columns and "instance_id" in kept_aside
+    assert version == (str(schema.SCHEMA_VERSION),) == ("3",)
+
+
+def test_a_version_2_database_names_the_writer_of_a_message_kept_aside(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.duckdb")  # as version 2 wrote it
+    store.con.execute("ALTER TABLE undecodable DROP COLUMN instance_id")
+    store.con.execute("INSERT INTO undecodable VALUES (7, 'pulse.x', 'unreadable')")
+    store.con.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    store.close()
+    store = Store(tmp_path / "state.duckdb")
+    letters = store.con.execute(
+        "SELECT entity, seq, subject, reason, instance_id FROM dead_letters"
+    ).fetchall()
+    store.close()
+    assert letters == [("message", 7, "pulse.x", "unreadable", None)]
 
 
 def test_version_1_deletes_are_forgotten_by_the_migration(tmp_path: Path) -> None:

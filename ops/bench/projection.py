@@ -31,7 +31,7 @@ from eventlog import events as ev
 from eventlog.ids import uuid7
 from ops.bench.peers import raw_drain
 from projections import queries as q
-from projections.projection import open_projection, rebuild
+from projections.projection import Projection, rebuild, state_dir
 
 DIM, CLUSTERS = 384, 40
 
@@ -74,7 +74,7 @@ MEMORY_PROBE = """
 import sys, resource
 from uuid import UUID
 import numpy as np
-from projections.projection import open_projection
+from projections.projection import Projection, state_dir
 from projections import queries as q
 
 def rss():
@@ -82,7 +82,7 @@ def rss():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
 before = rss()
-p = open_projection(sys.argv[1])
+p = Projection(state_dir(sys.argv[1]))
 q.similar_experiences(p, UUID(sys.argv[2]), np.ones(384, dtype=np.float32), k=10)
 q.search_text(p, UUID(sys.argv[2]), "retry", k=10)
 print(rss() - before)
@@ -108,7 +108,7 @@ async def main(n: int, queries: int) -> None:
         emit("rebuild", events=total, pulse_per_s=round(rebuild_rate),
              raw_drain_per_s=round(raw_rate), ratio=round(rebuild_rate / raw_rate, 3))  # fmt: skip
 
-        projection = open_projection(tmp)
+        projection = Projection(state_dir(tmp))
         rng = np.random.default_rng(2)
         probes = vectors[rng.integers(0, n, queries)] + 0.05 * rng.normal(
             size=(queries, DIM)

@@ -1,0 +1,302 @@
+"""The projection engine: one thread owns a projection (its memory, DuckDB, FAISS and
+tantivy); the asyncio loop hands it work and awaits the result.
+
+    loop                                   engine thread
+    ----                                   -------------
+    submit(entries) / apply(entries)  -->  fold everything queued, as one batch
+    run(fn, *args)                    -->  fn(projection, *args) after that batch
+    listeners  <------------------------   Applied(seq, entries, max_hlc) per batch
+                                           every flush_interval: one DuckDB write
+                                           every save_interval: index files saved
+
+Group commit: the thread takes whatever arrived while it was busy, so it applies one
+event when idle and thousands under load, and writes DuckDB once per ``flush_interval``
+whatever the number of events. A read (``run``) waits only for the batch in hand, never
+for a SQL round trip, and never blocks the loop: ``/health``, replication and other
+callers keep moving while a batch applies or a query runs.
+
+An engine never stops on an event: a batch whose apply raises is split in halves until
+the culprit is found, and that event becomes a dead letter (see ``Projection.skip``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import duckdb
+
+from eventlog.log import EventLog, LogEntry
+from projections.projection import Progress, Projection, ProjectionSettings
+
+log = logging.getLogger("pulse.engine")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What one batch applied: the sequence reached, its entries, their largest HLC."""
+
+    seq: int
+    entries: Sequence[LogEntry]
+    max_hlc: int
+
+
+@dataclass(slots=True)
+class _Apply:
+    entries: Sequence[LogEntry]
+    done: concurrent.futures.Future[int] | None
+
+
+@dataclass(slots=True)
+class _Call:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    done: concurrent.futures.Future[Any]
+
+
+_STOP = object()
+
+
+class Engine:
+    """The owner of one projection; start with ``await Engine.start(directory)``."""
+
+    def __init__(self, directory: Path, settings: ProjectionSettings | None) -> None:
+        self.directory = directory
+        self.settings = settings or ProjectionSettings()
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._listeners: list[Callable[[Applied], None]] = []
+        self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._projection: Projection | None = None
+        self.seq = 0  # applied in memory; written by the engine thread only
+        self.flushed_seq = 0  # what DuckDB reflects
+        self.events_applied = 0
+        self._submitted = 0
+        self._applied_count = 0
+        self._thread = threading.Thread(target=self._run, name="pulse-engine", daemon=True)
+
+    @classmethod
+    async def start(
+        cls, directory: str | Path, settings: ProjectionSettings | None = None
+    ) -> Engine:
+        """Open the projection of ``directory`` on a new engine thread (reading DuckDB
+        back into memory and loading the indexes happens there, off the loop)."""
+        engine = cls(Path(directory), settings)
+        engine._thread.start()
+        await asyncio.wrap_future(engine._ready)
+        return engine
+
+    # -- handing work over (any thread) -----------------------------------------------------
+
+    def subscribe(self, listener: Callable[[Applied], None]) -> None:
+        """Call ``listener`` on the engine thread after every applied batch."""
+        self._listeners.append(listener)
+
+    @property
+    def backlog(self) -> int:
+        """Entries handed over and not applied yet."""
+        return self._submitted - self._applied_count
+
+    def submit(self, entries: Sequence[LogEntry]) -> None:
+        """Queue entries to apply (stream order); returns at once."""
+        self._submitted += len(entries)
+        self._inbox.put(_Apply(entries, None))
+
+    async def apply(self, entries: Sequence[LogEntry]) -> int:
+        """Apply entries and return the sequence reached."""
+        done: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._submitted += len(entries)
+        self._inbox.put(_Apply(entries, done))
+        return await asyncio.wrap_future(done)
+
+    def call(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+        """Run ``fn(projection, *args)`` on the engine thread."""
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+        if not self._thread.is_alive():
+            done.set_exception(RuntimeError("the projection engine is stopped"))
+        else:
+            self._inbox.put(_Call(fn, args, done))
+        return done
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Await ``fn(projection, *args)`` run on the engine thread."""
+        return await asyncio.wrap_future(self.call(fn, *args))
+
+    # -- conveniences over run --------------------------------------------------------------
+
+    async def catch_up(self, log_: EventLog, *, progress: Progress | None = None) -> int:
+        """Apply everything the log holds past what is applied; returns how many events.
+        Reading the next batch overlaps with applying the previous one."""
+        start = self.seq
+        end = await log_.last_seq()
+        applied = 0
+        pending: collections.deque[tuple[asyncio.Future[int], int]] = collections.deque()
+
+        async def settle() -> None:
+            nonlocal applied
+            future, count = pending.popleft()
+            reached = await future
+            applied += count
+            if progress is not None:
+                progress(reached - start, max(end - start, reached - start))
+
+        async for batch in log_.read(start + 1, batch_size=self.settings.batch_size):
+            pending.append((asyncio.ensure_future(self.apply(batch)), len(batch)))
+            if len(pending) > 2:
+                await settle()
+        while pending:
+            await settle()
+        await self.run(Projection.save)
+        return applied
+
+    async def flush(self) -> int:
+        """Write DuckDB up to what is applied; returns the sequence it reflects."""
+        return await self.run(Projection.flush)
+
+    async def digest(self) -> str:
+        return await self.run(Projection.digest)
+
+    async def checkpoint(self) -> tuple[int, int]:
+        """(sequence applied and flushed, events applied in all)."""
+        return await self.run(Projection.checkpoint)
+
+    async def cursor(self) -> tuple[duckdb.DuckDBPyConnection, int]:
+        """A DuckDB cursor over a flushed state, and the sequence it reflects: for SQL
+        that may take long, run off the engine thread (DuckDB reads are concurrent)."""
+
+        def flushed_cursor(p: Projection) -> tuple[duckdb.DuckDBPyConnection, int]:
+            return p.store.con.cursor(), p.flush()
+
+        return await self.run(flushed_cursor)
+
+    async def close(self) -> None:
+        """Flush, save the indexes and stop the thread."""
+        if self._thread.is_alive():
+            self._inbox.put(_STOP)
+            await asyncio.to_thread(self._thread.join)
+
+    # -- the engine thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            projection = self._projection = Projection(self.directory, self.settings)
+        except BaseException as exc:
+            self._ready.set_exception(exc)
+            return
+        self.seq = self.flushed_seq = projection.seq
+        self._ready.set_result(None)
+        stopping = False
+        while not stopping:
+            try:
+                items = [self._inbox.get(timeout=self._idle_timeout(projection))]
+            except queue.Empty:
+                items = []
+            while True:
+                try:
+                    items.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            entries: list[LogEntry] = []
+            waiting: list[concurrent.futures.Future[int]] = []
+            calls: list[_Call] = []
+            for item in items:
+                if isinstance(item, _Apply):
+                    entries.extend(item.entries)
+                    if item.done is not None:
+                        waiting.append(item.done)
+                elif isinstance(item, _Call):
+                    calls.append(item)
+                elif item is _STOP:
+                    stopping = True
+            if entries:
+                self._apply(projection, entries)  # listeners (writers waiting) hear now
+            for call in calls:
+                if call.done.set_running_or_notify_cancel():
+                    try:
+                        call.done.set_result(call.fn(projection, *call.args))
+                    except BaseException as exc:
+                        call.done.set_exception(exc)
+            # a catch-up (apply with a future) hears after its batch is written to DuckDB,
+            # so the progress it reports is durable; live writers heard above already
+            self._housekeeping(projection, flush=stopping or bool(waiting), save=stopping)
+            for future in waiting:
+                future.set_result(self.seq)
+        try:
+            projection.close()
+        except Exception:
+            log.exception("closing the projection failed; the log still holds every event")
+        while True:  # anything queued behind the stop is refused, not left hanging
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            pending: concurrent.futures.Future[Any] | None = (
+                item.done if isinstance(item, (_Apply, _Call)) else None
+            )
+            if pending is not None and not pending.done():
+                pending.set_exception(RuntimeError("the projection engine is stopped"))
+
+    def _idle_timeout(self, projection: Projection) -> float | None:
+        now = time.monotonic()
+        if projection.dirty:
+            return max(0.0, projection.last_flush + self.settings.flush_interval - now)
+        if projection.saved_seq < projection.flushed_seq:
+            return max(0.0, projection.last_save + self.settings.save_interval - now)
+        return None
+
+    def _apply(self, projection: Projection, entries: list[LogEntry]) -> None:
+        self._apply_or_split(projection, entries)
+        self.seq = projection.seq
+        self._applied_count += len(entries)
+        self.events_applied += len(entries)
+        max_hlc = max((e.event.hlc for e in entries if e.event is not None), default=0)
+        applied = Applied(self.seq, entries, max_hlc)
+        for listener in self._listeners:
+            try:
+                listener(applied)
+            except Exception:
+                log.exception("a listener of applied batches failed")
+
+    def _apply_or_split(self, projection: Projection, entries: Sequence[LogEntry]) -> None:
+        """Apply a batch; if it raises, apply its halves (the fold is order-free and
+        idempotent, so what the failed attempt merged is merged again harmlessly) until
+        the one event that raises is found and kept aside."""
+        try:
+            projection.apply(entries)
+        except Exception as exc:
+            if len(entries) == 1:
+                log.warning("event at sequence %d kept aside: %r", entries[0].seq, exc)
+                projection.skip(entries[0], f"cannot apply: {exc}")
+                return
+            middle = len(entries) // 2
+            self._apply_or_split(projection, entries[:middle])
+            self._apply_or_split(projection, entries[middle:])
+
+    def _housekeeping(self, projection: Projection, *, flush: bool, save: bool) -> None:
+        """Write DuckDB when it is due (or asked), save the indexes when that is due."""
+        now = time.monotonic()
+        try:
+            if projection.dirty and (
+                flush
+                or now - projection.last_flush >= self.settings.flush_interval
+                or projection.unflushed >= self.settings.flush_events
+            ):
+                projection.flush()
+            if projection.saved_seq < projection.flushed_seq and (
+                save or now - projection.last_save >= self.settings.save_interval
+            ):
+                projection.save()
+        except Exception:  # DuckDB refused: keep applying in memory, try again later
+            log.exception("writing the projection failed; retrying at the next interval")
+            projection.last_flush = projection.last_save = now
+        self.flushed_seq = projection.flushed_seq

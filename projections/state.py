@@ -1,0 +1,426 @@
+"""The engine's memory: every folded row, and the indexes reads need, so that a read, a
+filter, a ranking input or a write's reference check never pays a SQL round trip.
+
+``MemoryState`` holds the join of every applied event (``projections.fold``) keyed like
+the DuckDB base tables, plus what is derived from it: which collectives are live (and
+their dimension), the experiences of each collective in recording order, the G-counter
+totals of every experience, relations by their ends and by their (source, target, type)
+triple, and the events that could not be applied. It also remembers which rows changed
+since DuckDB was last written (``dirty``), so the store can write them in bulk.
+
+This module is where Pulse defines what is *live*: ``experience_problem`` /
+``live_experience``, ``relation_problem`` / ``live_relation``, ``insight_problem`` /
+``live_insight``, ``collective_dimension``. Every read, the vector and text indexes and
+the dead letters use these definitions; the analysts' SQL views in
+``projections.schema`` state the same rules in SQL, and ``tests/test_engine.py`` checks
+that the two agree on random histories.
+
+Everything here is touched by the engine thread only (see ``projections.engine``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from projections.crdt import GCounter
+from projections.fold import (
+    ROW_TYPES,
+    ApplicationRow,
+    CollectiveRow,
+    ExperienceRow,
+    FoldState,
+    InsightRow,
+    RelationRow,
+    Row,
+    WisdomRow,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A message the engine could not apply: kept aside, named by where it was and who
+    wrote it (when that much could be read)."""
+
+    seq: int
+    subject: str
+    reason: str
+    instance_id: UUID | None = None
+
+
+@dataclass(slots=True)
+class Touched:
+    """What one applied batch changed, for the vector and text indexes to follow."""
+
+    experiences: set[UUID]
+    insights: set[UUID]
+    collectives: set[UUID]
+
+    @classmethod
+    def nothing(cls) -> Touched:
+        return cls(set(), set(), set())
+
+
+class MemoryState:
+    """All folded rows of a projection and their derived indexes (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.fold = FoldState()
+        self.collectives: dict[tuple[Any, ...], CollectiveRow] = self.fold.rows[CollectiveRow]  # type: ignore[assignment]
+        self.experiences: dict[tuple[Any, ...], ExperienceRow] = self.fold.rows[ExperienceRow]  # type: ignore[assignment]
+        self.applications: dict[tuple[Any, ...], ApplicationRow] = self.fold.rows[ApplicationRow]  # type: ignore[assignment]
+        self.relations: dict[tuple[Any, ...], RelationRow] = self.fold.rows[RelationRow]  # type: ignore[assignment]
+        self.insights: dict[tuple[Any, ...], InsightRow] = self.fold.rows[InsightRow]  # type: ignore[assignment]
+        self.wisdom: dict[tuple[Any, ...], WisdomRow] = self.fold.rows[WisdomRow]  # type: ignore[assignment]
+        # rows changed since DuckDB was last written, and experiences whose counts must go
+        self.dirty: dict[type[Row], set[tuple[Any, ...]]] = {t: set() for t in ROW_TYPES}
+        self.forgotten_counts: set[UUID] = set()
+        self.deleted: set[UUID] = set()  # every tombstoned id (tombstones are permanent)
+        self.vec_ids: dict[UUID, int] = {}  # experience / insight id -> local FAISS id
+        self.next_vec_id = 1
+        self.counted: dict[UUID, set[UUID]] = {}  # experience -> instances with a row
+        self.counters: dict[UUID, GCounter] = {}  # experience -> its applications
+        self.last_reinforced: dict[UUID, int] = {}  # experience -> largest HLC of one
+        self.order: dict[UUID, list[tuple[int, UUID]]] = {}  # collective -> (created, id)
+        self.experiences_of: dict[UUID, set[UUID]] = {}  # collective -> experience ids
+        self.insights_of: dict[UUID, set[UUID]] = {}
+        self.relations_of: dict[UUID, set[UUID]] = {}
+        self.by_source: dict[UUID, set[UUID]] = {}  # experience -> relations from it
+        self.by_target: dict[UUID, set[UUID]] = {}
+        self.triples: dict[tuple[Any, ...], set[UUID]] = {}  # created, undeleted relations
+        self.rejected: dict[int, Rejected] = {}
+        self.unflushed_rejected: list[Rejected] = []
+
+    # -- loading and merging ---------------------------------------------------------------
+
+    def load(self, rows: Iterable[Row], vec_ids: dict[UUID, int]) -> None:
+        """Rows read back from DuckDB on open (already merged: nothing becomes dirty)."""
+        for row in rows:
+            self.fold.rows[type(row)][row.key()] = row
+            self._index(row, None)
+        self.vec_ids.update(vec_ids)
+        self.next_vec_id = 1 + max(vec_ids.values(), default=0)
+
+    def merge(self, delta: FoldState) -> Touched:
+        """Join a folded batch into the state; returns what changed for the indexes."""
+        touched = Touched.nothing()
+        for row_type in ROW_TYPES:
+            table = self.fold.rows[row_type]
+            dirty = self.dirty[row_type]
+            for key, row in delta.rows[row_type].items():
+                current = table.get(key)
+                before = _snapshot(current)
+                if current is None:
+                    table[key] = row
+                    current = row
+                else:
+                    current.merge(row)
+                dirty.add(key)
+                self._index(current, before)
+                if row_type is ExperienceRow:
+                    touched.experiences.add(key[0])
+                elif row_type is InsightRow:
+                    touched.insights.add(key[0])
+                elif row_type is CollectiveRow:
+                    touched.collectives.add(key[0])
+        return touched
+
+    def _index(self, row: Row, before: tuple[Any, ...] | None) -> None:
+        """Keep the derived indexes of one row in step (``before``: its old snapshot)."""
+        if isinstance(row, ExperienceRow):
+            self._index_experience(row, before)
+        elif isinstance(row, ApplicationRow):
+            if row.experience_id in self.deleted:  # a deleted experience keeps no counts
+                self._forget_counts(row.experience_id)
+            else:
+                eid = row.experience_id
+                self.counted.setdefault(eid, set()).add(row.instance_id)
+                self.counters.setdefault(eid, GCounter()).merge_entry(
+                    row.instance_id, row.applications
+                )
+                if row.last_hlc > self.last_reinforced.get(eid, -1):
+                    self.last_reinforced[eid] = row.last_hlc
+        elif isinstance(row, RelationRow):
+            self._index_relation(row, before)
+        elif isinstance(row, InsightRow):
+            if row.collective_id is not None:
+                self.insights_of.setdefault(row.collective_id, set()).add(row.insight_id)
+            if row.deleted:
+                self.deleted.add(row.insight_id)
+        elif isinstance(row, CollectiveRow):
+            if row.deleted:
+                self.deleted.add(row.collective_id)
+        elif isinstance(row, WisdomRow) and row.deleted:
+            self.deleted.add(row.wisdom_id)
+
+    def _index_experience(self, row: ExperienceRow, before: tuple[Any, ...] | None) -> None:
+        eid = row.experience_id
+        if before is not None and before[0] is not None and before[1] is not None:
+            old = self.order.get(before[0])
+            if old is not None and (before[0], before[1]) != (row.collective_id, row.created_hlc):
+                _discard(old, (before[1], eid))
+        if row.collective_id is not None:
+            self.experiences_of.setdefault(row.collective_id, set()).add(eid)
+            if row.created_hlc is not None and (
+                before is None or (before[0], before[1]) != (row.collective_id, row.created_hlc)
+            ):
+                bisect.insort(self.order.setdefault(row.collective_id, []), (row.created_hlc, eid))
+        if row.deleted:
+            self.deleted.add(eid)
+            self._forget_counts(eid)
+
+    def _forget_counts(self, experience_id: UUID) -> None:
+        self.counters.pop(experience_id, None)
+        self.last_reinforced.pop(experience_id, None)
+        for instance in self.counted.pop(experience_id, set()):
+            self.applications.pop((experience_id, instance), None)
+            self.dirty[ApplicationRow].discard((experience_id, instance))
+        self.forgotten_counts.add(experience_id)
+
+    def _index_relation(self, row: RelationRow, before: tuple[Any, ...] | None) -> None:
+        rid = row.relation_id
+        if before is not None and before[2] is not None:
+            old_triple = before[2]
+            if old_triple != _triple(row):
+                self.triples.get(old_triple, set()).discard(rid)
+                self.by_source.get(old_triple[0], set()).discard(rid)
+                self.by_target.get(old_triple[1], set()).discard(rid)
+        if row.collective_id is not None:
+            self.relations_of.setdefault(row.collective_id, set()).add(rid)
+        triple = _triple(row)
+        if triple is not None:
+            self.triples.setdefault(triple, set()).add(rid)
+            self.by_source.setdefault(triple[0], set()).add(rid)
+            self.by_target.setdefault(triple[1], set()).add(rid)
+        if row.deleted:
+            self.deleted.add(rid)
+
+    def vec_id(self, row_id: UUID) -> int:
+        """The local FAISS id of an experience or insight (assigned on first need)."""
+        found = self.vec_ids.get(row_id)
+        if found is None:
+            found = self.vec_ids[row_id] = self.next_vec_id
+            self.next_vec_id += 1
+        return found
+
+    def reject(self, rejected: Rejected) -> None:
+        if rejected.seq not in self.rejected:
+            self.rejected[rejected.seq] = rejected
+            self.unflushed_rejected.append(rejected)
+
+    def take_dirty(self) -> tuple[dict[type[Row], list[Row]], set[UUID], list[Rejected]]:
+        """The rows to write to DuckDB since the last write (and forget them as dirty)."""
+        rows = {
+            t: [self.fold.rows[t][k] for k in keys if k in self.fold.rows[t]]
+            for t, keys in self.dirty.items()
+            if keys
+        }
+        forgotten, rejected = self.forgotten_counts, self.unflushed_rejected
+        self.dirty = {t: set() for t in ROW_TYPES}
+        self.forgotten_counts, self.unflushed_rejected = set(), []
+        return rows, forgotten, rejected
+
+    def restore_dirty(
+        self, rows: dict[type[Row], list[Row]], forgotten: set[UUID], rejected: list[Rejected]
+    ) -> None:
+        """A DuckDB write failed: keep what it held for the next one."""
+        for row_type, batch in rows.items():
+            self.dirty[row_type].update(r.key() for r in batch)
+        self.forgotten_counts |= forgotten
+        self.unflushed_rejected = rejected + self.unflushed_rejected
+
+    # -- what is live: the one definition ---------------------------------------------------
+
+    def collective_dimension(self, collective_id: UUID | None) -> int | None:
+        """The embedding dimension of a live collective; None when it is not live."""
+        row = self.collectives.get((collective_id,))
+        if row is None or row.create_event is None or row.deleted:
+            return None
+        return row.embedding_dimension
+
+    def live_collective(self, collective_id: UUID) -> CollectiveRow | None:
+        row = self.collectives.get((collective_id,))
+        return row if row is not None and row.create_event is not None and not row.deleted else None
+
+    def experience_problem(self, row: ExperienceRow) -> str | None:
+        """Why a created, undeleted experience cannot be live (None: it can)."""
+        collective = self.collectives.get((row.collective_id,))
+        if collective is None or collective.create_event is None:
+            return f"collective {row.collective_id} does not exist"
+        dim = collective.embedding_dimension or 0
+        if len(row.embedding or b"") != 4 * dim:
+            return (
+                f"embedding has {len(row.embedding or b'') // 4} dimensions, "
+                f"the collective has {dim}"
+            )
+        return None
+
+    def live_experience(self, experience_id: UUID) -> ExperienceRow | None:
+        """A live experience: created, not deleted, in a live collective, with an
+        embedding of the collective's dimension. Archived ones are live (and hidden from
+        searches unless asked for)."""
+        row = self.experiences.get((experience_id,))
+        if row is None or row.create_event is None or row.deleted:
+            return None
+        dim = self.collective_dimension(row.collective_id)
+        if dim is None or len(row.embedding or b"") != 4 * dim:
+            return None
+        return row
+
+    def exists_or_deleted(self, experience_id: UUID) -> bool:
+        row = self.experiences.get((experience_id,))
+        return row is not None and (row.create_event is not None or row.deleted)
+
+    def relation_problem(self, row: RelationRow) -> str | None:
+        """Why a created, undeleted relation breaks an invariant (None: it does not)."""
+        if row.source_id == row.target_id:
+            return "a relation cannot link an experience to itself"
+        source = self.experiences.get((row.source_id,))
+        if source is None or (source.create_event is None and not source.deleted):
+            return f"source experience {row.source_id} does not exist"
+        target = self.experiences.get((row.target_id,))
+        if target is None or (target.create_event is None and not target.deleted):
+            return f"target experience {row.target_id} does not exist"
+        if source.collective_id != target.collective_id or (
+            source.collective_id != row.collective_id
+        ):
+            return "relation across collectives"
+        winner = self.triple_winner(_triple(row))
+        if winner is not None and winner != row.relation_id:
+            return f"(source, target, type) is already taken by relation {winner}"
+        return None
+
+    def triple_winner(self, triple: tuple[Any, ...] | None) -> UUID | None:
+        """The relation that holds a (source, target, type) triple: the smallest id of
+        the created, undeleted relations naming it."""
+        if triple is None:
+            return None
+        holders = [
+            rid
+            for rid in self.triples.get(triple, ())
+            if (r := self.relations.get((rid,))) is not None
+            and r.create_event is not None
+            and not r.deleted
+        ]
+        return min(holders) if holders else None
+
+    def live_relation(self, relation_id: UUID) -> RelationRow | None:
+        row = self.relations.get((relation_id,))
+        if row is None or row.create_event is None or row.deleted:
+            return None
+        if self.relation_problem(row) is not None:
+            return None
+        if self.live_experience(row.source_id) is None:  # type: ignore[arg-type]
+            return None
+        if self.live_experience(row.target_id) is None:  # type: ignore[arg-type]
+            return None
+        return row
+
+    def insight_problem(self, row: InsightRow) -> str | None:
+        collective = self.collectives.get((row.collective_id,))
+        if collective is None or collective.create_event is None:
+            return f"collective {row.collective_id} does not exist"
+        dim = collective.embedding_dimension or 0
+        if len(row.embedding or b"") != 4 * dim:
+            return (
+                f"embedding has {len(row.embedding or b'') // 4} dimensions, "
+                f"the collective has {dim}"
+            )
+        if not row.source_experiences:
+            return "an insight needs at least one source"
+        if not all(self.exists_or_deleted(s) for s in row.source_experiences):
+            return "a source experience does not exist"
+        return None
+
+    def live_insight(self, insight_id: UUID) -> InsightRow | None:
+        row = self.insights.get((insight_id,))
+        if row is None or row.create_event is None or row.deleted:
+            return None
+        if self.insight_problem(row) is not None:
+            return None
+        if self.collective_dimension(row.collective_id) is None:
+            return None
+        return row
+
+    def live_wisdom(self, wisdom_id: UUID) -> WisdomRow | None:
+        row = self.wisdom.get((wisdom_id,))
+        return row if row is not None and row.create_event is not None and not row.deleted else None
+
+    # -- derived reads ---------------------------------------------------------------------
+
+    def applications_of(self, experience_id: UUID) -> tuple[int, int | None]:
+        """(G-counter total, HLC of the latest reinforcement or None)."""
+        counter = self.counters.get(experience_id)
+        return (counter.value if counter else 0), self.last_reinforced.get(experience_id)
+
+    def experiences_in_order(
+        self, collective_id: UUID, *, newest_first: bool
+    ) -> Iterator[ExperienceRow]:
+        """The live experiences of a collective by (recording time, id)."""
+        order = self.order.get(collective_id, [])
+        for _, eid in reversed(order) if newest_first else order:
+            row = self.live_experience(eid)
+            if row is not None:
+                yield row
+
+    def live_experiences_of(self, collective_id: UUID) -> Iterator[ExperienceRow]:
+        for eid in self.experiences_of.get(collective_id, ()):
+            row = self.live_experience(eid)
+            if row is not None:
+                yield row
+
+    def live_relations_of(self, collective_id: UUID) -> Iterator[RelationRow]:
+        for rid in self.relations_of.get(collective_id, ()):
+            row = self.live_relation(rid)
+            if row is not None:
+                yield row
+
+    def live_insights_of(self, collective_id: UUID) -> Iterator[InsightRow]:
+        for iid in self.insights_of.get(collective_id, ()):
+            row = self.live_insight(iid)
+            if row is not None:
+                yield row
+
+    def max_hlc(self) -> int:
+        """The largest HLC of anything folded (a restarted clock starts past it)."""
+        best = 0
+        for table in (self.collectives, self.experiences, self.relations, self.insights,
+                      self.wisdom):  # fmt: skip
+            for row in table.values():
+                created = getattr(row, "created_hlc", None)
+                if created is not None and created > best:
+                    best = created
+        for entry in self.applications.values():
+            best = max(best, entry.last_hlc)
+        for experience in self.experiences.values():
+            for name in ("importance", "confidence", "domain", "related_files", "archived"):
+                stamp = getattr(experience, f"{name}_stamp")
+                if stamp:
+                    best = max(best, int.from_bytes(stamp[:8], "big"))
+        return best
+
+
+def _snapshot(row: Row | None) -> tuple[Any, ...] | None:
+    """What the derived indexes key a row by, before a merge changes it."""
+    if row is None:
+        return None
+    if isinstance(row, ExperienceRow):
+        return (row.collective_id, row.created_hlc)
+    if isinstance(row, RelationRow):
+        return (row.collective_id, None, _triple(row))
+    return ()
+
+
+def _triple(row: RelationRow) -> tuple[Any, ...] | None:
+    if row.source_id is None or row.target_id is None or row.relation_type is None:
+        return None
+    return (row.source_id, row.target_id, row.relation_type)
+
+
+def _discard(order: list[tuple[int, UUID]], item: tuple[int, UUID]) -> None:
+    at = bisect.bisect_left(order, item)
+    if at < len(order) and order[at] == item:
+        del order[at]

@@ -1,0 +1,407 @@
+"""What every part of an instance stands on: replication from the log into the engine,
+waiting for a sequence to be applied (read-your-writes), and the write path.
+
+Replication: a tail of the log from the engine's applied sequence hands every entry to
+the projection engine (``projections.engine``) as it arrives; the engine applies
+whatever has queued up as one batch and reports each batch back. Those reports advance
+the applied sequence on the loop, wake the writers waiting for their own sequence,
+feed the clock and the watchers. Nothing here calls DuckDB, FAISS or tantivy: reads go
+to the engine thread with ``_read`` and are awaited.
+
+The write path: validate against the local state, append to the log (acknowledged by
+JetStream, or raise), wait until this host has applied the event, and forget a write
+that landed after a concurrent delete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import heapq
+import itertools
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from uuid import UUID
+
+import numpy as np
+import numpy.typing as npt
+
+from eventlog import EmbeddedNats, subjects
+from eventlog import events as ev
+from eventlog.errors import LogUnavailable, NotFoundError, PulseError, ValidationError
+from eventlog.ids import uuid7
+from eventlog.log import EventLog
+from projections import queries
+from projections.engine import Applied, Engine
+from sync import embedders, models
+from sync.hlc import HybridClock
+from sync.watch import ExperienceWatch, change_of
+
+log = logging.getLogger("pulse.instance")
+
+T = TypeVar("T")
+
+DELETES = (ev.CollectiveDeleted, ev.ExperienceDeleted, ev.RelationDeleted, ev.InsightDeleted,
+           ev.WisdomDeleted)  # fmt: skip
+DELETES_OF: dict[str, Any] = {
+    "experience": ev.ExperienceDeleted,
+    "relation": ev.RelationDeleted,
+    "insight": ev.InsightDeleted,
+    "wisdom": ev.WisdomDeleted,
+}
+BACKLOG_LIMIT = 50_000  # entries handed to the engine and not applied: the tail waits
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSettings:
+    """How an instance recalls: energy weighting of search results, and activity staleness."""
+
+    energy_weight: float = 0.2  # 0: pure relevance; 1: relevance x energy
+    half_life_days: float = 30.0  # energy halves this long after the last reinforcement
+    boost_every: float = 5.0  # this many applications halve the distance of importance to 1
+    stale_after: float = 300.0  # seconds without a heartbeat before an agent is not active
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.energy_weight) and 0 <= self.energy_weight <= 1):
+            raise ValidationError(f"energy_weight: must be in [0, 1], got {self.energy_weight}")
+        for name in ("half_life_days", "boost_every", "stale_after"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValidationError(f"{name}: must be a finite number > 0, got {value}")
+
+
+class InstanceCore:
+    """The shared state of an instance's parts (see the module docstring)."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        log_: EventLog,
+        engine: Engine,
+        server: EmbeddedNats | None,
+        *,
+        max_hlc: int,
+        tombstones: set[UUID],
+        settings: InstanceSettings | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.log = log_
+        self.engine = engine
+        self.server = server
+        self.instance_id = uuid7()
+        self.clock = HybridClock(state_file=data_dir / "clock.json")
+        self.clock.observe(max_hlc)
+        self.settings = settings or InstanceSettings()
+        self._loop = asyncio.get_running_loop()
+        self._applied = engine.seq
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  # a heap by seq
+        self._tickets = itertools.count()
+        self._watchers: set[ExperienceWatch] = set()
+        self._tombstones = tombstones  # every id a delete was applied for (loop's copy)
+        self._own: dict[UUID, int] = {}  # this incarnation's acknowledged totals
+        # one announcement in flight per experience (two concurrent calls must not both
+        # announce the same total); different experiences go in parallel
+        self._reinforce_locks: dict[UUID, asyncio.Lock] = {}
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._owns_log = True
+        self._loop_task: asyncio.Task[None] | None = None
+        engine.subscribe(self._on_applied)
+        (data_dir / "identity.json").write_text(
+            json.dumps(
+                {
+                    "instance_id": str(self.instance_id),
+                    "pid": os.getpid(),
+                    "started_ms": int(time.time() * 1000),
+                }
+            )  # fmt: skip
+        )
+
+    @property
+    def applied_seq(self) -> int:
+        """The last stream sequence this instance has applied."""
+        return self._applied
+
+    @property
+    def events_applied(self) -> int:
+        """Events the engine applied since open (a metric)."""
+        return self.engine.events_applied
+
+    # -- replication -----------------------------------------------------------------------
+
+    async def _replicate(self) -> None:
+        try:
+            submitted = self.engine.seq
+            async for entry in self.log.tail(self.engine.seq + 1):
+                self.engine.submit((entry,))
+                submitted = entry.seq
+                if self.engine.backlog > BACKLOG_LIMIT:  # let the engine catch its breath
+                    await self._wait_applied(submitted - BACKLOG_LIMIT // 2, timeout=600)
+            raise LogUnavailable("the log tail ended")
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # keep the reason; waiters raise it
+            log.exception("replication stopped")
+            self._failure = exc
+            self._wake_all()
+
+    def _on_applied(self, applied: Applied) -> None:
+        """Called on the engine thread after every batch: hand the news to the loop."""
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._applied_on_loop, applied)
+
+    def _applied_on_loop(self, applied: Applied) -> None:
+        self._applied = max(self._applied, applied.seq)
+        if applied.max_hlc:
+            self.clock.observe(applied.max_hlc)
+        for entry in applied.entries:
+            event = entry.event
+            if isinstance(event, DELETES):
+                self._tombstones.add(_entity_of(event)[1])  # type: ignore[arg-type]
+            if self._watchers:
+                change = change_of(entry)
+                if change is not None:
+                    for watcher in list(self._watchers):
+                        watcher.offer(change)
+        while self._waiters and self._waiters[0][0] <= self._applied:
+            _, _, future = heapq.heappop(self._waiters)
+            if not future.done():
+                future.set_result(None)
+
+    def _wake_all(self) -> None:
+        while self._waiters:
+            _, _, future = heapq.heappop(self._waiters)
+            if not future.done():
+                future.set_result(None)
+
+    async def _wait_applied(self, seq: int, timeout: float = 60.0) -> None:
+        if self._applied < seq and self._failure is None and not self._closed:
+            future: asyncio.Future[None] = self._loop.create_future()
+            heapq.heappush(self._waiters, (seq, next(self._tickets), future))
+            try:
+                async with asyncio.timeout(timeout):  # not wait_for: see jetstream._pull
+                    await future
+            except TimeoutError:
+                raise LogUnavailable(
+                    f"the local state did not reach stream sequence {seq} within "
+                    f"{timeout:g} s (it is at {self._applied})"
+                ) from None
+        if self._failure is not None:
+            raise PulseError(f"replication stopped: {self._failure!r}") from self._failure
+        if self._applied < seq:
+            raise PulseError("the instance is closed")
+
+    async def sync(self, timeout: float = 60.0) -> int:
+        """Wait until the local state has applied everything the stream holds now."""
+        target = await self.log.last_seq()
+        await self._wait_applied(target, timeout)
+        return target
+
+    # -- reads: on the engine thread -------------------------------------------------------
+
+    async def _read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a read (``fn(projection, *args, **kwargs)``, e.g. a ``projections.queries``
+        function) on the engine thread and await it."""
+        if kwargs:
+            return await self.engine.run(functools.partial(fn, **kwargs), *args)
+        return await self.engine.run(fn, *args)
+
+    # -- the write path --------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PulseError("the instance is closed")
+
+    async def _write(self, event: ev.Event) -> int:
+        self._check_open()
+        seq = await self.log.append(event)
+        await self._wait_applied(seq)
+        await self._forget_if_deleted(event, seq)
+        return seq
+
+    async def _write_many(self, events: Sequence[ev.Event]) -> list[int]:
+        """Append events as one pipelined batch; return their sequences once applied."""
+        self._check_open()
+        seqs = await self.log.append_batch(events)
+        await self._wait_applied(max(seqs))
+        for event, seq in zip(events, seqs, strict=True):
+            await self._forget_if_deleted(event, seq)
+        return seqs
+
+    async def _forget_if_deleted(self, event: ev.Event, seq: int) -> None:
+        """A write checked against a state that did not have a concurrent delete yet lands
+        after the tombstone: it must not keep deleted content in the log. Forget it (and
+        say so); every host's fold already ignores it."""
+        if isinstance(event, DELETES):
+            return
+        collective_id = getattr(event, "collective_id", None)
+        if collective_id is None:
+            return
+        entity, entity_id = _entity_of(event)
+        if collective_id in self._tombstones:
+            await self.log.purge(subjects.subject_for(event), before_seq=seq + 1)
+            raise NotFoundError(f"collective_id: collective {collective_id} was deleted")
+        if entity_id in self._tombstones:
+            await self._delete(entity, entity_id)  # a new tombstone, purging the write
+            raise NotFoundError(f"{entity}_id: {entity} {entity_id} was deleted")
+
+    def _common(self) -> dict[str, Any]:
+        return {"event_id": uuid7(), "instance_id": self.instance_id, "hlc": self.clock.now()}
+
+    async def _tombstone(self, event: ev.Event, forget: str) -> None:
+        """Append a tombstone, wait until it is applied here, then purge everything before
+        it on ``forget`` (a subject, wildcards allowed) from the stream: forgetting."""
+        seq = await self._write(event)
+        await self.log.purge(forget, before_seq=seq)
+
+    async def _delete(self, entity: str, entity_id: Any) -> None:
+        """Tombstone an entity that exists or was deleted here, and forget it."""
+        key = uuid_of(f"{entity}_id", entity_id)
+        anchor = await self._read(queries.anchor_of, entity, key)
+        if anchor is None:
+            raise NotFoundError(f"{entity}_id: no {entity} {entity_id}")
+        anchor_field = "owner_id" if entity == "wisdom" else "collective_id"
+        event = DELETES_OF[entity](**self._common(), **{f"{entity}_id": key, anchor_field: anchor})
+        await self._tombstone(event, subjects.subject_for(event))
+
+    # -- checks shared by the parts ---------------------------------------------------------
+
+    async def _collective(self, collective_id: Any) -> queries.Collective:
+        found = await self._read(queries.get_collective, uuid_of("collective_id", collective_id))
+        if found is None:
+            raise NotFoundError(f"collective_id: no collective {collective_id}")
+        return found
+
+    async def _collective_of(self, experience_id: Any, field: str = "experience_id") -> UUID:
+        """The collective of a live experience; NotFoundError when there is none."""
+        found = await self._read(queries.live_collective_of, uuid_of(field, experience_id))
+        if found is None:
+            raise NotFoundError(f"{field}: no experience {experience_id}")
+        return found
+
+    async def _vector(
+        self,
+        collective: queries.Collective,
+        text: str | None,
+        given: npt.NDArray[np.float32] | None,
+        embedder: str | None,
+        *,
+        field: str = "embedding",
+        query: bool = False,
+    ) -> npt.NDArray[np.float32]:
+        """The vector to store or search with: the caller's, checked against the collective
+        (dimension, embedder), or the collective's embedder applied to ``text``."""
+        if given is None:
+            if collective.embedder and not text:
+                raise ValidationError(f"{field}: give a vector or a text to embed")
+            return (await self._embed(collective, [text or ""], field=field, query=query))[0]
+        check_vector(collective, given, embedder, field)
+        return given
+
+    async def _embed(
+        self,
+        collective: queries.Collective,
+        texts: Sequence[str],
+        *,
+        field: str = "embedding",
+        query: bool = False,
+    ) -> list[npt.NDArray[np.float32]]:
+        """The collective's embedder applied to texts, off the loop (one call for all)."""
+        if not collective.embedder:
+            raise ValidationError(
+                f"{field}: required, collective {collective.name!r} has no embedder "
+                "(create a collective with an embedder, e.g. 'hash', to send text only)"
+            )
+        model = embedders.embedder(collective.embedder, collective.embedding_dimension)
+        if query:
+            made = [await asyncio.to_thread(model.embed_query, texts[0])]
+        else:
+            made = list(await asyncio.to_thread(model.embed_documents, list(texts)))
+        return [np.asarray(m, dtype=np.float32) for m in made]
+
+    def _filter(self, flt: Any) -> queries.ExperienceFilter:
+        if flt is None:
+            return queries.ANY_LIVE
+        if isinstance(flt, queries.ExperienceFilter):
+            return flt
+        model = (
+            flt if isinstance(flt, models.FilterIn) else models.validated(models.FilterIn, **flt)
+        )
+        return queries.ExperienceFilter(
+            domains=tuple(model.domains) if model.domains is not None else None,
+            experience_types=(
+                tuple(model.experience_types) if model.experience_types is not None else None
+            ),
+            min_importance=model.min_importance,
+            min_confidence=model.min_confidence,
+            since_ms=model.since_ms,
+            include_archived=model.include_archived,
+        )
+
+    @property
+    def _energy_settings(self) -> dict[str, float]:
+        return {
+            "half_life_days": self.settings.half_life_days,
+            "boost_every": self.settings.boost_every,
+        }
+
+
+def check_vector(
+    collective: queries.Collective,
+    given: npt.NDArray[np.float32],
+    embedder: str | None,
+    field: str = "embedding",
+) -> None:
+    """A caller's vector must come from the collective's embedder and fit its dimension."""
+    if collective.embedder and embedder != collective.embedder:
+        raise ValidationError(
+            f"embedder: collective {collective.name!r} embeds with {collective.embedder!r}; "
+            f"a vector from {repr(embedder) if embedder else 'an unnamed model'} is "
+            f"refused (send text only, or a vector made with embedder="
+            f"{collective.embedder!r})"
+        )
+    if len(given) != collective.embedding_dimension:
+        raise ValidationError(
+            f"{field}: {len(given)} values, collective {collective.name!r} has dimension "
+            f"{collective.embedding_dimension} (fixed at creation)"
+        )
+
+
+def _entity_of(event: ev.Event) -> tuple[str, UUID | None]:
+    """The entity an event is about, and its id."""
+    for entity in ("experience", "relation", "insight", "wisdom"):
+        found = getattr(event, f"{entity}_id", None)
+        if found is not None:
+            return entity, found
+    return "collective", getattr(event, "collective_id", None)
+
+
+def uuid_of(field: str, value: Any) -> UUID:
+    if isinstance(value, UUID):
+        return value
+    try:
+        return UUID(str(value))
+    except ValueError:
+        raise ValidationError(f"{field}: not a UUID: {value!r}") from None
+
+
+def check_rows_limit(value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
+        raise ValidationError(f"limit: must be an integer in 1..1000000, got {value!r}")
+
+
+def check_limit(field: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= models.K_MAX:
+        raise ValidationError(f"{field}: must be an integer in 1..{models.K_MAX}, got {value!r}")
+
+
+def check_text(field: str, value: str, limit: int) -> None:
+    if not isinstance(value, str) or not 1 <= len(value) <= limit:
+        raise ValidationError(f"{field}: must be 1..{limit} characters, got {value!r:.60}")

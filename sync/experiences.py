@@ -1,0 +1,301 @@
+"""Collectives and experiences: the write side of an instance's API (and their reads).
+
+Every write is validated (pydantic models of ``sync.models``, then references checked
+against the engine's state), appended, and returns once this host has applied it.
+``record_experiences`` takes up to 1,000 experiences at once: validated all-or-nothing,
+embedded in one embedder call, published as one pipelined batch, applied as one group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+from uuid import UUID
+
+import numpy as np
+import numpy.typing as npt
+import pydantic
+
+from eventlog import events as ev
+from eventlog import subjects
+from eventlog.errors import NotFoundError, ValidationError
+from eventlog.ids import uuid7
+from projections import queries
+from sync import embedders, models
+from sync.core import DELETES_OF, InstanceCore, check_limit, check_vector, uuid_of
+from sync.models import validated
+
+BATCH_MAX = 1000  # experiences per record_experiences call
+
+
+class Collectives(InstanceCore):
+    async def create_collective(
+        self,
+        owner_id: str,
+        name: str,
+        embedding_dimension: int | None = None,
+        *,
+        embedder: str | None = None,
+    ) -> UUID:
+        """A new collective. Its embedding dimension is fixed for good; with an
+        ``embedder`` ("hash", or "e5-small" with the model extra) text alone can be
+        recorded and searched, and the dimension defaults to the embedder's."""
+        spec = validated(
+            models.CollectiveIn, owner_id=owner_id, name=name,
+            embedding_dimension=embedding_dimension, embedder=embedder,
+        )  # fmt: skip
+        dimension = spec.embedding_dimension
+        if spec.embedder is not None:
+            dimension = dimension or embedders.default_dimension(spec.embedder)
+            embedders.embedder(spec.embedder, dimension)  # refuses a dimension it cannot make
+        assert dimension is not None
+        collective_id = uuid7()
+        await self._write(
+            ev.CollectiveCreated(
+                **self._common(), collective_id=collective_id, owner_id=spec.owner_id,
+                name=spec.name, embedding_dimension=dimension, embedder=spec.embedder or "",
+            )
+        )  # fmt: skip
+        return collective_id
+
+    async def get_collective(self, collective_id: UUID) -> queries.Collective | None:
+        return await self._read(queries.get_collective, uuid_of("collective_id", collective_id))
+
+    async def list_collectives(self, owner_id: str | None = None) -> list[queries.Collective]:
+        """Every live collective, or those of one owner; oldest first."""
+        return await self._read(queries.list_collectives, owner_id)
+
+    async def get_collective_stats(self, collective_id: UUID) -> queries.CollectiveStats:
+        stats = await self._read(queries.collective_stats, uuid_of("collective_id", collective_id))
+        if stats is None:
+            raise NotFoundError(f"collective_id: no collective {collective_id}")
+        return stats
+
+    async def delete_collective(self, collective_id: UUID) -> None:
+        """Delete a collective and forget everything in it: a tombstone for the collective
+        and one for every experience, relation and insight in it, then everything before
+        the collective's tombstone is purged from the stream (and its agents' activities).
+        Every host wipes those rows and drops them from its indexes; the stream keeps the
+        tombstones only. Repeating it is harmless (and finishes forgetting if an earlier
+        call was interrupted)."""
+        cid = uuid_of("collective_id", collective_id)
+        if await self._read(queries.anchor_of, "collective", cid) is None:
+            raise NotFoundError(f"collective_id: no collective {collective_id}")
+        seq = await self._write(ev.CollectiveDeleted(**self._common(), collective_id=cid))
+        tombstones: list[ev.Event] = [
+            DELETES_OF[entity](**self._common(), collective_id=cid, **{f"{entity}_id": key})
+            for entity in ("experience", "relation", "insight")
+            for key in await self._read(queries.ids_in_collective, entity, cid)
+        ]  # after the collective's tombstone, so the purge below keeps them
+        for start in range(0, len(tombstones), BATCH_MAX):
+            await self._write_many(tombstones[start : start + BATCH_MAX])
+        await self.log.purge(f"{subjects.PREFIX}.c.{cid}.>", before_seq=seq)
+        await self.log.purge(f"{subjects.PREFIX}.a.{cid}.>", before_seq=None)  # its presence
+
+
+class Experiences(InstanceCore):
+    async def record_experience(
+        self,
+        collective_id: UUID,
+        content: str,
+        embedding: Sequence[float] | npt.NDArray[np.float32] | None = None,
+        *,
+        embedder: str | None = None,
+        experience_type: ev.ExperienceType | dict[str, Any] | None = None,
+        importance: float = 0.5,
+        confidence: float = 0.5,
+        domain: Sequence[str] = (),
+        related_files: Sequence[str] = (),
+        source_agent: str = "agent",
+        source_task: str | None = None,
+    ) -> UUID:
+        """Record what an agent learned. ``embedding`` may be left out when the collective
+        has an embedder (the content is embedded). Returns the new experience's id once
+        this host has applied it."""
+        fields: dict[str, Any] = {
+            "collective_id": collective_id, "content": content, "embedding": embedding,
+            "embedder": embedder, "importance": importance, "confidence": confidence,
+            "domain": list(domain), "related_files": list(related_files),
+            "source_agent": source_agent, "source_task": source_task,
+        }  # fmt: skip
+        if experience_type is not None:
+            fields["experience_type"] = experience_type
+        spec = validated(models.ExperienceIn, **fields)
+        collective = await self._collective(spec.collective_id)
+        vector = await self._vector(collective, spec.content, spec.embedding, spec.embedder)
+        event = _recorded(self._common(), spec, vector)
+        await self._write(event)
+        return event.experience_id
+
+    async def record_experiences(
+        self, collective_id: UUID, items: Sequence[Mapping[str, Any]]
+    ) -> list[UUID]:
+        """Record up to 1,000 experiences in one call; each item holds the keyword
+        arguments of ``record_experience`` (``content`` and, unless the collective has an
+        embedder, ``embedding``). All or nothing: one bad item refuses the whole call
+        with an error naming each problem as ``items.<index>.<field>``. Published as one
+        batch; returns the new ids in the order of ``items`` once this host applied them."""
+        if not isinstance(items, Sequence) or isinstance(items, (str, bytes)):
+            raise ValidationError("items: must be a list of experiences")
+        if not 1 <= len(items) <= BATCH_MAX:
+            raise ValidationError(f"items: must hold 1..{BATCH_MAX} experiences, got {len(items)}")
+        cid = uuid_of("collective_id", collective_id)
+        specs: list[models.ExperienceIn] = []
+        errors: list[Any] = []
+        for index, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                errors.append(_error(index, "must be an object of record_experience fields"))
+                continue
+            fields = {k: v for k, v in item.items() if k != "collective_id"}
+            if "collective_id" in item and uuid_of("collective_id", item["collective_id"]) != cid:
+                errors.append(
+                    _error(index, "collective_id: differs from the call's", "collective_id")
+                )
+                continue
+            try:
+                specs.append(models.ExperienceIn(collective_id=cid, **fields))
+            except pydantic.ValidationError as exc:
+                for error in exc.errors(include_url=False):
+                    errors.append({**error, "loc": ("items", index, *error["loc"])})
+            except TypeError as exc:
+                errors.append(_error(index, str(exc)))
+        if errors:
+            raise models.from_errors(errors)
+        collective = await self._collective(cid)
+        vectors: list[npt.NDArray[np.float32] | None] = []
+        for index, spec in enumerate(specs):
+            if spec.embedding is None:
+                vectors.append(None)
+                continue
+            try:
+                check_vector(collective, spec.embedding, spec.embedder, f"items.{index}.embedding")
+            except ValidationError as exc:
+                raise ValidationError(
+                    str(exc) if str(exc).startswith("items.") else f"items.{index}.{exc}"
+                ) from None
+            vectors.append(spec.embedding)
+        missing = [i for i, v in enumerate(vectors) if v is None]
+        if missing:
+            made = await self._embed(
+                collective,
+                [specs[i].content for i in missing],
+                field=f"items.{missing[0]}.embedding",
+            )
+            for i, vector in zip(missing, made, strict=True):
+                vectors[i] = vector
+        events = [
+            _recorded(self._common(), spec, vector)  # type: ignore[arg-type]
+            for spec, vector in zip(specs, vectors, strict=True)
+        ]
+        await self._write_many(events)
+        return [e.experience_id for e in events]
+
+    async def get_experience(self, experience_id: UUID) -> queries.Experience | None:
+        return await self._read(queries.get_experience, uuid_of("experience_id", experience_id))
+
+    async def get_recent_experiences(
+        self, collective_id: UUID, limit: int = 20, flt: Any = None, *, offset: int = 0
+    ) -> list[queries.Experience]:
+        """The newest experiences of a collective (filtered), newest first."""
+        check_limit("limit", limit)
+        if offset < 0:
+            raise ValidationError(f"offset: must be >= 0, got {offset}")
+        cid = (await self._collective(collective_id)).collective_id
+        return await self._read(
+            queries.recent_experiences, cid, limit, self._filter(flt), offset=offset
+        )
+
+    async def list_experiences(
+        self, collective_id: UUID, *, limit: int = 100, offset: int = 0, flt: Any = None
+    ) -> list[queries.Experience]:
+        """One page of a collective's experiences, oldest first (stable paging by offset)."""
+        check_limit("limit", limit)
+        if offset < 0:
+            raise ValidationError(f"offset: must be >= 0, got {offset}")
+        cid = (await self._collective(collective_id)).collective_id
+        return await self._read(
+            queries.recent_experiences, cid, limit, self._filter(flt), offset=offset,
+            newest_first=False,
+        )  # fmt: skip
+
+    async def update_experience(self, experience_id: UUID, **changes: Any) -> None:
+        """Change importance, confidence, domain and/or related_files (last writer wins,
+        per field). Content, embedding and timestamp are immutable."""
+        spec = validated(models.ExperienceUpdateIn, **changes)
+        experience_id = uuid_of("experience_id", experience_id)
+        collective_id = await self._collective_of(experience_id)
+        await self._write(
+            ev.ExperienceUpdated(
+                **self._common(), experience_id=experience_id,
+                collective_id=collective_id, importance=spec.importance,
+                confidence=spec.confidence,
+                domain=None if spec.domain is None else tuple(spec.domain),
+                related_files=None if spec.related_files is None else tuple(spec.related_files),
+            )
+        )  # fmt: skip
+
+    async def archive_experience(self, experience_id: UUID) -> None:
+        """Hide from searches (unless asked for); reversible."""
+        await self._lifecycle(ev.ExperienceArchived, experience_id)
+
+    async def unarchive_experience(self, experience_id: UUID) -> None:
+        await self._lifecycle(ev.ExperienceUnarchived, experience_id)
+
+    async def _lifecycle(
+        self, kind: type[ev.ExperienceArchived | ev.ExperienceUnarchived], experience_id: UUID
+    ) -> None:
+        experience_id = uuid_of("experience_id", experience_id)
+        collective_id = await self._collective_of(experience_id)
+        await self._write(
+            kind(**self._common(), experience_id=experience_id, collective_id=collective_id)
+        )
+
+    async def delete_experience(self, experience_id: UUID) -> None:
+        """Delete and forget: the content and embedding leave every host's state and
+        indexes and the stream itself (only the tombstone stays). Repeating it is
+        harmless and finishes forgetting if an earlier call was interrupted."""
+        await self._delete("experience", experience_id)
+
+    async def reinforce_experience(self, experience_id: UUID) -> int:
+        """Count one more application by this instance; returns the total across instances.
+
+        Publishes this incarnation's new total (never "+1"). If the append fails, the
+        total is not advanced, and the next call announces the same total again: an
+        announcement that was stored after all is subsumed, never counted twice.
+        """
+        experience_id = uuid_of("experience_id", experience_id)
+        collective_id = await self._collective_of(experience_id)
+        lock = self._reinforce_locks.get(experience_id)
+        if lock is None:
+            lock = self._reinforce_locks[experience_id] = asyncio.Lock()
+        async with lock:
+            total = self._own.get(experience_id, 0) + 1
+            await self._write(
+                ev.ExperienceReinforced(
+                    **self._common(), experience_id=experience_id,
+                    collective_id=collective_id, applications=total,
+                )
+            )  # fmt: skip
+            self._own[experience_id] = total
+        return await self._read(queries.total_applications, experience_id)
+
+
+def _recorded(
+    common: dict[str, Any], spec: models.ExperienceIn, vector: npt.NDArray[np.float32]
+) -> ev.ExperienceRecorded:
+    return ev.ExperienceRecorded(
+        **common, experience_id=uuid7(), collective_id=spec.collective_id,
+        content=spec.content, embedding=ev.pack_vector(vector),
+        experience_type=models.to_event_type(spec.experience_type),
+        importance=spec.importance, confidence=spec.confidence,
+        source_agent=spec.source_agent, domain=tuple(spec.domain),
+        related_files=tuple(spec.related_files), source_task=spec.source_task,
+    )  # fmt: skip
+
+
+def _error(index: int, message: str, field: str | None = None) -> dict[str, Any]:
+    """A pydantic-shaped error for ``models.from_errors`` at ``items.<index>[.field]``."""
+    loc: tuple[Any, ...] = ("items", index) if field is None else ("items", index, field)
+    return {"loc": loc, "msg": message.removeprefix(f"{field}: ") if field else message,
+            "type": "value_error", "input": None}  # fmt: skip

@@ -1,0 +1,170 @@
+"""Relations between experiences and insights distilled from them."""
+
+from __future__ import annotations
+
+import math
+import typing
+from collections.abc import Sequence
+from typing import Literal
+from uuid import UUID
+
+import numpy as np
+import numpy.typing as npt
+
+from eventlog import events as ev
+from eventlog.errors import ConflictError, NotFoundError, ValidationError
+from eventlog.ids import uuid7
+from projections import queries
+from sync import models
+from sync.core import InstanceCore, uuid_of
+from sync.models import validated
+
+
+class Links(InstanceCore):
+    # -- relations -------------------------------------------------------------------------
+
+    async def store_relation(
+        self,
+        source_id: UUID,
+        target_id: UUID,
+        relation_type: str,
+        *,
+        strength: float = 0.5,
+        metadata: str | None = None,
+    ) -> UUID:
+        """Link two experiences of one collective. A (source, target, type) triple is
+        unique: storing it again raises ``ConflictError`` naming the existing relation.
+        (Two hosts racing on one triple both succeed; the fold keeps the smaller id and
+        lists the other under dead_letters.)"""
+        spec = validated(
+            models.RelationIn, source_id=source_id, target_id=target_id,
+            relation_type=relation_type, strength=strength, metadata=metadata,
+        )  # fmt: skip
+        source_collective = await self._collective_of(spec.source_id, "source_id")
+        target_collective = await self._collective_of(spec.target_id, "target_id")
+        if source_collective != target_collective:
+            raise ValidationError(
+                f"target_id: is in collective {target_collective}, source_id in "
+                f"{source_collective}; relations stay within one collective"
+            )
+        taken = await self._read(
+            queries.relation_taken, spec.source_id, spec.target_id, spec.relation_type
+        )
+        if taken is not None:
+            raise ConflictError(
+                f"relation: ({spec.source_id}, {spec.target_id}, {spec.relation_type}) "
+                f"already exists as relation {taken}; a triple is unique"
+            )
+        relation_id = uuid7()
+        await self._write(
+            ev.RelationStored(
+                **self._common(), relation_id=relation_id,
+                collective_id=source_collective, source_id=spec.source_id,
+                target_id=spec.target_id, relation_type=spec.relation_type,
+                strength=spec.strength, metadata=spec.metadata,
+            )
+        )  # fmt: skip
+        return relation_id
+
+    async def get_related_experiences(
+        self,
+        experience_id: UUID,
+        direction: Literal["outgoing", "incoming", "both"] = "both",
+        relation_types: Sequence[str] | None = None,
+        *,
+        min_strength: float | None = None,
+    ) -> list[queries.RelatedExperience]:
+        """Experiences linked to this one (outgoing, incoming or both), optionally only
+        some relation types and at least some strength."""
+        if direction not in ("outgoing", "incoming", "both"):
+            raise ValidationError(
+                f"direction: must be 'outgoing', 'incoming' or 'both', got {direction!r}"
+            )
+        if relation_types is not None:
+            known = set(typing.get_args(ev.RelationType))
+            unknown = [t for t in relation_types if t not in known]
+            if unknown:
+                raise ValidationError(
+                    f"relation_types: unknown {unknown}; known: {', '.join(sorted(known))}"
+                )
+        if min_strength is not None and not (
+            math.isfinite(min_strength) and 0 <= min_strength <= 1
+        ):
+            raise ValidationError(f"min_strength: must be in [0, 1], got {min_strength}")
+        experience_id = uuid_of("experience_id", experience_id)
+        await self._collective_of(experience_id)
+        related = await self._read(
+            queries.related_experiences, experience_id, direction, relation_types
+        )
+        if min_strength is not None:
+            related = [r for r in related if r.relation.strength >= min_strength]
+        return related
+
+    async def delete_relation(self, relation_id: UUID) -> None:
+        """Delete a relation and forget it (idempotent, as every delete)."""
+        await self._delete("relation", relation_id)
+
+    # -- insights --------------------------------------------------------------------------
+
+    async def store_insight(
+        self,
+        collective_id: UUID,
+        content: str,
+        embedding: Sequence[float] | npt.NDArray[np.float32] | None = None,
+        *,
+        source_experiences: Sequence[UUID],
+        confidence: float = 0.5,
+        domain: Sequence[str] = (),
+        embedder: str | None = None,
+    ) -> UUID:
+        """A distilled insight, derived from 1..100 live experiences of the collective."""
+        spec = validated(
+            models.InsightIn, collective_id=collective_id, content=content,
+            embedding=embedding, embedder=embedder,
+            source_experiences=list(source_experiences), confidence=confidence,
+            domain=list(domain),
+        )  # fmt: skip
+        collective = await self._collective(spec.collective_id)
+        for source in spec.source_experiences:
+            if await self._read(queries.live_collective_of, source) != spec.collective_id:
+                raise NotFoundError(
+                    f"source_experiences: no experience {source} in collective {collective.name!r}"
+                )
+        vector = await self._vector(collective, spec.content, spec.embedding, spec.embedder)
+        insight_id = uuid7()
+        await self._write(
+            ev.InsightStored(
+                **self._common(), insight_id=insight_id,
+                collective_id=spec.collective_id, content=spec.content,
+                embedding=ev.pack_vector(vector),
+                source_experiences=tuple(spec.source_experiences),
+                confidence=spec.confidence, domain=tuple(spec.domain),
+            )
+        )  # fmt: skip
+        return insight_id
+
+    async def get_insight(self, insight_id: UUID) -> queries.Insight | None:
+        return await self._read(queries.get_insight, uuid_of("insight_id", insight_id))
+
+    async def get_insights(
+        self,
+        collective_id: UUID,
+        query: str | Sequence[float] | npt.NDArray[np.float32],
+        k: int = 10,
+        *,
+        embedder: str | None = None,
+    ) -> list[queries.ScoredInsight]:
+        """The k insights nearest to ``query`` (a vector, or text with an embedder)."""
+        text, vector = (query, None) if isinstance(query, str) else (None, query)
+        spec = validated(
+            models.SearchIn, collective_id=collective_id, text=text, embedding=vector, k=k
+        )
+        collective = await self._collective(spec.collective_id)
+        q = await self._vector(
+            collective, spec.text, spec.embedding, embedder, field="query", query=True
+        )
+        return await self._read(queries.similar_insights, collective.collective_id, q, spec.k)
+
+    async def delete_insight(self, insight_id: UUID) -> None:
+        """Delete an insight and forget it (idempotent, as every delete)."""
+        await self._delete("insight", insight_id)

@@ -1,0 +1,133 @@
+"""Presence: which agents are working on what, in the activity stream (last message
+per agent, with a TTL). Activities are never folded into the projection."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from uuid import UUID
+
+import msgspec
+
+from eventlog import events as ev
+from eventlog.errors import NotFoundError, ValidationError
+from sync import models
+from sync.core import InstanceCore, uuid_of
+from sync.models import validated
+
+
+class Activity(msgspec.Struct, frozen=True, kw_only=True):
+    collective_id: UUID
+    agent_id: str
+    task_description: str
+    working_on: tuple[str, ...]
+    started_ms: int
+    last_heartbeat_ms: int
+
+
+def _activity(event: ev.ActivityRegistered | ev.ActivityHeartbeat, started_ms: int) -> Activity:
+    return Activity(
+        collective_id=event.collective_id, agent_id=event.agent_id,
+        task_description=event.task_description, working_on=event.working_on,
+        started_ms=started_ms, last_heartbeat_ms=ev.hlc_millis(event.hlc),
+    )  # fmt: skip
+
+
+class Presence(InstanceCore):
+    async def register_activity(
+        self,
+        collective_id: UUID,
+        agent_id: str,
+        task_description: str = "",
+        working_on: Sequence[str] = (),
+    ) -> Activity:
+        """Say what an agent is working on (replaces its previous activity)."""
+        spec = validated(
+            models.ActivityIn, collective_id=collective_id, agent_id=agent_id,
+            task_description=task_description, working_on=list(working_on),
+        )  # fmt: skip
+        await self._collective(spec.collective_id)
+        event = ev.ActivityRegistered(
+            **self._common(), collective_id=spec.collective_id, agent_id=spec.agent_id,
+            task_description=spec.task_description, working_on=tuple(spec.working_on),
+        )  # fmt: skip
+        await self._append_activity(event)
+        return _activity(event, ev.hlc_millis(event.hlc))
+
+    async def update_heartbeat(
+        self,
+        collective_id: UUID,
+        agent_id: str,
+        *,
+        task_description: str | None = None,
+        working_on: Sequence[str] | None = None,
+    ) -> Activity:
+        """Keep an agent's activity alive (optionally changing what it works on)."""
+        collective_id = (await self._collective(collective_id)).collective_id
+        current = await self._current_activity(collective_id, agent_id)
+        if current is None:
+            raise NotFoundError(
+                f"agent_id: {agent_id!r} has no activity in collective {collective_id}; "
+                "register_activity first"
+            )
+        spec = validated(
+            models.ActivityIn, collective_id=collective_id, agent_id=agent_id,
+            task_description=(
+                current.task_description if task_description is None else task_description
+            ),
+            working_on=list(current.working_on if working_on is None else working_on),
+        )  # fmt: skip
+        event = ev.ActivityHeartbeat(
+            **self._common(), collective_id=spec.collective_id, agent_id=spec.agent_id,
+            started_ms=current.started_ms, task_description=spec.task_description,
+            working_on=tuple(spec.working_on),
+        )  # fmt: skip
+        await self._append_activity(event)
+        return _activity(event, current.started_ms)
+
+    async def end_activity(self, collective_id: UUID, agent_id: str) -> None:
+        """The agent stopped; it leaves the active agents at once."""
+        spec = validated(models.ActivityIn, collective_id=collective_id, agent_id=agent_id)
+        await self._collective(spec.collective_id)
+        await self._append_activity(
+            ev.ActivityEnded(**self._common(), collective_id=spec.collective_id,
+                             agent_id=spec.agent_id)
+        )  # fmt: skip
+
+    async def get_active_agents(
+        self, collective_id: UUID, *, stale_after: float | None = None
+    ) -> list[Activity]:
+        """Agents of a collective whose last heartbeat is within ``stale_after`` seconds
+        (default: the instance's setting, 5 minutes), most recent first."""
+        window = self.settings.stale_after if stale_after is None else stale_after
+        if not (math.isfinite(window) and window > 0):
+            raise ValidationError(f"stale_after: must be > 0 seconds, got {stale_after}")
+        cid = (await self._collective(collective_id)).collective_id
+        now_ms = int(time.time() * 1000)
+        active = [
+            a for a in await self._activities(cid) if now_ms - a.last_heartbeat_ms <= window * 1000
+        ]
+        active.sort(key=lambda a: (-a.last_heartbeat_ms, a.agent_id))
+        return active
+
+    async def _activities(self, collective_id: UUID | None) -> list[Activity]:
+        """The last registration or heartbeat of every agent that has not ended."""
+        found = []
+        for entry in await self.log.latest_activities(collective_id):
+            event = entry.event
+            if isinstance(event, ev.ActivityHeartbeat):
+                found.append(_activity(event, event.started_ms))
+            elif isinstance(event, ev.ActivityRegistered):
+                found.append(_activity(event, ev.hlc_millis(event.hlc)))
+        return found
+
+    async def _current_activity(self, collective_id: UUID, agent_id: str) -> Activity | None:
+        for activity in await self._activities(uuid_of("collective_id", collective_id)):
+            if activity.agent_id == agent_id:
+                return activity
+        return None
+
+    async def _append_activity(self, event: ev.Event) -> None:
+        self._check_open()
+        await self.log.append(event)

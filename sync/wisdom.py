@@ -1,0 +1,88 @@
+"""Wisdom: patterns an owner learned across collectives (few per owner: exact scan)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from uuid import UUID
+
+import numpy as np
+import numpy.typing as npt
+
+from eventlog import events as ev
+from eventlog.errors import NotFoundError, ValidationError
+from eventlog.ids import uuid7
+from projections import queries
+from sync import models
+from sync.core import InstanceCore, check_limit, check_text
+from sync.models import validated
+
+
+class WisdomPart(InstanceCore):
+    # -- wisdom: per owner, across collectives ---------------------------------------------
+
+    async def store_wisdom(
+        self,
+        owner_id: str,
+        category: str,
+        pattern: str,
+        embedding: Sequence[float] | npt.NDArray[np.float32],
+        *,
+        confidence: float = 0.5,
+        source_collectives: Sequence[UUID] = (),
+        source_experience_count: int = 0,
+        applicable_domains: Sequence[str] = (),
+    ) -> UUID:
+        """A pattern learned across an owner's collectives. All of one owner's wisdom
+        shares one embedding dimension (the first stored sets it)."""
+        spec = validated(
+            models.WisdomIn, owner_id=owner_id, category=category, pattern=pattern,
+            embedding=embedding, confidence=confidence,
+            source_collectives=list(source_collectives),
+            source_experience_count=source_experience_count,
+            applicable_domains=list(applicable_domains),
+        )  # fmt: skip
+        for source in spec.source_collectives:
+            found = await self._read(queries.get_collective, source)
+            if found is None or found.owner_id != spec.owner_id:
+                raise NotFoundError(
+                    f"source_collectives: no collective {source} owned by {spec.owner_id!r}"
+                )
+        existing = await self._read(queries.wisdom_of, spec.owner_id)
+        if existing and len(ev.unpack_vector(existing[0].embedding)) != len(spec.embedding):
+            raise ValidationError(
+                f"embedding: {len(spec.embedding)} values, the wisdom of {spec.owner_id!r} "
+                f"has dimension {len(ev.unpack_vector(existing[0].embedding))}"
+            )
+        wisdom_id = uuid7()
+        await self._write(
+            ev.WisdomStored(
+                **self._common(), wisdom_id=wisdom_id, owner_id=spec.owner_id,
+                category=spec.category, pattern=spec.pattern, confidence=spec.confidence,
+                embedding=ev.pack_vector(spec.embedding),
+                source_collectives=tuple(spec.source_collectives),
+                source_experience_count=spec.source_experience_count,
+                applicable_domains=tuple(spec.applicable_domains),
+            )
+        )  # fmt: skip
+        return wisdom_id
+
+    async def get_wisdom(
+        self,
+        owner_id: str,
+        query: Sequence[float] | npt.NDArray[np.float32] | None = None,
+        k: int = 10,
+    ) -> list[queries.ScoredWisdom]:
+        """An owner's wisdom: nearest to ``query`` first, or all (oldest first, score 1)."""
+        check_text("owner_id", owner_id, models.NAME_MAX)
+        check_limit("k", k)
+        if query is None:
+            return [
+                queries.ScoredWisdom(w, 1.0) for w in await self._read(queries.wisdom_of, owner_id)
+            ][:k]
+        vector = validated(models.SearchIn, collective_id=uuid7(), embedding=query).embedding
+        assert vector is not None
+        return await self._read(queries.similar_wisdom, owner_id, vector, k)
+
+    async def delete_wisdom(self, wisdom_id: UUID) -> None:
+        """Delete wisdom and forget it (idempotent, as every delete)."""
+        await self._delete("wisdom", wisdom_id)
