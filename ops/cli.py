@@ -46,7 +46,7 @@ async def open_log(
         urls = [u.strip() for u in args.nats_url.split(",") if u.strip()]
     else:
         server = EmbeddedNats(args.data_dir, sync_always=not getattr(args, "no_sync", False))
-        urls = [server.start()]
+        urls = [await asyncio.to_thread(server.start)]  # waits for readiness: off the loop
     try:
         # only `pulse up`, the operator's command, may reconfigure existing streams
         log = await JetStreamLog.connect(urls, settings, update_streams=args.command == "up")
@@ -56,7 +56,7 @@ async def open_log(
             await log.close()
     finally:
         if server is not None:
-            server.stop()
+            await asyncio.to_thread(server.stop)
 
 
 async def _wait_for_signal() -> None:
