@@ -32,14 +32,20 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import api
 
-from eventlog.codec import decode_event, encode_event
+from eventlog.codec import HDR_MSG_ID, decode_event, encode_event
 from eventlog.errors import ConflictError, DecodeError, LogUnavailable, PulseError, ValidationError
 from eventlog.events import Event
 from eventlog.log import EXPECTED_LAST_SUBJECT_SEQ, EventLog, LogEntry
 from eventlog.streams import StreamSettings, ensure_streams
-from eventlog.subjects import PREFIX, is_activity_subject
+from eventlog.ids import uuid7
+from eventlog.subjects import PREFIX, is_activity_subject, subject_for
 
 log = logging.getLogger("pulse.eventlog")
+
+# JetStream atomic batches (server 2.12, stream option allow_atomic): raw headers, as
+# nats-py has no helper; a batch holds at most 1,000 messages
+ATOMIC_BATCH_MAX = 1000
+_BATCH_ID, _BATCH_SEQ, _BATCH_COMMIT = "Nats-Batch-Id", "Nats-Batch-Sequence", "Nats-Batch-Commit"
 
 _CONFLICT_CODES = {10071, 10164}  # wrong last sequence (subject / stream)
 _TOO_LARGE_CODES = {10054}  # message size exceeds maximum allowed
@@ -108,6 +114,7 @@ class JetStreamLog(EventLog):
         # request lost during a leader election does not eat a whole time budget
         self.admin = nc.jetstream(timeout=2.0)
         self.settings = settings or StreamSettings()
+        self._atomic: bool | None = None  # does the main stream take atomic batches?
         self.append_timeout = append_timeout
         self.read_timeout = read_timeout
         self._owns_connection = owns_connection
@@ -237,7 +244,71 @@ class JetStreamLog(EventLog):
                     return entry.seq
         return 0
 
-    async def append_batch(self, events: Sequence[Event]) -> list[int]:
+    async def append_batch(self, events: Sequence[Event], *, atomic: bool = False) -> list[int]:
+        """Several events as pipelined publishes; with ``atomic``, as one JetStream atomic
+        batch when the stream allows it (one commit and one disk sync for all of them:
+        several times faster than pipelined publishes with ``sync_interval: always``).
+
+        An atomic batch cannot carry ``Nats-Msg-Id``, so JetStream does not deduplicate
+        it: a batch retried after a lost acknowledgement may be stored twice. The fold is
+        idempotent by event id (a create under a known id changes nothing), so a second
+        copy changes no state; it only takes room in the stream."""
+        if (
+            atomic
+            and 1 < len(events) <= ATOMIC_BATCH_MAX
+            and not any(is_activity_subject(subject_for(e)) for e in events)
+        ):
+            if self._atomic is None:
+                self._atomic = await self._allows_atomic()
+            if self._atomic:
+                stored = await self._append_atomic(events)
+                if stored is not None:
+                    return stored
+        return await self._append_pipelined(events)
+
+    async def _allows_atomic(self) -> bool:
+        try:
+            info = await self.admin.stream_info(self.settings.name)
+        except Exception:  # unknown: the pipelined path reports what is wrong
+            return False
+        return bool(getattr(info.config, "allow_atomic", False))
+
+    async def _append_atomic(self, events: Sequence[Event]) -> list[int] | None:
+        """Publish ``events`` as one JetStream atomic batch; their sequences, or None when
+        the batch was not stored for sure (the caller publishes them the other way)."""
+        batch_id = str(uuid7())
+        last = len(events)
+        try:
+            async with asyncio.timeout(self.append_timeout):
+                for number, event in enumerate(events, 1):
+                    wire = encode_event(event)
+                    headers = {k: v for k, v in wire.headers.items() if k != HDR_MSG_ID}
+                    headers[_BATCH_ID] = batch_id
+                    headers[_BATCH_SEQ] = str(number)
+                    if number < last:
+                        await self.nc.publish(wire.subject, wire.payload, headers=headers)
+                        continue
+                    headers[_BATCH_COMMIT] = "1"
+                    reply = await self.nc.request(
+                        wire.subject, wire.payload, headers=headers, timeout=self.append_timeout
+                    )
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.warning("atomic batch not acknowledged (%r); publishing it one by one", exc)
+            return None
+        try:
+            answer = json.loads(reply.data)
+        except ValueError:
+            return None
+        error = answer.get("error")
+        if error is not None or int(answer.get("count", 0)) != last:
+            if error is not None and "atomic" in str(error.get("description", "")).lower():
+                self._atomic = False  # the stream does not take them: stop trying
+            log.warning("atomic batch refused (%s); publishing it one by one", error or answer)
+            return None
+        end = int(answer["seq"])
+        return list(range(end - last + 1, end + 1))
+
+    async def _append_pipelined(self, events: Sequence[Event]) -> list[int]:
         prepared = [self._publish_args(event, None) for event in events]
         seqs = [0] * len(prepared)
         pending = list(range(len(prepared)))

@@ -53,11 +53,17 @@ class EventLog(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def append_batch(self, events: Sequence[Event]) -> list[int]:
+    async def append_batch(self, events: Sequence[Event], *, atomic: bool = False) -> list[int]:
         """Store several events (pipelined), returning their sequences in order.
 
         Not atomic: if it raises, some events may be stored. Retrying the same batch is
-        safe because each event is idempotent by its id.
+        safe because each event is idempotent by its id: it is stored once.
+
+        With ``atomic``, up to 1,000 events are committed together (all or none) where
+        the backend can: much faster on a log that syncs every write to disk, but such a
+        batch is not deduplicated by event id, so a retry after a lost acknowledgement
+        may store copies. Use it for events whose copies change nothing (every fold rule
+        is idempotent by event id), e.g. fresh creates.
         """
 
     @abc.abstractmethod

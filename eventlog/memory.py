@@ -63,8 +63,8 @@ class MemoryLog(EventLog):
             wire.subject, wire.headers, wire.payload, expected=expected_last_subject_seq
         )
 
-    async def append_batch(self, events: Sequence[Event]) -> list[int]:
-        return [await self.append(event) for event in events]
+    async def append_batch(self, events: Sequence[Event], *, atomic: bool = False) -> list[int]:
+        return [await self.append(event) for event in events]  # one process: all or none
 
     async def append_raw(
         self, subject: str, payload: bytes, headers: Mapping[str, str] | None = None

@@ -63,6 +63,7 @@ class StreamSettings:
             duplicate_window=self.duplicate_window,
             max_msg_size=self.max_msg_size,
             allow_direct=True,
+            allow_atomic=True,  # batch writes commit together (see JetStreamLog.append_batch)
         )
 
     def activity_config(self) -> api.StreamConfig:

@@ -226,10 +226,11 @@ class InstanceCore:
         await self._forget_if_deleted(event, seq)
         return seq
 
-    async def _write_many(self, events: Sequence[ev.Event]) -> list[int]:
-        """Append events as one pipelined batch; return their sequences once applied."""
+    async def _write_many(self, events: Sequence[ev.Event], *, atomic: bool = False) -> list[int]:
+        """Append events as one batch (``atomic``: committed together, see
+        ``EventLog.append_batch``); return their sequences once applied here."""
         self._check_open()
-        seqs = await self.log.append_batch(events)
+        seqs = await self.log.append_batch(events, atomic=atomic)
         await self._wait_applied(max(seqs))
         for event, seq in zip(events, seqs, strict=True):
             await self._forget_if_deleted(event, seq)

@@ -3,7 +3,7 @@
 Every write is validated (pydantic models of ``sync.models``, then references checked
 against the engine's state), appended, and returns once this host has applied it.
 ``record_experiences`` takes up to 1,000 experiences at once: validated all-or-nothing,
-embedded in one embedder call, published as one pipelined batch, applied as one group.
+embedded in one embedder call, committed as one atomic batch, applied as one group.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class Collectives(InstanceCore):
             for key in await self._read(queries.ids_in_collective, entity, cid)
         ]  # after the collective's tombstone, so the purge below keeps them
         for start in range(0, len(tombstones), BATCH_MAX):
-            await self._write_many(tombstones[start : start + BATCH_MAX])
+            await self._write_many(tombstones[start : start + BATCH_MAX], atomic=True)
         await self.log.purge(f"{subjects.PREFIX}.c.{cid}.>", before_seq=seq)
         await self.log.purge(f"{subjects.PREFIX}.a.{cid}.>", before_seq=None)  # its presence
 
@@ -188,7 +188,7 @@ class Experiences(InstanceCore):
             _recorded(self._common(), spec, vector)  # type: ignore[arg-type]
             for spec, vector in zip(specs, vectors, strict=True)
         ]
-        await self._write_many(events)
+        await self._write_many(events, atomic=True)  # fresh ids: a stored copy changes nothing
         return [e.experience_id for e in events]
 
     async def get_experience(self, experience_id: UUID) -> queries.Experience | None:

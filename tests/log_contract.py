@@ -66,6 +66,14 @@ class LogContract:
         assert seqs == list(range(1, 52))
         assert [e.event for e in await read_all(log)] == batch
 
+    async def test_atomic_batch_returns_sequences_in_order(self, log: EventLog) -> None:
+        cid = uuid7()
+        batch = [f.collective(cid)] + [f.experience(cid, f"lesson {i}") for i in range(999)]
+        await log.append(f.collective(uuid7()))
+        seqs = await log.append_batch(batch, atomic=True)
+        assert seqs == list(range(2, 1002))
+        assert [e.event for e in await read_all(log)][1:] == batch
+
     async def test_retried_batch_is_stored_once(self, log: EventLog) -> None:
         cid = uuid7()
         batch = [f.experience(cid, f"lesson {i}") for i in range(20)]
