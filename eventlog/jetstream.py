@@ -35,9 +35,9 @@ from nats.js import api
 from eventlog.codec import HDR_MSG_ID, decode_event, encode_event
 from eventlog.errors import ConflictError, DecodeError, LogUnavailable, PulseError, ValidationError
 from eventlog.events import Event
+from eventlog.ids import uuid7
 from eventlog.log import EXPECTED_LAST_SUBJECT_SEQ, EventLog, LogEntry
 from eventlog.streams import StreamSettings, ensure_streams
-from eventlog.ids import uuid7
 from eventlog.subjects import PREFIX, is_activity_subject, subject_for
 
 log = logging.getLogger("pulse.eventlog")

@@ -32,20 +32,28 @@ from eventlog import events as ev
 from eventlog.errors import ValidationError
 
 # -- limits (DESIGN.md, the data-model table) ----------------------------------------------
+# Defined once, in eventlog.limits (the codec checks every event from the log against them);
+# re-exported ("X as X"), so callers can go on reading them as models.NAME_MAX.
+from eventlog.limits import CONTENT_MAX_BYTES as CONTENT_MAX_BYTES
+from eventlog.limits import DIMENSION_MAX as DIMENSION_MAX
+from eventlog.limits import DOMAIN_MAX as DOMAIN_MAX
+from eventlog.limits import DOMAIN_TAG_MAX as DOMAIN_TAG_MAX
+from eventlog.limits import EMBEDDER_NAME_MAX as EMBEDDER_NAME_MAX
+from eventlog.limits import FILE_PATH_MAX as FILE_PATH_MAX
+from eventlog.limits import FILES_MAX as FILES_MAX
+from eventlog.limits import INSIGHT_MAX_BYTES as INSIGHT_MAX_BYTES
+from eventlog.limits import METADATA_MAX_BYTES as METADATA_MAX_BYTES
+from eventlog.limits import NAME_MAX as NAME_MAX
+from eventlog.limits import PATTERN_MAX as PATTERN_MAX
+from eventlog.limits import SOURCE_EXPERIENCE_COUNT_MAX as SOURCE_EXPERIENCE_COUNT_MAX
+from eventlog.limits import SOURCE_TASK_MAX as SOURCE_TASK_MAX
+from eventlog.limits import SOURCES_MAX as SOURCES_MAX
+from eventlog.limits import TASK_MAX_BYTES as TASK_MAX_BYTES
+from eventlog.limits import TYPE_TEXT_MAX as TYPE_TEXT_MAX
+from eventlog.limits import WORKING_ON_ITEM_MAX as WORKING_ON_ITEM_MAX
+from eventlog.limits import WORKING_ON_MAX as WORKING_ON_MAX
 
-NAME_MAX = 256  # owner_id, name, source_agent, agent_id
-DIMENSION_MAX = 4096
-CONTENT_MAX_BYTES = 100 * 1024
-INSIGHT_MAX_BYTES = 50 * 1024
-METADATA_MAX_BYTES = 10 * 1024
-TASK_MAX_BYTES = 1024
-DOMAIN_MAX, DOMAIN_TAG_MAX = 50, 100
-FILES_MAX, FILE_PATH_MAX = 100, 500
-WORKING_ON_MAX, WORKING_ON_ITEM_MAX = 100, 500
-SOURCES_MAX = 100
-TYPE_TEXT_MAX = 10_000  # each text field of an experience type (not in PulseDB: our cap)
-PATTERN_MAX = 10_000  # a wisdom pattern (not in PulseDB: our cap)
-K_MAX = 1000
+K_MAX = 1000  # a search's k (a limit of the API, not of the data model)
 
 Vector = npt.NDArray[np.float32]
 
@@ -202,7 +210,9 @@ class CollectiveIn(_Input):
     owner_id: Name
     name: Name
     embedding_dimension: Annotated[int, Field(ge=1, le=DIMENSION_MAX)] | None = None
-    embedder: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    embedder: (
+        Annotated[str, StringConstraints(min_length=1, max_length=EMBEDDER_NAME_MAX)] | None
+    ) = None
 
     @model_validator(mode="after")
     def _dimension_given(self) -> CollectiveIn:
@@ -231,7 +241,9 @@ class ExperienceIn(_Input):
     domain: Domains = Field(default_factory=list)
     related_files: Files = Field(default_factory=list)
     source_agent: Name = "agent"
-    source_task: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = None
+    source_task: (
+        Annotated[str, StringConstraints(min_length=1, max_length=SOURCE_TASK_MAX)] | None
+    ) = None
 
 
 IMMUTABLE = ("content", "embedding", "timestamp", "experience_type", "collective_id",
@@ -323,7 +335,7 @@ class WisdomIn(_Input):
     source_collectives: Annotated[list[UUID], Field(max_length=SOURCES_MAX)] = Field(
         default_factory=list
     )
-    source_experience_count: Annotated[int, Field(ge=0, le=2**32)] = 0
+    source_experience_count: Annotated[int, Field(ge=0, le=SOURCE_EXPERIENCE_COUNT_MAX)] = 0
     applicable_domains: Domains = Field(default_factory=list)
 
 
