@@ -12,9 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from eventlog import EmbeddedNats, NotFoundError
 from eventlog import events as ev
+from eventlog.ids import uuid7
 from projections import queries
 from sync import InstanceSettings, PulseDB, PulseDBSync
 from sync.embedders import HashEmbedder
@@ -164,6 +167,27 @@ def test_energy_decays_by_half_life() -> None:
     assert queries.energy(0.8, 0, 0, 30 * day) == pytest.approx(0.4)
     assert queries.energy(0.8, 0, 0, 30 * day, half_life_days=60) == pytest.approx(0.8 / 2**0.5)
     assert queries.energy(0.8, 5, 0, 0) == pytest.approx(0.9)  # five uses halve the gap
+
+
+@given(
+    st.floats(0, 1), st.integers(0, 50), st.integers(0, 10**12), st.integers(0, 10**12),
+    st.floats(0.1, 100), st.floats(0.1, 20),
+)  # fmt: skip
+def test_one_experience_energy_equals_the_vector_formula(
+    importance: float, uses: int, last: int, now: int, half_life: float, boost: float
+) -> None:
+    """The plain-float energy searches use agrees with the numpy formula the cold list uses."""
+    e = queries.Experience(
+        experience_id=uuid7(), collective_id=uuid7(), content="c", embedding=b"",
+        experience_type=ev.Generic(), importance=importance, confidence=0.5, domain=(),
+        related_files=(), source_agent="a", source_task=None, timestamp_ms=last,
+        archived=False, applications=uses, last_reinforced_ms=None,
+    )  # fmt: skip
+    expected = queries.energy(importance, uses, last, now, half_life_days=half_life,
+                              boost_every=boost)  # fmt: skip
+    assert queries.energy_of(e, now, half_life_days=half_life, boost_every=boost) == (
+        pytest.approx(float(expected), rel=1e-9, abs=1e-12)
+    )
 
 
 async def test_context_candidates_in_one_call(db: PulseDB) -> None:
