@@ -6,6 +6,7 @@ never come back."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, Sequence
 from uuid import UUID
 
@@ -542,9 +543,9 @@ def energy_of(
     """``energy`` of one experience, in plain floats (numpy costs ~20x more per scalar,
     and this runs for every candidate of every search)."""
     last = e.last_reinforced_ms if e.last_reinforced_ms is not None else e.timestamp_ms
-    raised = 1.0 - (1.0 - e.importance) * 0.5 ** (e.applications / boost_every)
+    raised = 1.0 - (1.0 - e.importance) * math.pow(0.5, e.applications / boost_every)
     age_days = max(0.0, now_ms - last) / DAY_MS
-    return raised * 0.5 ** (age_days / half_life_days)
+    return raised * math.pow(0.5, age_days / half_life_days)
 
 
 def cold_experiences(

@@ -105,6 +105,11 @@ class InstanceCore:
         self._tickets = itertools.count()
         self._watchers: set[ExperienceWatch] = set()
         self._tombstones = tombstones  # every id a delete was applied for (loop's copy)
+        # answers of reference checks (collective by id, collective of an experience),
+        # dropped whenever a collective changes or anything is deleted; a read that
+        # began before such a change is not kept (the generation moved on)
+        self._known: dict[tuple[str, UUID], Any] = {}
+        self._generation = 0
         self._own: dict[UUID, int] = {}  # this incarnation's acknowledged totals
         # one announcement in flight per experience (two concurrent calls must not both
         # announce the same total); different experiences go in parallel
@@ -163,6 +168,9 @@ class InstanceCore:
             self.clock.observe(applied.max_hlc)
         for entry in applied.entries:
             event = entry.event
+            if isinstance(event, (*DELETES, ev.CollectiveCreated)):
+                self._known.clear()
+                self._generation += 1
             if isinstance(event, DELETES):
                 self._tombstones.add(_entity_of(event)[1])  # type: ignore[arg-type]
             if self._watchers:
@@ -274,15 +282,27 @@ class InstanceCore:
 
     # -- checks shared by the parts ---------------------------------------------------------
 
+    async def _known_or_read(self, kind: str, key: UUID, fn: Callable[..., T]) -> T | None:
+        """``fn(projection, key)``, remembered while nothing that could change it applies."""
+        found = self._known.get((kind, key))
+        if found is None:
+            generation = self._generation
+            found = await self._read(fn, key)
+            if found is not None and generation == self._generation:
+                self._known[(kind, key)] = found
+        return found
+
     async def _collective(self, collective_id: Any) -> queries.Collective:
-        found = await self._read(queries.get_collective, uuid_of("collective_id", collective_id))
+        key = uuid_of("collective_id", collective_id)
+        found = await self._known_or_read("collective", key, queries.get_collective)
         if found is None:
             raise NotFoundError(f"collective_id: no collective {collective_id}")
         return found
 
     async def _collective_of(self, experience_id: Any, field: str = "experience_id") -> UUID:
         """The collective of a live experience; NotFoundError when there is none."""
-        found = await self._read(queries.live_collective_of, uuid_of(field, experience_id))
+        key = uuid_of(field, experience_id)
+        found = await self._known_or_read("experience", key, queries.live_collective_of)
         if found is None:
             raise NotFoundError(f"{field}: no experience {experience_id}")
         return found
