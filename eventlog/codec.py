@@ -8,20 +8,27 @@
 
 Older schema versions are upcast on read: ``UPCASTERS[v]`` turns a raw body of version
 ``v`` (a plain dict) into version ``v + 1``; the chain runs up to ``SCHEMA_VERSION``.
-Bytes that are not a readable event raise ``DecodeError`` naming the subject and stream
-sequence, never anything else, so a consumer can set them aside and go on.
+
+A message on the log is input from another host, so reading one is checking it: the body
+must be a well-typed event, every value in range (``eventlog.limits.check_ranges``: the
+data model's limits, clocks, counts, dimensions, finite floats) and, on a Pulse subject,
+the subject must be the one the body names (``subject_for``). Anything else raises
+``DecodeError`` naming the subject, the stream sequence and, when the body says, the
+instance that wrote it; never anything else, so a consumer can set it aside and go on.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
+from uuid import UUID
 
 import msgspec
 
 from eventlog.errors import DecodeError
 from eventlog.events import Event, EventBase, event_type_name
-from eventlog.subjects import subject_for
+from eventlog.limits import check_ranges
+from eventlog.subjects import PREFIX, subject_for
 
 SCHEMA_VERSION = 1
 
@@ -36,6 +43,16 @@ UPCASTERS: dict[int, Upcaster] = {}
 _encoder = msgspec.msgpack.Encoder(uuid_format="bytes")
 _decoder = msgspec.msgpack.Decoder(Event)
 _raw_decoder = msgspec.msgpack.Decoder(dict[str, Any])
+
+
+class _Writer(msgspec.Struct):
+    """Just the writer of a body (every other field ignored): for naming it in errors."""
+
+    instance_id: UUID
+
+
+_writer_decoder = msgspec.msgpack.Decoder(_Writer)
+_PULSE_SUBJECT = f"{PREFIX}."
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +100,14 @@ def schema_version_of(headers: Mapping[str, str] | None, *, subject: str, seq: i
         raise DecodeError(reason, subject=subject, seq=seq) from None
 
 
+def writer_of(payload: bytes) -> UUID | None:
+    """The ``instance_id`` of a body that is not a readable event, if it names one."""
+    try:
+        return _writer_decoder.decode(payload).instance_id
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
 def decode_event(
     payload: bytes,
     headers: Mapping[str, str] | None,
@@ -90,30 +115,68 @@ def decode_event(
     subject: str = "",
     seq: int | None = None,
 ) -> Event:
-    """The event in a message body; raises ``DecodeError`` (only) when it is not one."""
+    """The event in a message body; raises ``DecodeError`` (only) when it is not one: not
+    a well-typed event, a value out of range, or (on a ``pulse.`` subject) a subject other
+    than the body's own. Without a subject (or a foreign one) the subject is not checked."""
     version = schema_version_of(headers, subject=subject, seq=seq)
     if version > SCHEMA_VERSION:
-        raise DecodeError(
+        raise _refusal(
             f"written with schema {version}, this Pulse reads up to {SCHEMA_VERSION}: "
             "upgrade Pulse",
-            subject=subject,
-            seq=seq,
+            payload,
+            subject,
+            seq,
         )
     try:
-        if version == SCHEMA_VERSION:
-            return _decoder.decode(payload)
-        body = _raw_decoder.decode(payload)
-        for step in range(version, SCHEMA_VERSION):
-            upcaster = UPCASTERS.get(step)
-            if upcaster is None:
-                raise DecodeError(
-                    f"schema {step} has no upcaster to {step + 1}", subject=subject, seq=seq
-                )
+        event = _decoder.decode(payload) if version == SCHEMA_VERSION else _upcast(payload, version)
+    except _Unreadable as exc:
+        raise _refusal(str(exc), payload, subject, seq) from exc.__cause__
+    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deep
+        raise _refusal(str(exc), payload, subject, seq) from exc
+    try:
+        check_ranges(event)
+    except ValueError as exc:
+        raise _refusal(str(exc), payload, subject, seq, event.instance_id) from None
+    if subject.startswith(_PULSE_SUBJECT):
+        own = subject_for(event)
+        if subject != own:
+            raise _refusal(
+                f"subject {subject} does not match the event's own subject {own}",
+                payload,
+                subject,
+                seq,
+                event.instance_id,
+            )
+    return event
+
+
+class _Unreadable(Exception):
+    """An old body that cannot be upcast (the reason is the message)."""
+
+
+def _upcast(payload: bytes, version: int) -> Event:
+    body = _raw_decoder.decode(payload)
+    for step in range(version, SCHEMA_VERSION):
+        upcaster = UPCASTERS.get(step)
+        if upcaster is None:
+            raise _Unreadable(f"schema {step} has no upcaster to {step + 1}")
+        try:
             body = upcaster(body)
+        except Exception as exc:  # an upcaster that failed on a malformed old body
+            raise _Unreadable(f"upcasting failed: {exc!r}") from exc
+    try:
         return _decoder.decode(_encoder.encode(body))
-    except DecodeError:
-        raise
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise DecodeError(str(exc), subject=subject, seq=seq) from exc
-    except Exception as exc:  # an upcaster that failed on a malformed old body
-        raise DecodeError(f"upcasting failed: {exc!r}", subject=subject, seq=seq) from exc
+    except msgspec.EncodeError as exc:  # an upcaster that returned what is not a body
+        raise _Unreadable(f"upcasting failed: {exc!r}") from exc
+
+
+def _refusal(
+    reason: str,
+    payload: bytes,
+    subject: str,
+    seq: int | None,
+    writer: UUID | None = None,
+) -> DecodeError:
+    if writer is None:
+        writer = writer_of(payload)
+    return DecodeError(reason, subject=subject, seq=seq, instance_id=writer)

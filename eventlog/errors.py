@@ -3,6 +3,8 @@ into these at the adapter, so callers never handle a library's exceptions."""
 
 from __future__ import annotations
 
+from uuid import UUID
+
 
 class PulseError(Exception):
     """Base class of every error Pulse raises on purpose."""
@@ -37,11 +39,26 @@ class LogUnavailable(PulseError):
 
 
 class DecodeError(PulseError):
-    """Bytes on the log that are not a Pulse event this version can read."""
+    """Bytes on the log that are not a Pulse event this version can read, or an event
+    whose values or subject this Pulse refuses (see ``eventlog.codec``).
 
-    def __init__(self, reason: str, *, subject: str = "", seq: int | None = None) -> None:
+    ``instance_id`` is the instance that wrote it when the body got far enough to say
+    (``None`` otherwise), so a dead letter can name the host to look at.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        subject: str = "",
+        seq: int | None = None,
+        instance_id: UUID | None = None,
+    ) -> None:
         where = f"subject {subject or '?'}, stream sequence {seq if seq is not None else '?'}"
+        if instance_id is not None:
+            where += f", written by instance {instance_id}"
         super().__init__(f"cannot decode event at {where}: {reason}")
         self.reason = reason
         self.subject = subject
         self.seq = seq
+        self.instance_id = instance_id

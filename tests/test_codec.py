@@ -70,10 +70,25 @@ def test_headers_carry_id_type_and_schema() -> None:
 
 # -- round trips of every event type (strategies derived from the struct definitions) ------
 
-_floats = st.floats(allow_nan=False)
+# What a valid event may hold, written from the data model (DESIGN.md) and the wire's own
+# ranges, not read from eventlog.limits: the codec refuses anything outside these.
+INT_RANGES = {
+    "hlc": (0, 2**63 - 1),  # a signed 64-bit integer
+    "embedding_dimension": (1, 4096),
+    "applications": (0, 2**32),  # one G-counter entry
+    "started_ms": (0, 2**47 - 1),  # the milliseconds part of a valid HLC
+    "source_experience_count": (0, 2**32),
+}
+SCORES = ("importance", "confidence", "strength", "quality")  # in [0, 1]
+NON_EMPTY_TEXTS = (  # at least one character (list fields: each item)
+    "owner_id", "name", "content", "source_agent", "source_task", "agent_id", "pattern",
+    "domain", "related_files", "working_on", "applicable_domains",
+)  # fmt: skip
+NON_EMPTY_LISTS = ("source_experiences",)  # an insight comes from 1..100 experiences
 
 
 def strategy_for(info: mi.Type, name: str = "") -> st.SearchStrategy[Any]:
+    """Valid values of a msgspec type, for the field ``name`` (list items share it)."""
     if isinstance(info, mi.StructType):
         fields = {
             f.name: strategy_for(f.type, f.name)
@@ -87,28 +102,36 @@ def strategy_for(info: mi.Type, name: str = "") -> st.SearchStrategy[Any]:
     if isinstance(info, mi.UUIDType):
         return st.uuids()
     if isinstance(info, mi.StrType):
-        return st.text(max_size=40)
+        return st.text(min_size=1 if name in NON_EMPTY_TEXTS else 0, max_size=40)
     if isinstance(info, mi.IntType):
-        return st.integers(min_value=-(2**63), max_value=2**64 - 1)
+        low, high = INT_RANGES[name]  # a KeyError: a new int field needs its range here
+        return st.integers(min_value=low, max_value=high)
     if isinstance(info, mi.FloatType):
-        return _floats
+        assert name in SCORES, f"a new float field needs its range here: {name}"
+        return st.floats(min_value=0.0, max_value=1.0)
     if isinstance(info, mi.BoolType):
         return st.booleans()
     if isinstance(info, mi.NoneType):
         return st.none()
-    if isinstance(info, mi.BytesType):  # embeddings
-        return st.lists(st.floats(width=32, allow_nan=False), max_size=16).map(ev.pack_vector)
+    if isinstance(info, mi.BytesType):  # embeddings: 1..4096 finite float32 values
+        finite = st.floats(width=32, allow_nan=False, allow_infinity=False)
+        return st.lists(finite, min_size=1, max_size=16).map(ev.pack_vector)
     if isinstance(info, mi.LiteralType):
         return st.sampled_from(info.values)
     if isinstance(info, mi.VarTupleType):
-        return st.lists(strategy_for(info.item_type, name), max_size=5).map(tuple)
+        items = strategy_for(info.item_type, name)
+        return st.lists(items, min_size=1 if name in NON_EMPTY_LISTS else 0, max_size=5).map(tuple)
     raise TypeError(f"no strategy for {info!r} ({name})")
+
+
+def valid_events(event_type: type[ev.EventBase]) -> st.SearchStrategy[ev.Event]:
+    return strategy_for(mi.type_info(event_type))
 
 
 @pytest.mark.parametrize("event_type", ev.EVENT_TYPES, ids=lambda t: t.__name__)
 @given(data=st.data())
 def test_every_event_type_round_trips(event_type: type[ev.EventBase], data: st.DataObject) -> None:
-    event = data.draw(strategy_for(mi.type_info(event_type)))
+    event = data.draw(valid_events(event_type))
     wire = encode_event(event)
     decoded = decode_event(wire.payload, wire.headers, subject=wire.subject, seq=1)
     assert decoded == event
