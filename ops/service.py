@@ -68,6 +68,7 @@ STATUS: dict[type[PulseError], int] = {
 INPUT_MODELS: dict[str, type[pydantic.BaseModel]] = {
     "create_collective": models.CollectiveIn,
     "record_experience": models.ExperienceIn,
+    "record_experiences": models.ExperiencesIn,
     "store_relation": models.RelationIn,
     "store_insight": models.InsightIn,
     "register_activity": models.ActivityIn,

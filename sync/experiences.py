@@ -26,7 +26,7 @@ from sync import embedders, models
 from sync.core import DELETES_OF, InstanceCore, check_limit, check_vector, uuid_of
 from sync.models import validated
 
-BATCH_MAX = 1000  # experiences per record_experiences call
+BATCH_MAX = models.BATCH_MAX
 
 
 class Collectives(InstanceCore):

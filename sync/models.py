@@ -226,10 +226,12 @@ class CollectiveIn(_Input):
 # -- experiences ---------------------------------------------------------------------------
 
 
-class ExperienceIn(_Input):
+class ExperienceItemIn(_Input):
+    """One experience of a batch (``record_experiences``): ``ExperienceIn`` without the
+    collective, which the batch names once."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    collective_id: UUID
     content: Annotated[str, _utf8_limit(CONTENT_MAX_BYTES)]
     embedding: VectorField | None = None  # None: the collective's embedder embeds content
     embedder: str | None = None  # the embedder the given vector came from, if any
@@ -244,6 +246,30 @@ class ExperienceIn(_Input):
     source_task: (
         Annotated[str, StringConstraints(min_length=1, max_length=SOURCE_TASK_MAX)] | None
     ) = None
+
+
+class ExperienceIn(ExperienceItemIn):
+    collective_id: UUID
+
+
+BATCH_MAX = 1000  # experiences per record_experiences call
+
+
+def _batch_size(value: Any) -> Any:
+    if isinstance(value, (list, tuple)) and not 1 <= len(value) <= BATCH_MAX:
+        raise ValueError(f"must hold 1..{BATCH_MAX} experiences, got {len(value)}")
+    return value
+
+
+class ExperiencesIn(_Input):
+    """A batch of experiences for one collective (``record_experiences``)."""
+
+    collective_id: UUID
+    items: Annotated[
+        list[ExperienceItemIn],
+        BeforeValidator(_batch_size),
+        Field(json_schema_extra={"minItems": 1, "maxItems": BATCH_MAX}),
+    ]
 
 
 IMMUTABLE = ("content", "embedding", "timestamp", "experience_type", "collective_id",

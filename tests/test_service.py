@@ -94,6 +94,10 @@ async def test_openapi_lists_every_method_with_the_data_model_limits(service: Se
     experience = schema["components"]["schemas"]["ExperienceIn"]["properties"]
     assert experience["importance"]["maximum"] == 1.0
     assert experience["domain"]["maxItems"] == 50
+    batch = schema["components"]["schemas"]["ExperiencesIn"]["properties"]["items"]
+    assert (batch["minItems"], batch["maxItems"]) == (1, 1000)
+    item = schema["components"]["schemas"]["ExperienceItemIn"]["properties"]
+    assert item["importance"]["maximum"] == 1.0 and "collective_id" not in item
     relation = schema["components"]["schemas"]["RelationIn"]["properties"]
     assert set(relation["relation_type"]["enum"]) >= {"Supports", "Contradicts", "RelatedTo"}
 
