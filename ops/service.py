@@ -377,13 +377,15 @@ def create_app(
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    stream_head = StreamHead(db)
+
     @app.get("/health", tags=["service"])
     async def health() -> JSONResponse:
         """NATS connection, last applied vs stream sequence, and the lag."""
         connected = bool(getattr(getattr(db.log, "nc", None), "is_connected", True))
         stream_seq: int | None = None
         try:
-            stream_seq = await asyncio.wait_for(db.log.last_seq(), 5)
+            stream_seq = await stream_head.read()
         except (PulseError, TimeoutError):
             connected = False
         failure = db._failure
@@ -421,6 +423,33 @@ TAGS = (
     ("agent", "activities"), ("wisdom", "wisdom"), ("search", "search"),
     ("context", "search"), ("sql", "analytics"), ("experience", "experiences"),
 )  # fmt: skip
+
+
+class StreamHead:
+    """The stream's last sequence for /health, asked of NATS at most every ``max_age``
+    seconds: under load a health probe then costs one pass through the loop, not a
+    round trip to NATS behind every queued request. Concurrent probes share one ask."""
+
+    def __init__(self, db: PulseDB, max_age: float = 0.25) -> None:
+        self._db = db
+        self._max_age = max_age
+        self._value: int | None = None
+        self._at = -1e9
+        self._asking: asyncio.Future[int] | None = None
+
+    async def read(self) -> int:
+        if self._value is not None and time.monotonic() - self._at < self._max_age:
+            return self._value
+        if self._asking is None:
+            self._asking = asyncio.ensure_future(asyncio.wait_for(self._db.log.last_seq(), 5))
+        asking = self._asking
+        try:
+            value = await asyncio.shield(asking)
+        finally:
+            if self._asking is asking and asking.done():
+                self._asking = None
+        self._value, self._at = value, time.monotonic()
+        return value
 
 
 def _tag(name: str) -> str:

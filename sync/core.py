@@ -341,8 +341,15 @@ class InstanceCore:
                 "(create a collective with an embedder, e.g. 'hash', to send text only)"
             )
         model = embedders.embedder(collective.embedder, collective.embedding_dimension)
+        inline = sum(map(len, texts)) <= getattr(model, "inline_chars", 0)
         if query:
-            made = [await asyncio.to_thread(model.embed_query, texts[0])]
+            made = [
+                model.embed_query(texts[0])
+                if inline
+                else await asyncio.to_thread(model.embed_query, texts[0])
+            ]
+        elif inline:
+            made = list(model.embed_documents(list(texts)))
         else:
             made = list(await asyncio.to_thread(model.embed_documents, list(texts)))
         return [np.asarray(m, dtype=np.float32) for m in made]
