@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ class Projection:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.settings = settings or ProjectionSettings()
+        self._owner = threading.get_ident()  # the one thread that may change it
         self.store = Store(self.dir / "state.duckdb")
         self._seq = self.store.checkpoint()[0]
         self.flushed_seq = self._seq
@@ -99,6 +101,7 @@ class Projection:
     def apply(self, entries: Sequence[LogEntry]) -> Touched:
         """Fold a batch of log entries (in stream order) into memory and the indexes.
         An entry that cannot be folded becomes a dead letter; the others apply."""
+        self._check_owner()
         fresh = [e for e in entries if e.seq > self._seq]
         if not fresh:
             return Touched.nothing()
@@ -133,9 +136,17 @@ class Projection:
         self._unflushed += len(fresh)
         return touched
 
+    def _check_owner(self) -> None:
+        if threading.get_ident() != self._owner:
+            raise RuntimeError(
+                "a projection is changed only by the thread that opened it (its engine); "
+                "hand the work to projections.engine.Engine"
+            )
+
     def skip(self, entry: LogEntry, reason: str) -> None:
         """Keep an entry aside as a dead letter and move past it (the engine found that
         applying it raises)."""
+        self._check_owner()
         event = entry.event
         self.memory.reject(
             Rejected(
@@ -152,6 +163,7 @@ class Projection:
     def flush(self) -> int:
         """Write what memory holds past the DuckDB checkpoint, in one transaction;
         returns the sequence DuckDB now reflects."""
+        self._check_owner()
         if self.dirty:
             rows, forgotten, rejected = self.memory.take_dirty()
             try:

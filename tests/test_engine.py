@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from uuid import UUID
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -119,4 +120,19 @@ async def test_group_commit_applies_what_queued_as_one_batch(tmp_path: Path) -> 
     assert len(batches) < len(events) / 10, batches  # grouped, not one by one
     seq, applied = await engine.checkpoint()
     assert seq == applied == len(events)
+    await engine.close()
+
+
+async def test_only_the_engine_thread_changes_the_projection(tmp_path: Path) -> None:
+    """One owner: the loop cannot apply or flush behind the engine's back."""
+    from tests import factories as f
+
+    engine = await Engine.start(tmp_path / "state")
+    projection = await engine.run(lambda p: p)
+    batch = entries([f.collective(f.uuid7())])
+    with pytest.raises(RuntimeError, match="only by the thread that opened it"):
+        projection.apply(batch)
+    with pytest.raises(RuntimeError, match="only by the thread that opened it"):
+        projection.flush()
+    assert await engine.apply(batch) == 1  # handed over, it applies
     await engine.close()
