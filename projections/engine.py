@@ -56,6 +56,7 @@ class Applied:
 class _Apply:
     entries: Sequence[LogEntry]
     done: concurrent.futures.Future[int] | None
+    only_next: bool = False  # an offer: apply only if it continues what is applied
 
 
 @dataclass(slots=True)
@@ -111,6 +112,13 @@ class Engine:
         """Queue entries to apply (stream order); returns at once."""
         self._submitted += len(entries)
         self._inbox.put(_Apply(entries, None))
+
+    def offer(self, entries: Sequence[LogEntry]) -> None:
+        """Entries a writer just had acknowledged, in stream order: applied at once if
+        they continue exactly what is applied (so no other host's event is skipped),
+        dropped otherwise (the tail delivers them). A write then need not wait for its
+        own event to travel back through the tail and the decoder."""
+        self._inbox.put(_Apply(entries, None, only_next=True))
 
     async def apply(self, entries: Sequence[LogEntry]) -> int:
         """Apply entries and return the sequence reached."""
@@ -209,15 +217,30 @@ class Engine:
             entries: list[LogEntry] = []
             waiting: list[concurrent.futures.Future[int]] = []
             calls: list[_Call] = []
+            following = projection.seq + 1  # the sequence that continues what is applied
+            handed_over = 0  # entries of submit / apply (the backlog counts those)
             for item in items:
                 if isinstance(item, _Apply):
+                    if not item.entries:
+                        continue
+                    if item.only_next:
+                        first = item.entries[0].seq
+                        if first > following or item.entries[-1].seq < following:
+                            continue  # a gap before it, or already applied: the tail has it
+                        fresh = [e for e in item.entries if e.seq >= following]
+                        entries.extend(fresh)
+                        following = fresh[-1].seq + 1
+                        continue
+                    handed_over += len(item.entries)
                     entries.extend(item.entries)
+                    following = max(following, item.entries[-1].seq + 1)
                     if item.done is not None:
                         waiting.append(item.done)
                 elif isinstance(item, _Call):
                     calls.append(item)
                 elif item is _STOP:
                     stopping = True
+            self._applied_count += handed_over
             if entries:
                 self._apply(projection, entries)  # listeners (writers waiting) hear now
             for call in calls:
@@ -255,12 +278,19 @@ class Engine:
         return None
 
     def _apply(self, projection: Projection, entries: list[LogEntry]) -> None:
-        self._apply_or_split(projection, entries)
+        before = projection.seq
+        fresh: dict[int, LogEntry] = {}  # an offer and the tail may both carry one event
+        for entry in entries:
+            if entry.seq > before:
+                fresh.setdefault(entry.seq, entry)
+        if not fresh:
+            return
+        ordered = [fresh[seq] for seq in sorted(fresh)]
+        self._apply_or_split(projection, ordered)
         self.seq = projection.seq
-        self._applied_count += len(entries)
-        self.events_applied += len(entries)
-        max_hlc = max((e.event.hlc for e in entries if e.event is not None), default=0)
-        applied = Applied(self.seq, entries, max_hlc)
+        self.events_applied += len(ordered)
+        max_hlc = max((e.event.hlc for e in ordered if e.event is not None), default=0)
+        applied = Applied(self.seq, ordered, max_hlc)
         for listener in self._listeners:
             try:
                 listener(applied)

@@ -37,7 +37,7 @@ from eventlog import EmbeddedNats, subjects
 from eventlog import events as ev
 from eventlog.errors import LogUnavailable, NotFoundError, PulseError, ValidationError
 from eventlog.ids import uuid7
-from eventlog.log import EventLog
+from eventlog.log import EventLog, LogEntry
 from projections import queries
 from projections.engine import Applied, Engine
 from sync import embedders, models
@@ -230,6 +230,7 @@ class InstanceCore:
     async def _write(self, event: ev.Event) -> int:
         self._check_open()
         seq = await self.log.append(event)
+        self.engine.offer((LogEntry(seq, subjects.subject_for(event), event),))
         await self._wait_applied(seq)
         await self._forget_if_deleted(event, seq)
         return seq
@@ -239,6 +240,10 @@ class InstanceCore:
         ``EventLog.append_batch``); return their sequences once applied here."""
         self._check_open()
         seqs = await self.log.append_batch(events, atomic=atomic)
+        if seqs == list(range(seqs[0], seqs[0] + len(seqs))):  # contiguous: offer them
+            self.engine.offer(
+                [LogEntry(s, subjects.subject_for(e), e) for s, e in zip(seqs, events, strict=True)]
+            )
         await self._wait_applied(max(seqs))
         for event, seq in zip(events, seqs, strict=True):
             await self._forget_if_deleted(event, seq)
