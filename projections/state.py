@@ -247,14 +247,17 @@ class MemoryState:
 
     def experience_problem(self, row: ExperienceRow) -> str | None:
         """Why a created, undeleted experience cannot be live (None: it can)."""
-        collective = self.collectives.get((row.collective_id,))
+        return self._placement_problem(row.collective_id, row.embedding)
+
+    def _placement_problem(self, collective_id: UUID | None, embedding: bytes | None) -> str | None:
+        """Why a vector-bearing row does not fit its collective (None: it does)."""
+        collective = self.collectives.get((collective_id,))
         if collective is None or collective.create_event is None:
-            return f"collective {row.collective_id} does not exist"
+            return f"collective {collective_id} does not exist"
         dim = collective.embedding_dimension or 0
-        if len(row.embedding or b"") != 4 * dim:
+        if len(embedding or b"") != 4 * dim:
             return (
-                f"embedding has {len(row.embedding or b'') // 4} dimensions, "
-                f"the collective has {dim}"
+                f"embedding has {len(embedding or b'') // 4} dimensions, the collective has {dim}"
             )
         return None
 
@@ -320,15 +323,10 @@ class MemoryState:
         return row
 
     def insight_problem(self, row: InsightRow) -> str | None:
-        collective = self.collectives.get((row.collective_id,))
-        if collective is None or collective.create_event is None:
-            return f"collective {row.collective_id} does not exist"
-        dim = collective.embedding_dimension or 0
-        if len(row.embedding or b"") != 4 * dim:
-            return (
-                f"embedding has {len(row.embedding or b'') // 4} dimensions, "
-                f"the collective has {dim}"
-            )
+        """Why a created, undeleted insight breaks an invariant (None: it does not)."""
+        placement = self._placement_problem(row.collective_id, row.embedding)
+        if placement is not None:
+            return placement
         if not row.source_experiences:
             return "an insight needs at least one source"
         if not all(self.exists_or_deleted(s) for s in row.source_experiences):

@@ -198,25 +198,24 @@ class Experiences(InstanceCore):
         self, collective_id: UUID, limit: int = 20, flt: Any = None, *, offset: int = 0
     ) -> list[queries.Experience]:
         """The newest experiences of a collective (filtered), newest first."""
-        check_limit("limit", limit)
-        if offset < 0:
-            raise ValidationError(f"offset: must be >= 0, got {offset}")
-        cid = (await self._collective(collective_id)).collective_id
-        return await self._read(
-            queries.recent_experiences, cid, limit, self._filter(flt), offset=offset
-        )
+        return await self._page(collective_id, limit, offset, flt, newest_first=True)
 
     async def list_experiences(
         self, collective_id: UUID, *, limit: int = 100, offset: int = 0, flt: Any = None
     ) -> list[queries.Experience]:
         """One page of a collective's experiences, oldest first (stable paging by offset)."""
+        return await self._page(collective_id, limit, offset, flt, newest_first=False)
+
+    async def _page(
+        self, collective_id: UUID, limit: int, offset: int, flt: Any, *, newest_first: bool
+    ) -> list[queries.Experience]:
         check_limit("limit", limit)
         if offset < 0:
             raise ValidationError(f"offset: must be >= 0, got {offset}")
         cid = (await self._collective(collective_id)).collective_id
         return await self._read(
             queries.recent_experiences, cid, limit, self._filter(flt), offset=offset,
-            newest_first=False,
+            newest_first=newest_first,
         )  # fmt: skip
 
     async def update_experience(self, experience_id: UUID, **changes: Any) -> None:
