@@ -101,6 +101,7 @@ class MemoryState:
         for row in rows:
             self.fold.rows[type(row)][row.key()] = row
             self._index(row, None)
+        self.forgotten_counts.clear()  # DuckDB already holds no counts of deleted ones
         self.vec_ids.update(vec_ids)
         self.next_vec_id = 1 + max(vec_ids.values(), default=0)
 

@@ -57,6 +57,7 @@ DELETES_OF: dict[str, Any] = {
     "wisdom": ev.WisdomDeleted,
 }
 BACKLOG_LIMIT = 50_000  # entries handed to the engine and not applied: the tail waits
+KNOWN_MAX = 100_000  # remembered reference checks before the memo starts over
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +295,8 @@ class InstanceCore:
             generation = self._generation
             found = await self._read(fn, key)
             if found is not None and generation == self._generation:
+                if len(self._known) >= KNOWN_MAX:
+                    self._known.clear()
                 self._known[(kind, key)] = found
         return found
 
