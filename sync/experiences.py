@@ -18,12 +18,11 @@ import numpy.typing as npt
 import pydantic
 
 from eventlog import events as ev
-from eventlog import subjects
 from eventlog.errors import NotFoundError, ValidationError
 from eventlog.ids import uuid7
 from projections import queries
 from sync import embedders, models
-from sync.core import DELETES_OF, InstanceCore, check_limit, check_vector, uuid_of
+from sync.core import InstanceCore, check_limit, check_vector, uuid_of
 from sync.models import validated
 
 BATCH_MAX = models.BATCH_MAX
@@ -71,27 +70,6 @@ class Collectives(InstanceCore):
         if stats is None:
             raise NotFoundError(f"collective_id: no collective {collective_id}")
         return stats
-
-    async def delete_collective(self, collective_id: UUID) -> None:
-        """Delete a collective and forget everything in it: a tombstone for the collective
-        and one for every experience, relation and insight in it, then everything before
-        the collective's tombstone is purged from the stream (and its agents' activities).
-        Every host wipes those rows and drops them from its indexes; the stream keeps the
-        tombstones only. Repeating it is harmless (and finishes forgetting if an earlier
-        call was interrupted)."""
-        cid = uuid_of("collective_id", collective_id)
-        if await self._read(queries.anchor_of, "collective", cid) is None:
-            raise NotFoundError(f"collective_id: no collective {collective_id}")
-        seq = await self._write(ev.CollectiveDeleted(**self._common(), collective_id=cid))
-        tombstones: list[ev.Event] = [
-            DELETES_OF[entity](**self._common(), collective_id=cid, **{f"{entity}_id": key})
-            for entity in ("experience", "relation", "insight")
-            for key in await self._read(queries.ids_in_collective, entity, cid)
-        ]  # after the collective's tombstone, so the purge below keeps them
-        for start in range(0, len(tombstones), BATCH_MAX):
-            await self._write_many(tombstones[start : start + BATCH_MAX], atomic=True)
-        await self.log.purge(f"{subjects.PREFIX}.c.{cid}.>", before_seq=seq)
-        await self.log.purge(f"{subjects.PREFIX}.a.{cid}.>", before_seq=None)  # its presence
 
 
 class Experiences(InstanceCore):
@@ -249,12 +227,6 @@ class Experiences(InstanceCore):
         await self._write(
             kind(**self._common(), experience_id=experience_id, collective_id=collective_id)
         )
-
-    async def delete_experience(self, experience_id: UUID) -> None:
-        """Delete and forget: the content and embedding leave every host's state and
-        indexes and the stream itself (only the tombstone stays). Repeating it is
-        harmless and finishes forgetting if an earlier call was interrupted."""
-        await self._delete("experience", experience_id)
 
     async def reinforce_experience(self, experience_id: UUID) -> int:
         """Count one more application by this instance; returns the total across instances.

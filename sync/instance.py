@@ -12,7 +12,8 @@ whole stream.
 The API is assembled from parts along the seams of the domain, each its own module:
 ``sync.core`` (replication, read-your-writes, the write path), ``sync.experiences``
 (collectives and experiences, batch writes), ``sync.recall`` (search and context),
-``sync.links`` (relations and insights), ``sync.presence`` (activities),
+``sync.links`` (relations and insights), ``sync.forgetting`` (deletes that forget),
+``sync.presence`` (activities),
 ``sync.wisdom``, ``sync.watch`` (changes as they are applied). This class only opens,
 closes and answers about the state as a whole.
 
@@ -31,7 +32,6 @@ import asyncio
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from uuid import UUID
 
 from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
 from eventlog.errors import ValidationError
@@ -39,9 +39,10 @@ from eventlog.log import EventLog
 from projections import analytics, queries
 from projections.analytics import SqlResult
 from projections.engine import Engine
-from projections.projection import Projection, ProjectionSettings, state_dir
+from projections.projection import ProjectionSettings, state_dir
 from sync.core import InstanceCore, InstanceSettings, check_rows_limit
 from sync.experiences import Collectives, Experiences
+from sync.forgetting import Forgetting
 from sync.links import Links
 from sync.presence import Activity
 from sync.recall import Context, Recall
@@ -58,7 +59,7 @@ __all__ = [
 ]
 
 
-class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, InstanceCore):
+class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, InstanceCore):
     """One instance; see the module docstring. Use ``await PulseDB.open(...)``."""
 
     @classmethod
@@ -126,7 +127,8 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, InstanceCore)
                                     projection_settings)  # fmt: skip
         try:
             await engine.catch_up(log, progress=progress)
-            max_hlc, tombstones = await engine.run(_opening_facts)
+            max_hlc = await engine.run(queries.max_hlc)
+            tombstones = await engine.run(queries.tombstoned_ids)
         except BaseException:
             await engine.close()
             raise
@@ -211,8 +213,3 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, InstanceCore)
             activities.extend(await self.get_active_agents(c.collective_id, stale_after=1e9))
         cursor, _ = await self.engine.cursor()
         return await asyncio.to_thread(analytics.export, cursor, target, activities)
-
-
-def _opening_facts(p: Projection) -> tuple[int, set[UUID]]:
-    """What the loop side needs from the state when an instance opens."""
-    return p.memory.max_hlc(), set(p.memory.deleted)

@@ -100,10 +100,6 @@ class Links(InstanceCore):
             related = [r for r in related if r.relation.strength >= min_strength]
         return related
 
-    async def delete_relation(self, relation_id: UUID) -> None:
-        """Delete a relation and forget it (idempotent, as every delete)."""
-        await self._delete("relation", relation_id)
-
     # -- insights --------------------------------------------------------------------------
 
     async def store_insight(
@@ -164,7 +160,3 @@ class Links(InstanceCore):
             collective, spec.text, spec.embedding, embedder, field="query", query=True
         )
         return await self._read(queries.similar_insights, collective.collective_id, q, spec.k)
-
-    async def delete_insight(self, insight_id: UUID) -> None:
-        """Delete an insight and forget it (idempotent, as every delete)."""
-        await self._delete("insight", insight_id)

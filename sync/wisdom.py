@@ -82,7 +82,3 @@ class WisdomPart(InstanceCore):
         vector = validated(models.SearchIn, collective_id=uuid7(), embedding=query).embedding
         assert vector is not None
         return await self._read(queries.similar_wisdom, owner_id, vector, k)
-
-    async def delete_wisdom(self, wisdom_id: UUID) -> None:
-        """Delete wisdom and forget it (idempotent, as every delete)."""
-        await self._delete("wisdom", wisdom_id)
