@@ -146,6 +146,8 @@ class InstanceCore:
         try:
             submitted = self.engine.seq
             async for entry in self.log.tail(self.engine.seq + 1):
+                if entry.seq <= self.engine.seq:
+                    continue  # a writer here handed it over already: no need to wake the engine
                 self.engine.submit((entry,))
                 submitted = entry.seq
                 if self.engine.backlog > BACKLOG_LIMIT:  # let the engine catch its breath
