@@ -214,46 +214,15 @@ class Engine:
                     items.append(self._inbox.get_nowait())
                 except queue.Empty:
                     break
-            entries: list[LogEntry] = []
-            waiting: list[concurrent.futures.Future[int]] = []
-            calls: list[_Call] = []
-            following = projection.seq + 1  # the sequence that continues what is applied
-            handed_over = 0  # entries of submit / apply (the backlog counts those)
-            for item in items:
-                if isinstance(item, _Apply):
-                    if not item.entries:
-                        continue
-                    if item.only_next:
-                        first = item.entries[0].seq
-                        if first > following or item.entries[-1].seq < following:
-                            continue  # a gap before it, or already applied: the tail has it
-                        fresh = [e for e in item.entries if e.seq >= following]
-                        entries.extend(fresh)
-                        following = fresh[-1].seq + 1
-                        continue
-                    handed_over += len(item.entries)
-                    entries.extend(item.entries)
-                    following = max(following, item.entries[-1].seq + 1)
-                    if item.done is not None:
-                        waiting.append(item.done)
-                elif isinstance(item, _Call):
-                    calls.append(item)
-                elif item is _STOP:
-                    stopping = True
-            self._applied_count += handed_over
-            if entries:
-                self._apply(projection, entries)  # listeners (writers waiting) hear now
-            for call in calls:
-                if call.done.set_running_or_notify_cancel():
-                    try:
-                        call.done.set_result(call.fn(projection, *call.args))
-                    except BaseException as exc:
-                        call.done.set_exception(exc)
-            # a catch-up (apply with a future) hears after its batch is written to DuckDB,
-            # so the progress it reports is durable; live writers heard above already
-            self._housekeeping(projection, flush=stopping or bool(waiting), save=stopping)
-            for future in waiting:
-                future.set_result(self.seq)
+            try:
+                stopping = self._handle(projection, items)
+            except Exception as exc:  # a bug must not stop the engine: fail this round only
+                log.exception("the engine failed on a round of work; going on")
+                for item in items:
+                    future = item.done if isinstance(item, (_Apply, _Call)) else None
+                    if future is not None and not future.done():
+                        future.set_exception(exc)
+                stopping = any(item is _STOP for item in items)
         try:
             projection.close()
         except Exception:
@@ -268,6 +237,52 @@ class Engine:
             )
             if pending is not None and not pending.done():
                 pending.set_exception(RuntimeError("the projection engine is stopped"))
+
+    def _handle(self, projection: Projection, items: list[Any]) -> bool:
+        """One round: apply what queued up as one batch, answer the calls, write DuckDB
+        when due; returns whether a stop was asked for."""
+        stopping = False
+        entries: list[LogEntry] = []
+        waiting: list[concurrent.futures.Future[int]] = []
+        calls: list[_Call] = []
+        following = projection.seq + 1  # the sequence that continues what is applied
+        handed_over = 0  # entries of submit / apply (the backlog counts those)
+        for item in items:
+            if isinstance(item, _Apply):
+                if not item.entries:
+                    continue
+                if item.only_next:
+                    first = item.entries[0].seq
+                    if first > following or item.entries[-1].seq < following:
+                        continue  # a gap before it, or already applied: the tail has it
+                    fresh = [e for e in item.entries if e.seq >= following]
+                    entries.extend(fresh)
+                    following = fresh[-1].seq + 1
+                    continue
+                handed_over += len(item.entries)
+                entries.extend(item.entries)
+                following = max(following, item.entries[-1].seq + 1)
+                if item.done is not None:
+                    waiting.append(item.done)
+            elif isinstance(item, _Call):
+                calls.append(item)
+            elif item is _STOP:
+                stopping = True
+        self._applied_count += handed_over
+        if entries:
+            self._apply(projection, entries)  # listeners (writers waiting) hear now
+        for call in calls:
+            if call.done.set_running_or_notify_cancel():
+                try:
+                    call.done.set_result(call.fn(projection, *call.args))
+                except BaseException as exc:
+                    call.done.set_exception(exc)
+        # a catch-up (apply with a future) hears after its batch is written to DuckDB,
+        # so the progress it reports is durable; live writers heard above already
+        self._housekeeping(projection, flush=stopping or bool(waiting), save=stopping)
+        for future in waiting:
+            future.set_result(self.seq)
+        return stopping
 
     def _idle_timeout(self, projection: Projection) -> float | None:
         now = time.monotonic()

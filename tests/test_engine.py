@@ -136,3 +136,41 @@ async def test_only_the_engine_thread_changes_the_projection(tmp_path: Path) -> 
         projection.flush()
     assert await engine.apply(batch) == 1  # handed over, it applies
     await engine.close()
+
+
+async def test_a_batch_that_raises_is_halved_until_the_one_bad_event_is_found(
+    tmp_path: Path,
+) -> None:
+    """Whatever makes applying one event raise (here: an index that refuses it), the
+    engine keeps that event aside and applies every other event of its batch."""
+    from tests import factories as f
+
+    cid = f.uuid7()
+    events: list[ev.Event] = [f.collective(cid, dim=4)]
+    events += [f.experience(cid, f"lesson {i}", dim=4) for i in range(12)]
+    poison = events[7]
+    engine = await Engine.start(tmp_path / "state")
+
+    def refuse_the_poison(p: Projection) -> None:
+        original = p.apply
+
+        def apply(batch: list[LogEntry]) -> object:
+            if any(e.event is poison for e in batch):
+                raise RuntimeError("the index refused it")
+            return original(batch)
+
+        p.apply = apply  # type: ignore[method-assign]
+
+    await engine.run(refuse_the_poison)
+    assert await engine.apply(entries(events)) == len(events)
+
+    def outcome(p: Projection) -> tuple[object, ...]:
+        kept = [d for d in q.dead_letters(p) if d.entity == "message"]
+        live = {e.experience_id for e in q.recent_experiences(p, cid, 100)}
+        return [(d.seq, d.reason) for d in kept], live
+
+    kept, live = await engine.run(outcome)
+    assert kept == [(8, "cannot apply: the index refused it")]
+    expected = {e.experience_id for e in events[1:] if e is not poison}  # type: ignore[attr-defined]
+    assert live == expected
+    await engine.close()
