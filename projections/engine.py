@@ -271,6 +271,7 @@ class Engine:
         self._applied_count += handed_over
         if entries:
             self._apply(projection, entries)  # listeners (writers waiting) hear now
+        projection.sync_indexes()  # after the writers were woken, before any read
         for call in calls:
             if call.done.set_running_or_notify_cancel():
                 try:

@@ -35,7 +35,7 @@ import numpy as np
 
 from eventlog.ids import uuid7
 from eventlog.log import EventLog, LogEntry
-from projections.fold import ROW_TYPES, FoldState, InsightRow, row_of
+from projections.fold import ROW_TYPES, ExperienceRow, FoldState, InsightRow, row_of
 from projections.state import MemoryState, Rejected, Touched
 from projections.store import Store
 from projections.text import TextIndex
@@ -44,6 +44,7 @@ from projections.vectors import VectorIndex, read_manifest, write_manifest
 log = logging.getLogger("pulse.projection")
 
 Progress = Callable[[int, int], None]  # (applied so far, total to apply)
+_Adds = dict[tuple[UUID, int], tuple[list[int], list[bytes], list[UUID]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,7 @@ class Projection:
         (self.dir / "vectors").mkdir(exist_ok=True)
         self.vectors: dict[tuple[str, UUID], VectorIndex] = {}
         self._live_collectives: dict[UUID, int | None] = {}  # dimension the indexes assume
+        self._unindexed = Touched.nothing()  # applied, not yet in the indexes
         self._load_indexes()
         self.last_flush = self.last_save = time.monotonic()
 
@@ -131,10 +133,21 @@ class Projection:
                     )
                 )  # fmt: skip
         touched = self.memory.merge(delta)
-        self._sync(touched)
-        self._seq = fresh[-1].seq  # last: a batch that raised is applied again, halved
+        pending = self._unindexed
+        pending.experiences |= touched.experiences
+        pending.insights |= touched.insights
+        pending.collectives |= touched.collectives
+        self._seq = fresh[-1].seq
         self._unflushed += len(fresh)
         return touched
+
+    def sync_indexes(self) -> None:
+        """Bring the vector and text indexes up to what is applied. ``apply`` leaves that
+        for later, so a write waits only for the fold: the engine does it after waking
+        the writers, before any read, and before a flush; so do the queries that search."""
+        if self._unindexed.experiences or self._unindexed.insights or (self._unindexed.collectives):
+            pending, self._unindexed = self._unindexed, Touched.nothing()
+            self._sync(pending)
 
     def _check_owner(self) -> None:
         if threading.get_ident() != self._owner:
@@ -164,6 +177,7 @@ class Projection:
         """Write what memory holds past the DuckDB checkpoint, in one transaction;
         returns the sequence DuckDB now reflects."""
         self._check_owner()
+        self.sync_indexes()  # assigns the vector ids the rows are written with
         if self.dirty:
             rows, forgotten, rejected = self.memory.take_dirty()
             try:
@@ -226,40 +240,48 @@ class Projection:
         # (so they read every applied write) and save() commits with the manifest
 
     def _sync_rows(self, kind: str, ids: set[UUID]) -> None:
-        memory = self.memory
-        adds: dict[tuple[UUID, int], tuple[list[int], list[bytes], list[UUID]]] = {}
+        adds: _Adds = {}
         for row_id in sorted(ids):  # one insertion order everywhere: ties rank alike
-            if kind == "experience":
-                row = memory.experiences.get((row_id,))
-                live = memory.live_experience(row_id) is not None
-                hidden = bool(row is not None and row.archived)
-            else:
-                insight = memory.insights.get((row_id,))
-                row = insight  # type: ignore[assignment]
-                live = insight is not None and _indexable_insight(memory, insight)
-                hidden = False
-            collective_id = row.collective_id if row is not None else None
-            if live and row is not None and collective_id is not None:
-                dim = memory.collective_dimension(collective_id)
-                assert dim is not None
-                index = self._index(kind, collective_id, dim)
-                vec_id = memory.vec_id(row_id)
-                if vec_id not in index.members:
-                    ids_, vecs, keys = adds.setdefault((collective_id, dim), ([], [], []))
-                    ids_.append(vec_id)
-                    vecs.append(row.embedding)  # type: ignore[arg-type]
-                    keys.append(row_id)
-                    self.text.put(kind, row_id, collective_id, row.content or "")
-                index.set_hidden(vec_id, hidden)
-            else:
-                vec_id_or_none = memory.vec_ids.get(row_id)
-                index_or_none = self.vectors.get((kind, collective_id))  # type: ignore[arg-type]
-                if index_or_none is not None and vec_id_or_none is not None:
-                    index_or_none.remove([vec_id_or_none])
-                self.text.remove(row_id)
+            try:
+                self._sync_row(kind, row_id, adds)
+            except Exception:  # one row an index refuses must not stop the others
+                log.exception("%s %s could not be indexed", kind, row_id)
         for (collective_id, dim), (vec_ids, vectors, keys) in adds.items():
             matrix = np.frombuffer(b"".join(vectors), dtype="<f4").reshape(len(vectors), dim)
             self._index(kind, collective_id, dim).add(vec_ids, matrix, keys)
+
+    def _sync_row(self, kind: str, row_id: UUID, adds: _Adds) -> None:
+        """One experience or insight into (or out of) its indexes; vectors to add are
+        gathered in ``adds``, one FAISS call per collective."""
+        memory = self.memory
+        row: ExperienceRow | InsightRow | None
+        if kind == "experience":
+            row = memory.experiences.get((row_id,))
+            live = memory.live_experience(row_id) is not None
+            hidden = bool(row is not None and row.archived)
+        else:
+            row = memory.insights.get((row_id,))
+            live = row is not None and _indexable_insight(memory, row)
+            hidden = False
+        collective_id = row.collective_id if row is not None else None
+        if live and row is not None and collective_id is not None:
+            dim = memory.collective_dimension(collective_id)
+            assert dim is not None
+            index = self._index(kind, collective_id, dim)
+            vec_id = memory.vec_id(row_id)
+            if vec_id not in index.members:
+                ids_, vecs, keys = adds.setdefault((collective_id, dim), ([], [], []))
+                ids_.append(vec_id)
+                vecs.append(row.embedding or b"")
+                keys.append(row_id)
+                self.text.put(kind, row_id, collective_id, row.content or "")
+            index.set_hidden(vec_id, hidden)
+            return
+        vec_id_or_none = memory.vec_ids.get(row_id)
+        index_or_none = self.vectors.get((kind, collective_id)) if collective_id else None
+        if index_or_none is not None and vec_id_or_none is not None:
+            index_or_none.remove([vec_id_or_none])
+        self.text.remove(row_id)
 
     # -- persistence -----------------------------------------------------------------------
 

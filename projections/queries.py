@@ -259,6 +259,7 @@ def similar_ids(
     flt: ExperienceFilter = ANY_LIVE,
 ) -> list[tuple[UUID, float]]:
     """(id, cosine similarity) of the k nearest live experiences, best first."""
+    p.sync_indexes()
     index = p.vectors.get(("experience", collective_id))
     if index is None or k <= 0 or p.live_dimension(collective_id) is None:
         return []
@@ -326,6 +327,7 @@ def search_text(
     flt: ExperienceFilter = ANY_LIVE,
 ) -> list[ScoredExperience]:
     """BM25 matches of ``text`` in experience content, best first, filtered."""
+    p.sync_indexes()
     if k <= 0 or not text.strip():
         return []
     fetch = k
@@ -392,6 +394,7 @@ def similar_insights(
     query: Sequence[float] | npt.NDArray[np.float32],
     k: int = 10,
 ) -> list[ScoredInsight]:
+    p.sync_indexes()
     index = p.vectors.get(("insight", collective_id))
     if index is None or k <= 0:
         return []

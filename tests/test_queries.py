@@ -320,6 +320,7 @@ def test_large_collectives_switch_to_hnsw_and_still_hide_deleted(tmp_path: Path)
         record(cid, f"lesson {i}", rng.normal(size=8).tolist(), at=10 + i) for i in range(200)
     ]
     projection.apply([LogEntry(i, "s", e) for i, e in enumerate([created, *records], 1)])
+    projection.sync_indexes()  # the engine does this after every batch
     index = projection.vectors[("experience", cid)]
     assert index.is_hnsw
     target = records[17]

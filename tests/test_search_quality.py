@@ -76,6 +76,7 @@ def test_recall_at_20(tmp_path: Path, corpus, threshold: int, hnsw: bool, least:
     projection = Projection(tmp_path / "state", ProjectionSettings(hnsw_threshold=threshold))
     for start in range(0, len(entries), 2000):
         projection.apply(entries[start : start + 2000])
+        projection.sync_indexes()  # as the engine does after every batch
     assert projection.vectors[("experience", cid)].is_hnsw is hnsw
     measured = recall(projection, vectors, queries, cid, ids)
     assert measured >= least, f"recall@{K} = {measured}"
