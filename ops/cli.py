@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import json
 import os
 import signal
@@ -108,11 +107,6 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
         bar = ProgressBar("catching up")
         db = await PulseDB.attach(args.data_dir, log, owns_log=False, progress=bar)
         bar.finish()
-        # What catching up built lives as long as the service: move it out of the
-        # collector's sight, so a full collection does not walk it and pause every
-        # thread (tens of ms per 100,000 objects, seen as /health spikes under load).
-        gc.collect()
-        gc.freeze()
         try:
             mcp = build_mcp(db, host=args.host)
             mcp_app = mcp.streamable_http_app()
