@@ -68,6 +68,7 @@ class _Call:
 
 
 _STOP = object()
+SMALL_BATCH = 64  # events a batch indexes before its writers are woken
 
 
 class Engine:
@@ -305,6 +306,10 @@ class Engine:
             return
         ordered = [fresh[seq] for seq in sorted(fresh)]
         self._apply_or_split(projection, ordered)
+        if len(ordered) <= SMALL_BATCH:
+            # a few events index in microseconds: do it before waking the writers, who
+            # would otherwise contend for the GIL with it; a large batch wakes them first
+            projection.sync_indexes()
         self.seq = projection.seq
         self.events_applied += len(ordered)
         max_hlc = max((e.event.hlc for e in ordered if e.event is not None), default=0)
