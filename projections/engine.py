@@ -7,7 +7,8 @@ tantivy); the asyncio loop hands it work and awaits the result.
     run(fn, *args)                    -->  fn(projection, *args) after that batch
     listeners  <------------------------   Applied(seq, entries, max_hlc) per batch
                                            every flush_interval: one DuckDB write
-                                           every save_interval: index files saved
+                                           index files saved after save_interval,
+                                           once a second passes without events
 
 Group commit: the thread takes whatever arrived while it was busy, so it applies one
 event when idle and thousands under load, and writes DuckDB once per ``flush_interval``
@@ -69,6 +70,7 @@ class _Call:
 
 _STOP = object()
 SMALL_BATCH = 64  # events a batch indexes before its writers are woken
+QUIET = 1.0  # seconds without events before the index files are saved
 
 
 class Engine:
@@ -86,6 +88,7 @@ class Engine:
         self.events_applied = 0
         self._submitted = 0
         self._applied_count = 0
+        self._busy_at = 0.0  # when the engine last applied something
         self._thread = threading.Thread(target=self._run, name="pulse-engine", daemon=True)
 
     @classmethod
@@ -273,6 +276,7 @@ class Engine:
                 stopping = True
         self._applied_count += handed_over
         if entries:
+            self._busy_at = time.monotonic()
             self._apply(projection, entries)  # listeners (writers waiting) hear now
         projection.sync_indexes()  # after the writers were woken, before any read
         for call in calls:
@@ -293,8 +297,20 @@ class Engine:
         if projection.dirty:
             return max(0.0, projection.last_flush + self.settings.flush_interval - now)
         if projection.saved_seq < projection.flushed_seq:
-            return max(0.0, projection.last_save + self.settings.save_interval - now)
+            due = max(projection.last_save + self.settings.save_interval, self._busy_at + QUIET)
+            return max(0.0, due - now)
         return None
+
+    def _save_due(self, projection: Projection, now: float) -> bool:
+        """Index files are saved once ``save_interval`` has passed and the engine has been
+        quiet for a moment (writing them holds the thread for tens of milliseconds, which
+        a write waiting behind it would feel), or in any case after ten intervals."""
+        if projection.saved_seq >= projection.flushed_seq:
+            return False
+        since = now - projection.last_save
+        return (since >= self.settings.save_interval and now - self._busy_at >= QUIET) or (
+            since >= 10 * self.settings.save_interval
+        )
 
     def _apply(self, projection: Projection, entries: list[LogEntry]) -> None:
         before = projection.seq
@@ -345,9 +361,7 @@ class Engine:
                 or projection.unflushed >= self.settings.flush_events
             ):
                 projection.flush()
-            if projection.saved_seq < projection.flushed_seq and (
-                save or now - projection.last_save >= self.settings.save_interval
-            ):
+            if save or self._save_due(projection, now):
                 projection.save()
                 _out_of_the_collectors_sight(projection, 1)
         except Exception:  # DuckDB refused: keep applying in memory, try again later
