@@ -342,3 +342,14 @@ def test_a_watch_that_falls_behind_is_dropped_not_buffered_forever() -> None:
             await anext(watch)
 
     asyncio.run(run())
+
+
+async def test_sql_sees_every_write_acknowledged_before_it(db: PulseDB) -> None:
+    """SQL reads DuckDB, which the engine writes in bulk: a query flushes first, and says
+    which stream sequence its answer reflects."""
+    cid = await db.create_collective("o", "c", 3)
+    ids = [await db.record_experience(cid, f"note {i}", [1.0, float(i), 0.0]) for i in range(5)]
+    await db.reinforce_experience(ids[0])
+    result = await db.sql("SELECT count(*), sum(applications) FROM experiences")
+    assert result.rows == [[5, 1]]
+    assert result.seq == await db.log.last_seq() == db.applied_seq
