@@ -101,8 +101,9 @@ class Projection:
         return self.flushed_seq != self._seq or bool(self.memory.unflushed_rejected)
 
     def apply(self, entries: Sequence[LogEntry]) -> Touched:
-        """Fold a batch of log entries (in stream order) into memory and the indexes.
-        An entry that cannot be folded becomes a dead letter; the others apply."""
+        """Fold a batch of log entries (in stream order) into memory; the vector and text
+        indexes follow at the next ``sync_indexes``. An entry that cannot be folded
+        becomes a dead letter; the others apply."""
         self._check_owner()
         fresh = [e for e in entries if e.seq > self._seq]
         if not fresh:
@@ -145,8 +146,9 @@ class Projection:
         """Bring the vector and text indexes up to what is applied. ``apply`` leaves that
         for later, so a write waits only for the fold: the engine does it after waking
         the writers, before any read, and before a flush; so do the queries that search."""
-        if self._unindexed.experiences or self._unindexed.insights or (self._unindexed.collectives):
-            pending, self._unindexed = self._unindexed, Touched.nothing()
+        pending = self._unindexed
+        if pending.experiences or pending.insights or pending.collectives:
+            self._unindexed = Touched.nothing()
             self._sync(pending)
 
     def _check_owner(self) -> None:

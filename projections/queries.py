@@ -210,11 +210,6 @@ def total_applications(p: Projection, experience_id: UUID) -> int:
     return p.memory.applications_of(experience_id)[0]
 
 
-def get_experiences(p: Projection, ids: Sequence[UUID]) -> list[Experience | None]:
-    """Several experiences by id, in order (None where there is no live one)."""
-    return [get_experience(p, i) for i in ids]
-
-
 def recent_experiences(
     p: Projection,
     collective_id: UUID,
@@ -516,11 +511,6 @@ def tombstoned_ids(p: Projection) -> set[UUID]:
 def max_hlc(p: Projection) -> int:
     """The largest HLC of anything folded (a restarted clock starts past it)."""
     return p.memory.max_hlc()
-
-
-def is_deleted(p: Projection, entity_id: UUID) -> bool:
-    """Whether a tombstone for this id (any entity) has been applied here."""
-    return entity_id in p.memory.deleted
 
 
 # -- energy: importance raised by use, decayed by time; computed when read ------------------

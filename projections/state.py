@@ -344,10 +344,6 @@ class MemoryState:
             return None
         return row
 
-    def live_wisdom(self, wisdom_id: UUID) -> WisdomRow | None:
-        row = self.wisdom.get((wisdom_id,))
-        return row if row is not None and row.create_event is not None and not row.deleted else None
-
     # -- derived reads ---------------------------------------------------------------------
 
     def applications_of(self, experience_id: UUID) -> tuple[int, int | None]:
