@@ -34,6 +34,7 @@ from uuid import UUID
 import numpy as np
 
 from eventlog.ids import uuid7
+from eventlog.limits import check_ranges
 from eventlog.log import EventLog, LogEntry
 from projections.fold import ROW_TYPES, ExperienceRow, FoldState, InsightRow, row_of
 from projections.state import MemoryState, Rejected, Touched
@@ -117,6 +118,16 @@ class Projection:
                         seq=entry.seq, subject=entry.subject,
                         reason=error.reason if error else "unreadable",
                         instance_id=getattr(error, "instance_id", None),
+                    )
+                )  # fmt: skip
+                continue
+            try:
+                check_ranges(entry.event)  # what the codec checks, whichever way it came
+            except ValueError as exc:  # the codec's own wording: hosts keep the same letter
+                self.memory.reject(
+                    Rejected(
+                        seq=entry.seq, subject=entry.subject, reason=str(exc),
+                        instance_id=entry.event.instance_id,
                     )
                 )  # fmt: skip
                 continue
