@@ -99,7 +99,11 @@ class Projection:
     @property
     def dirty(self) -> bool:
         """Applied in memory but not yet written to DuckDB."""
-        return self.flushed_seq != self._seq or bool(self.memory.unflushed_rejected)
+        return (
+            self.flushed_seq != self._seq
+            or bool(self.memory.unflushed_rejected)
+            or self.memory.has_changes()
+        )
 
     def apply(self, entries: Sequence[LogEntry]) -> Touched:
         """Fold a batch of log entries (in stream order) into memory; the vector and text
@@ -281,7 +285,7 @@ class Projection:
             dim = memory.collective_dimension(collective_id)
             assert dim is not None
             index = self._index(kind, collective_id, dim)
-            vec_id = memory.vec_id(row_id)
+            vec_id = memory.vec_id(row_id, ExperienceRow if kind == "experience" else InsightRow)
             if vec_id not in index.members:
                 ids_, vecs, keys = adds.setdefault((collective_id, dim), ([], [], []))
                 ids_.append(vec_id)

@@ -135,6 +135,8 @@ class MemoryState:
             self._index_experience(row, before)
         elif isinstance(row, ApplicationRow):
             if row.experience_id in self.deleted:  # a deleted experience keeps no counts
+                self.applications.pop(row.key(), None)
+                self.dirty[ApplicationRow].discard(row.key())
                 self._forget_counts(row.experience_id)
             else:
                 eid = row.experience_id
@@ -199,13 +201,19 @@ class MemoryState:
         if row.deleted:
             self.deleted.add(rid)
 
-    def vec_id(self, row_id: UUID) -> int:
-        """The local FAISS id of an experience or insight (assigned on first need)."""
+    def vec_id(self, row_id: UUID, row_type: type[Row]) -> int:
+        """The local FAISS id of an experience or insight (assigned on first need; a new
+        one marks the row changed, so DuckDB stores it with the row)."""
         found = self.vec_ids.get(row_id)
         if found is None:
             found = self.vec_ids[row_id] = self.next_vec_id
             self.next_vec_id += 1
+            self.dirty[row_type].add((row_id,))
         return found
+
+    def has_changes(self) -> bool:
+        """Rows or counts changed since DuckDB was last written."""
+        return bool(self.forgotten_counts) or any(self.dirty.values())
 
     def reject(self, rejected: Rejected) -> None:
         if rejected.seq not in self.rejected:

@@ -363,3 +363,21 @@ def test_unknown_header_schema_is_a_dead_letter_not_a_crash(tmp_path: Path) -> N
     assert [d.reason for d in q.dead_letters(projection)] == ["written with schema 9"]
     assert projection.checkpoint() == (1, 1)
     projection.close()
+
+
+def test_an_experience_before_its_collective_is_found_after_reopening(tmp_path: Path) -> None:
+    """Its vector id is given when the collective arrives, after the row was written to
+    DuckDB: it must be written again, or a reopened host loses it from vector search."""
+    from tests import factories as f
+
+    cid = uuid7()
+    early = f.experience(cid)
+    projection = Projection(tmp_path / "state")
+    projection.apply([LogEntry(1, "s", early)])
+    projection.flush()
+    projection.apply([LogEntry(2, "s", f.collective(cid))])
+    projection.close()
+    reopened = Projection(tmp_path / "state")
+    hits = q.similar_experiences(reopened, cid, early.vector, k=1)
+    assert ids(hits) == [early.experience_id]
+    reopened.close()
