@@ -248,26 +248,37 @@ class InstanceCore:
                 [LogEntry(s, subjects.subject_for(e), e) for s, e in zip(seqs, events, strict=True)]
             )
         await self._wait_applied(max(seqs))
-        for event, seq in zip(events, seqs, strict=True):
-            await self._forget_if_deleted(event, seq)
+        refusals = [await self._forget(event, seq) for event, seq in zip(events, seqs, strict=True)]
+        refused = [r for r in refusals if r is not None]
+        if refused:  # every one of them forgotten first, then the caller hears of it
+            more = f" (and {len(refused) - 1} more of the batch)" if len(refused) > 1 else ""
+            raise NotFoundError(refused[0] + more)
         return seqs
 
     async def _forget_if_deleted(self, event: ev.Event, seq: int) -> None:
         """A write checked against a state that did not have a concurrent delete yet lands
         after the tombstone: it must not keep deleted content in the log. Forget it (and
         say so); every host's fold already ignores it."""
+        refusal = await self._forget(event, seq)
+        if refusal is not None:
+            raise NotFoundError(refusal)
+
+    async def _forget(self, event: ev.Event, seq: int) -> str | None:
+        """Forget ``event`` if it landed after a tombstone of its collective or entity;
+        returns why (for the caller's error), or None when it stands."""
         if isinstance(event, DELETES):
-            return
+            return None
         collective_id = getattr(event, "collective_id", None)
         if collective_id is None:
-            return
+            return None
         entity, entity_id = _entity_of(event)
         if collective_id in self._tombstones:
             await self.log.purge(subjects.subject_for(event), before_seq=seq + 1)
-            raise NotFoundError(f"collective_id: collective {collective_id} was deleted")
+            return f"collective_id: collective {collective_id} was deleted"
         if entity_id in self._tombstones:
             await self._delete(entity, entity_id)  # a new tombstone, purging the write
-            raise NotFoundError(f"{entity}_id: {entity} {entity_id} was deleted")
+            return f"{entity}_id: {entity} {entity_id} was deleted"
+        return None
 
     def _common(self) -> dict[str, Any]:
         return {"event_id": uuid7(), "instance_id": self.instance_id, "hlc": self.clock.now()}

@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from eventlog import EmbeddedNats
+from eventlog.errors import NotFoundError
 from eventlog.log import EventLog
 from projections.projection import Projection, ProjectionSettings
 from sync import PulseDB
@@ -173,5 +175,31 @@ async def _digest_of(path: Path, server: EmbeddedNats) -> str:
     db = await PulseDB.open(path, server.url)
     try:
         return await db.digest()
+    finally:
+        await db.close()
+
+
+async def test_a_batch_landing_after_its_collectives_tombstone_is_forgotten_whole(
+    tmp_path: Path, nats_server: EmbeddedNats
+) -> None:
+    """Checked before another host's delete was applied here, a batch lands after the
+    tombstone: every one of its experiences leaves the stream, then the caller hears."""
+    from eventlog import events as ev
+    from sync import models
+    from sync.experiences import _recorded
+
+    db = await PulseDB.open(tmp_path / "a", nats_server.url)
+    try:
+        cid = await db.create_collective("o", "doomed", 4)
+        await db.log.append(ev.CollectiveDeleted(**db._common(), collective_id=cid))
+        await db.sync()  # the tombstone another host wrote is applied here
+        specs = [
+            models.ExperienceIn(collective_id=cid, content=f"zebra {i}", embedding=[1, 0, 0, 0])
+            for i in range(5)
+        ]
+        late = [_recorded(db._common(), spec, spec.embedding) for spec in specs]
+        with pytest.raises(NotFoundError, match="was deleted .and 4 more of the batch"):
+            await db._write_many(late, atomic=True)  # as record_experiences does
+        assert not any("zebra" in p for p in await raw_payloads(db.log))
     finally:
         await db.close()
