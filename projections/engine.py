@@ -5,7 +5,7 @@ tantivy); the asyncio loop hands it work and awaits the result.
     ----                                   -------------
     submit(entries) / apply(entries)  -->  fold everything queued, as one batch
     run(fn, *args)                    -->  fn(projection, *args) after that batch
-    listeners  <------------------------   Applied(seq, entries, max_hlc) per batch
+    listeners  <------------------------   Applied(seq, entries, kept_aside) per batch
                                            every flush_interval: one DuckDB write
                                            index files saved after save_interval,
                                            once a second passes without events
@@ -47,11 +47,12 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Applied:
-    """What one batch applied: the sequence reached, its entries, their largest HLC."""
+    """What one batch applied: the sequence reached, its entries, and the entries of it
+    that were kept aside as dead letters (sequence -> reason)."""
 
     seq: int
     entries: Sequence[LogEntry]
-    max_hlc: int
+    kept_aside: dict[int, str]
 
 
 @dataclass(slots=True)
@@ -328,8 +329,9 @@ class Engine:
             projection.sync_indexes()
         self.seq = projection.seq
         self.events_applied += len(ordered)
-        max_hlc = max((e.event.hlc for e in ordered if e.event is not None), default=0)
-        applied = Applied(self.seq, ordered, max_hlc)
+        rejected = projection.memory.rejected
+        kept_aside = {e.seq: rejected[e.seq].reason for e in ordered if e.seq in rejected}
+        applied = Applied(self.seq, ordered, kept_aside)
         for listener in self._listeners:
             try:
                 listener(applied)

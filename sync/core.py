@@ -58,6 +58,7 @@ DELETES_OF: dict[str, Any] = {
 }
 BACKLOG_LIMIT = 50_000  # entries handed to the engine and not applied: the tail waits
 KNOWN_MAX = 100_000  # remembered reference checks before the memo starts over
+KEPT_ASIDE_MAX = 10_000  # recent dead letters remembered for the writers waiting on them
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +107,7 @@ class InstanceCore:
         self._tickets = itertools.count()
         self._watchers: set[ExperienceWatch] = set()
         self._tombstones = tombstones  # every id a delete was applied for (loop's copy)
+        self._kept_aside: dict[int, str] = {}  # recent sequences kept aside -> why
         # answers of reference checks (collective by id, collective of an experience),
         # dropped whenever a collective changes or anything is deleted; a read that
         # began before such a change is not kept (the generation moved on)
@@ -167,10 +169,15 @@ class InstanceCore:
 
     def _applied_on_loop(self, applied: Applied) -> None:
         self._applied = max(self._applied, applied.seq)
-        if applied.max_hlc:
-            self.clock.observe(applied.max_hlc)
+        if applied.kept_aside:
+            self._kept_aside.update(applied.kept_aside)
+            while len(self._kept_aside) > KEPT_ASIDE_MAX:
+                del self._kept_aside[next(iter(self._kept_aside))]
+        latest = 0
         for entry in applied.entries:
             event = entry.event
+            if event is not None and event.hlc > latest and entry.seq not in applied.kept_aside:
+                latest = event.hlc
             if isinstance(event, (*DELETES, ev.CollectiveCreated)):
                 self._known.clear()
                 self._generation += 1
@@ -181,6 +188,8 @@ class InstanceCore:
                 if change is not None:
                     for watcher in list(self._watchers):
                         watcher.offer(change)
+        if latest:
+            self.clock.observe(latest)  # the clock refuses one too far ahead of its own
         while self._waiters and self._waiters[0][0] <= self._applied:
             _, _, future = heapq.heappop(self._waiters)
             if not future.done():
@@ -235,8 +244,19 @@ class InstanceCore:
         seq = await self.log.append(event)
         self.engine.offer((LogEntry(seq, subjects.subject_for(event), event),))
         await self._wait_applied(seq)
+        self._check_not_kept_aside(seq)
         await self._forget_if_deleted(event, seq)
         return seq
+
+    def _check_not_kept_aside(self, *seqs: int) -> None:
+        """A write stored but set aside by the fold (as every host will) is not a success."""
+        for seq in seqs:
+            reason = self._kept_aside.get(seq)
+            if reason is not None:
+                raise PulseError(
+                    f"the event stored at sequence {seq} was kept aside as a dead letter "
+                    f"by every host: {reason}"
+                )
 
     async def _write_many(self, events: Sequence[ev.Event], *, atomic: bool = False) -> list[int]:
         """Append events as one batch (``atomic``: committed together, see
@@ -248,6 +268,7 @@ class InstanceCore:
                 [LogEntry(s, subjects.subject_for(e), e) for s, e in zip(seqs, events, strict=True)]
             )
         await self._wait_applied(max(seqs))
+        self._check_not_kept_aside(*seqs)
         refusals = [await self._forget(event, seq) for event, seq in zip(events, seqs, strict=True)]
         refused = [r for r in refusals if r is not None]
         if refused:  # every one of them forgotten first, then the caller hears of it

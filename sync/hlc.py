@@ -22,6 +22,7 @@ from typing import Callable
 from eventlog.events import HLC_LOGICAL_MAX, hlc_logical, hlc_millis, pack_hlc
 
 LEASE_MS = 10_000  # how far ahead of the issued values the saved ceiling lies
+MAX_AHEAD_MS = 60_000  # a remote timestamp further ahead of the wall clock is not taken in
 
 
 def wall_ms() -> int:
@@ -64,12 +65,18 @@ class HybridClock:
             self._save()
             return self._last
 
-    def observe(self, remote: int) -> None:
-        """Take in a timestamp seen on the log, so later ones are issued after it."""
+    def observe(self, remote: int) -> bool:
+        """Take in a timestamp seen on the log, so later ones are issued after it; one
+        more than ``MAX_AHEAD_MS`` ahead of this host's wall clock is not trusted (a
+        host with a skewed or buggy clock must not drag every other host's clock, and
+        so every later write, along with it). Returns whether it was taken in."""
         with self._lock:
+            if hlc_millis(remote) > self._wall() + MAX_AHEAD_MS:
+                return False
             if remote > self._last:
                 self._last = remote
                 self._save()
+            return True
 
     def _save(self) -> None:
         if self._file is not None and self._last >= self._ceiling:

@@ -16,7 +16,7 @@ from eventlog import events as ev
 from eventlog.events import HLC_LOGICAL_MAX, hlc_millis, pack_hlc
 from projections import fold
 from projections.crdt import NO_STAMP, GCounter, LWWRegister
-from sync.hlc import HybridClock
+from sync.hlc import MAX_AHEAD_MS, HybridClock
 
 actors = st.sampled_from([UUID(int=i) for i in range(1, 5)])
 counters = st.dictionaries(actors, st.integers(0, 50)).map(GCounter)
@@ -118,13 +118,20 @@ def test_the_folded_application_rows_are_the_entries_of_a_gcounter(
 def test_hlc_is_monotonic_whatever_the_wall_clock_does(walls: list[int], seen: list[int]) -> None:
     readings = iter(walls + [walls[-1]] * 200)
     clock = HybridClock(wall=lambda: next(readings))
-    issued = []
+    issued: list[int] = []
+    taken: list[int] = []
     for i in range(len(walls)):
         if i < len(seen):
-            clock.observe(seen[i])
+            if clock.observe(seen[i]):
+                taken.append(seen[i])
+            else:  # refused only when too far ahead of every wall reading
+                assert hlc_millis(seen[i]) > min(walls) + MAX_AHEAD_MS
         issued.append(clock.now())
-        assert issued[-1] > max(seen[: i + 1], default=0)
+        assert issued[-1] > max(taken, default=0)
     assert issued == sorted(issued) and len(set(issued)) == len(issued)
+    # a value within the bound of the wall clock is always taken in
+    near = pack_hlc(walls[-1] + MAX_AHEAD_MS // 2, 0)
+    assert clock.observe(near) and clock.now() > near
 
 
 @given(st.integers(0, 10_000), st.integers(0, 10_000))

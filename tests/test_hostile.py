@@ -151,3 +151,28 @@ async def test_the_engine_keeps_aside_what_it_cannot_store(tmp_path: Path) -> No
     assert await again.digest() == digest
     assert await again.run(facts) == ([2, 4, 5], 0, 1)
     await again.close()
+
+
+async def test_a_clock_far_ahead_does_not_drag_this_hosts_clock(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A valid event stamped near the end of time (a buggy host's clock) is folded like
+    any other, but this host's clock does not follow it: its own later writes keep
+    ordinary stamps and apply."""
+    db = await PulseDB.open(tmp_path / "a", nats_server.url)
+    try:
+        client = await nats.connect(nats_server.url)
+        far = ev.CollectiveCreated(
+            **_common(uuid7(), hlc=2**63 - 1), collective_id=uuid7(), owner_id="x",  # type: ignore[arg-type]
+            name="from the future", embedding_dimension=3,
+        )  # fmt: skip
+        wire = encode_event(far)
+        await client.jetstream().publish(wire.subject, wire.payload, headers=wire.headers)
+        await client.close()
+        await db.sync()
+        assert ev.hlc_millis(db.clock.now()) < ev.hlc_millis(2**63 - 1) // 2
+        cid = await db.create_collective("me", "today", 3)
+        assert await db.record_experience(cid, "still applies", [1.0, 0.0, 0.0])
+        assert [d for d in await db.dead_letters() if d.entity == "message"] == []
+    finally:
+        await db.close()
