@@ -57,8 +57,7 @@ def run(
 ) -> SqlResult:
     """Run a checked query on ``cursor`` (closed after) with ``activities`` as a table."""
     check_read_only(sql)
-    cursor.begin()  # rolled back below: whatever a query might change is undone
-    try:
+    try:  # inside the cursor's transaction, rolled back below: nothing a query does stays
         cursor.register("activities", _relation(cursor, _activity_columns(activities)))
         result = cursor.execute(sql)
         columns = [d[0] for d in result.description or []]
@@ -82,7 +81,7 @@ def export(
     """Every view as ``<directory>/<view>.parquet`` (local columns left out), plus the
     activities; returns the rows written per file. Closes ``cursor``."""
     written: dict[str, int] = {}
-    try:
+    try:  # one transaction (the cursor's): every file reflects the same sequence
         for view in VIEWS:
             target = directory / f"{view}.parquet"
             columns = [
@@ -112,6 +111,7 @@ def export(
         )
         written["activities"] = len(activities)
     finally:
+        cursor.rollback()
         cursor.close()
     return written
 

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 import duckdb
 
+from eventlog.errors import PulseError
 from eventlog.log import EventLog, LogEntry
 from projections.projection import Progress, Projection, ProjectionSettings
 
@@ -91,6 +92,8 @@ class Engine:
         self._applied_count = 0
         self._busy_at = 0.0  # when the engine last applied something
         self._thread = threading.Thread(target=self._run, name="pulse-engine", daemon=True)
+        self._stop_lock = threading.Lock()
+        self._stopped = False  # set before the last look at the inbox
 
     @classmethod
     async def start(
@@ -114,32 +117,38 @@ class Engine:
         """Entries handed over and not applied yet."""
         return self._submitted - self._applied_count
 
+    def _put(self, item: _Apply | _Call) -> None:
+        """Queue work, or refuse it once the engine has stopped (never left hanging)."""
+        with self._stop_lock:
+            if not self._stopped:
+                self._inbox.put(item)
+                return
+        if item.done is not None and not item.done.done():
+            item.done.set_exception(PulseError("the projection engine is stopped"))
+
     def submit(self, entries: Sequence[LogEntry]) -> None:
         """Queue entries to apply (stream order); returns at once."""
         self._submitted += len(entries)
-        self._inbox.put(_Apply(entries, None))
+        self._put(_Apply(entries, None))
 
     def offer(self, entries: Sequence[LogEntry]) -> None:
         """Entries a writer just had acknowledged, in stream order: applied at once if
         they continue exactly what is applied (so no other host's event is skipped),
         dropped otherwise (the tail delivers them). A write then need not wait for its
         own event to travel back through the tail and the decoder."""
-        self._inbox.put(_Apply(entries, None, only_next=True))
+        self._put(_Apply(entries, None, only_next=True))
 
     async def apply(self, entries: Sequence[LogEntry]) -> int:
         """Apply entries and return the sequence reached."""
         done: concurrent.futures.Future[int] = concurrent.futures.Future()
         self._submitted += len(entries)
-        self._inbox.put(_Apply(entries, done))
+        self._put(_Apply(entries, done))
         return await asyncio.wrap_future(done)
 
     def call(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
         """Run ``fn(projection, *args)`` on the engine thread."""
         done: concurrent.futures.Future[T] = concurrent.futures.Future()
-        if not self._thread.is_alive():
-            done.set_exception(RuntimeError("the projection engine is stopped"))
-        else:
-            self._inbox.put(_Call(fn, args, done))
+        self._put(_Call(fn, args, done))
         return done
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -186,11 +195,15 @@ class Engine:
         return await self.run(Projection.checkpoint)
 
     async def cursor(self) -> tuple[duckdb.DuckDBPyConnection, int]:
-        """A DuckDB cursor over a flushed state, and the sequence it reflects: for SQL
-        that may take long, run off the engine thread (DuckDB reads are concurrent)."""
+        """A DuckDB cursor in a transaction over a flushed state, and the sequence that
+        state reflects: for SQL that may take long, run off the engine thread (DuckDB
+        reads are concurrent). Roll it back and close it when done."""
 
         def flushed_cursor(p: Projection) -> tuple[duckdb.DuckDBPyConnection, int]:
-            return p.store.con.cursor(), p.flush()
+            seq = p.flush()
+            cursor = p.store.con.cursor()
+            cursor.begin()  # its snapshot starts here, before the engine writes again
+            return cursor, seq
 
         return await self.run(flushed_cursor)
 
@@ -206,6 +219,8 @@ class Engine:
         try:
             projection = self._projection = Projection(self.directory, self.settings)
         except BaseException as exc:
+            with self._stop_lock:
+                self._stopped = True
             self._ready.set_exception(exc)
             return
         self.seq = self.flushed_seq = projection.seq
@@ -234,6 +249,8 @@ class Engine:
             projection.close()
         except Exception:
             log.exception("closing the projection failed; the log still holds every event")
+        with self._stop_lock:
+            self._stopped = True  # from now on work is refused at the door
         while True:  # anything queued behind the stop is refused, not left hanging
             try:
                 item = self._inbox.get_nowait()
@@ -243,7 +260,7 @@ class Engine:
                 item.done if isinstance(item, (_Apply, _Call)) else None
             )
             if pending is not None and not pending.done():
-                pending.set_exception(RuntimeError("the projection engine is stopped"))
+                pending.set_exception(PulseError("the projection engine is stopped"))
 
     def _handle(self, projection: Projection, items: list[Any]) -> bool:
         """One round: apply what queued up as one batch, answer the calls, write DuckDB
@@ -290,7 +307,8 @@ class Engine:
         # so the progress it reports is durable; live writers heard above already
         self._housekeeping(projection, flush=stopping or bool(waiting), save=stopping)
         for future in waiting:
-            future.set_result(self.seq)
+            if not future.done():  # a caller may have given up (cancelled) meanwhile
+                future.set_result(self.seq)
         return stopping
 
     def _idle_timeout(self, projection: Projection) -> float | None:
@@ -365,7 +383,7 @@ class Engine:
                 projection.flush()
             if save or self._save_due(projection, now):
                 projection.save()
-                _out_of_the_collectors_sight(projection, 1)
+                _out_of_the_collectors_sight(projection, 2)  # quiet: nobody waits on it
         except Exception:  # DuckDB refused: keep applying in memory, try again later
             log.exception("writing the projection failed; retrying at the next interval")
             projection.last_flush = projection.last_save = now
@@ -373,11 +391,12 @@ class Engine:
 
 
 def _out_of_the_collectors_sight(_: Projection, generation: int) -> None:
-    """Collect the young garbage, then freeze what survives out of the cyclic collector's
+    """Collect the garbage, then freeze what survives out of the cyclic collector's
     sight. The folded rows live as long as the projection (and are freed by reference
     counting, without cycles, when it closes); left in view, every full collection walks
     all of them and pauses every thread, tens of milliseconds per 100,000 rows, which
-    showed as spikes in write latency and /health. Run after catching up (``generation``
-    2: one full collection, while opening) and after each periodic save (1: cheap)."""
+    showed as spikes in write latency and /health. Run with a full collection first (so
+    no garbage cycle is frozen for good) after catching up and after the periodic saves,
+    which wait for a quiet moment."""
     gc.collect(generation)
     gc.freeze()

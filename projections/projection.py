@@ -264,8 +264,12 @@ class Projection:
             except Exception:  # one row an index refuses must not stop the others
                 log.exception("%s %s could not be indexed", kind, row_id)
         for (collective_id, dim), (vec_ids, vectors, keys) in adds.items():
-            matrix = np.frombuffer(b"".join(vectors), dtype="<f4").reshape(len(vectors), dim)
-            self._index(kind, collective_id, dim).add(vec_ids, matrix, keys)
+            try:
+                matrix = np.frombuffer(b"".join(vectors), dtype="<f4").reshape(len(vectors), dim)
+                self._index(kind, collective_id, dim).add(vec_ids, matrix, keys)
+            except Exception:  # the rows stay readable; `pulse rebuild` rebuilds the index
+                log.exception("%d %s vectors of collective %s could not be indexed",
+                              len(vec_ids), kind, collective_id)  # fmt: skip
 
     def _sync_row(self, kind: str, row_id: UUID, adds: _Adds) -> None:
         """One experience or insight into (or out of) its indexes; vectors to add are

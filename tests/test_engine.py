@@ -222,3 +222,14 @@ def test_offers_never_skip_an_event_of_the_tail(data: st.DataObject) -> None:
     digest, reached, expected = asyncio.run(run())
     assert reached == n
     assert digest == expected
+
+
+async def test_a_stopped_engine_refuses_work_instead_of_leaving_it_hanging(tmp_path: Path) -> None:
+    from eventlog.errors import PulseError
+
+    engine = await Engine.start(tmp_path / "state")
+    await engine.close()
+    with pytest.raises(PulseError, match="engine is stopped"):
+        await engine.run(lambda p: p.seq)
+    with pytest.raises(PulseError, match="engine is stopped"):
+        await engine.apply([])
