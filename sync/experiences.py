@@ -126,7 +126,7 @@ class Experiences(InstanceCore):
                 errors.append(_error(index, "must be an object of record_experience fields"))
                 continue
             fields = {k: v for k, v in item.items() if k != "collective_id"}
-            if "collective_id" in item and uuid_of("collective_id", item["collective_id"]) != cid:
+            if "collective_id" in item and str(item["collective_id"]) != str(cid):
                 errors.append(
                     _error(index, "collective_id: differs from the call's", "collective_id")
                 )
@@ -142,18 +142,28 @@ class Experiences(InstanceCore):
             raise models.from_errors(errors)
         collective = await self._collective(cid)
         vectors: list[npt.NDArray[np.float32] | None] = []
+        problems: list[str] = []
         for index, spec in enumerate(specs):
+            vectors.append(spec.embedding)
             if spec.embedding is None:
-                vectors.append(None)
                 continue
             try:
                 check_vector(collective, spec.embedding, spec.embedder, f"items.{index}.embedding")
             except ValidationError as exc:
-                raise ValidationError(
-                    str(exc) if str(exc).startswith("items.") else f"items.{index}.{exc}"
-                ) from None
-            vectors.append(spec.embedding)
+                text = str(exc)
+                problems.append(text if text.startswith("items.") else f"items.{index}.{text}")
         missing = [i for i, v in enumerate(vectors) if v is None]
+        if missing and not collective.embedder:
+            problems += [
+                f"items.{i}.embedding: required, collective {collective.name!r} has no embedder"
+                for i in missing
+            ]
+        if problems:
+            shown = problems[:20]
+            more = f"; and {len(problems) - 20} more" if len(problems) > 20 else ""
+            refusal = ValidationError("; ".join(shown) + more)
+            refusal.problems = problems  # type: ignore[attr-defined]
+            raise refusal
         if missing:
             made = await self._embed(
                 collective,

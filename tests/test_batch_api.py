@@ -189,3 +189,18 @@ async def test_over_http_and_through_the_remote_client(service: Service) -> None
         assert stats.experiences == 80
     finally:
         await remote.close()
+
+
+@in_module_loop
+async def test_every_bad_vector_of_a_batch_is_named(world: World) -> None:
+    """Vectors are checked against the collective after the fields: every item with a
+    wrong dimension is named, not just the first."""
+    items: list[dict[str, object]] = [
+        {"content": f"n{i}", "embedding": [1.0, 0.0, 0.0]} for i in range(6)
+    ]
+    items[1]["embedding"] = [1.0, 0.0]
+    items[4]["embedding"] = [1.0, 0.0, 0.0, 0.0]
+    with pytest.raises(ValidationError) as refused:
+        await world.db.record_experiences(world.a, items)
+    assert "items.1.embedding: 2 values" in str(refused.value)
+    assert "items.4.embedding: 4 values" in str(refused.value)
