@@ -213,6 +213,7 @@ class Projection:
     def save(self) -> None:
         """Flush, then save the indexes with the sequence they reflect."""
         self.flush()
+        self.store.checkpoint_file()
         self.text.commit()
         entries = {}
         for (kind, collective_id), index in self.vectors.items():

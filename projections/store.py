@@ -44,6 +44,9 @@ TABLE_OF: dict[type[Row], str] = {
 }
 
 
+CHECKPOINT_THRESHOLD = "256MB"  # see Store.__init__
+
+
 class StateInUse(PulseError):
     """Another process holds the projection's database (DuckDB allows one writer)."""
 
@@ -80,6 +83,11 @@ class Store:
                 "or ask the running instance instead"
             ) from exc
         if not read_only:
+            # DuckDB folds its write-ahead log into the database file when the log passes
+            # this size, inside whichever commit crosses it: tens of milliseconds with
+            # embeddings, in the middle of a burst of writes. The projection checkpoints
+            # itself when it saves its indexes (a quiet moment); this is the backstop.
+            self.con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
             self._migrate()
         self._types = {
             table: {row[0]: row[1] for row in self.con.execute(f"DESCRIBE {table}").fetchall()}
@@ -104,6 +112,10 @@ class Store:
         )
         self.con.execute(schema.VIEWS)
         self.con.commit()
+
+    def checkpoint_file(self) -> None:
+        """Fold the write-ahead log into the database file now."""
+        self.con.execute("CHECKPOINT")
 
     def close(self) -> None:
         self.con.close()
