@@ -274,6 +274,8 @@ class Engine:
         for item in items:
             if isinstance(item, _Apply):
                 if not item.entries:
+                    if item.done is not None:
+                        waiting.append(item.done)  # nothing to apply: answered at once
                     continue
                 if item.only_next:
                     first = item.entries[0].seq

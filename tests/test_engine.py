@@ -228,6 +228,7 @@ async def test_a_stopped_engine_refuses_work_instead_of_leaving_it_hanging(tmp_p
     from eventlog.errors import PulseError
 
     engine = await Engine.start(tmp_path / "state")
+    assert await engine.apply([]) == 0  # nothing to apply is answered, not left waiting
     await engine.close()
     with pytest.raises(PulseError, match="engine is stopped"):
         await engine.run(lambda p: p.seq)
