@@ -41,7 +41,7 @@ from eventlog.log import EventLog, LogEntry
 from projections import queries
 from projections.engine import Applied, Engine
 from sync import embedders, models
-from sync.hlc import HybridClock
+from sync.hlc import MAX_AHEAD_MS, HybridClock, wall_ms
 from sync.watch import ExperienceWatch, change_of
 
 log = logging.getLogger("pulse.instance")
@@ -174,9 +174,12 @@ class InstanceCore:
             while len(self._kept_aside) > KEPT_ASIDE_MAX:
                 del self._kept_aside[next(iter(self._kept_aside))]
         latest = 0
+        trusted = ev.pack_hlc(wall_ms() + MAX_AHEAD_MS, ev.HLC_LOGICAL_MAX)
         for entry in applied.entries:
             event = entry.event
-            if event is not None and event.hlc > latest and entry.seq not in applied.kept_aside:
+            if event is None or entry.seq in applied.kept_aside:
+                continue  # a dead letter changes nothing here either
+            if latest < event.hlc <= trusted:  # the clock takes in none further ahead
                 latest = event.hlc
             if isinstance(event, (*DELETES, ev.CollectiveCreated)):
                 self._known.clear()
@@ -189,7 +192,7 @@ class InstanceCore:
                     for watcher in list(self._watchers):
                         watcher.offer(change)
         if latest:
-            self.clock.observe(latest)  # the clock refuses one too far ahead of its own
+            self.clock.observe(latest)
         while self._waiters and self._waiters[0][0] <= self._applied:
             _, _, future = heapq.heappop(self._waiters)
             if not future.done():
