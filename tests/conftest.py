@@ -6,7 +6,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -42,6 +42,17 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     nodes.start()
     yield nodes
     nodes.stop()
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[Any]:
+    """``pulse up`` on a data directory of its own (``tests.test_service.Service``)."""
+    from tests.test_service import start, stop
+
+    running = start(tmp_path / "data")
+    yield running
+    if running.process.poll() is None:
+        stop(running)
 
 
 async def eventually(

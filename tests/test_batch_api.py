@@ -6,7 +6,7 @@ state nor the log changes."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ import pytest_asyncio
 from eventlog import ValidationError
 from ops.remote import API_METHODS, RemotePulseDB
 from sync import PulseDB, PulseDBSync
-from tests.test_service import Service, start, stop
+from tests.test_service import Service
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 
@@ -131,14 +131,6 @@ def test_the_blocking_facade(tmp_path: Path) -> None:
 
 
 # -- over HTTP ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[Service]:
-    running = start(tmp_path / "served")
-    yield running
-    if running.process.poll() is None:
-        stop(running)
 
 
 async def test_over_http_and_through_the_remote_client(service: Service) -> None:

@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,14 +65,6 @@ def stop(service: Service) -> str:
     service.process.send_signal(signal.SIGTERM)
     out, _ = service.process.communicate(timeout=30)
     return out
-
-
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[Service]:
-    running = start(tmp_path / "data")
-    yield running
-    if running.process.poll() is None:
-        stop(running)
 
 
 async def call(client: httpx.AsyncClient, method: str, **body: Any) -> Any:
