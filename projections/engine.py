@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import duckdb
 
 from eventlog.errors import PulseError
+from eventlog.limits import check_ranges
 from eventlog.log import EventLog, LogEntry
 from projections.projection import Progress, Projection, ProjectionSettings
 
@@ -86,7 +87,6 @@ class Engine:
         self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._projection: Projection | None = None
         self.seq = 0  # applied in memory; written by the engine thread only
-        self.flushed_seq = 0  # what DuckDB reflects
         self.events_applied = 0
         self._submitted = 0
         self._applied_count = 0
@@ -223,7 +223,7 @@ class Engine:
                 self._stopped = True
             self._ready.set_exception(exc)
             return
-        self.seq = self.flushed_seq = projection.seq
+        self.seq = projection.seq
         self._ready.set_result(None)
         stopping = False
         while not stopping:
@@ -281,9 +281,10 @@ class Engine:
                     first = item.entries[0].seq
                     if first > following or item.entries[-1].seq < following:
                         continue  # a gap before it, or already applied: the tail has it
-                    fresh = [e for e in item.entries if e.seq >= following]
-                    entries.extend(fresh)
-                    following = fresh[-1].seq + 1
+                    fresh = _in_range([e for e in item.entries if e.seq >= following])
+                    if fresh:
+                        entries.extend(fresh)
+                        following = fresh[-1].seq + 1
                     continue
                 handed_over += len(item.entries)
                 entries.extend(item.entries)
@@ -389,7 +390,6 @@ class Engine:
         except Exception:  # DuckDB refused: keep applying in memory, try again later
             log.exception("writing the projection failed; retrying at the next interval")
             projection.last_flush = projection.last_save = now
-        self.flushed_seq = projection.flushed_seq
 
 
 def _out_of_the_collectors_sight(_: Projection, generation: int) -> None:
@@ -402,3 +402,15 @@ def _out_of_the_collectors_sight(_: Projection, generation: int) -> None:
     which wait for a quiet moment."""
     gc.collect(generation)
     gc.freeze()
+
+
+def _in_range(offered: list[LogEntry]) -> list[LogEntry]:
+    """The offered entries up to the first whose event breaks a limit of
+    ``eventlog.limits``: that one is left to the tail, whose decoded copy the codec
+    refuses in the same words as on every other host (offers skip the codec)."""
+    for at, entry in enumerate(offered):
+        try:
+            check_ranges(entry.event)  # type: ignore[arg-type]
+        except ValueError:
+            return offered[:at]
+    return offered

@@ -34,7 +34,6 @@ from uuid import UUID
 import numpy as np
 
 from eventlog.ids import uuid7
-from eventlog.limits import check_ranges
 from eventlog.log import EventLog, LogEntry
 from projections.fold import ROW_TYPES, ExperienceRow, FoldState, InsightRow, row_of
 from projections.state import MemoryState, Rejected, Touched
@@ -122,16 +121,6 @@ class Projection:
                         seq=entry.seq, subject=entry.subject,
                         reason=error.reason if error else "unreadable",
                         instance_id=getattr(error, "instance_id", None),
-                    )
-                )  # fmt: skip
-                continue
-            try:
-                check_ranges(entry.event)  # what the codec checks, whichever way it came
-            except ValueError as exc:  # the codec's own wording: hosts keep the same letter
-                self.memory.reject(
-                    Rejected(
-                        seq=entry.seq, subject=entry.subject, reason=str(exc),
-                        instance_id=entry.event.instance_id,
                     )
                 )  # fmt: skip
                 continue
@@ -383,8 +372,9 @@ _INTEGER_MAX = 2**31 - 1
 
 
 def _fits_store(row: object) -> None:
-    """Refuse a row DuckDB could not hold (the codec checks ranges of events read from
-    the log; this guards events handed over directly, and every host alike)."""
+    """Refuse a row DuckDB could not hold: the last guard for events handed to
+    ``apply`` directly (the codec checks every event read from the log, and the engine
+    every event a writer offers, against ``eventlog.limits``)."""
     for name in ("created_hlc", "last_hlc", "applications", "source_experience_count"):
         value = getattr(row, name, None)
         if value is not None and not 0 <= value <= _UBIGINT_MAX // 2:
