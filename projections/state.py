@@ -21,9 +21,9 @@ Everything here is touched by the engine thread only (see ``projections.engine``
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from projections.crdt import GCounter
@@ -38,6 +38,8 @@ from projections.fold import (
     Row,
     WisdomRow,
 )
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,22 +372,13 @@ class MemoryState:
                 yield row
 
     def live_experiences_of(self, collective_id: UUID) -> Iterator[ExperienceRow]:
-        for eid in self.experiences_of.get(collective_id, ()):
-            row = self.live_experience(eid)
-            if row is not None:
-                yield row
+        return _present(self.experiences_of.get(collective_id, ()), self.live_experience)
 
     def live_relations_of(self, collective_id: UUID) -> Iterator[RelationRow]:
-        for rid in self.relations_of.get(collective_id, ()):
-            row = self.live_relation(rid)
-            if row is not None:
-                yield row
+        return _present(self.relations_of.get(collective_id, ()), self.live_relation)
 
     def live_insights_of(self, collective_id: UUID) -> Iterator[InsightRow]:
-        for iid in self.insights_of.get(collective_id, ()):
-            row = self.live_insight(iid)
-            if row is not None:
-                yield row
+        return _present(self.insights_of.get(collective_id, ()), self.live_insight)
 
     def max_hlc(self) -> int:
         """The largest HLC of anything folded (a restarted clock starts past it)."""
@@ -404,6 +397,14 @@ class MemoryState:
                 if stamp:
                     best = max(best, int.from_bytes(stamp[:8], "big"))
         return best
+
+
+def _present(ids: Iterable[UUID], live: Callable[[UUID], R | None]) -> Iterator[R]:
+    """The live rows of ``ids``."""
+    for row_id in ids:
+        row = live(row_id)
+        if row is not None:
+            yield row
 
 
 def _snapshot(row: Row | None) -> tuple[Any, ...] | None:

@@ -127,9 +127,7 @@ class Experiences(InstanceCore):
                 continue
             fields = {k: v for k, v in item.items() if k != "collective_id"}
             if "collective_id" in item and str(item["collective_id"]) != str(cid):
-                errors.append(
-                    _error(index, "collective_id: differs from the call's", "collective_id")
-                )
+                errors.append(_error(index, "differs from the call's", "collective_id"))
                 continue
             try:
                 specs.append(models.ExperienceIn(collective_id=cid, **fields))
@@ -278,5 +276,4 @@ def _recorded(
 def _error(index: int, message: str, field: str | None = None) -> dict[str, Any]:
     """A pydantic-shaped error for ``models.from_errors`` at ``items.<index>[.field]``."""
     loc: tuple[Any, ...] = ("items", index) if field is None else ("items", index, field)
-    return {"loc": loc, "msg": message.removeprefix(f"{field}: ") if field else message,
-            "type": "value_error", "input": None}  # fmt: skip
+    return {"loc": loc, "msg": message, "type": "value_error", "input": None}

@@ -145,8 +145,9 @@ class Recall(Presence, InstanceCore):
         flt: queries.ExperienceFilter,
     ) -> list[queries.ScoredExperience]:
         hits = await self._read(
-            _hybrid_hits, collective_id, spec.text or "", q, max(4 * spec.k, 50), flt,
-            spec.vector_weight, spec.text_weight,
+            queries.hybrid_experiences, collective_id, spec.text or "", q,
+            max(4 * spec.k, 50), flt, vector_weight=spec.vector_weight,
+            text_weight=spec.text_weight, rrf_k=RRF_K,
         )  # fmt: skip
         return self._weighted(hits, spec.energy_weight, spec.k)
 
@@ -160,8 +161,8 @@ class Recall(Presence, InstanceCore):
         check_limit("limit", limit)
         cid = (await self._collective(collective_id)).collective_id
         return await self._read(
-            _cold, cid, threshold, limit, int(time.time() * 1000), self._filter(flt),
-            self.settings.half_life_days, self.settings.boost_every,
+            queries.cold_experiences, cid, threshold, limit, int(time.time() * 1000),
+            self._filter(flt), **self._energy_settings,
         )  # fmt: skip
 
     async def get_context_candidates(
@@ -203,22 +204,6 @@ class Recall(Presence, InstanceCore):
 # -- what runs on the engine thread ---------------------------------------------------------
 
 
-def _hybrid_hits(
-    p: Any, collective_id: UUID, text: str, q: Any, pool: int, flt: Any, vw: float, tw: float
-) -> list[queries.ScoredExperience]:
-    return queries.hybrid_experiences(
-        p, collective_id, text, q, pool, flt, vector_weight=vw, text_weight=tw, rrf_k=RRF_K
-    )
-
-
-def _cold(
-    p: Any, cid: UUID, threshold: float, limit: int, now: int, flt: Any, half: float, boost: float
-) -> list[queries.ScoredExperience]:
-    return queries.cold_experiences(
-        p, cid, threshold, limit, now, flt, half_life_days=half, boost_every=boost
-    )
-
-
 def _context(
     p: Any,
     cid: UUID,
@@ -237,7 +222,9 @@ def _context(
     hits: list[queries.ScoredExperience] = []
     if similar and q is not None:
         if hybrid:
-            hits = _hybrid_hits(p, cid, text, q, pool, flt, vw, tw)
+            hits = queries.hybrid_experiences(
+                p, cid, text, q, pool, flt, vector_weight=vw, text_weight=tw, rrf_k=RRF_K
+            )
         else:
             hits = queries.similar_experiences(p, cid, q, pool, flt)
     newest = queries.recent_experiences(p, cid, recent, flt) if recent else []
