@@ -7,7 +7,7 @@ never come back."""
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Sequence
+from typing import Any, Iterable, Literal, Sequence
 from uuid import UUID
 
 import msgspec
@@ -413,22 +413,28 @@ def collective_stats(p: Projection, collective_id: UUID) -> CollectiveStats | No
         relations=sum(1 for _ in memory.live_relations_of(collective_id)),
         insights=sum(1 for _ in memory.live_insights_of(collective_id)),
         applications=sum(memory.applications_of(e.experience_id)[0] for e in experiences),
-        dead_letters=sum(1 for d in dead_letters(p) if d.collective_id == collective_id),
+        dead_letters=len(dead_letters(p, collective_id)),
     )
 
 
-def dead_letters(p: Projection) -> list[DeadLetter]:
-    """What breaks an invariant of the folded state, and the messages kept aside."""
+def dead_letters(p: Projection, collective_id: UUID | None = None) -> list[DeadLetter]:
+    """What breaks an invariant of the folded state, and the messages kept aside; with
+    ``collective_id``, only the rows of that collective (messages name none)."""
     memory = p.memory
     found = []
-    checks: tuple[tuple[str, Any, Any], ...] = (
-        ("experience", memory.experiences.values(), memory.experience_problem),
-        ("relation", memory.relations.values(), memory.relation_problem),
-        ("insight", memory.insights.values(), memory.insight_problem),
+    checks: tuple[tuple[str, dict[tuple[Any, ...], Any], dict[UUID, set[UUID]], Any], ...] = (
+        ("experience", memory.experiences, memory.experiences_of, memory.experience_problem),
+        ("relation", memory.relations, memory.relations_of, memory.relation_problem),
+        ("insight", memory.insights, memory.insights_of, memory.insight_problem),
     )
-    for entity, rows, problem in checks:
+    for entity, table, members, problem in checks:
+        rows: Iterable[Any] = table.values()
+        if collective_id is not None:
+            rows = (table[(i,)] for i in members.get(collective_id, ()) if (i,) in table)
         for row in rows:
             if row.create_event is None or row.deleted:
+                continue
+            if collective_id is not None and row.collective_id != collective_id:
                 continue
             reason = problem(row)
             if reason is not None:
@@ -438,13 +444,14 @@ def dead_letters(p: Projection) -> list[DeadLetter]:
                         collective_id=row.collective_id, seq=None, subject=None,
                     )
                 )  # fmt: skip
-    for r in memory.rejected.values():
-        found.append(
-            DeadLetter(
-                entity="message", id=None, collective_id=None, reason=r.reason, seq=r.seq,
-                subject=r.subject, instance_id=r.instance_id,
-            )
-        )  # fmt: skip
+    if collective_id is None:
+        for r in memory.rejected.values():
+            found.append(
+                DeadLetter(
+                    entity="message", id=None, collective_id=None, reason=r.reason, seq=r.seq,
+                    subject=r.subject, instance_id=r.instance_id,
+                )
+            )  # fmt: skip
     found.sort(key=lambda d: (d.entity, d.seq or 0, str(d.id)))
     return found
 
