@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import textwrap
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 from uuid import UUID
 
+import duckdb
 import msgspec
 import uvicorn
 
@@ -26,10 +28,11 @@ from ops.commands import GROUPS, REGISTRY, Command, execute, open_instance
 from ops.demo import run_demo
 from ops.mcp_server import build_mcp
 from ops.progress import ProgressBar
-from ops.remote import service_file
+from ops.remote import running_service, service_file
 from ops.service import create_app, is_loopback
 from projections.engine import Engine
-from projections.projection import rebuild, state_dir
+from projections.projection import ProjectionSettings, rebuild, state_dir, state_link
+from projections.store import StateInUse
 from sync import PulseDB
 
 DEFAULT_DATA_DIR = ".pulse"
@@ -286,7 +289,8 @@ def cmd_catch_up(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         async with open_log(args) as (log, _server):
-            engine = await Engine.start(state_dir(args.data_dir))
+            settings = ProjectionSettings(checkpoint_events=args.checkpoint_every)
+            engine = await Engine.start(state_dir(args.data_dir), settings)
             try:
                 bar = ProgressBar("applying")
                 applied = await engine.catch_up(log, progress=bar)
@@ -308,9 +312,13 @@ def cmd_catch_up(args: argparse.Namespace) -> int:
 def cmd_rebuild(args: argparse.Namespace) -> int:
     """Replay the whole log into a fresh projection, then swap it in atomically.
 
-    The current state keeps serving until the new one is complete; then the data
+    The current state stays intact until the new one is complete; then the data
     directory's `state` link is switched in one rename and the old state removed.
     Use it after a schema change, to compact indexes, or to prove the log is enough.
+
+    It refuses (exit 1, the state untouched) while `pulse up` serves the data directory
+    or another process has its state open: stop that first (Ctrl-C on pulse up), then
+    run pulse rebuild.
 
     example:
       pulse rebuild
@@ -320,7 +328,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     async def run() -> int:
         async with open_log(args) as (log, _server):
             bar = ProgressBar("rebuilding")
-            directory, digest = await rebuild(args.data_dir, log, progress=bar)
+            settings = ProjectionSettings(checkpoint_events=args.checkpoint_every)
+            directory, digest = await rebuild(args.data_dir, log, settings=settings, progress=bar)
             bar.finish()
         _report(
             args,
@@ -329,7 +338,43 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         )
         return 0
 
-    return asyncio.run(run())
+    service = running_service(args.data_dir)
+    if service is not None:
+        raise StateInUse(
+            f"rebuild: `pulse up` serves this data directory (pid {service.get('pid')}, "
+            f"{service.get('url')}) and holds its state; stop it first (Ctrl-C on pulse up), "
+            "then run pulse rebuild"
+        )
+    with _holding_state(Path(args.data_dir)):
+        return asyncio.run(run())
+
+
+@contextlib.contextmanager
+def _holding_state(data_dir: Path) -> Iterator[None]:
+    """Hold the current state's DuckDB file the way its owner does (one writer per file):
+    refuse while another process has it open, and keep any from opening it (a service
+    starting meanwhile fails) until the rebuild has swapped it out."""
+    link = state_link(data_dir)
+    database = link.resolve() / "state.duckdb" if link.exists() else None
+    con = None
+    if database is not None and database.exists():
+        try:
+            con = duckdb.connect(str(database))
+        except duckdb.Error as exc:
+            if "lock" in str(exc).lower():
+                holder = re.search(r"\(PID (\d+)\)", str(exc))
+                raise StateInUse(
+                    f"rebuild: the state {database} is open in another process"
+                    + (f" (pid {holder.group(1)})" if holder else "")
+                    + "; stop it first (Ctrl-C on pulse up), then run pulse rebuild"
+                ) from None
+            # unreadable rather than busy: the rebuild replaces it
+    try:
+        yield
+    finally:
+        if con is not None:
+            with contextlib.suppress(duckdb.Error):
+                con.close()
 
 
 def cmd_digest(args: argparse.Namespace) -> int:
@@ -449,6 +494,15 @@ def build_parser() -> argparse.ArgumentParser:
             )
         if name in ("catch-up", "rebuild", "digest"):
             sub.add_argument("--json", action="store_true", help="print one JSON object")
+        if name in ("catch-up", "rebuild"):
+            sub.add_argument(
+                "--checkpoint-every",
+                type=_positive,
+                default=ProjectionSettings().checkpoint_events,
+                metavar="N",
+                help="write the state's checkpoint every N events (default %(default)s); "
+                "killed, it resumes from the last one",
+            )
         if name == "tail":
             where = sub.add_mutually_exclusive_group()
             where.add_argument(

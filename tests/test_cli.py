@@ -241,6 +241,42 @@ def test_every_operation_from_the_command_line(tmp_path: Path) -> None:
     assert ok("collective", "list") == "no collectives"
 
 
+def test_rebuild_refuses_while_another_process_holds_the_state(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    created = pulse("collective", "create", "team", "--owner", "o", "--embedder", "hash",
+                    data_dir=data)  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    state = (data / "state").resolve()
+    # a service that crashed left its file behind: its pid is gone, so it is not running
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    (data / "service.json").write_text(
+        json.dumps({"url": "http://127.0.0.1:1", "pid": dead.pid, "token": False})
+    )
+    holder = duckdb.connect(str(state / "state.duckdb"))  # as `pulse mcp` would, say
+    try:
+        before = sorted(p.name for p in state.iterdir())
+        refused = pulse("rebuild", data_dir=data)
+        assert refused.returncode == 1
+        assert refused.stderr.strip() == (
+            f"pulse: error: rebuild: the state {state / 'state.duckdb'} is open in another "
+            f"process (pid {os.getpid()}); stop it first (Ctrl-C on pulse up), then run "
+            "pulse rebuild"
+        )
+        assert (data / "state").resolve() == state
+        assert sorted(data.glob("state-*")) == [state]
+        assert sorted(p.name for p in state.iterdir()) == before
+        assert holder.execute("SELECT name FROM collective_rows").fetchall() == [("team",)]
+    finally:
+        holder.close()
+    # once nothing holds it (and despite the stale service file), the rebuild goes ahead
+    rebuilt = pulse("rebuild", "--json", data_dir=data)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert (data / "state").resolve() != state and not state.exists()
+    listed = pulse("collective", "list", "--json", data_dir=data)
+    assert [c["name"] for c in json.loads(listed.stdout)] == ["team"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -349,6 +349,46 @@ def test_sql_and_the_cli_go_through_the_running_service(service: Service) -> Non
     assert pulse("export", "out").stderr.startswith("pulse: error: export: `pulse up` serves")
 
 
+async def test_rebuild_refuses_while_the_service_runs_and_leaves_its_state(
+    service: Service,
+) -> None:
+    async with service.client() as client:
+        team = await call(client, "create_collective", owner_id="ana", name="team",
+                          embedder="hash")  # fmt: skip
+        recorded = await call(client, "record_experience", collective_id=team,
+                              content="rebuild only a stopped instance")  # fmt: skip
+    state = (service.data_dir / "state").resolve()
+
+    def files() -> set[str]:  # DuckDB's write-ahead log comes and goes as the service writes
+        return {p.name for p in state.iterdir() if not p.name.endswith(".wal")}
+
+    before = files()
+
+    refused = subprocess.run(
+        [PULSE, "--data-dir", str(service.data_dir), "rebuild"],
+        capture_output=True, text=True, timeout=60, env=_env(),
+    )  # fmt: skip
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        f"pulse: error: rebuild: `pulse up` serves this data directory "
+        f"(pid {service.process.pid}, {service.url}) and holds its state; stop it first "
+        "(Ctrl-C on pulse up), then run pulse rebuild"
+    )
+    assert refused.stdout == ""
+    # the state is untouched: the same directory, its files, no fresh one beside it
+    assert (service.data_dir / "state").resolve() == state
+    assert files() == before and "state.duckdb" in before
+    assert sorted(service.data_dir.glob("state-*")) == [state]
+    # and the service still serves what was recorded
+    assert service.process.poll() is None
+    async with service.client() as client:
+        assert (await client.get("/health")).status_code == 200
+        got = await call(client, "get_experience", experience_id=recorded)
+        assert got["content"] == "rebuild only a stopped instance"
+        rows = await call(client, "sql", query="SELECT content FROM experiences")
+        assert rows["rows"] == [["rebuild only a stopped instance"]]
+
+
 # -- MCP ----------------------------------------------------------------------------------------
 
 
