@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,10 +114,13 @@ class InstanceCore:
         # began before such a change is not kept (the generation moved on)
         self._known: dict[tuple[str, UUID], Any] = {}
         self._generation = 0
-        self._own: dict[UUID, int] = {}  # this incarnation's acknowledged totals
+        # this incarnation's acknowledged totals of the experiences it reinforced last, least
+        # recently first (at most ``sync.experiences.OWN_MAX``; a miss reads the projection)
+        self._own: OrderedDict[UUID, int] = OrderedDict()
         # one announcement in flight per experience (two concurrent calls must not both
-        # announce the same total); different experiences go in parallel
-        self._reinforce_locks: dict[UUID, asyncio.Lock] = {}
+        # announce the same total); different experiences go in parallel. An entry is
+        # (lock, calls holding or waiting for it) and goes when the last of them is done.
+        self._reinforce_locks: dict[UUID, tuple[asyncio.Lock, int]] = {}
         self._failure: BaseException | None = None
         self._closed = False
         self._owns_log = True

@@ -9,7 +9,8 @@ embedded in one embedder call, committed as one atomic batch, applied as one gro
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -21,11 +22,13 @@ from eventlog import events as ev
 from eventlog.errors import NotFoundError, ValidationError
 from eventlog.ids import uuid7
 from projections import queries
+from projections.projection import Projection
 from sync import embedders, models
 from sync.core import InstanceCore, check_limit, check_vector, uuid_of
 from sync.models import validated
 
 BATCH_MAX = models.BATCH_MAX
+OWN_MAX = 4096  # acknowledged totals kept (of the experiences reinforced last)
 
 
 class Collectives(InstanceCore):
@@ -242,14 +245,21 @@ class Experiences(InstanceCore):
         Publishes this incarnation's new total (never "+1"). If the append fails, the
         total is not advanced, and the next call announces the same total again: an
         announcement that was stored after all is subsumed, never counted twice.
+
+        The acknowledged totals of the ``OWN_MAX`` experiences reinforced last are kept
+        here. For any other, this instance's entry in the projection's G-counter is read
+        back: every acknowledged announcement was applied here before its call returned,
+        so the entry is at least the last acknowledged total and the new total counts. (If
+        the last call failed and its announcement has reached this host since, the entry
+        holds it and the new total is one above it: that stored announcement counts, once.)
         """
         experience_id = uuid_of("experience_id", experience_id)
         collective_id = await self._collective_of(experience_id)
-        lock = self._reinforce_locks.get(experience_id)
-        if lock is None:
-            lock = self._reinforce_locks[experience_id] = asyncio.Lock()
-        async with lock:
-            total = self._own.get(experience_id, 0) + 1
+        async with self._reinforcing(experience_id):
+            own = self._own.get(experience_id)
+            if own is None:
+                own = await self._read(_own_total, experience_id, self.instance_id)
+            total = own + 1
             await self._write(
                 ev.ExperienceReinforced(
                     **self._common(), experience_id=experience_id,
@@ -257,7 +267,33 @@ class Experiences(InstanceCore):
                 )
             )  # fmt: skip
             self._own[experience_id] = total
+            self._own.move_to_end(experience_id)
+            while len(self._own) > OWN_MAX:
+                self._own.popitem(last=False)
         return await self._read(queries.total_applications, experience_id)
+
+    @contextlib.asynccontextmanager
+    async def _reinforcing(self, experience_id: UUID) -> AsyncIterator[None]:
+        """Hold the reinforcement lock of an experience. Its entry counts the calls that
+        hold or wait for it and goes with the last of them (taken and counted with no
+        await in between, so a waiter always finds the lock it waits for)."""
+        lock, users = self._reinforce_locks.get(experience_id) or (asyncio.Lock(), 0)
+        self._reinforce_locks[experience_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._reinforce_locks[experience_id]
+            if users == 1:
+                del self._reinforce_locks[experience_id]
+            else:
+                self._reinforce_locks[experience_id] = (lock, users - 1)
+
+
+def _own_total(p: Projection, experience_id: UUID, instance_id: UUID) -> int:
+    """The total ``instance_id`` holds in an experience's G-counter (0 when none)."""
+    counter = p.memory.counters.get(experience_id)
+    return 0 if counter is None else counter.get(instance_id)
 
 
 def _recorded(
