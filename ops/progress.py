@@ -24,7 +24,8 @@ class ProgressBar:
         total = max(total, done, 1)
         fraction = done / total
         rate = done / max(time.monotonic() - self.started, 1e-9)
-        text = f"{self.label} {done:,}/{total:,} ({fraction:.0%}, {rate:,.0f}{self.unit}/s)"
+        left = f", {_duration((total - done) / rate)} left" if 0 < done < total else ""
+        text = f"{self.label} {done:,}/{total:,} ({fraction:.0%}, {rate:,.0f}{self.unit}/s{left})"
         if self.tty:
             filled = int(self.width * fraction)
             bar = "#" * filled + "-" * (self.width - filled)
@@ -39,3 +40,13 @@ class ProgressBar:
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def _duration(seconds: float) -> str:
+    """``42s``, ``3m05s`` or ``2h14m``: the time left at the current rate."""
+    seconds = int(seconds + 0.5)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

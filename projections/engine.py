@@ -62,6 +62,7 @@ class _Apply:
     entries: Sequence[LogEntry]
     done: concurrent.futures.Future[int] | None
     only_next: bool = False  # an offer: apply only if it continues what is applied
+    bulk: bool = False  # catching up: index and write DuckDB in large batches
 
 
 @dataclass(slots=True)
@@ -91,6 +92,7 @@ class Engine:
         self._submitted = 0
         self._applied_count = 0
         self._busy_at = 0.0  # when the engine last applied something
+        self._bulk = False  # catching up: DuckDB is written every checkpoint_events only
         self._thread = threading.Thread(target=self._run, name="pulse-engine", daemon=True)
         self._stop_lock = threading.Lock()
         self._stopped = False  # set before the last look at the inbox
@@ -138,11 +140,14 @@ class Engine:
         own event to travel back through the tail and the decoder."""
         self._put(_Apply(entries, None, only_next=True))
 
-    async def apply(self, entries: Sequence[LogEntry]) -> int:
-        """Apply entries and return the sequence reached."""
+    async def apply(self, entries: Sequence[LogEntry], *, bulk: bool = False) -> int:
+        """Apply entries and return the sequence reached. Without ``bulk`` the batch is
+        indexed and written to DuckDB before this returns; with it (catching up), the
+        indexes and DuckDB follow in large batches (a read or a flush brings them up to
+        date first)."""
         done: concurrent.futures.Future[int] = concurrent.futures.Future()
         self._submitted += len(entries)
-        self._put(_Apply(entries, done))
+        self._put(_Apply(entries, done, bulk=bulk))
         return await asyncio.wrap_future(done)
 
     def call(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
@@ -173,13 +178,15 @@ class Engine:
             if progress is not None:
                 progress(reached - start, max(end - start, reached - start))
 
-        async for batch in log_.read(start + 1, batch_size=self.settings.batch_size):
-            pending.append((asyncio.ensure_future(self.apply(batch)), len(batch)))
-            if len(pending) > 2:
+        try:
+            async for batch in log_.read(start + 1, batch_size=self.settings.batch_size):
+                pending.append((asyncio.ensure_future(self.apply(batch, bulk=True)), len(batch)))
+                if len(pending) > 2:
+                    await settle()
+            while pending:
                 await settle()
-        while pending:
-            await settle()
-        await self.run(Projection.save)
+        finally:  # ends the bulk mode, even when reading failed
+            await self.run(Projection.save)
         await self.run(_out_of_the_collectors_sight, 2)
         return applied
 
@@ -269,6 +276,7 @@ class Engine:
         entries: list[LogEntry] = []
         waiting: list[concurrent.futures.Future[int]] = []
         calls: list[_Call] = []
+        bulk = False
         following = projection.seq + 1  # the sequence that continues what is applied
         handed_over = 0  # entries of submit / apply (the backlog counts those)
         for item in items:
@@ -287,6 +295,7 @@ class Engine:
                         following = fresh[-1].seq + 1
                     continue
                 handed_over += len(item.entries)
+                bulk = bulk or item.bulk
                 entries.extend(item.entries)
                 following = max(following, item.entries[-1].seq + 1)
                 if item.done is not None:
@@ -296,10 +305,15 @@ class Engine:
             elif item is _STOP:
                 stopping = True
         self._applied_count += handed_over
+        if calls or (entries and not bulk):
+            self._bulk = False  # a catch-up ends with a call (saving); live work is here
+        elif bulk:
+            self._bulk = True
         if entries:
             self._busy_at = time.monotonic()
             self._apply(projection, entries)  # listeners (writers waiting) hear now
-        projection.sync_indexes()  # after the writers were woken, before any read
+        if calls or not bulk or projection.unindexed_events >= self.settings.bulk_index_events:
+            projection.sync_indexes()  # after the writers were woken, before any read
         for call in calls:
             if call.done.set_running_or_notify_cancel():
                 try:
@@ -308,7 +322,14 @@ class Engine:
                     call.done.set_exception(exc)
         # a catch-up (apply with a future) hears after its batch is written to DuckDB,
         # so the progress it reports is durable; live writers heard above already
-        self._housekeeping(projection, flush=stopping or bool(waiting), save=stopping)
+        self._housekeeping(
+            projection,
+            flush=stopping
+            or (bool(waiting) and not bulk)
+            or (bulk and projection.unflushed >= self.settings.checkpoint_events),
+            save=stopping,
+            bulk=self._bulk,
+        )
         for future in waiting:
             if not future.done():  # a caller may have given up (cancelled) meanwhile
                 future.set_result(self.seq)
@@ -316,6 +337,8 @@ class Engine:
 
     def _idle_timeout(self, projection: Projection) -> float | None:
         now = time.monotonic()
+        if self._bulk:
+            return None  # the catch-up's next batch, or its closing call, wakes us
         if projection.dirty:
             return max(0.0, projection.last_flush + self.settings.flush_interval - now)
         if projection.saved_seq < projection.flushed_seq:
@@ -374,14 +397,22 @@ class Engine:
             self._apply_or_split(projection, entries[:middle])
             self._apply_or_split(projection, entries[middle:])
 
-    def _housekeeping(self, projection: Projection, *, flush: bool, save: bool) -> None:
-        """Write DuckDB when it is due (or asked), save the indexes when that is due."""
+    def _housekeeping(
+        self, projection: Projection, *, flush: bool, save: bool, bulk: bool = False
+    ) -> None:
+        """Write DuckDB when it is due (or asked), save the indexes when that is due;
+        in a bulk round only when asked."""
         now = time.monotonic()
         try:
             if projection.dirty and (
                 flush
-                or now - projection.last_flush >= self.settings.flush_interval
-                or projection.unflushed >= self.settings.flush_events
+                or (
+                    not bulk
+                    and (
+                        now - projection.last_flush >= self.settings.flush_interval
+                        or projection.unflushed >= self.settings.flush_events
+                    )
+                )
             ):
                 projection.flush()
             if save or self._save_due(projection, now):

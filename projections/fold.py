@@ -140,7 +140,7 @@ class ExperienceRow(Row):
     create_event: UUID | None = None
     collective_id: UUID | None = None
     content: str | None = None
-    embedding: bytes | None = None
+    embedding: bytes | memoryview | None = None  # a view: held in the vectors file
     experience_type: str | None = None  # the variant's tag, e.g. "Fact"
     type_data: str | None = None  # the variant as JSON
     source_agent: str | None = None
@@ -206,7 +206,7 @@ class InsightRow(Row):
     create_event: UUID | None = None
     collective_id: UUID | None = None
     content: str | None = None
-    embedding: bytes | None = None
+    embedding: bytes | memoryview | None = None  # a view: held in the vectors file
     source_experiences: tuple[UUID, ...] | None = None
     confidence: float | None = None
     domain: tuple[str, ...] | None = None
@@ -309,6 +309,41 @@ def row_of(event: ev.Event) -> Row | None:
         case ev.WisdomDeleted():
             return WisdomRow(event.wisdom_id, owner_id=event.owner_id, deleted=True)
     return None  # activities live in their own stream, not in the projection
+
+
+def _single_key(name: str) -> Any:
+    def key(self: Row) -> tuple[Any, ...]:
+        return (getattr(self, name),)
+
+    return key
+
+
+# The fold's hottest calls, written out for the row types (the generic ones loop over
+# the class's field lists): a key, and the join of two application-count entries.
+CollectiveRow.key = _single_key("collective_id")  # type: ignore[method-assign]
+ExperienceRow.key = _single_key("experience_id")  # type: ignore[method-assign]
+RelationRow.key = _single_key("relation_id")  # type: ignore[method-assign]
+InsightRow.key = _single_key("insight_id")  # type: ignore[method-assign]
+WisdomRow.key = _single_key("wisdom_id")  # type: ignore[method-assign]
+
+
+def _application_key(self: ApplicationRow) -> tuple[Any, ...]:
+    return (self.experience_id, self.instance_id)
+
+
+def _application_merge(self: ApplicationRow, other: ApplicationRow) -> ApplicationRow:
+    theirs = other.collective_id
+    if theirs is not None and (self.collective_id is None or theirs < self.collective_id):
+        self.collective_id = theirs
+    if other.applications > self.applications:
+        self.applications = other.applications
+    if other.last_hlc > self.last_hlc:
+        self.last_hlc = other.last_hlc
+    return self
+
+
+ApplicationRow.key = _application_key  # type: ignore[method-assign, assignment]
+ApplicationRow.merge = _application_merge  # type: ignore[method-assign, assignment]
 
 
 @dataclass(slots=True)

@@ -3,6 +3,7 @@ indexes and the full-text index of one state directory.
 
     <state dir>/state.duckdb       rows, views and the checkpoint (written in bulk)
     <state dir>/vectors/*.faiss    FAISS indexes + manifest.json (the sequence they reflect)
+    <state dir>/vectors/exact-*.f32 the exact vectors, memory-mapped (rows point into them)
     <state dir>/text/              the tantivy index (committed before the manifest)
 
 ``apply`` folds a batch into memory (``projections.state``) and keeps the vector and text
@@ -22,13 +23,17 @@ A ``Projection`` is not thread-safe: ``projections.engine.Engine`` owns it on on
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 import numpy as np
@@ -37,14 +42,14 @@ from eventlog.ids import uuid7
 from eventlog.log import EventLog, LogEntry
 from projections.fold import ROW_TYPES, ExperienceRow, FoldState, InsightRow, row_of
 from projections.state import MemoryState, Rejected, Touched
-from projections.store import Store
+from projections.store import StateInUse, Store
 from projections.text import TextIndex
-from projections.vectors import VectorIndex, read_manifest, write_manifest
+from projections.vectors import ExactVectors, VectorIndex, read_manifest, write_manifest
 
 log = logging.getLogger("pulse.projection")
 
 Progress = Callable[[int, int], None]  # (applied so far, total to apply)
-_Adds = dict[tuple[UUID, int], tuple[list[int], list[bytes], list[UUID]]]
+_Adds = dict[tuple[UUID, int], tuple[list[int], list[bytes | memoryview], list[UUID]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,12 @@ class ProjectionSettings:
     flush_interval: float = 0.25  # seconds between DuckDB writes while events arrive
     flush_events: int = 5000  # ... or this many events applied since the last one
     save_interval: float = 30.0  # seconds between index saves while events arrive
+    # catching up (a rebuild, a restart behind the log): the indexes take events in
+    # batches this large (FAISS builds its graph in parallel for large adds), and DuckDB
+    # is written every ``checkpoint_events``; the log holds everything past the
+    # checkpoint, so a crash costs at most that many events applied again
+    bulk_index_events: int = 20_000
+    checkpoint_events: int = 200_000
 
 
 class Projection:
@@ -71,15 +82,26 @@ class Projection:
         self._unflushed = 0  # events applied in memory since the last DuckDB write
         self.memory = MemoryState()
         self.memory.load(
-            (row for t in ROW_TYPES for row in self.store.rows(t).values()), self.store.vec_ids()
+            (
+                row
+                for t in ROW_TYPES
+                for row in self.store.rows(t, without=_HELD_APART.get(t, ())).values()
+            ),
+            self.store.vec_ids(),
         )
         for rejected in self.store.rejected():
             self.memory.rejected[rejected.seq] = rejected
+        if read_manifest(self.dir / "vectors")[0] == 0:
+            # no saved indexes (new, crashed before its first save, or an older format):
+            # the text index is refilled from the rows with the vector indexes
+            shutil.rmtree(self.dir / "text", ignore_errors=True)
         self.text = TextIndex(self.dir / "text")
         (self.dir / "vectors").mkdir(exist_ok=True)
         self.vectors: dict[tuple[str, UUID], VectorIndex] = {}
+        self.exact: dict[int, ExactVectors] = {}  # by dimension
         self._live_collectives: dict[UUID, int | None] = {}  # dimension the indexes assume
         self._unindexed = Touched.nothing()  # applied, not yet in the indexes
+        self.unindexed_events = 0  # events applied since the indexes were brought up
         self._load_indexes()
         self.last_flush = self.last_save = time.monotonic()
 
@@ -144,6 +166,7 @@ class Projection:
         pending.collectives |= touched.collectives
         self._seq = fresh[-1].seq
         self._unflushed += len(fresh)
+        self.unindexed_events += len(fresh)
         return touched
 
     def sync_indexes(self) -> None:
@@ -151,6 +174,7 @@ class Projection:
         for later, so a write waits only for the fold: the engine does it after waking
         the writers, before any read, and before a flush; so do the queries that search."""
         pending = self._unindexed
+        self.unindexed_events = 0
         if pending.experiences or pending.insights or pending.collectives:
             self._unindexed = Touched.nothing()
             self._sync(pending)
@@ -204,6 +228,8 @@ class Projection:
         self.flush()
         self.store.checkpoint_file()
         self.text.commit()
+        for exact in self.exact.values():
+            exact.sync()
         entries = {}
         for (kind, collective_id), index in self.vectors.items():
             path = self._path(kind, collective_id)
@@ -218,10 +244,18 @@ class Projection:
 
     # -- keeping the indexes in step -------------------------------------------------------
 
+    def _exact(self, dim: int) -> ExactVectors:
+        exact = self.exact.get(dim)
+        if exact is None:
+            exact = self.exact[dim] = ExactVectors(self.dir / "vectors" / f"exact-{dim}.f32", dim)
+        return exact
+
     def _index(self, kind: str, collective_id: UUID, dim: int) -> VectorIndex:
         index = self.vectors.get((kind, collective_id))
         if index is None or index.dim != dim:
-            index = VectorIndex(dim, self.settings.hnsw_threshold, self.settings.ef_search)
+            index = VectorIndex(
+                dim, self._exact(dim), self.settings.hnsw_threshold, self.settings.ef_search
+            )
             self.vectors[(kind, collective_id)] = index
         return index
 
@@ -253,13 +287,20 @@ class Projection:
                 self._sync_row(kind, row_id, adds)
             except Exception:  # one row an index refuses must not stop the others
                 log.exception("%s %s could not be indexed", kind, row_id)
+        table = self.memory.experiences if kind == "experience" else self.memory.insights
         for (collective_id, dim), (vec_ids, vectors, keys) in adds.items():
             try:
                 matrix = np.frombuffer(b"".join(vectors), dtype="<f4").reshape(len(vectors), dim)
-                self._index(kind, collective_id, dim).add(vec_ids, matrix, keys)
+                index = self._index(kind, collective_id, dim)
+                index.add(vec_ids, matrix, keys)
             except Exception:  # the rows stay readable; `pulse rebuild` rebuilds the index
                 log.exception("%d %s vectors of collective %s could not be indexed",
                               len(vec_ids), kind, collective_id)  # fmt: skip
+                continue
+            for vec_id, row_id in zip(vec_ids, keys, strict=True):
+                row = table.get((row_id,))
+                if row is not None and vec_id in index.members:
+                    row.embedding = index.exact.view(vec_id)  # held once, in the file
 
     def _sync_row(self, kind: str, row_id: UUID, adds: _Adds) -> None:
         """One experience or insight into (or out of) its indexes; vectors to add are
@@ -280,7 +321,7 @@ class Projection:
             assert dim is not None
             index = self._index(kind, collective_id, dim)
             vec_id = memory.vec_id(row_id, ExperienceRow if kind == "experience" else InsightRow)
-            if vec_id not in index.members:
+            if vec_id not in index.members or not isinstance(row.embedding, memoryview):
                 ids_, vecs, keys = adds.setdefault((collective_id, dim), ([], [], []))
                 ids_.append(vec_id)
                 vecs.append(row.embedding or b"")
@@ -291,6 +332,8 @@ class Projection:
         vec_id_or_none = memory.vec_ids.get(row_id)
         index_or_none = self.vectors.get((kind, collective_id)) if collective_id else None
         if index_or_none is not None and vec_id_or_none is not None:
+            if row is not None and isinstance(row.embedding, memoryview):
+                row.embedding = bytes(row.embedding)  # kept (not deleted): its own copy
             index_or_none.remove([vec_id_or_none])
         self.text.remove(row_id)
 
@@ -309,18 +352,35 @@ class Projection:
             path = self.dir / "vectors" / name
             if path.exists():
                 self.vectors[(kind, collective_id)] = VectorIndex.load(
-                    path, dim, self.settings.hnsw_threshold, self.settings.ef_search
+                    path, self._exact(dim), self.settings.hnsw_threshold, self.settings.ef_search
                 )
                 self._live_collectives[collective_id] = dim
         by_vec_id = {vec_id: row_id for row_id, vec_id in memory.vec_ids.items()}
+        tables: dict[str, dict[tuple[Any, ...], ExperienceRow | InsightRow]] = {
+            "experience": memory.experiences,  # type: ignore[dict-item]
+            "insight": memory.insights,  # type: ignore[dict-item]
+        }
+        for (kind, _collective_id), index in self.vectors.items():  # point rows at the file
+            for vec_id in index.members:
+                row = tables[kind].get((by_vec_id.get(vec_id),))
+                if row is not None and row.create_event is not None and not row.deleted:
+                    row.embedding = index.exact.view(vec_id)
+        for row_type, table in ((ExperienceRow, memory.experiences), (InsightRow, memory.insights)):
+            missing = [  # in no saved index (behind it, or not live): read from DuckDB
+                key[0]
+                for key, row in table.items()
+                if row.embedding is None and row.create_event is not None and not row.deleted
+            ]
+            for row_id, embedding in self.store.embeddings(row_type, missing).items():
+                table[(row_id,)].embedding = embedding
         for (kind, _collective_id), index in self.vectors.items():  # reconcile with memory
             stale = []
-            for vec_id in index.members:
-                row_id = by_vec_id.get(vec_id)
-                if row_id is None:
+            for vec_id in index.members - index.gone:
+                known = by_vec_id.get(vec_id)
+                if known is None:
                     stale.append(vec_id)
                     continue
-                index.keys[vec_id] = row_id
+                row_id = index.keys[vec_id] = known
                 if kind == "experience":
                     row = memory.live_experience(row_id)
                     if row is None:
@@ -331,10 +391,24 @@ class Projection:
                     not _indexable_insight(memory, insight)
                 ):
                     stale.append(vec_id)
+            for vec_id in stale:  # a row that stays keeps its own copy of its vector
+                kept = tables[kind].get((by_vec_id.get(vec_id),))
+                if kept is not None and isinstance(kept.embedding, memoryview):
+                    kept.embedding = bytes(kept.embedding)
             index.remove(stale)
-        if saved_seq < self._seq:  # the indexes are behind DuckDB: catch up from its rows
+        unindexed = {  # live rows no saved index holds (saved before they arrived)
+            kind: {k[0] for k, r in tables[kind].items() if isinstance(r.embedding, bytes)}
+            for kind in tables
+        }
+        if saved_seq < self._seq or any(unindexed.values()):  # catch up from the rows
             changed = self.store.changed_since(saved_seq)
-            self._sync(Touched(changed["experience"], changed["insight"], changed["collective"]))
+            self._sync(
+                Touched(
+                    changed["experience"] | unindexed["experience"],
+                    changed["insight"] | unindexed["insight"],
+                    changed["collective"],
+                )
+            )
             self.save()
 
     def checkpoint(self) -> tuple[int, int]:
@@ -355,6 +429,15 @@ class Projection:
         self.save()
         self.text.close()
         self.store.close()
+        for exact in self.exact.values():
+            exact.close()
+
+
+# columns read from the vector files rather than DuckDB when a projection opens
+_HELD_APART: dict[type, tuple[str, ...]] = {
+    ExperienceRow: ("embedding",),
+    InsightRow: ("embedding",),
+}
 
 
 def _indexable_insight(memory: MemoryState, row: InsightRow) -> bool:
@@ -425,14 +508,40 @@ async def rebuild(
 ) -> tuple[Path, str]:
     """Replay the whole log into a fresh state directory, then swap it in atomically.
 
-    The current state is untouched (and keeps serving) until the swap; afterwards it is
-    removed. Returns the new directory and its digest.
+    The current state is untouched until the swap; afterwards it is removed, and so is
+    what an earlier rebuild that was killed left behind. Returns the new directory and
+    its digest. Nothing may have the current state open (``pulse rebuild`` checks).
     """
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive(data_dir / "rebuild.lock"):
+        return await _rebuild(data_dir, log, settings, progress)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """One rebuild at a time per data directory (a second one refuses at once)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StateInUse(f"another rebuild of {path.parent} is running") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+async def _rebuild(
+    data_dir: Path, log: EventLog, settings: ProjectionSettings | None, progress: Progress | None
+) -> tuple[Path, str]:
     from projections.engine import Engine  # the engine owns the fresh projection
 
-    data_dir = Path(data_dir)
     link = state_link(data_dir)
     old = link.resolve() if link.exists() else None
+    for orphan in list(data_dir.glob("state-*")):  # noqa: ASYNC240 (a few names) -- left by a rebuild that was killed
+        if orphan != old and orphan.is_dir():
+            shutil.rmtree(orphan, ignore_errors=True)
     target = _fresh_dir(data_dir)
     try:
         engine = await Engine.start(target, settings)

@@ -166,7 +166,7 @@ def _experience(p: Projection, row: ExperienceRow) -> Experience:
         experience_id=row.experience_id,
         collective_id=row.collective_id,  # type: ignore[arg-type]
         content=row.content or "",
-        embedding=row.embedding or b"",
+        embedding=bytes(row.embedding or b""),
         experience_type=_kind_decoder.decode(row.type_data or '{"kind": "Generic"}'),
         importance=row.importance if row.importance is not None else 0.0,
         confidence=row.confidence if row.confidence is not None else 0.0,
@@ -299,7 +299,7 @@ def hybrid_experiences(
     """The vector and the BM25 rankings (``pool`` candidates each) fused by Reciprocal
     Rank Fusion: score = sum over the rankings of weight / (rrf_k + rank)."""
     by_vector = similar_ids(p, collective_id, query, pool, flt)
-    by_text = p.text.search("experience", collective_id, text, pool) if text.strip() else []
+    by_text = _text_hits(p, collective_id, text, pool) if text.strip() else []
     fused: dict[UUID, float] = {}
     rows: dict[UUID, ExperienceRow] = {}
     for weight, ranking in ((vector_weight, by_vector), (text_weight, by_text)):
@@ -312,6 +312,14 @@ def hybrid_experiences(
             rank += 1
             fused[experience_id] = fused.get(experience_id, 0.0) + weight / (rrf_k + rank)
     return [ScoredExperience(_experience(p, rows[i]), score) for i, score in fused.items()]
+
+
+def _text_hits(
+    p: Projection, collective_id: UUID, text: str, limit: int
+) -> list[tuple[UUID, float]]:
+    """BM25 hits among the experiences of one collective (unfiltered otherwise)."""
+    alone = p.memory.experiences_of.keys() <= {collective_id}  # every document is its own
+    return p.text.search("experience", collective_id, text, limit, alone=alone)
 
 
 def search_text(
@@ -327,7 +335,7 @@ def search_text(
         return []
     fetch = k
     while True:  # ask tantivy for more until enough pass the filter, or it has no more
-        hits = p.text.search("experience", collective_id, text, fetch)
+        hits = _text_hits(p, collective_id, text, fetch)
         result = []
         for experience_id, score in hits:
             row = p.memory.live_experience(experience_id)
@@ -377,7 +385,7 @@ def related_experiences(
 def _insight(row: InsightRow) -> Insight:
     return Insight(
         insight_id=row.insight_id, collective_id=row.collective_id,  # type: ignore[arg-type]
-        content=row.content or "", embedding=row.embedding or b"",
+        content=row.content or "", embedding=bytes(row.embedding or b""),
         source_experiences=tuple(row.source_experiences or ()),
         confidence=row.confidence or 0.0, domain=tuple(row.domain or ()),
     )  # fmt: skip

@@ -142,10 +142,12 @@ class MemoryState:
                 self._forget_counts(row.experience_id)
             else:
                 eid = row.experience_id
-                self.counted.setdefault(eid, set()).add(row.instance_id)
-                self.counters.setdefault(eid, GCounter()).merge_entry(
-                    row.instance_id, row.applications
-                )
+                counted = self.counted.get(eid)
+                if counted is None:
+                    counted = self.counted[eid] = set()
+                    self.counters[eid] = GCounter()
+                counted.add(row.instance_id)
+                self.counters[eid].merge_entry(row.instance_id, row.applications)
                 if row.last_hlc > self.last_reinforced.get(eid, -1):
                     self.last_reinforced[eid] = row.last_hlc
         elif isinstance(row, RelationRow):
@@ -260,7 +262,9 @@ class MemoryState:
         """Why a created, undeleted experience cannot be live (None: it can)."""
         return self._placement_problem(row.collective_id, row.embedding)
 
-    def _placement_problem(self, collective_id: UUID | None, embedding: bytes | None) -> str | None:
+    def _placement_problem(
+        self, collective_id: UUID | None, embedding: bytes | memoryview | None
+    ) -> str | None:
         """Why a vector-bearing row does not fit its collective (None: it does)."""
         collective = self.collectives.get((collective_id,))
         if collective is None or collective.create_event is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -57,10 +57,12 @@ class SchemaError(PulseError):
 
 def _column(values: list[Any], sql_type: str) -> np.ndarray[Any, Any]:
     """One staged column: UUIDs as text, lists as JSON text (cast back in SQL)."""
-    if sql_type == "UUID":
-        values = [None if v is None else str(v) for v in values]
+    if sql_type == "UUID":  # 32 hex digits: cheaper than str(UUID), and DuckDB reads them
+        values = [None if v is None else v.hex for v in values]
     elif sql_type.endswith("[]"):
         values = [None if v is None else json.dumps([str(x) for x in v]) for v in values]
+    elif sql_type == "BLOB":  # embeddings held as views into the exact-vectors file
+        values = [v if v is None or isinstance(v, bytes) else bytes(v) for v in values]
     return np.array(values, dtype=object)
 
 
@@ -213,13 +215,34 @@ class Store:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def rows(self, row_type: type[Row]) -> dict[tuple[Any, ...], Row]:
-        """Every stored row of a type, as fold rows (for checks and tools)."""
+    def rows(
+        self, row_type: type[Row], *, without: tuple[str, ...] = ()
+    ) -> dict[tuple[Any, ...], Row]:
+        """Every stored row of a type, as fold rows; the columns named in ``without``
+        are left NULL (the projection reads embeddings from its vector files)."""
         table = TABLE_OF[row_type]
-        names = [f.name for f in fields(row_type)]
-        result = self.con.execute(f"SELECT {', '.join(names)} FROM {table}").fetchall()
-        rows = (row_type(*map(_from_db, values)) for values in result)
-        return {row.key(): row for row in rows}
+        names = [f"NULL AS {n}" if n in without else n for n in (f.name for f in fields(row_type))]
+        result = self.con.execute(f"SELECT {', '.join(names)} FROM {table}")
+        found: dict[tuple[Any, ...], Row] = {}
+        while batch := result.fetchmany(10_000):
+            for values in batch:
+                row = row_type(*map(_from_db, values))
+                found[row.key()] = row
+        return found
+
+    def embeddings(self, row_type: type[Row], ids: Iterable[UUID]) -> dict[UUID, bytes]:
+        """The stored embeddings of some experiences or insights."""
+        table, key = TABLE_OF[row_type], row_type.KEY[0]
+        wanted = sorted(set(ids), key=str)
+        found: dict[UUID, bytes] = {}
+        for start in range(0, len(wanted), 5000):
+            literals = uuid_literals(wanted[start : start + 5000])
+            for row_id, embedding in self.con.execute(
+                f"SELECT {key}, embedding FROM {table} WHERE {key} IN ({literals}) "
+                "AND embedding IS NOT NULL"
+            ).fetchall():
+                found[row_id] = embedding
+        return found
 
     def digest(self) -> str:
         """SHA-256 of the logical state: every base table's rows, sorted, local columns out."""

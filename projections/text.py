@@ -1,7 +1,12 @@
 """Full-text search: a tantivy (BM25) index over experience and insight content.
 
 Documents are keyed by ``id``; every change is delete-then-add by that key, so
-re-applying a change (catching up after a crash) never duplicates a document. What is
+re-applying a change (catching up after a crash) never duplicates a document. Each kind
+has its own text field, so a search names its kind by the field it reads rather than by
+a filter clause; the collective is a filter only when the index holds more than one
+collective's documents of that kind (a conjunction with a term every document carries
+makes tantivy score every match, where a plain query skips the ones that cannot make
+the top k). What is
 archived or otherwise hidden is filtered by the caller against DuckDB. Changes are
 committed lazily: by the next search (so a search sees every change made before it),
 or when the projection saves its indexes.
@@ -9,18 +14,24 @@ or when the projection saves its indexes.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from uuid import UUID
 
 import tantivy
 
+_THREADS = min(2, os.cpu_count() or 1)  # indexing threads of the writer (it runs beside us)
+
+
+KINDS = ("experience", "insight")
+
 
 def _schema() -> tantivy.Schema:
     builder = tantivy.SchemaBuilder()
     builder.add_text_field("id", stored=True, tokenizer_name="raw")
-    builder.add_text_field("kind", stored=False, tokenizer_name="raw")
     builder.add_text_field("collective", stored=False, tokenizer_name="raw")
-    builder.add_text_field("content", stored=False, tokenizer_name="en_stem")
+    for kind in KINDS:  # the content, in the field of its kind
+        builder.add_text_field(kind, stored=False, tokenizer_name="en_stem")
     return builder.build()
 
 
@@ -36,16 +47,13 @@ class TextIndex:
     @property
     def writer(self) -> tantivy.IndexWriter:
         if self._writer is None:
-            self._writer = self.index.writer(heap_size=64_000_000, num_threads=1)
+            self._writer = self.index.writer(heap_size=64_000_000, num_threads=_THREADS)
         return self._writer
 
     def put(self, kind: str, doc_id: UUID, collective_id: UUID, content: str) -> None:
         self.remove(doc_id)
-        self.writer.add_document(
-            tantivy.Document(
-                id=str(doc_id), kind=kind, collective=str(collective_id), content=content
-            )
-        )
+        fields = {"id": str(doc_id), "collective": str(collective_id), kind: content}
+        self.writer.add_document(tantivy.Document(**fields))
 
     def remove(self, doc_id: UUID) -> None:
         self.writer.delete_documents_by_term("id", str(doc_id))
@@ -62,22 +70,25 @@ class TextIndex:
             self.index.reload()
 
     def search(
-        self, kind: str, collective_id: UUID, text: str, limit: int
+        self, kind: str, collective_id: UUID, text: str, limit: int, *, alone: bool = False
     ) -> list[tuple[UUID, float]]:
         """(id, BM25 score) of the best matches, best first; query syntax errors are
-        forgiven (the text is parsed leniently)."""
+        forgiven (the text is parsed leniently). ``alone``: the caller knows every
+        document of this kind belongs to this collective (no filter needed)."""
         self.commit()
-        parsed, _errors = self.index.parse_query_lenient(text, ["content"])
-        query = tantivy.Query.boolean_query(
-            [
-                (tantivy.Occur.Must, parsed),
-                (tantivy.Occur.Must, tantivy.Query.term_query(self.index.schema, "kind", kind)),
-                (
-                    tantivy.Occur.Must,
-                    tantivy.Query.term_query(self.index.schema, "collective", str(collective_id)),
-                ),
-            ]
-        )
+        query, _errors = self.index.parse_query_lenient(text, [kind])
+        if not alone:
+            query = tantivy.Query.boolean_query(
+                [
+                    (tantivy.Occur.Must, query),
+                    (
+                        tantivy.Occur.Must,
+                        tantivy.Query.term_query(
+                            self.index.schema, "collective", str(collective_id)
+                        ),
+                    ),
+                ]
+            )
         searcher = self.index.searcher()
         hits = searcher.search(query, limit).hits
         return [(UUID(searcher.doc(address)["id"][0]), float(score)) for score, address in hits]

@@ -1,19 +1,38 @@
-"""FAISS indexes, one per collective and kind (experiences, insights): cosine similarity
-as inner product of L2-normalized vectors.
+"""Vector search: exact vectors on disk, a compact index in memory.
 
-An index is exact (``IndexFlatIP``) while small and becomes HNSW once it holds more than
-``hnsw_threshold`` vectors. Ids are the rows' local ``vec_id``. Vectors that must not be
-returned (archived unless asked for, deleted, invalid) are filtered by an ID selector at
-search time; a flat index also drops deleted vectors at once, an HNSW index keeps their
-graph nodes until it is rebuilt (compaction) but overwrites their vectors with zeros at
-once, so a forgotten embedding is not kept in memory or in the saved file. With a
-filter that leaves few candidates, search is an exact scan over just those candidates,
-so a filter never costs recall.
+Two parts, both keyed by the rows' local ``vec_id``:
+
+- ``ExactVectors``: the float32 vectors of one dimension, one slot per ``vec_id`` in a
+  memory-mapped file (``vectors/exact-<dim>.f32``). Rows point into it (a zero-copy
+  ``memoryview``) instead of holding their own copy, so each vector is in the process
+  once, and only the pages a search or a read touches are resident: the kernel keeps
+  the rest in its page cache or on disk. A forgotten vector is overwritten with zeros.
+- ``VectorIndex``: one collective's vectors of one kind. Exact (``IndexFlatIP``) while
+  small; past ``hnsw_threshold`` vectors an HNSW graph over 8-bit scalar-quantized
+  copies (a quarter of the float32 size). The graph proposes twice the asked-for
+  candidates and they are re-ranked against the exact vectors, so scores are exact
+  cosine similarities and recall stays where a float32 graph has it (the same choice
+  as "quantized in memory, originals on disk, rescoring" in dedicated vector stores).
+
+Cosine similarity is the inner product of L2-normalized vectors. Vectors that must not
+be returned (archived unless asked for, deleted, invalid) are filtered by an ID
+selector inside the FAISS search; a filter that leaves few candidates is answered by an
+exact scan over just those, so a filter never costs recall. A flat index drops deleted
+vectors at once; an HNSW graph keeps their nodes (with zeroed codes) until more than
+``COMPACT_FRACTION`` of it is gone, then a new graph is built from the live vectors on
+a background thread and swapped in by the owner thread, with whatever changed during
+the build applied to it first.
+
+Large adds (catching up, rebuilding) run on a background thread too, so folding the
+next batch overlaps with FAISS's (multi-threaded) graph construction; every other use
+of the index waits for a pending add first.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +47,29 @@ faiss: Any = _faiss  # its bundled stubs miss SearchParametersHNSW and selector 
 
 Matrix = npt.NDArray[np.float32]
 
+HNSW_M = 32  # graph neighbours per node (64 on the bottom layer)
+HNSW_EF_CONSTRUCTION = 80
+COMPACT_FRACTION = 0.2  # a graph is rebuilt once this share of its nodes is gone
+BACKGROUND_ADD = 2048  # adds at least this large run off the owner thread
+_CHUNK = 4096  # vector slots per mapping of an exact-vectors file
+
+# Background work for the indexes; FAISS parallelises each build and add itself. Adds
+# and compactions have a worker each, so an add never waits behind a compaction.
+_ADDER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulse-faiss-add")
+_COMPACTOR = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulse-faiss-compact")
+
+
+def graph_index(dim: int) -> Any:
+    """The approximate index Pulse uses past ``hnsw_threshold`` vectors, without ids:
+    an HNSW graph over 8-bit scalar-quantized vectors (inner product). It must be
+    trained (``train``) before vectors are added; candidates it returns are re-ranked
+    against the exact vectors. Benchmarks build the same index alone as the peer."""
+    index = faiss.IndexHNSWSQ(
+        dim, faiss.ScalarQuantizer.QT_8bit, HNSW_M, faiss.METRIC_INNER_PRODUCT
+    )
+    index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+    return index
+
 
 def normalized(vectors: Matrix) -> Matrix:
     out = np.array(vectors, dtype=np.float32, copy=True).reshape(-1, vectors.shape[-1])
@@ -36,11 +78,95 @@ def normalized(vectors: Matrix) -> Matrix:
     return out
 
 
+class ExactVectors:
+    """Float32 vectors of one dimension in a memory-mapped file, slot = ``vec_id``,
+    as recorded (not normalized: rows read their embedding from here).
+
+    The whole file is one mapping; when it must grow, a larger one replaces it for new
+    work while views into the old one stay valid (the kernel maps the same file pages),
+    so a ``view`` is good for as long as it is held. Slots of other dimensions' vec_ids
+    are holes (a sparse file: no disk, no memory)."""
+
+    def __init__(self, path: Path, dim: int) -> None:
+        self.path = path
+        self.dim = dim
+        self.slot_bytes = 4 * dim
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._slots = 0
+        self._mapped: mmap.mmap | None = None
+        self._view = memoryview(b"")
+        self._array: Matrix = np.zeros((0, dim), dtype=np.float32)
+        self._dirty = False
+        size = os.fstat(self._fd).st_size
+        if size >= self.slot_bytes:
+            self._map(size // self.slot_bytes)
+
+    def _map(self, slots: int) -> None:
+        if os.fstat(self._fd).st_size < slots * self.slot_bytes:
+            os.ftruncate(self._fd, slots * self.slot_bytes)
+        if self._mapped is not None and self._dirty:
+            self._mapped.flush()
+            self._dirty = False
+        self._mapped = mmap.mmap(self._fd, slots * self.slot_bytes)
+        self._view = memoryview(self._mapped)
+        self._array = np.frombuffer(self._mapped, dtype=np.float32).reshape(slots, self.dim)
+        self._slots = slots
+
+    def _reach(self, last_vec_id: int) -> None:
+        if last_vec_id >= self._slots:
+            self._map(max(_CHUNK, 2 * self._slots, last_vec_id + 1))
+
+    def put(self, vec_ids: Iterable[int], vectors: Matrix) -> None:
+        ids = np.fromiter(vec_ids, dtype=np.int64)
+        if len(ids):
+            self._reach(int(ids.max()))
+            self._array[ids] = vectors
+            self._dirty = True
+
+    def view(self, vec_id: int) -> memoryview:
+        """The stored bytes of one vector, without a copy."""
+        self._reach(vec_id)
+        start = vec_id * self.slot_bytes
+        return self._view[start : start + self.slot_bytes]
+
+    def get(self, vec_ids: npt.NDArray[np.int64]) -> Matrix:
+        """The vectors of ``vec_ids`` (a copy), in that order."""
+        if len(vec_ids):
+            self._reach(int(vec_ids.max()))
+        return self._array[vec_ids]
+
+    def unit(self, vec_ids: npt.NDArray[np.int64]) -> Matrix:
+        """The L2-normalized vectors of ``vec_ids``."""
+        out = self.get(vec_ids)
+        norms = np.sqrt(np.einsum("ij,ij->i", out, out))[:, None]
+        np.divide(out, norms, out=out, where=norms > 0)
+        return out
+
+    def erase(self, vec_ids: Iterable[int]) -> None:
+        ids = np.fromiter(vec_ids, dtype=np.int64)
+        if len(ids):
+            self._reach(int(ids.max()))
+            self._array[ids] = 0.0
+            self._dirty = True
+
+    def close(self) -> None:
+        """Close the file; the mappings stay valid while views of them are held."""
+        self.sync()
+        os.close(self._fd)
+
+    def sync(self) -> None:
+        """Write what changed to the file (before the manifest says it is there)."""
+        if self._mapped is not None and self._dirty:
+            self._mapped.flush()
+            self._dirty = False
+
+
 @dataclass
 class VectorIndex:
-    """One collective's vectors of one kind."""
+    """One collective's vectors of one kind (see the module doc)."""
 
     dim: int
+    exact: ExactVectors
     hnsw_threshold: int = 10_000
     ef_search: int = 128
     index: Any = field(init=False)  # faiss.IndexIDMap2
@@ -49,27 +175,67 @@ class VectorIndex:
     hidden: set[int] = field(default_factory=set)  # archived: only when asked for
     gone: set[int] = field(default_factory=set)  # deleted or invalid, still in HNSW
     _selectors: dict[bool, Any] = field(default_factory=dict)  # cached faiss.IDSelector
+    _positions: npt.NDArray[np.int64] | None = None  # HNSW: vec_id at each graph position
+    _adding: concurrent.futures.Future[None] | None = None  # a large add under way
+    compacting: concurrent.futures.Future[tuple[Any, set[int]]] | None = None
 
     def __post_init__(self) -> None:
         self.index = faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
 
     @property
     def is_hnsw(self) -> bool:
+        self._settle()
         return not isinstance(faiss.downcast_index(self.index.index), faiss.IndexFlat)
 
+    def _settle(self) -> None:
+        """Wait for a pending add; swap in a finished compaction."""
+        if self._adding is not None:
+            adding, self._adding = self._adding, None
+            adding.result()
+        if self.compacting is not None and self.compacting.done():
+            self._swap()
+
+    def _graph_positions(self) -> npt.NDArray[np.int64]:
+        """The vec_id at each position of the HNSW graph (searched without the id map)."""
+        if self._positions is None or len(self._positions) != self.index.ntotal:
+            self._positions = faiss.vector_to_array(self.index.id_map).astype(np.int64)
+        return self._positions
+
+    def _bitmap(self, excluded: Iterable[int] | None, allowed: set[int] | None = None) -> Any:
+        """A selector over graph positions: ``allowed`` ones, or all but ``excluded``."""
+        positions = self._graph_positions()
+        if allowed is not None:
+            keep = np.isin(positions, np.fromiter(allowed, np.int64, len(allowed)))
+        else:
+            drop = np.fromiter(excluded or (), np.int64)
+            keep = np.ones(len(positions), dtype=bool)
+            if len(drop):
+                keep &= ~np.isin(positions, drop)
+        bits = np.packbits(keep, bitorder="little")
+        selector = faiss.IDSelectorBitmap(len(positions), faiss.swig_ptr(bits))
+        selector.keep_alive = bits  # FAISS reads the numpy buffer: keep it alive
+        return selector
+
     def add(self, ids: list[int], vectors: Matrix, keys: list[UUID]) -> None:
+        self._settle()
         fresh = [i for i, vid in enumerate(ids) if vid not in self.members]
         if not fresh:
             return
         for i in fresh:
             self.keys[ids[i]] = keys[i]
         new_ids = np.array([ids[i] for i in fresh], dtype=np.int64)
-        self.index.add_with_ids(normalized(vectors[fresh]), new_ids)
+        self.exact.put(new_ids.tolist(), vectors[fresh])
+        unit = normalized(vectors[fresh])
         self.members.update(new_ids.tolist())
         self.gone.difference_update(new_ids.tolist())
         self._selectors.clear()
-        if not self.is_hnsw and self.index.ntotal > self.hnsw_threshold:
-            self._to_hnsw()
+        flat = isinstance(faiss.downcast_index(self.index.index), faiss.IndexFlat)
+        if flat and len(self.members) - len(self.gone) > self.hnsw_threshold:
+            self._to_hnsw()  # takes the new vectors from the exact file
+        elif len(new_ids) >= BACKGROUND_ADD:
+            self._adding = _ADDER.submit(self.index.add_with_ids, unit, new_ids)
+        else:
+            self.index.add_with_ids(unit, new_ids)
 
     def set_hidden(self, vec_id: int, hidden: bool) -> None:
         if (vec_id in self.hidden) != hidden:
@@ -77,13 +243,19 @@ class VectorIndex:
             self._selectors.clear()
 
     def remove(self, vec_ids: Iterable[int]) -> None:
-        drop = [v for v in vec_ids if v in self.members]
+        """Take vectors out of the index, and overwrite them with zeros in the exact
+        file (a row that keeps its embedding must hold its own copy first)."""
+        self._settle()
+        drop = [v for v in vec_ids if v in self.members and v not in self.gone]
         if not drop:
             return
         self.hidden.difference_update(drop)
+        self.exact.erase(drop)
         if self.is_hnsw:
             self.gone.update(drop)
-            self._erase(drop)
+            self._erase_codes(self.index, drop)
+            if len(self.gone) > COMPACT_FRACTION * len(self.members):
+                self.compact()
         else:
             self.index.remove_ids(np.array(drop, dtype=np.int64))
             self.members.difference_update(drop)
@@ -91,25 +263,68 @@ class VectorIndex:
                 self.keys.pop(vec_id, None)
         self._selectors.clear()
 
-    def _erase(self, vec_ids: list[int]) -> None:
-        """Zero the stored vectors of ``vec_ids`` in an HNSW index (forgetting)."""
-        storage = faiss.downcast_index(faiss.downcast_index(self.index.index).storage)
-        stored = faiss.rev_swig_ptr(storage.get_xb(), storage.ntotal * self.dim)
-        positions = np.nonzero(np.isin(faiss.vector_to_array(self.index.id_map), vec_ids))[0]
-        stored.reshape(-1, self.dim)[positions] = 0.0
+    def _erase_codes(self, index: Any, vec_ids: list[int]) -> None:
+        """Zero the stored codes of ``vec_ids`` in an HNSW index (forgetting)."""
+        if not vec_ids:
+            return
+        storage = faiss.downcast_index(faiss.downcast_index(index.index).storage)
+        codes = faiss.rev_swig_ptr(storage.codes.data(), storage.ntotal * storage.code_size)
+        positions = np.nonzero(np.isin(faiss.vector_to_array(index.id_map), vec_ids))[0]
+        codes.reshape(storage.ntotal, storage.code_size)[positions] = 0
+
+    def _live_ids(self) -> npt.NDArray[np.int64]:
+        return np.array(sorted(self.members - self.gone), dtype=np.int64)
 
     def _to_hnsw(self) -> None:
-        ids = np.array(sorted(self.members - self.gone), dtype=np.int64)
-        vectors = np.vstack([self.index.reconstruct(int(i)) for i in ids]) if len(ids) else None
-        graph = faiss.IndexHNSWFlat(self.dim, 32, faiss.METRIC_INNER_PRODUCT)
-        graph.hnsw.efConstruction = 80
-        self.index = faiss.IndexIDMap2(graph)
-        if vectors is not None:
-            self.index.add_with_ids(vectors, ids)
+        ids = self._live_ids()
+        self.index = _build_graph(self.dim, self.exact.unit(ids), ids)
+        self._positions = None
         self.members = set(ids.tolist())
         self.keys = {vec_id: self.keys[vec_id] for vec_id in self.members}
         self.gone.clear()
         self._selectors.clear()
+
+    # -- compaction ---------------------------------------------------------------------------
+
+    def compact(self) -> None:
+        """Start building a graph of the live vectors only, on the background worker;
+        the owner thread swaps it in at its next use of the index once it is done."""
+        if self.compacting is not None or not self.is_hnsw:
+            return
+        ids = self._live_ids()
+        vectors = self.exact.unit(ids)
+        self.compacting = _COMPACTOR.submit(
+            lambda: (_build_graph(self.dim, vectors, ids), set(ids.tolist()))
+        )
+
+    def _swap(self) -> None:
+        assert self.compacting is not None
+        compacting, self.compacting = self.compacting, None
+        try:
+            built, snapshot = compacting.result()
+        except Exception:  # keep serving from the old graph; the next removal retries
+            return
+        live = self.members - self.gone
+        added = np.array(sorted(live - snapshot), dtype=np.int64)  # arrived during the build
+        if len(added):
+            built.add_with_ids(self.exact.unit(added), added)
+        left = sorted(snapshot - live)  # removed during the build
+        self._erase_codes(built, left)
+        self.index = built
+        self._positions = None
+        self.members = snapshot | set(added.tolist())
+        self.gone = set(left)
+        self.keys = {vec_id: self.keys[vec_id] for vec_id in self.members}
+        self.hidden &= self.members
+        self._selectors.clear()
+
+    def wait(self) -> None:
+        """Finish any add or compaction under way (saving, closing, tests)."""
+        if self.compacting is not None:
+            concurrent.futures.wait([self.compacting])
+        self._settle()
+
+    # -- searching ------------------------------------------------------------------------------
 
     def search(
         self,
@@ -120,9 +335,11 @@ class VectorIndex:
         allowed: set[int] | None = None,
     ) -> list[tuple[int, float]]:
         """The k nearest (vec_id, cosine similarity), best first."""
+        self._settle()
         if k <= 0 or not self.members:
             return []
         q = normalized(np.asarray(query, dtype=np.float32))
+        hnsw = self.is_hnsw
         if allowed is not None:
             candidates = allowed & self.members
             candidates -= self.gone
@@ -130,69 +347,105 @@ class VectorIndex:
                 candidates -= self.hidden
             if not candidates:
                 return []
-            if self.is_hnsw and len(candidates) <= 4 * self.hnsw_threshold // 10 + k:
-                return self._exact(q, k, candidates)
+            if hnsw and len(candidates) <= 4 * self.hnsw_threshold // 10 + k:
+                return self._exact(q, k, np.fromiter(candidates, np.int64, len(candidates)))
+            if hnsw:
+                return self._graph_search(q, k, self._bitmap(None, candidates))
             selector: Any = faiss.IDSelectorBatch(
                 np.fromiter(candidates, dtype=np.int64, count=len(candidates))
             )
+        elif hnsw:
+            return self._graph_search(q, k, self._excluding(include_archived))
         else:
             selector = self._excluding(include_archived)
-        if self.is_hnsw:
-            params: Any = faiss.SearchParametersHNSW(
-                sel=selector, efSearch=max(self.ef_search, 2 * k)
-            )
-        else:
-            params = faiss.SearchParameters(sel=selector)
+        params = faiss.SearchParameters(sel=selector)
         scores, ids = self.index.search(q, k, params=params)
         return [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
 
+    def _graph_search(self, q: Matrix, k: int, selector: Any) -> list[tuple[int, float]]:
+        """Twice the candidates from the quantized graph (searched by position, past the
+        id map), re-ranked by their exact vectors."""
+        fetch = max(2 * k, k + 10)
+        graph = faiss.downcast_index(self.index.index)
+        params = faiss.SearchParametersHNSW(sel=selector, efSearch=max(self.ef_search, fetch))
+        _, found = graph.search(q, fetch, params=params)
+        at = found[0][found[0] >= 0]
+        return self._exact(q, k, self._graph_positions()[at])
+
+    def _exact(self, q: Matrix, k: int, ids: npt.NDArray[np.int64]) -> list[tuple[int, float]]:
+        """The k best of ``ids`` by exact cosine, ties by vec_id (one order everywhere)."""
+        if not len(ids):
+            return []
+        ids = np.sort(ids)
+        scores = self.exact.unit(ids) @ q[0]
+        top = np.argsort(-scores, kind="stable")[:k]
+        return [(int(ids[i]), float(scores[i])) for i in top]
+
     def _excluding(self, include_archived: bool) -> Any:
-        selector = self._selectors.get(include_archived)
-        if selector is None:
-            excluded = self.gone if include_archived else self.gone | self.hidden
+        """The selector of what a search may return (cached until the sets change);
+        None when that is everything."""
+        if include_archived in self._selectors:
+            return self._selectors[include_archived]
+        excluded = self.gone if include_archived else self.gone | self.hidden
+        if not excluded:
+            selector = None
+        elif self.is_hnsw:
+            selector = self._bitmap(excluded)
+        else:
             batch = faiss.IDSelectorBatch(
                 np.fromiter(excluded, dtype=np.int64, count=len(excluded))
             )
             selector = faiss.IDSelectorNot(batch)
             selector.keep_alive = batch  # the SWIG wrapper does not keep its argument alive
-            self._selectors[include_archived] = selector
+        self._selectors[include_archived] = selector
         return selector
-
-    def _exact(self, q: Matrix, k: int, candidates: set[int]) -> list[tuple[int, float]]:
-        ids = np.fromiter(candidates, dtype=np.int64, count=len(candidates))
-        vectors = np.vstack([self.index.reconstruct(int(i)) for i in ids])
-        scores = vectors @ q[0]
-        top = np.argsort(-scores)[:k]
-        return [(int(ids[i]), float(scores[i])) for i in top]
 
     # -- persistence ------------------------------------------------------------------------
 
     def save(self, path: Path) -> None:
+        self._settle()  # a compaction still running is saved next time
         tmp = path.with_suffix(".tmp")
         faiss.write_index(self.index, str(tmp))
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: Path, dim: int, hnsw_threshold: int, ef_search: int) -> VectorIndex:
-        loaded = cls(dim, hnsw_threshold, ef_search)
+    def load(
+        cls, path: Path, exact: ExactVectors, hnsw_threshold: int, ef_search: int
+    ) -> VectorIndex:
+        loaded = cls(exact.dim, exact, hnsw_threshold, ef_search)
         index = faiss.read_index(str(path))
-        if index.d != dim:
+        if index.d != exact.dim or not isinstance(index, faiss.IndexIDMap2):
             return loaded  # stale file from another life of this collective: start over
         loaded.index = index
         loaded.members = set(faiss.vector_to_array(index.id_map).tolist())
         return loaded
 
 
+def _build_graph(dim: int, vectors: Matrix, ids: npt.NDArray[np.int64]) -> Any:
+    """A trained, filled HNSW index over ``vectors`` (normalized) with ``ids``."""
+    graph = graph_index(dim)
+    graph.train(vectors if len(vectors) else np.zeros((1, dim), dtype=np.float32))
+    index = faiss.IndexIDMap2(graph)
+    if len(ids):
+        index.add_with_ids(vectors, ids)
+    return index
+
+
+FORMAT = 2  # 1: float32 graphs, no exact-vectors file (read as "no saved index")
+
+
 def write_manifest(directory: Path, seq: int, entries: dict[str, int]) -> None:
     """Record the sequence every index file in ``directory`` reflects (written last)."""
     tmp = directory / "manifest.json.tmp"
-    tmp.write_text(json.dumps({"seq": seq, "indexes": entries}))
+    tmp.write_text(json.dumps({"format": FORMAT, "seq": seq, "indexes": entries}))
     os.replace(tmp, directory / "manifest.json")
 
 
 def read_manifest(directory: Path) -> tuple[int, dict[str, int]]:
     try:
         data = json.loads((directory / "manifest.json").read_text())
+        if data.get("format") != FORMAT:
+            return 0, {}
         return int(data["seq"]), {str(k): int(v) for k, v in data["indexes"].items()}
     except (OSError, ValueError, KeyError):
         return 0, {}

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import IO, Iterator
 
 import pytest
 
@@ -101,6 +101,17 @@ def pulse_json(data_dir: Path, *args: str) -> dict[str, object]:
     return dict(json.loads(result.stdout))
 
 
+def past_checkpoint(progress: IO[str], label: str, every: int) -> bool:
+    """Read progress lines until one reports ``every`` events done: the round that
+    crossed that count wrote its checkpoint before reporting."""
+    for line in progress:
+        assert line.startswith(label), line
+        done = int(line.removeprefix(label).split("/")[0].replace(",", ""))
+        if done >= every:
+            return True
+    return False
+
+
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("PULSE_NATS_URL", "PULSE_DATA_DIR")}
 
@@ -124,12 +135,11 @@ async def test_catch_up_killed_mid_batch_resumes_from_its_checkpoint(data_dir: P
     last = await fill(data_dir, history(12_000))
     for _ in range(2):  # kill it twice, at different points
         process = subprocess.Popen(
-            [PULSE, "--data-dir", str(data_dir), "catch-up"],
+            [PULSE, "--data-dir", str(data_dir), "catch-up", "--checkpoint-every", "2000"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
         )  # fmt: skip
         assert process.stderr is not None
-        line = process.stderr.readline()  # the first progress line: a batch is committed
-        assert line.startswith("applying "), line
+        assert past_checkpoint(process.stderr, "applying ", 2000)
         process.send_signal(signal.SIGKILL)
         process.communicate(timeout=30)
         store = Store((data_dir / "state").resolve() / "state.duckdb", read_only=True)
@@ -143,3 +153,29 @@ async def test_catch_up_killed_mid_batch_resumes_from_its_checkpoint(data_dir: P
     assert 0 < int(str(resumed["applied"])) < last  # it went on from the checkpoint
     clean = pulse_json(data_dir, "rebuild")
     assert clean["digest"] == resumed["digest"]
+
+
+async def test_rebuild_killed_midway_leaves_a_state_that_opens_and_converges(
+    data_dir: Path,
+) -> None:
+    last = await fill(data_dir, history(12_000))
+    caught = pulse_json(data_dir, "catch-up")
+    current = (data_dir / "state").resolve()
+    process = subprocess.Popen(
+        [PULSE, "--data-dir", str(data_dir), "rebuild", "--checkpoint-every", "2000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+    )  # fmt: skip
+    assert process.stderr is not None
+    assert past_checkpoint(process.stderr, "rebuilding ", 2000)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=30)
+    assert (data_dir / "state").resolve() == current, "the link moves only when it is done"
+    left = [d for d in data_dir.glob("state-*") if d != current]
+    assert left, "the killed rebuild left its half-built state"
+    assert pulse_json(data_dir, "digest")["digest"] == caught["digest"]
+
+    rebuilt = pulse_json(data_dir, "rebuild")
+    assert rebuilt["digest"] == caught["digest"]
+    assert sorted(data_dir.glob("state-*")) == [Path(str(rebuilt["state"]))]
+    resumed = pulse_json(data_dir, "catch-up")
+    assert resumed["seq"] == last and resumed["applied"] == 0
