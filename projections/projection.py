@@ -24,6 +24,7 @@ A ``Projection`` is not thread-safe: ``projections.engine.Engine`` owns it on on
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import logging
 import os
@@ -96,6 +97,8 @@ class Projection:
             # the text index is refilled from the rows with the vector indexes
             shutil.rmtree(self.dir / "text", ignore_errors=True)
         self.text = TextIndex(self.dir / "text")
+        if self.text.recreated:  # fill it again from the rows, with the vector indexes
+            (self.dir / "vectors" / "manifest.json").unlink(missing_ok=True)
         (self.dir / "vectors").mkdir(exist_ok=True)
         self.vectors: dict[tuple[str, UUID], VectorIndex] = {}
         self.exact: dict[int, ExactVectors] = {}  # by dimension
@@ -104,6 +107,8 @@ class Projection:
         self.unindexed_events = 0  # events applied since the indexes were brought up
         self._load_indexes()
         self.last_flush = self.last_save = time.monotonic()
+        self.store.drop_cache()  # the rows are in memory now
+        _give_back_freed_memory()  # loading freed much more than it keeps
 
     # -- applying --------------------------------------------------------------------------
 
@@ -269,7 +274,7 @@ class Projection:
                 continue  # a repeated create: nothing its members depend on changed
             self._live_collectives[collective_id] = now
             for kind in ("experience", "insight"):
-                self.vectors.pop((kind, collective_id), None)
+                self._drop_index(kind, collective_id)
             self.text.remove_collective(collective_id)
             touched.experiences |= memory.experiences_of.get(collective_id, set())
             touched.insights |= memory.insights_of.get(collective_id, set())
@@ -279,6 +284,20 @@ class Projection:
             self._sync_rows("insight", touched.insights)
         # no text commit here: a tantivy commit costs ~15 ms; searches commit first
         # (so they read every applied write) and save() commits with the manifest
+
+    def _drop_index(self, kind: str, collective_id: UUID) -> None:
+        """Forget a collective's index and overwrite its vectors in the exact file; a
+        row that stays (not deleted) keeps its own copy of its vector first."""
+        index = self.vectors.pop((kind, collective_id), None)
+        if index is None:
+            return
+        index.wait()
+        table = self.memory.experiences if kind == "experience" else self.memory.insights
+        for row_id in index.keys.values():
+            row = table.get((row_id,))
+            if row is not None and isinstance(row.embedding, memoryview):
+                row.embedding = bytes(row.embedding)
+        index.exact.erase(index.members)
 
     def _sync_rows(self, kind: str, ids: set[UUID]) -> None:
         adds: _Adds = {}
@@ -431,6 +450,14 @@ class Projection:
         self.store.close()
         for exact in self.exact.values():
             exact.close()
+
+
+def _give_back_freed_memory() -> None:
+    """Return the C heap's free pages to the system (glibc keeps them otherwise)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 # columns read from the vector files rather than DuckDB when a projection opens

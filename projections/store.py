@@ -77,24 +77,36 @@ class Store:
 
     def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
         self.path = Path(path)
-        try:
-            self.con = duckdb.connect(str(self.path), read_only=read_only)
-        except duckdb.IOException as exc:
-            raise StateInUse(
-                f"the projection {self.path} is in use by another process ({exc}); stop it, "
-                "or ask the running instance instead"
-            ) from exc
+        self.read_only = read_only
+        self.con = self._connect()
         if not read_only:
-            # DuckDB folds its write-ahead log into the database file when the log passes
-            # this size, inside whichever commit crosses it: tens of milliseconds with
-            # embeddings, in the middle of a burst of writes. The projection checkpoints
-            # itself when it saves its indexes (a quiet moment); this is the backstop.
-            self.con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
             self._migrate()
         self._types = {
             table: {row[0]: row[1] for row in self.con.execute(f"DESCRIBE {table}").fetchall()}
             for table in TABLE_OF.values()
         }
+
+    def _connect(self) -> duckdb.DuckDBPyConnection:
+        try:
+            con = duckdb.connect(str(self.path), read_only=self.read_only)
+        except duckdb.IOException as exc:
+            raise StateInUse(
+                f"the projection {self.path} is in use by another process ({exc}); stop it, "
+                "or ask the running instance instead"
+            ) from exc
+        if not self.read_only:
+            # DuckDB folds its write-ahead log into the database file when the log passes
+            # this size, inside whichever commit crosses it: tens of milliseconds with
+            # embeddings, in the middle of a burst of writes. The projection checkpoints
+            # itself when it saves its indexes (a quiet moment); this is the backstop.
+            con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
+        return con
+
+    def drop_cache(self) -> None:
+        """Let go of the table blocks DuckDB keeps after reading every row (tens of MB
+        it would hold for good): the connection is closed and opened again."""
+        self.con.close()
+        self.con = self._connect()
 
     def _migrate(self) -> None:
         self.con.execute(schema.TABLES)
@@ -221,12 +233,22 @@ class Store:
         """Every stored row of a type, as fold rows; the columns named in ``without``
         are left NULL (the projection reads embeddings from its vector files)."""
         table = TABLE_OF[row_type]
-        names = [f"NULL AS {n}" if n in without else n for n in (f.name for f in fields(row_type))]
+        columns = [f.name for f in fields(row_type)]
+        names = [f"NULL AS {n}" if n in without else n for n in columns]
         result = self.con.execute(f"SELECT {', '.join(names)} FROM {table}")
+        # values many rows repeat (a collective, a type, an agent, the stamps a create
+        # gives every register of its row) are kept once: a row costs a third less
+        shared: dict[Any, Any] = {}
+        repeated = [n in _REPEATED or n.endswith("_stamp") for n in columns]
         found: dict[tuple[Any, ...], Row] = {}
         while batch := result.fetchmany(10_000):
             for values in batch:
-                row = row_type(*map(_from_db, values))
+                row = row_type(
+                    *(
+                        shared.setdefault(v, v) if again and v is not None else v
+                        for v, again in zip(map(_from_db, values), repeated, strict=True)
+                    )
+                )
                 found[row.key()] = row
         return found
 
@@ -262,6 +284,12 @@ def uuid_literals(ids: Any) -> str:
     Point lookups by literal keys let DuckDB prune row groups; a joined parameter list
     makes it scan the table."""
     return ", ".join(f"'{UUID(str(i))}'" for i in sorted(ids, key=str))
+
+
+_REPEATED = frozenset(
+    ("collective_id", "owner_id", "experience_type", "type_data", "source_agent",
+     "source_task", "domain", "related_files", "relation_type", "instance_id")
+)  # fmt: skip
 
 
 def _from_db(value: Any) -> Any:

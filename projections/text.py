@@ -15,6 +15,7 @@ or when the projection saves its indexes.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from uuid import UUID
 
@@ -40,7 +41,14 @@ class TextIndex:
 
     def __init__(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        self.index = tantivy.Index(_schema(), path=str(directory))
+        self.recreated = False  # it held another schema: emptied, to be filled again
+        try:
+            self.index = tantivy.Index(_schema(), path=str(directory))
+        except ValueError:
+            shutil.rmtree(directory)
+            directory.mkdir(parents=True)
+            self.index = tantivy.Index(_schema(), path=str(directory))
+            self.recreated = True
         self._writer: tantivy.IndexWriter | None = None
         self._dirty = False
 
@@ -89,9 +97,18 @@ class TextIndex:
                     ),
                 ]
             )
+        if limit <= 0:
+            return []
         searcher = self.index.searcher()
-        hits = searcher.search(query, limit).hits
-        return [(UUID(searcher.doc(address)["id"][0]), float(score)) for score, address in hits]
+        fetch = limit
+        while True:  # past the cut while scores tie there: ties are ordered by id below
+            hits = searcher.search(query, fetch).hits
+            if len(hits) < fetch or hits[-1][0] < hits[limit - 1][0]:
+                break
+            fetch *= 2
+        found = [(UUID(searcher.doc(address)["id"][0]), float(score)) for score, address in hits]
+        found.sort(key=lambda hit: (-hit[1], hit[0]))  # one order on every host
+        return found[:limit]
 
     def close(self) -> None:
         self.commit()

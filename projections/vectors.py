@@ -169,7 +169,7 @@ class VectorIndex:
     exact: ExactVectors
     hnsw_threshold: int = 10_000
     ef_search: int = 128
-    index: Any = field(init=False)  # faiss.IndexIDMap2
+    index: Any = field(init=False)  # faiss.IndexIDMap (no reverse map: ids are ours)
     members: set[int] = field(default_factory=set)  # vec_ids in the FAISS index
     keys: dict[int, UUID] = field(default_factory=dict)  # vec_id -> experience / insight id
     hidden: set[int] = field(default_factory=set)  # archived: only when asked for
@@ -180,7 +180,7 @@ class VectorIndex:
     compacting: concurrent.futures.Future[tuple[Any, set[int]]] | None = None
 
     def __post_init__(self) -> None:
-        self.index = faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
+        self.index = faiss.IndexIDMap(faiss.IndexFlatIP(self.dim))
 
     @property
     def is_hnsw(self) -> bool:
@@ -400,6 +400,17 @@ class VectorIndex:
         self._selectors[include_archived] = selector
         return selector
 
+    def stored(self) -> tuple[npt.NDArray[np.int64], Matrix]:
+        """Every vec_id in the FAISS index and the vector FAISS keeps for it (decoded
+        from its codes): what forgetting must have overwritten."""
+        self._settle()
+        inner = faiss.downcast_index(self.index.index)
+        if not isinstance(inner, faiss.IndexFlat):
+            inner = faiss.downcast_index(inner.storage)
+        ids = faiss.vector_to_array(self.index.id_map).astype(np.int64)
+        vectors = inner.reconstruct_n(0, inner.ntotal) if inner.ntotal else np.zeros((0, self.dim))
+        return ids, vectors.astype(np.float32)
+
     # -- persistence ------------------------------------------------------------------------
 
     def save(self, path: Path) -> None:
@@ -414,7 +425,7 @@ class VectorIndex:
     ) -> VectorIndex:
         loaded = cls(exact.dim, exact, hnsw_threshold, ef_search)
         index = faiss.read_index(str(path))
-        if index.d != exact.dim or not isinstance(index, faiss.IndexIDMap2):
+        if index.d != exact.dim or not isinstance(index, faiss.IndexIDMap):
             return loaded  # stale file from another life of this collective: start over
         loaded.index = index
         loaded.members = set(faiss.vector_to_array(index.id_map).tolist())
@@ -425,13 +436,15 @@ def _build_graph(dim: int, vectors: Matrix, ids: npt.NDArray[np.int64]) -> Any:
     """A trained, filled HNSW index over ``vectors`` (normalized) with ``ids``."""
     graph = graph_index(dim)
     graph.train(vectors if len(vectors) else np.zeros((1, dim), dtype=np.float32))
-    index = faiss.IndexIDMap2(graph)
+    index = faiss.IndexIDMap(graph)
     if len(ids):
         index.add_with_ids(vectors, ids)
     return index
 
 
-FORMAT = 2  # 1: float32 graphs, no exact-vectors file (read as "no saved index")
+# 1: float32 graphs, no exact-vectors file; 2: one text field for every kind. An older
+# manifest reads as "no saved index": the indexes are filled again from the rows.
+FORMAT = 3
 
 
 def write_manifest(directory: Path, seq: int, entries: dict[str, int]) -> None:

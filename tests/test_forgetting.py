@@ -46,11 +46,17 @@ def _places_of_secret(p: Projection) -> list[str]:
     target = np.asarray(SECRET_VECTOR, dtype=np.float32)
     target /= np.linalg.norm(target)
     for key, index in p.vectors.items():
-        for vec_id in index.members:
-            stored = index.index.reconstruct(int(vec_id))
-            norm = np.linalg.norm(stored)
-            if norm and float(stored @ target) / norm > 0.999:
-                places.append(f"faiss {key}")
+        _, stored = index.stored()
+        norms = np.linalg.norm(stored, axis=1)
+        if np.any((stored @ target) > 0.99 * np.maximum(norms, 1e-9)):
+            places.append(f"faiss {key}")
+    for dim, exact in p.exact.items():  # the memory-mapped exact vectors, read from disk
+        exact.sync()
+        if dim == len(target):
+            on_disk = np.fromfile(exact.path, dtype=np.float32).reshape(-1, dim)
+            norms = np.linalg.norm(on_disk, axis=1)
+            if np.any((on_disk @ target) > 0.999 * np.maximum(norms, 1e-9)):
+                places.append(f"exact vectors {exact.path.name}")
     p.text.commit()
     for kind in ("experience", "insight"):
         for cid in {k[1] for k in p.vectors}:
