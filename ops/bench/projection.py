@@ -1,161 +1,517 @@
-"""Benchmark: rebuilding a projection, similar search, and memory, each beside a peer.
+"""Benchmark: rebuilding a projection, searching it and its memory, each Pulse figure
+beside a peer measured in the same run (the machine may be shared and noisy).
 
     python -m ops.bench.projection [--n 100000] [--queries 1000]
+        [--counter-events 1000000] [--only FIGURE ...]
 
-Fills an embedded NATS with ``n`` recorded experiences (384-dimension embeddings in 40
-clusters), then prints JSON lines:
+Logs are filled in an embedded NATS (sync_interval 2m: filling is not measured), with
+JetStream atomic batches of 1,000 events. Each figure is one JSON line holding both
+sides, the ratio(s), ``target`` and ``met``; it is printed whether or not it meets its
+target.
 
-- rebuild: ``pulse rebuild``'s rate (events/s, DuckDB + FAISS + tantivy, swap included)
-  beside a raw nats-py ordered consumer draining the same stream without decoding;
-- similar_search: p50 / p99 latency of ``similar_experiences`` (k=10) beside exact
-  numpy search (one matrix product + argpartition) over the same normalized vectors;
-- memory: resident memory of a process that opens the projection and answers a query,
-  minus the same process before opening it, per 100,000 experiences.
+- rebuild_counters: ``--counter-events`` events without large vectors: one collective
+  (8-d embeddings), 10,000 experiences recorded, then reinforcements (3 in 4, each the
+  running total of one of 4 instances for that experience) and importance updates (1 in
+  4) at random over those experiences. ``rebuild`` (``projections.projection``: replay
+  into a fresh state directory, DuckDB, FAISS, tantivy, digest and swap) in events/s
+  beside a raw nats-py ordered push consumer draining the same stream without decoding
+  (``ops.bench.peers.raw_drain``), once before and once after the rebuild (their mean
+  rate); ratio = Pulse / raw, target >= 0.5. The G-counter totals are checked.
+- rebuild_vectors: ``--n`` recorded experiences (384-d vectors around 40 cluster
+  centers; content of 12 words from a Zipf-like vocabulary of 5,000, each cluster with
+  its own favourite words beside 20 common to all). ``rebuild`` in seconds beside FAISS
+  alone building the index Pulse uses past 10,000 vectors
+  (``projections.vectors.graph_index(384)``: ``train`` then ``add`` of the L2-normalized
+  vectors, one call each); ratio = FAISS s / Pulse s, target >= 0.8. The raw drain rate
+  of the same stream is printed beside it.
+- similar_search: p50 / p99 of ``queries.similar_experiences`` (k=10) on the rebuilt
+  projection, beside (a) the FAISS index of rebuild_vectors searched alone (efSearch =
+  ``ProjectionSettings().ef_search``, one normalized query at a time, k=10):
+  ratio_to_faiss_p50 = Pulse / FAISS, target <= 1.5; and (b) exact numpy (one matrix
+  product + argpartition over the normalized vectors): speedup_vs_numpy_p50 = numpy /
+  Pulse, target >= 10.
+- hybrid_and_context: p50 of ``queries.hybrid_experiences`` (pool 50; three query
+  words drawn as the contents' words are) and of ``sync.recall._context`` (what
+  ``get_context_candidates`` runs on the engine thread: hybrid pool 50, 10 recent,
+  5 insights), beside the p50 of
+  ``similar_experiences`` (k=10) in the same loop; ratios to it: targets <= 3 (hybrid)
+  and <= 5 (context).
+- memory: a fresh process opens the rebuilt projection and answers a vector and a text
+  query; the growth of its VmRSS and of its RssAnon (``/proc/self/status``) per 100,000
+  experiences, beside the raw data per 100,000 (n x 384 x 4 bytes of vectors + the UTF-8
+  bytes of the contents); ratio for each, target <= 1.5.
+- recall: recall@20 of ``similar_experiences`` against exact numpy search, on the corpus
+  of ``tests/test_search_quality.py`` (20,000 clustered 384-d vectors, queries drawn
+  around the centers; a ``Projection`` applied in batches of 2,000 with default
+  settings, so HNSW past 10,000), 200 queries; target >= 0.95. The recall of
+  ``graph_index`` alone on the same vectors is printed beside it.
+
+Search latencies alternate Pulse and its peers in blocks of 50 queries, in every order
+in turn (BLAS threads keep spinning for a while after a matrix product and would slow
+whatever runs right after them), after one untimed call of each.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from eventlog import EmbeddedNats, JetStreamLog
 from eventlog import events as ev
 from eventlog.ids import uuid7
+from eventlog.log import LogEntry
 from ops.bench.peers import raw_drain
 from projections import queries as q
-from projections.projection import Projection, rebuild, state_dir
+from projections.projection import Projection, ProjectionSettings, rebuild, state_dir
+from projections.vectors import graph_index, normalized
+from sync.recall import _context
 
+FIGURES = ("rebuild_counters", "rebuild_vectors", "similar_search", "hybrid_and_context",
+           "memory", "recall")  # fmt: skip
+VECTOR_FIGURES = {"rebuild_vectors", "similar_search", "hybrid_and_context", "memory"}
+VOCABULARY, WORDS = 5000, 12  # content words: vocabulary size, words per experience
 DIM, CLUSTERS = 384, 40
+COUNTER_DIM, COUNTER_EXPERIENCES, COUNTER_INSTANCES, REINFORCE_SHARE = 8, 10_000, 4, 0.75
+RECALL_N, RECALL_QUERIES, RECALL_K = 20_000, 200, 20
+CHUNK = 1000  # events per append_batch: a JetStream atomic batch holds at most 1,000
+BLOCK = 50  # queries per turn when alternating
+K, POOL = 10, 50
+EF_SEARCH = ProjectionSettings().ef_search
 
-
-def corpus(n: int, seed: int = 1) -> tuple[np.ndarray, list[ev.Event]]:
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(size=(CLUSTERS, DIM))
-    vectors = (centers[rng.integers(0, CLUSTERS, n)] + 0.35 * rng.normal(size=(n, DIM))).astype(
-        np.float32
-    )
-    cid, instance = uuid7(), uuid7()
-    hlc = ev.pack_hlc(int(time.time() * 1000))
-    events: list[ev.Event] = [
-        ev.CollectiveCreated(
-            event_id=uuid7(), instance_id=instance, hlc=hlc, collective_id=cid, owner_id="bench",
-            name="bench", embedding_dimension=DIM,
-        )
-    ]  # fmt: skip
-    for i in range(n):
-        events.append(
-            ev.ExperienceRecorded(
-                event_id=uuid7(), instance_id=instance, hlc=hlc + i, experience_id=uuid7(),
-                collective_id=cid, content=f"lesson {i}: retry with the same id, cluster {i % 40}",
-                embedding=vectors[i].tobytes(), experience_type=ev.Generic(), importance=0.5,
-                confidence=0.5, source_agent="bench",
-            )
-        )  # fmt: skip
-    return vectors, events
+Vectors = npt.NDArray[np.float32]
 
 
 def emit(figure: str, **values: object) -> None:
     print(json.dumps({"bench": "projection", "figure": figure, **values}), flush=True)
 
 
-def percentile(samples: list[float], p: float) -> float:
-    return float(np.percentile(np.array(samples), p))
+def pct(samples_ms: Sequence[float], p: float) -> float:
+    return round(float(np.percentile(np.asarray(samples_ms), p)), 3)
+
+
+def sig(x: float) -> float:
+    """Three significant digits: a ratio far from 1 still shows its size."""
+    return float(f"{x:.3g}")
+
+
+def chunked(events: Iterable[ev.Event], size: int = CHUNK) -> Iterator[list[ev.Event]]:
+    iterator = iter(events)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+async def append_all(log: JetStreamLog, events: Iterable[ev.Event]) -> int:
+    """Append ``events`` in atomic batches of ``CHUNK``, made as they go (a million
+    events at once would take gigabytes); returns the last sequence."""
+    for chunk in chunked(events):
+        await log.append_batch(chunk, atomic=True)
+    return await log.last_seq()
+
+
+def alternate(count: int, actions: Sequence[Callable[[int], object]]) -> list[list[float]]:
+    """Milliseconds of each action on items 0 .. count-1: after one untimed call of each,
+    the actions take turns in blocks of ``BLOCK`` items, in every order in turn."""
+    for action in actions:
+        action(0)
+    samples: list[list[float]] = [[] for _ in actions]
+    orders = list(itertools.permutations(range(len(actions))))
+    for block, start in enumerate(range(0, count, BLOCK)):
+        for turn in orders[block % len(orders)]:
+            action, out = actions[turn], samples[turn]
+            for i in range(start, min(start + BLOCK, count)):
+                started = time.perf_counter()
+                action(i)
+                out.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+# -- rebuild_counters ------------------------------------------------------------------------
+
+
+class CounterStream:
+    """A collective, its experiences (8-d), then reinforcements and updates over them."""
+
+    def __init__(self, total: int, seed: int = 3) -> None:
+        rng = np.random.default_rng(seed)
+        self.cid = uuid7()
+        self.instances = [uuid7() for _ in range(COUNTER_INSTANCES)]
+        self.experiences = [uuid7() for _ in range(max(0, min(COUNTER_EXPERIENCES, total - 1)))]
+        rest = max(0, total - 1 - len(self.experiences))
+        self.vectors = rng.normal(size=(len(self.experiences), COUNTER_DIM)).astype(np.float32)
+        self.targets: list[int] = rng.integers(0, len(self.experiences) or 1, rest).tolist()
+        self.reinforce: list[bool] = (rng.random(rest) < REINFORCE_SHARE).tolist()
+        self.values: list[float] = rng.random(rest).round(3).tolist()
+        self.reinforcements = sum(self.reinforce)
+
+    def events(self) -> Iterator[ev.Event]:
+        cid, instances = self.cid, self.instances
+        hlc = ev.pack_hlc(int(time.time() * 1000))
+        yield ev.CollectiveCreated(
+            event_id=uuid7(), instance_id=instances[0], hlc=hlc, collective_id=cid,
+            owner_id="bench", name="counters", embedding_dimension=COUNTER_DIM,
+        )  # fmt: skip
+        for i, eid in enumerate(self.experiences):
+            hlc += 1
+            yield ev.ExperienceRecorded(
+                event_id=uuid7(), instance_id=instances[i % COUNTER_INSTANCES], hlc=hlc,
+                experience_id=eid, collective_id=cid, content=f"lesson {i}: retry it",
+                embedding=self.vectors[i].tobytes(), experience_type=ev.Generic(),
+                importance=0.5, confidence=0.5, source_agent="bench",
+            )  # fmt: skip
+        totals = [[0] * len(self.experiences) for _ in instances]  # running, per instance
+        for j, (target, reinforce, value) in enumerate(
+            zip(self.targets, self.reinforce, self.values, strict=True)
+        ):
+            hlc += 1
+            writer = j % COUNTER_INSTANCES
+            eid = self.experiences[target]
+            if reinforce:
+                totals[writer][target] += 1
+                yield ev.ExperienceReinforced(
+                    event_id=uuid7(), instance_id=instances[writer], hlc=hlc,
+                    experience_id=eid, collective_id=cid, applications=totals[writer][target],
+                )  # fmt: skip
+            else:
+                yield ev.ExperienceUpdated(
+                    event_id=uuid7(), instance_id=instances[writer], hlc=hlc,
+                    experience_id=eid, collective_id=cid, importance=value,
+                )  # fmt: skip
+
+
+async def rebuild_counters(total_events: int) -> None:
+    stream = CounterStream(total_events)
+    with (
+        tempfile.TemporaryDirectory(prefix="pulse-bench-projection-") as tmp,
+        EmbeddedNats(tmp, sync_always=False) as server,
+    ):
+        log = await JetStreamLog.connect(server.url, append_timeout=60)
+        try:
+            total = await append_all(log, stream.events())
+            raw_s = [await timed(raw_drain(log.js, "pulse.c.>", total))]
+            pulse_s = await timed(rebuild(tmp, log))
+            raw_s.append(await timed(raw_drain(log.js, "pulse.c.>", total)))
+        finally:
+            await log.close()
+        projection = Projection(state_dir(tmp))
+        try:
+            applications = sum(q.total_applications(projection, e) for e in stream.experiences)
+        finally:
+            projection.close()
+    assert applications == stream.reinforcements, (applications, stream.reinforcements)
+    pulse_rate, raw_rate = total / pulse_s, 2 * total / sum(raw_s)
+    ratio = pulse_rate / raw_rate
+    emit("rebuild_counters", events=total, experiences=len(stream.experiences),
+         reinforcements=stream.reinforcements, instances=COUNTER_INSTANCES,
+         pulse_s=round(pulse_s, 2), pulse_per_s=round(pulse_rate),
+         raw_drain_per_s=round(raw_rate),
+         raw_drain_before_after_per_s=[round(total / s) for s in raw_s],
+         ratio=sig(ratio), target=">= 0.5", met=ratio >= 0.5)  # fmt: skip
+
+
+async def timed(action: Awaitable[object]) -> float:
+    started = time.perf_counter()
+    await action
+    return time.perf_counter() - started
+
+
+# -- rebuild_vectors, similar_search, hybrid_and_context, memory -----------------------------
+
+
+class Corpus:
+    """``n`` recorded experiences: 384-d vectors around 40 cluster centers, and one line
+    of content naming the cluster."""
+
+    def __init__(self, n: int, seed: int = 1) -> None:
+        rng = np.random.default_rng(seed)
+        centers = rng.normal(size=(CLUSTERS, DIM))
+        self.n = n
+        self.labels: list[int] = rng.integers(0, CLUSTERS, n).tolist()
+        self.vectors: Vectors = (centers[self.labels] + 0.35 * rng.normal(size=(n, DIM))).astype(
+            np.float32
+        )
+        self.words = self.draw(rng, np.array(self.labels), WORDS)
+        self.cid, self.instance = uuid7(), uuid7()
+        self.content_bytes = sum(len(self.content(i).encode()) for i in range(n))
+
+    @staticmethod
+    def draw(rng: np.random.Generator, labels: Any, count: int) -> Any:
+        """``count`` words per label from a Zipf-like vocabulary of VOCABULARY words,
+        each cluster with its own favourite words (a few common to all, most rare)."""
+        ranks = np.minimum(rng.zipf(1.3, size=(len(labels), count)), VOCABULARY) - 1
+        shift = np.where(ranks < 20, 0, 97 * np.asarray(labels)[:, None])  # shared top 20
+        return (ranks + shift) % VOCABULARY
+
+    def content(self, i: int) -> str:
+        return f"lesson {i}: " + " ".join(f"w{w}" for w in self.words[i].tolist())
+
+    def query_text(self, rng: np.random.Generator, i: int) -> str:
+        """Three words as an agent of experience ``i``'s cluster might ask them."""
+        words = self.draw(rng, np.array([self.labels[i]]), 3)[0]
+        return " ".join(f"w{w}" for w in words.tolist())
+
+    def events(self) -> Iterator[ev.Event]:
+        hlc = ev.pack_hlc(int(time.time() * 1000))
+        yield ev.CollectiveCreated(
+            event_id=uuid7(), instance_id=self.instance, hlc=hlc, collective_id=self.cid,
+            owner_id="bench", name="bench", embedding_dimension=DIM,
+        )  # fmt: skip
+        for i in range(self.n):
+            yield ev.ExperienceRecorded(
+                event_id=uuid7(), instance_id=self.instance, hlc=hlc + 1 + i,
+                experience_id=uuid7(), collective_id=self.cid, content=self.content(i),
+                embedding=self.vectors[i].tobytes(), experience_type=ev.Generic(),
+                importance=0.5, confidence=0.5, source_agent="bench",
+            )  # fmt: skip
+
+
+def faiss_build(unit: Vectors) -> tuple[Any, float]:
+    """The peer: ``graph_index`` trained on and filled with ``unit``, and its seconds."""
+    started = time.perf_counter()
+    index = graph_index(DIM)
+    index.train(unit)
+    index.add(unit)
+    seconds = time.perf_counter() - started
+    index.hnsw.efSearch = EF_SEARCH
+    return index, seconds
+
+
+async def fill_and_rebuild(data_dir: str, corpus: Corpus, unit: Vectors, figures: set[str]) -> Any:
+    """Fill the log, rebuild; with rebuild_vectors, time the rebuild beside FAISS alone
+    and the raw drain. Returns the FAISS peer index (None if no figure needs it)."""
+    with EmbeddedNats(data_dir, sync_always=False) as server:
+        log = await JetStreamLog.connect(server.url, append_timeout=60)
+        try:
+            total = await append_all(log, corpus.events())
+            if "rebuild_vectors" not in figures:
+                await rebuild(data_dir, log)
+                return faiss_build(unit)[0] if "similar_search" in figures else None
+            raw_s = await timed(raw_drain(log.js, "pulse.c.>", total))
+            peer, faiss_s = faiss_build(unit)
+            pulse_s = await timed(rebuild(data_dir, log))
+        finally:
+            await log.close()
+    ratio = faiss_s / pulse_s
+    emit("rebuild_vectors", experiences=corpus.n, dim=DIM, events=total,
+         pulse_s=round(pulse_s, 2), pulse_per_s=round(total / pulse_s),
+         faiss_train_add_s=round(faiss_s, 2), ratio=sig(ratio), target=">= 0.8",
+         met=ratio >= 0.8, raw_drain_per_s=round(total / raw_s))  # fmt: skip
+    return peer
+
+
+def similar_search(projection: Projection, corpus: Corpus, peer: Any, probes: Vectors) -> None:
+    cid, unit, probe_unit = corpus.cid, normalized(corpus.vectors), normalized(probes)
+
+    def pulse(i: int) -> object:
+        return q.similar_experiences(projection, cid, probes[i], k=K)
+
+    def faiss(i: int) -> object:
+        return peer.search(probe_unit[i : i + 1], K)
+
+    def numpy(i: int) -> object:
+        scores = unit @ (probes[i] / np.linalg.norm(probes[i]))
+        top = np.argpartition(-scores, K)[:K]
+        return top[np.argsort(-scores[top])]
+
+    pulse_ms, faiss_ms, numpy_ms = alternate(len(probes), [pulse, faiss, numpy])
+    index = projection.vectors[("experience", cid)]
+    to_faiss = pct(pulse_ms, 50) / pct(faiss_ms, 50)
+    speedup = pct(numpy_ms, 50) / pct(pulse_ms, 50)
+    emit("similar_search", experiences=corpus.n, queries=len(probes), k=K,
+         index="hnsw" if index.is_hnsw else "flat", ef_search=EF_SEARCH,
+         pulse_p50_ms=pct(pulse_ms, 50), pulse_p99_ms=pct(pulse_ms, 99),
+         faiss_p50_ms=pct(faiss_ms, 50), faiss_p99_ms=pct(faiss_ms, 99),
+         numpy_exact_p50_ms=pct(numpy_ms, 50), numpy_exact_p99_ms=pct(numpy_ms, 99),
+         ratio_to_faiss_p50=sig(to_faiss), speedup_vs_numpy_p50=sig(speedup),
+         target="ratio_to_faiss_p50 <= 1.5 and speedup_vs_numpy_p50 >= 10",
+         met=to_faiss <= 1.5 and speedup >= 10)  # fmt: skip
+
+
+def hybrid_and_context(
+    projection: Projection, corpus: Corpus, probes: Vectors, texts: list[str]
+) -> None:
+    cid = corpus.cid
+
+    def similar(i: int) -> object:
+        return q.similar_experiences(projection, cid, probes[i], k=K)
+
+    def hybrid(i: int) -> object:
+        return q.hybrid_experiences(projection, cid, texts[i], probes[i], pool=POOL)
+
+    def context(i: int) -> object:
+        return _context(projection, cid, texts[i], probes[i], q.ANY_LIVE, POOL, True, True,
+                        10, 5, 1.0, 1.0)  # fmt: skip
+
+    similar_ms, hybrid_ms, context_ms = alternate(len(probes), [similar, hybrid, context])
+    base = pct(similar_ms, 50)
+    hybrid_ratio, context_ratio = pct(hybrid_ms, 50) / base, pct(context_ms, 50) / base
+    emit("hybrid_and_context", experiences=corpus.n, queries=len(probes), pool=POOL,
+         similar_p50_ms=base, hybrid_p50_ms=pct(hybrid_ms, 50),
+         hybrid_p99_ms=pct(hybrid_ms, 99), context_p50_ms=pct(context_ms, 50),
+         context_p99_ms=pct(context_ms, 99), hybrid_ratio=sig(hybrid_ratio),
+         context_ratio=sig(context_ratio),
+         target="hybrid_ratio <= 3 and context_ratio <= 5",
+         met=hybrid_ratio <= 3 and context_ratio <= 5)  # fmt: skip
 
 
 MEMORY_PROBE = """
-import sys, resource
+import sys
 from uuid import UUID
 import numpy as np
 from projections.projection import Projection, state_dir
 from projections import queries as q
 
-def rss():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-before = rss()
+def status():
+    fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return [int(fields[name].split()[0]) * 1024 for name in ("VmRSS", "RssAnon")]
+before = status()
 p = Projection(state_dir(sys.argv[1]))
-q.similar_experiences(p, UUID(sys.argv[2]), np.ones(384, dtype=np.float32), k=10)
+q.similar_experiences(p, UUID(sys.argv[2]), np.ones(int(sys.argv[3]), dtype=np.float32), k=10)
 q.search_text(p, UUID(sys.argv[2]), "retry", k=10)
-print(rss() - before)
+print(*[after - was for after, was in zip(status(), before)])
 """
 
 
-async def main(n: int, queries: int) -> None:
-    vectors, events = corpus(n)
-    cid = events[0].collective_id  # type: ignore[union-attr]
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(tmp, sync_always=False) as server:
-        log = await JetStreamLog.connect(server.url, append_timeout=60)
-        for start in range(0, len(events), 1000):
-            await log.append_batch(events[start : start + 1000])
-        total = await log.last_seq()
+def memory(data_dir: str, corpus: Corpus) -> None:
+    probe = subprocess.run(
+        [sys.executable, "-c", MEMORY_PROBE, data_dir, str(corpus.cid), str(DIM)],
+        capture_output=True, text=True, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    if probe.returncode:
+        raise RuntimeError(f"the memory probe failed:\n{probe.stderr}")
+    rss, anon = (int(x) for x in probe.stdout.split())
+    raw = corpus.n * DIM * 4 + corpus.content_bytes
+    per_100k = 100_000 / corpus.n / 2**20  # bytes -> MiB per 100,000 experiences
+    emit("memory", experiences=corpus.n, vm_rss_mb=round(rss / 2**20, 1),
+         rss_anon_mb=round(anon / 2**20, 1), vm_rss_mb_per_100k=round(rss * per_100k, 1),
+         rss_anon_mb_per_100k=round(anon * per_100k, 1),
+         raw_mb_per_100k=round(raw * per_100k, 1),
+         raw_vectors_mb_per_100k=round(corpus.n * DIM * 4 * per_100k, 1),
+         raw_content_mb_per_100k=round(corpus.content_bytes * per_100k, 1),
+         ratio_vm_rss=sig(rss / raw), ratio_rss_anon=sig(anon / raw),
+         target="ratio_vm_rss <= 1.5 and ratio_rss_anon <= 1.5",
+         met=rss / raw <= 1.5 and anon / raw <= 1.5)  # fmt: skip
 
-        started = time.perf_counter()
-        await raw_drain(log.js, "pulse.c.>", total)
-        raw_rate = total / (time.perf_counter() - started)
 
-        started = time.perf_counter()
-        await rebuild(tmp, log)
-        rebuild_rate = total / (time.perf_counter() - started)
-        emit("rebuild", events=total, pulse_per_s=round(rebuild_rate),
-             raw_drain_per_s=round(raw_rate), ratio=round(rebuild_rate / raw_rate, 3))  # fmt: skip
+async def vector_figures(n: int, count: int, figures: set[str]) -> None:
+    corpus = Corpus(n)
+    unit = normalized(corpus.vectors)
+    rng = np.random.default_rng(2)
+    picked = rng.integers(0, n, count)
+    probes: Vectors = (corpus.vectors[picked] + 0.05 * rng.normal(size=(count, DIM))).astype(
+        np.float32
+    )
+    texts = [corpus.query_text(rng, int(i)) for i in picked]
+    with tempfile.TemporaryDirectory(prefix="pulse-bench-projection-") as tmp:
+        peer = await fill_and_rebuild(tmp, corpus, unit, figures)  # NATS stops after it
+        if figures & {"similar_search", "hybrid_and_context"}:
+            projection = Projection(state_dir(tmp))
+            try:
+                indexed = projection.vectors[("experience", corpus.cid)].members
+                assert len(indexed) == n, f"the rebuild indexed {len(indexed)} of {n}"
+                if "similar_search" in figures:
+                    similar_search(projection, corpus, peer, probes)
+                if "hybrid_and_context" in figures:
+                    hybrid_and_context(projection, corpus, probes, texts)
+            finally:
+                projection.close()
+        del peer
+        if "memory" in figures:
+            memory(tmp, corpus)
 
-        projection = Projection(state_dir(tmp))
-        rng = np.random.default_rng(2)
-        probes = vectors[rng.integers(0, n, queries)] + 0.05 * rng.normal(
-            size=(queries, DIM)
-        ).astype(np.float32)
-        unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-        pulse_ms: list[float] = []
-        numpy_ms: list[float] = []
-        # Alternate in blocks, not per query: BLAS threads keep spinning for a while after
-        # a matrix product and would slow whatever runs right after them.
-        for block in range(0, queries, 50):
-            chunk = probes[block : block + 50]
-            for turn in [0, 1] if (block // 50) % 2 == 0 else [1, 0]:
-                for probe in chunk:
-                    started = time.perf_counter()
-                    if turn == 0:
-                        q.similar_experiences(projection, cid, probe, k=10)
-                        pulse_ms.append((time.perf_counter() - started) * 1000)
-                    else:
-                        scores = unit @ (probe / np.linalg.norm(probe))
-                        top = np.argpartition(-scores, 10)[:10]
-                        top[np.argsort(-scores[top])]
-                        numpy_ms.append((time.perf_counter() - started) * 1000)
-        index = projection.vectors[("experience", cid)]
-        emit("similar_search", experiences=n, k=10, index="hnsw" if index.is_hnsw else "flat",
-             pulse_p50_ms=round(percentile(pulse_ms, 50), 3),
-             pulse_p99_ms=round(percentile(pulse_ms, 99), 3),
-             numpy_exact_p50_ms=round(percentile(numpy_ms, 50), 3),
-             numpy_exact_p99_ms=round(percentile(numpy_ms, 99), 3),
-             ratio_p50=round(percentile(pulse_ms, 50) / percentile(numpy_ms, 50), 3))  # fmt: skip
-        projection.close()
-        await log.close()
 
-        probe = subprocess.run(  # noqa: ASYNC221 (nothing else runs)
-            [sys.executable, "-c", MEMORY_PROBE, tmp, str(cid)],
-            capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2],
-        )  # fmt: skip
-        rss = int(probe.stdout.strip())
-        raw_vectors = n * DIM * 4
-        emit("memory", experiences=n, rss_mb=round(rss / 2**20, 1),
-             rss_mb_per_100k=round(rss / 2**20 * 100_000 / n, 1),
-             raw_vectors_mb=round(raw_vectors / 2**20, 1),
-             ratio_to_raw_vectors=round(rss / raw_vectors, 3))  # fmt: skip
+# -- recall ----------------------------------------------------------------------------------
+
+
+def recall() -> None:
+    """tests/test_search_quality.py's corpus and measure, with more queries."""
+    rng = np.random.default_rng(20)
+    centers = rng.normal(size=(CLUSTERS, DIM))
+    vectors: Vectors = (
+        centers[rng.integers(0, CLUSTERS, RECALL_N)] + 0.35 * rng.normal(size=(RECALL_N, DIM))
+    ).astype(np.float32)
+    probes: Vectors = (
+        centers[rng.integers(0, CLUSTERS, RECALL_QUERIES)]
+        + 0.35 * rng.normal(size=(RECALL_QUERIES, DIM))
+    ).astype(np.float32)
+    cid, instance, hlc = uuid7(), uuid7(), ev.pack_hlc(1_700_000_000_000)
+    ids = [uuid7() for _ in range(RECALL_N)]
+    events: list[ev.Event] = [
+        ev.CollectiveCreated(event_id=uuid7(), instance_id=instance, hlc=hlc, collective_id=cid,
+                             owner_id="o", name="recall", embedding_dimension=DIM)
+    ]  # fmt: skip
+    events += [
+        ev.ExperienceRecorded(
+            event_id=uuid7(), instance_id=instance, hlc=hlc, experience_id=eid,
+            collective_id=cid, content=f"vector {i}", embedding=vectors[i].tobytes(),
+            experience_type=ev.Generic(), importance=0.5, confidence=0.5,
+            source_agent="recall",
+        )
+        for i, eid in enumerate(ids)
+    ]  # fmt: skip
+    entries = [LogEntry(seq, "s", e) for seq, e in enumerate(events, start=1)]
+    unit, probe_unit = normalized(vectors), normalized(probes)
+    truth = [set(np.argsort(-(unit @ p))[:RECALL_K].tolist()) for p in probe_unit]
+    position = {eid: i for i, eid in enumerate(ids)}
+    with tempfile.TemporaryDirectory(prefix="pulse-bench-recall-") as tmp:
+        projection = Projection(Path(tmp) / "state")
+        try:
+            for start in range(0, len(entries), 2000):
+                projection.apply(entries[start : start + 2000])
+                projection.sync_indexes()  # as the engine does after every batch
+            index = projection.vectors[("experience", cid)]
+            hits = 0
+            for expected, probe in zip(truth, probes, strict=True):
+                found = q.similar_experiences(projection, cid, probe, k=RECALL_K)
+                hits += len(expected & {position[h.experience.experience_id] for h in found})
+        finally:
+            projection.close()
+    pulse = hits / (RECALL_K * RECALL_QUERIES)
+    peer = graph_index(DIM)
+    peer.train(unit)
+    peer.add(unit)
+    peer.hnsw.efSearch = max(EF_SEARCH, 2 * RECALL_K)
+    _, found_ids = peer.search(probe_unit, RECALL_K)
+    faiss_hits = sum(len(t & set(row.tolist())) for t, row in zip(truth, found_ids, strict=True))
+    emit("recall", experiences=RECALL_N, queries=RECALL_QUERIES, k=RECALL_K,
+         index="hnsw" if index.is_hnsw else "flat", pulse_recall=round(pulse, 4),
+         faiss_graph_index_recall=round(faiss_hits / (RECALL_K * RECALL_QUERIES), 4),
+         target=">= 0.95", met=pulse >= 0.95)  # fmt: skip
+
+
+def main(options: argparse.Namespace) -> None:
+    figures = set(options.only)
+    if "rebuild_counters" in figures:
+        asyncio.run(rebuild_counters(options.counter_events))
+    if figures & VECTOR_FIGURES:
+        asyncio.run(vector_figures(options.n, options.queries, figures))
+    if "recall" in figures:
+        recall()
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=100_000, help="recorded experiences")
-    parser.add_argument("--queries", type=int, default=1000, help="similar-search queries")
-    args = parser.parse_args()
-    asyncio.run(main(args.n, args.queries))
+    parser = argparse.ArgumentParser(
+        prog="python -m ops.bench.projection",
+        description=__doc__.split("\n\n")[0],
+        epilog="figures: " + ", ".join(FIGURES),
+    )
+    parser.add_argument("--n", type=int, default=100_000,
+                        help="384-d experiences of the vector figures (100000)")  # fmt: skip
+    parser.add_argument("--queries", type=int, default=1000,
+                        help="queries per side of the search figures (1000)")  # fmt: skip
+    parser.add_argument("--counter-events", type=int, default=1_000_000,
+                        help="events in the rebuild_counters stream (1000000)")  # fmt: skip
+    parser.add_argument("--only", nargs="+", choices=FIGURES, default=list(FIGURES),
+                        metavar="FIGURE", help="only these figures (all)")  # fmt: skip
+    main(parser.parse_args())
