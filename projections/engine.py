@@ -31,7 +31,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,12 +49,15 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Applied:
-    """What one batch applied: the sequence reached, its entries, and the entries of it
-    that were kept aside as dead letters (sequence -> reason)."""
+    """What one batch applied: the sequence reached, its entries, the entries of it that
+    were kept aside as dead letters (sequence -> reason), and the entries that landed
+    after a tombstone of their collective or entity (sequence -> "collective" or
+    "entity"; not worked out while catching up, when no writer waits)."""
 
     seq: int
     entries: Sequence[LogEntry]
     kept_aside: dict[int, str]
+    landed_dead: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -311,7 +314,7 @@ class Engine:
             self._bulk = True
         if entries:
             self._busy_at = time.monotonic()
-            self._apply(projection, entries)  # listeners (writers waiting) hear now
+            self._apply(projection, entries, bulk)  # listeners (writers waiting) hear now
         if calls or not bulk or projection.unindexed_events >= self.settings.bulk_index_events:
             projection.sync_indexes()  # after the writers were woken, before any read
         for call in calls:
@@ -357,7 +360,7 @@ class Engine:
             since >= 10 * self.settings.save_interval
         )
 
-    def _apply(self, projection: Projection, entries: list[LogEntry]) -> None:
+    def _apply(self, projection: Projection, entries: list[LogEntry], bulk: bool = False) -> None:
         before = projection.seq
         fresh: dict[int, LogEntry] = {}  # an offer and the tail may both carry one event
         for entry in entries:
@@ -375,7 +378,13 @@ class Engine:
         self.events_applied += len(ordered)
         rejected = projection.memory.rejected
         kept_aside = {e.seq: rejected[e.seq].reason for e in ordered if e.seq in rejected}
-        applied = Applied(self.seq, ordered, kept_aside)
+        landed_dead: dict[int, str] = {}
+        if not bulk:
+            memory = projection.memory
+            for entry in ordered:
+                if entry.event is not None and (why := memory.landed_dead(entry.event)):
+                    landed_dead[entry.seq] = why
+        applied = Applied(self.seq, ordered, kept_aside, landed_dead)
         for listener in self._listeners:
             try:
                 listener(applied)

@@ -518,11 +518,6 @@ def ids_in_collective(p: Projection, entity: str, collective_id: UUID) -> list[U
     return sorted(found)
 
 
-def tombstoned_ids(p: Projection) -> set[UUID]:
-    """Every id a delete has been applied for (any entity)."""
-    return set(p.memory.deleted)
-
-
 def max_hlc(p: Projection) -> int:
     """The largest HLC of anything folded (a restarted clock starts past it)."""
     return p.memory.max_hlc()

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID
 
+from eventlog import events as ev
 from projections.crdt import GCounter
 from projections.fold import (
     ROW_TYPES,
@@ -80,7 +81,6 @@ class MemoryState:
         # rows changed since DuckDB was last written, and experiences whose counts must go
         self.dirty: dict[type[Row], set[tuple[Any, ...]]] = {t: set() for t in ROW_TYPES}
         self.forgotten_counts: set[UUID] = set()
-        self.deleted: set[UUID] = set()  # every tombstoned id (tombstones are permanent)
         self.vec_ids: dict[UUID, int] = {}  # experience / insight id -> local FAISS id
         self.next_vec_id = 1
         self.counted: dict[UUID, set[UUID]] = {}  # experience -> instances with a row
@@ -136,7 +136,7 @@ class MemoryState:
         if isinstance(row, ExperienceRow):
             self._index_experience(row, before)
         elif isinstance(row, ApplicationRow):
-            if row.experience_id in self.deleted:  # a deleted experience keeps no counts
+            if self._deleted(self.experiences, row.experience_id):  # no counts kept then
                 self.applications.pop(row.key(), None)
                 self.dirty[ApplicationRow].discard(row.key())
                 self._forget_counts(row.experience_id)
@@ -155,13 +155,6 @@ class MemoryState:
         elif isinstance(row, InsightRow):
             if row.collective_id is not None:
                 self.insights_of.setdefault(row.collective_id, set()).add(row.insight_id)
-            if row.deleted:
-                self.deleted.add(row.insight_id)
-        elif isinstance(row, CollectiveRow):
-            if row.deleted:
-                self.deleted.add(row.collective_id)
-        elif isinstance(row, WisdomRow) and row.deleted:
-            self.deleted.add(row.wisdom_id)
 
     def _index_experience(self, row: ExperienceRow, before: tuple[Any, ...] | None) -> None:
         eid = row.experience_id
@@ -176,7 +169,6 @@ class MemoryState:
             ):
                 bisect.insort(self.order.setdefault(row.collective_id, []), (row.created_hlc, eid))
         if row.deleted:
-            self.deleted.add(eid)
             self._forget_counts(eid)
 
     def _forget_counts(self, experience_id: UUID) -> None:
@@ -202,8 +194,6 @@ class MemoryState:
             self.triples.setdefault(triple, set()).add(rid)
             self.by_source.setdefault(triple[0], set()).add(rid)
             self.by_target.setdefault(triple[1], set()).add(rid)
-        if row.deleted:
-            self.deleted.add(rid)
 
     def vec_id(self, row_id: UUID, row_type: type[Row]) -> int:
         """The local FAISS id of an experience or insight (assigned on first need; a new
@@ -214,6 +204,32 @@ class MemoryState:
             self.next_vec_id += 1
             self.dirty[row_type].add((row_id,))
         return found
+
+    @staticmethod
+    def _deleted(table: dict[tuple[Any, ...], Any], row_id: UUID) -> bool:
+        row = table.get((row_id,))
+        return row is not None and bool(row.deleted)
+
+    def landed_dead(self, event: Any) -> str | None:
+        """Whether an event (not a delete) landed after a tombstone of its collective
+        ("collective") or of its own entity ("entity"): what a writer must forget.
+        Tombstone rows are the record; no other set of deleted ids is kept."""
+        if isinstance(event, _DELETES):
+            return None
+        collective_id = getattr(event, "collective_id", None)
+        if collective_id is None:
+            return None
+        if self._deleted(self.collectives, collective_id):
+            return "collective"
+        for name, table in (
+            ("experience_id", self.experiences),
+            ("relation_id", self.relations),
+            ("insight_id", self.insights),
+        ):
+            entity_id = getattr(event, name, None)
+            if entity_id is not None:
+                return "entity" if self._deleted(table, entity_id) else None
+        return None
 
     def has_changes(self) -> bool:
         """Rows or counts changed since DuckDB was last written."""
@@ -409,6 +425,12 @@ def _present(ids: Iterable[UUID], live: Callable[[UUID], R | None]) -> Iterator[
         row = live(row_id)
         if row is not None:
             yield row
+
+
+_DELETES = (
+    ev.CollectiveDeleted, ev.ExperienceDeleted, ev.RelationDeleted, ev.InsightDeleted,
+    ev.WisdomDeleted,
+)  # fmt: skip
 
 
 def _snapshot(row: Row | None) -> tuple[Any, ...] | None:

@@ -91,7 +91,6 @@ class InstanceCore:
         server: EmbeddedNats | None,
         *,
         max_hlc: int,
-        tombstones: set[UUID],
         settings: InstanceSettings | None = None,
     ) -> None:
         self.data_dir = data_dir
@@ -107,7 +106,9 @@ class InstanceCore:
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  # a heap by seq
         self._tickets = itertools.count()
         self._watchers: set[ExperienceWatch] = set()
-        self._tombstones = tombstones  # every id a delete was applied for (loop's copy)
+        # recent sequences of writes that landed after a tombstone of their collective or
+        # entity (the engine tells) -> which: such a write is forgotten again
+        self._landed_dead: dict[int, str] = {}
         self._kept_aside: dict[int, str] = {}  # recent sequences kept aside -> why
         # answers of reference checks (collective by id, collective of an experience),
         # dropped whenever a collective changes or anything is deleted; a read that
@@ -177,6 +178,10 @@ class InstanceCore:
             self._kept_aside.update(applied.kept_aside)
             while len(self._kept_aside) > KEPT_ASIDE_MAX:
                 del self._kept_aside[next(iter(self._kept_aside))]
+        if applied.landed_dead:
+            self._landed_dead.update(applied.landed_dead)
+            while len(self._landed_dead) > KEPT_ASIDE_MAX:
+                del self._landed_dead[next(iter(self._landed_dead))]
         latest = 0
         trusted = ev.pack_hlc(wall_ms() + MAX_AHEAD_MS, ev.HLC_LOGICAL_MAX)
         for entry in applied.entries:
@@ -188,8 +193,6 @@ class InstanceCore:
             if isinstance(event, (*DELETES, ev.CollectiveCreated)):
                 self._known.clear()
                 self._generation += 1
-            if isinstance(event, DELETES):
-                self._tombstones.add(_entity_of(event)[1])  # type: ignore[arg-type]
             if self._watchers:
                 change = change_of(entry)
                 if change is not None:
@@ -294,19 +297,16 @@ class InstanceCore:
     async def _forget(self, event: ev.Event, seq: int) -> str | None:
         """Forget ``event`` if it landed after a tombstone of its collective or entity;
         returns why (for the caller's error), or None when it stands."""
-        if isinstance(event, DELETES):
+        landed = self._landed_dead.pop(seq, None)
+        if landed is None:
             return None
         collective_id = getattr(event, "collective_id", None)
-        if collective_id is None:
-            return None
         entity, entity_id = _entity_of(event)
-        if collective_id in self._tombstones:
+        if landed == "collective":
             await self.log.purge(subjects.subject_for(event), before_seq=seq + 1)
             return f"collective_id: collective {collective_id} was deleted"
-        if entity_id in self._tombstones:
-            await self._delete(entity, entity_id)  # a new tombstone, purging the write
-            return f"{entity}_id: {entity} {entity_id} was deleted"
-        return None
+        await self._delete(entity, entity_id)  # a new tombstone, purging the write
+        return f"{entity}_id: {entity} {entity_id} was deleted"
 
     def _common(self) -> dict[str, Any]:
         return {"event_id": uuid7(), "instance_id": self.instance_id, "hlc": self.clock.now()}

@@ -128,13 +128,11 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, I
         try:
             await engine.catch_up(log, progress=progress)
             max_hlc = await engine.run(queries.max_hlc)
-            tombstones = await engine.run(queries.tombstoned_ids)
         except BaseException:
             await engine.close()
             raise
         db = cls(
-            directory, log, engine, server, max_hlc=max_hlc, tombstones=tombstones,
-            settings=settings,
+            directory, log, engine, server, max_hlc=max_hlc, settings=settings,
         )  # fmt: skip
         db._owns_log = owns_log
         db._loop_task = asyncio.create_task(db._replicate(), name="pulse-replication")

@@ -185,3 +185,26 @@ async def test_a_failed_append_is_neither_lost_nor_counted_twice(
         assert mine == [1, 2, 3, 4, 4]
     finally:
         await a.close()
+
+
+async def test_deletes_leave_no_set_of_deleted_ids(
+    tmp_path: Path, nats_server: EmbeddedNats
+) -> None:
+    """Tombstone rows are the only record of deletes: the instance keeps no set of
+    deleted ids, and a write that lands after a delete is still refused and forgotten."""
+    db = await PulseDB.open(tmp_path / "a", nats_server.url)
+    try:
+        ids = await _experiences(db, 40)
+        for eid in ids:
+            await db.delete_experience(eid)
+        assert not hasattr(db, "_tombstones")
+        await db.engine.flush()  # (the counts to drop from DuckDB are held until then)
+        memory_sets = await db.engine.run(
+            lambda p: [n for n, v in vars(p.memory).items() if isinstance(v, set) and ids[0] in v]
+        )
+        assert memory_sets == [], f"deleted ids kept in {memory_sets}"
+        with pytest.raises(Exception, match="was deleted"):
+            await db.reinforce_experience(ids[0])
+        assert db._landed_dead == {}  # the refused write's note was used and dropped
+    finally:
+        await db.close()
