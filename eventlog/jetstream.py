@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections import deque
-from typing import Any, AsyncGenerator, Sequence
+from typing import Any, AsyncGenerator, Callable, Sequence
 from uuid import UUID
 
 import nats
@@ -37,6 +37,7 @@ from eventlog.errors import ConflictError, DecodeError, LogUnavailable, PulseErr
 from eventlog.events import Event
 from eventlog.ids import uuid7
 from eventlog.log import EXPECTED_LAST_SUBJECT_SEQ, EventLog, LogEntry
+from eventlog.reader import read_in_child
 from eventlog.streams import StreamSettings, ensure_streams
 from eventlog.subjects import PREFIX, is_activity_subject, subject_for
 
@@ -109,6 +110,7 @@ class JetStreamLog(EventLog):
         if append_timeout <= 0:
             raise ValidationError(f"append_timeout: must be > 0 seconds, got {append_timeout}")
         self.nc = nc
+        self.servers: list[str] = []  # the URLs connected to (a child reader uses them)
         self.js = nc.jetstream(timeout=append_timeout)
         # API calls (stream info, consumers) get short timeouts and are retried, so one
         # request lost during a leader election does not eat a whole time budget
@@ -160,6 +162,7 @@ class JetStreamLog(EventLog):
                 "is the server running? (`pulse up` starts one)"
             ) from exc
         self = cls(nc, settings, append_timeout=append_timeout)
+        self.servers = urls
         if create_streams:
             try:
                 await self._retry(
@@ -241,7 +244,7 @@ class JetStreamLog(EventLog):
         async for batch in _pull(self, stream, after + 1, [subject], 256, live=False):
             for entry in batch:
                 if entry.event is not None and entry.event.event_id == event.event_id:
-                    return entry.seq
+                    return int(entry.seq)
         return 0
 
     async def append_batch(self, events: Sequence[Event], *, atomic: bool = False) -> list[int]:
@@ -383,6 +386,22 @@ class JetStreamLog(EventLog):
         ):
             yield batch
 
+    async def read_bulk(
+        self, from_seq: int = 1, *, batch_size: int = 5000, child_from: int = 20_000
+    ) -> AsyncGenerator[list[LogEntry], None]:
+        """``read`` for a long stretch (a rebuild, a catch-up): from ``child_from``
+        events on, a child process reads and checks while this one folds
+        (``eventlog.reader``); the same entries, dead letters included."""
+        end = await self.last_seq()
+        if end - from_seq + 1 < child_from or not self.servers:
+            async for batch in self.read(from_seq, batch_size=batch_size):
+                yield batch
+            return
+        async for batch in read_in_child(
+            self.servers, self.settings.name, from_seq, end, batch_size
+        ):
+            yield batch
+
     async def tail(
         self, from_seq: int = 1, *, subjects: Sequence[str] | None = None
     ) -> AsyncGenerator[LogEntry, None]:
@@ -477,8 +496,10 @@ async def _pull(
     live: bool,
     end_seq: int | None = None,
     last_per_subject: bool = False,
-) -> AsyncGenerator[list[LogEntry], None]:
-    """Batches of entries from an ephemeral pull consumer, recreated after any stall."""
+    decode: Callable[[Msg, int], Any] = _decode,
+) -> AsyncGenerator[list[Any], None]:
+    """Batches of entries from an ephemeral pull consumer, recreated after any stall
+    (``decode`` makes each message an entry: ``eventlog.reader`` passes its own)."""
     if from_seq < 1:
         raise ValidationError(f"from_seq: must be >= 1, got {from_seq}")
     nc = owner.nc
@@ -583,7 +604,7 @@ async def _pull(
             inbox.arrived.clear()
             quiet_since = time.monotonic()
 
-            entries: list[LogEntry] = []
+            entries: list[Any] = []
             finished = False
             while inbox.items:
                 msg = inbox.items.popleft()
@@ -596,7 +617,7 @@ async def _pull(
                     if end_seq is not None and seq > end_seq:
                         finished = True
                         continue
-                    entries.append(_decode(msg, seq))
+                    entries.append(decode(msg, seq))
                     next_seq = seq + 1
                     if not live and pending == 0:
                         finished = True

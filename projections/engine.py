@@ -182,7 +182,9 @@ class Engine:
                 progress(reached - start, max(end - start, reached - start))
 
         try:
-            async for batch in log_.read(start + 1, batch_size=self.settings.batch_size):
+            # a log that can read a long stretch in a second process does (JetStream)
+            read = getattr(log_, "read_bulk", log_.read)
+            async for batch in read(start + 1, batch_size=self.settings.batch_size):
                 pending.append((asyncio.ensure_future(self.apply(batch, bulk=True)), len(batch)))
                 if len(pending) > 2:
                     await settle()
@@ -362,13 +364,24 @@ class Engine:
 
     def _apply(self, projection: Projection, entries: list[LogEntry], bulk: bool = False) -> None:
         before = projection.seq
-        fresh: dict[int, LogEntry] = {}  # an offer and the tail may both carry one event
-        for entry in entries:
-            if entry.seq > before:
-                fresh.setdefault(entry.seq, entry)
-        if not fresh:
-            return
-        ordered = [fresh[seq] for seq in sorted(fresh)]
+        if (
+            entries
+            and entries[0].seq > before
+            and (
+                entries[-1].seq - entries[0].seq == len(entries) - 1  # one stretch of a read
+            )
+        ):
+            ordered = entries
+        else:
+            fresh: dict[int, LogEntry] = {}  # an offer and the tail may both carry one event
+            for entry in entries:
+                if entry.seq > before:
+                    fresh.setdefault(entry.seq, entry)
+            if not fresh:
+                return
+            ordered = [fresh[seq] for seq in sorted(fresh)]
+        rejected = projection.memory.rejected
+        rejected_before = len(rejected)
         self._apply_or_split(projection, ordered)
         if len(ordered) <= SMALL_BATCH:
             # a few events index in microseconds: do it before waking the writers, who
@@ -376,8 +389,13 @@ class Engine:
             projection.sync_indexes()
         self.seq = projection.seq
         self.events_applied += len(ordered)
-        rejected = projection.memory.rejected
-        kept_aside = {e.seq: rejected[e.seq].reason for e in ordered if e.seq in rejected}
+        kept_aside: dict[int, str] = {}
+        if len(rejected) > rejected_before:  # (only this batch adds to it, in order)
+            first = ordered[0].seq
+            for seq in reversed(rejected):
+                if seq < first:
+                    break
+                kept_aside[seq] = rejected[seq].reason
         landed_dead: dict[int, str] = {}
         if not bulk:
             memory = projection.memory

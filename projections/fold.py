@@ -242,9 +242,19 @@ ROW_TYPES: tuple[type[Row], ...] = (
 )  # fmt: skip
 
 
+_STAMPED_EVENTS = (
+    ev.ExperienceRecorded, ev.ExperienceUpdated, ev.ExperienceArchived, ev.ExperienceUnarchived,
+)  # fmt: skip
+
+
 def row_of(event: ev.Event) -> Row | None:
     """The partial row an event describes (None for events not folded here: activities)."""
-    s = stamp_of(event)
+    if isinstance(event, ev.ExperienceReinforced):  # most of a busy log: first, no stamp
+        return ApplicationRow(
+            event.experience_id, event.instance_id, max(event.applications, 0), event.hlc,
+            event.collective_id,
+        )  # fmt: skip
+    s = stamp_of(event) if isinstance(event, _STAMPED_EVENTS) else NO_STAMP
     match event:
         case ev.CollectiveCreated():
             return CollectiveRow(
@@ -280,11 +290,6 @@ def row_of(event: ev.Event) -> Row | None:
             return ExperienceRow(
                 event.experience_id, collective_id=event.collective_id, deleted=True
             )
-        case ev.ExperienceReinforced():
-            return ApplicationRow(
-                event.experience_id, event.instance_id, max(event.applications, 0), event.hlc,
-                event.collective_id,
-            )  # fmt: skip
         case ev.RelationStored():
             return RelationRow(
                 event.relation_id, event.event_id, event.collective_id, event.source_id,

@@ -41,7 +41,7 @@ import numpy as np
 
 from eventlog.ids import uuid7
 from eventlog.log import EventLog, LogEntry
-from projections.fold import ROW_TYPES, ExperienceRow, FoldState, InsightRow, row_of
+from projections.fold import ROW_TYPES, ApplicationRow, ExperienceRow, FoldState, InsightRow, row_of
 from projections.state import MemoryState, Rejected, Touched
 from projections.store import StateInUse, Store
 from projections.text import TextIndex
@@ -485,6 +485,15 @@ def _fits_store(row: object) -> None:
     """Refuse a row DuckDB could not hold: the last guard for events handed to
     ``apply`` directly (the codec checks every event read from the log, and the engine
     every event a writer offers, against ``eventlog.limits``)."""
+    if type(row) is ApplicationRow:  # the commonest row: its two numbers only
+        if not (
+            0 <= row.applications <= _UBIGINT_MAX // 2 and 0 <= row.last_hlc <= _UBIGINT_MAX // 2
+        ):
+            raise ValueError(
+                f"applications / last_hlc: must be in 0..2**63-1, got {row.applications}, "
+                f"{row.last_hlc}"
+            )
+        return
     for name in ("created_hlc", "last_hlc", "applications", "source_experience_count"):
         value = getattr(row, name, None)
         if value is not None and not 0 <= value <= _UBIGINT_MAX // 2:

@@ -113,6 +113,9 @@ class MemoryState:
         for row_type in ROW_TYPES:
             table = self.fold.rows[row_type]
             dirty = self.dirty[row_type]
+            if row_type is ApplicationRow:
+                self._merge_counts(table, dirty, delta.rows[row_type])  # type: ignore[arg-type]
+                continue
             for key, row in delta.rows[row_type].items():
                 current = table.get(key)
                 before = _snapshot(current)
@@ -131,25 +134,49 @@ class MemoryState:
                     touched.collectives.add(key[0])
         return touched
 
+    def _merge_counts(
+        self,
+        table: dict[tuple[Any, ...], ApplicationRow],
+        dirty: set[tuple[Any, ...]],
+        rows: dict[tuple[Any, ...], ApplicationRow],
+    ) -> None:
+        """``merge`` for application rows, the bulk of a busy log: what ``_index`` does
+        for them, without its dispatch."""
+        for key, row in rows.items():
+            current = table.get(key)
+            if current is None:
+                table[key] = current = row
+            else:
+                current.merge(row)
+            dirty.add(key)
+            self._count(current)
+
+    def _count(self, row: ApplicationRow) -> None:
+        """Take one application row into the experience's counter; a deleted experience
+        keeps no counts (the row goes, and DuckDB's rows of it at the next write)."""
+        eid = row.experience_id
+        held = self.experiences.get((eid,))
+        if held is not None and held.deleted:
+            key = (eid, row.instance_id)
+            self.applications.pop(key, None)
+            self.dirty[ApplicationRow].discard(key)
+            self._forget_counts(eid)
+            return
+        counted = self.counted.get(eid)
+        if counted is None:
+            counted = self.counted[eid] = set()
+            self.counters[eid] = GCounter()
+        counted.add(row.instance_id)
+        self.counters[eid].merge_entry(row.instance_id, row.applications)
+        if row.last_hlc > self.last_reinforced.get(eid, -1):
+            self.last_reinforced[eid] = row.last_hlc
+
     def _index(self, row: Row, before: tuple[Any, ...] | None) -> None:
         """Keep the derived indexes of one row in step (``before``: its old snapshot)."""
         if isinstance(row, ExperienceRow):
             self._index_experience(row, before)
         elif isinstance(row, ApplicationRow):
-            if self._deleted(self.experiences, row.experience_id):  # no counts kept then
-                self.applications.pop(row.key(), None)
-                self.dirty[ApplicationRow].discard(row.key())
-                self._forget_counts(row.experience_id)
-            else:
-                eid = row.experience_id
-                counted = self.counted.get(eid)
-                if counted is None:
-                    counted = self.counted[eid] = set()
-                    self.counters[eid] = GCounter()
-                counted.add(row.instance_id)
-                self.counters[eid].merge_entry(row.instance_id, row.applications)
-                if row.last_hlc > self.last_reinforced.get(eid, -1):
-                    self.last_reinforced[eid] = row.last_hlc
+            self._count(row)
         elif isinstance(row, RelationRow):
             self._index_relation(row, before)
         elif isinstance(row, InsightRow):
