@@ -102,6 +102,7 @@ class Projection:
         (self.dir / "vectors").mkdir(exist_ok=True)
         self.vectors: dict[tuple[str, UUID], VectorIndex] = {}
         self.exact: dict[int, ExactVectors] = {}  # by dimension
+        self.caches: dict[Any, Any] = {}  # derived read structures (see queries._Columns)
         self._live_collectives: dict[UUID, int | None] = {}  # dimension the indexes assume
         self._unindexed = Touched.nothing()  # applied, not yet in the indexes
         self.unindexed_events = 0  # events applied since the indexes were brought up

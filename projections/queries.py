@@ -159,6 +159,19 @@ class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
 _kind_decoder = msgspec.json.Decoder(ev.ExperienceType)
 
 
+_kinds: dict[str, ev.ExperienceType] = {}  # decoded types by their JSON (immutable: shared)
+
+
+def _kind(type_data: str | None) -> ev.ExperienceType:
+    text = type_data or '{"kind": "Generic"}'
+    found = _kinds.get(text)
+    if found is None:
+        if len(_kinds) >= 4096:
+            _kinds.clear()
+        found = _kinds[text] = _kind_decoder.decode(text)
+    return found
+
+
 def _experience(p: Projection, row: ExperienceRow) -> Experience:
     """The public form of a live experience row."""
     applications, last_hlc = p.memory.applications_of(row.experience_id)
@@ -167,7 +180,7 @@ def _experience(p: Projection, row: ExperienceRow) -> Experience:
         collective_id=row.collective_id,  # type: ignore[arg-type]
         content=row.content or "",
         embedding=bytes(row.embedding or b""),
-        experience_type=_kind_decoder.decode(row.type_data or '{"kind": "Generic"}'),
+        experience_type=_kind(row.type_data),
         importance=row.importance if row.importance is not None else 0.0,
         confidence=row.confidence if row.confidence is not None else 0.0,
         domain=tuple(row.domain or ()),
@@ -236,14 +249,61 @@ def recent_experiences(
     return picked
 
 
-def _allowed(p: Projection, collective_id: UUID, flt: ExperienceFilter) -> set[int]:
+class _Columns:
+    """A collective's live experiences as numpy columns, for filters: built once per
+    version of the collective (``MemoryState.versions``), then every filter is a few
+    vectorised comparisons instead of a pass over the rows."""
+
+    def __init__(self, p: Projection, collective_id: UUID) -> None:
+        self.version = p.memory.versions.get(collective_id, 0)
+        vec_ids = p.memory.vec_ids
+        live = p.memory.live_experiences_of(collective_id)
+        rows = [r for r in live if r.experience_id in vec_ids]
+        self.vec_ids = np.fromiter((vec_ids[r.experience_id] for r in rows), np.int64, len(rows))
+        self.importance = np.fromiter((r.importance or 0.0 for r in rows), np.float64, len(rows))
+        self.confidence = np.fromiter((r.confidence or 0.0 for r in rows), np.float64, len(rows))
+        self.created_ms = np.fromiter(
+            (ev.hlc_millis(r.created_hlc or 0) for r in rows), np.int64, len(rows)
+        )
+        self.archived = np.fromiter((r.archived for r in rows), bool, len(rows))
+        self.types = np.array([r.experience_type or "" for r in rows], dtype=object)
+        self._domains = [r.domain or () for r in rows]
+        self._by_domain: dict[str, npt.NDArray[np.bool_]] = {}
+
+    def domain(self, name: str) -> npt.NDArray[np.bool_]:
+        found = self._by_domain.get(name)
+        if found is None:
+            found = self._by_domain[name] = np.fromiter(
+                (name in d for d in self._domains), bool, len(self._domains)
+            )
+        return found
+
+    def select(self, flt: ExperienceFilter) -> npt.NDArray[np.int64]:
+        """The vec_ids of the rows that pass ``flt``."""
+        keep = np.ones(len(self.vec_ids), dtype=bool) if flt.include_archived else ~self.archived
+        if flt.min_importance is not None:
+            keep &= self.importance >= flt.min_importance
+        if flt.min_confidence is not None:
+            keep &= self.confidence >= flt.min_confidence
+        if flt.since_ms is not None:
+            keep &= self.created_ms >= flt.since_ms
+        if flt.experience_types is not None:
+            keep &= np.isin(self.types, list(flt.experience_types))
+        if flt.domains is not None:
+            any_of = np.zeros(len(self.vec_ids), dtype=bool)
+            for name in flt.domains:
+                any_of |= self.domain(name)
+            keep &= any_of
+        return self.vec_ids[keep]
+
+
+def _allowed(p: Projection, collective_id: UUID, flt: ExperienceFilter) -> npt.NDArray[np.int64]:
     """The vector ids of the live experiences of a collective that pass a filter."""
-    vec_ids = p.memory.vec_ids
-    return {
-        vec_ids[row.experience_id]
-        for row in p.memory.live_experiences_of(collective_id)
-        if row.experience_id in vec_ids and _passes(row, flt)
-    }
+    key = ("filter columns", collective_id)
+    columns = p.caches.get(key)
+    if columns is None or columns.version != p.memory.versions.get(collective_id, 0):
+        columns = p.caches[key] = _Columns(p, collective_id)
+    return columns.select(flt)  # type: ignore[no-any-return]
 
 
 def similar_ids(

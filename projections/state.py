@@ -94,6 +94,9 @@ class MemoryState:
         self.by_target: dict[UUID, set[UUID]] = {}
         self.triples: dict[tuple[Any, ...], set[UUID]] = {}  # created, undeleted relations
         self.rejected: dict[int, Rejected] = {}
+        # collective -> a number that moves whenever it or one of its experiences changes
+        # (what caches of a collective's experiences are checked against)
+        self.versions: dict[UUID | None, int] = {}
         self.unflushed_rejected: list[Rejected] = []
 
     # -- loading and merging ---------------------------------------------------------------
@@ -175,13 +178,20 @@ class MemoryState:
         """Keep the derived indexes of one row in step (``before``: its old snapshot)."""
         if isinstance(row, ExperienceRow):
             self._index_experience(row, before)
+            self._changed(row.collective_id)
         elif isinstance(row, ApplicationRow):
             self._count(row)
+        elif isinstance(row, CollectiveRow):
+            self._changed(row.collective_id)  # its members' liveness may have changed
         elif isinstance(row, RelationRow):
             self._index_relation(row, before)
         elif isinstance(row, InsightRow):
             if row.collective_id is not None:
                 self.insights_of.setdefault(row.collective_id, set()).add(row.insight_id)
+
+    def _changed(self, collective_id: UUID | None) -> None:
+        """Note that a collective or one of its experiences changed (``versions``)."""
+        self.versions[collective_id] = self.versions.get(collective_id, 0) + 1
 
     def _index_experience(self, row: ExperienceRow, before: tuple[Any, ...] | None) -> None:
         eid = row.experience_id

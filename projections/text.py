@@ -100,7 +100,7 @@ class TextIndex:
         if limit <= 0:
             return []
         searcher = self.index.searcher()
-        fetch = limit
+        fetch = limit + 1  # one more, to see whether the cut falls inside a tie
         while True:  # past the cut while scores tie there: ties are ordered by id below
             hits = searcher.search(query, fetch).hits
             if len(hits) < fetch or hits[-1][0] < hits[limit - 1][0]:

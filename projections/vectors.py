@@ -176,6 +176,7 @@ class VectorIndex:
     gone: set[int] = field(default_factory=set)  # deleted or invalid, still in HNSW
     _selectors: dict[bool, Any] = field(default_factory=dict)  # cached faiss.IDSelector
     _positions: npt.NDArray[np.int64] | None = None  # HNSW: vec_id at each graph position
+    _position_of: npt.NDArray[np.int32] | None = None  # ... and the reverse, by vec_id
     _adding: concurrent.futures.Future[None] | None = None  # a large add under way
     compacting: concurrent.futures.Future[tuple[Any, set[int]]] | None = None
 
@@ -199,13 +200,28 @@ class VectorIndex:
         """The vec_id at each position of the HNSW graph (searched without the id map)."""
         if self._positions is None or len(self._positions) != self.index.ntotal:
             self._positions = faiss.vector_to_array(self.index.id_map).astype(np.int64)
+            self._position_of = None
         return self._positions
 
-    def _bitmap(self, excluded: Iterable[int] | None, allowed: set[int] | None = None) -> Any:
+    def _positions_of(self, vec_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The graph positions of ``vec_ids`` (members only)."""
+        positions = self._graph_positions()
+        if self._position_of is None:
+            top = int(positions.max()) + 1 if len(positions) else 0
+            self._position_of = np.full(top, -1, dtype=np.int32)
+            self._position_of[positions] = np.arange(len(positions), dtype=np.int32)
+        inside = vec_ids[vec_ids < len(self._position_of)]
+        found = self._position_of[inside]
+        return found[found >= 0].astype(np.int64)
+
+    def _bitmap(
+        self, excluded: Iterable[int] | None, allowed: npt.NDArray[np.int64] | None = None
+    ) -> Any:
         """A selector over graph positions: ``allowed`` ones, or all but ``excluded``."""
         positions = self._graph_positions()
         if allowed is not None:
-            keep = np.isin(positions, np.fromiter(allowed, np.int64, len(allowed)))
+            keep = np.zeros(len(positions), dtype=bool)
+            keep[self._positions_of(allowed)] = True
         else:
             drop = np.fromiter(excluded or (), np.int64)
             keep = np.ones(len(positions), dtype=bool)
@@ -332,28 +348,24 @@ class VectorIndex:
         k: int,
         *,
         include_archived: bool = False,
-        allowed: set[int] | None = None,
+        allowed: npt.NDArray[np.int64] | None = None,
     ) -> list[tuple[int, float]]:
-        """The k nearest (vec_id, cosine similarity), best first."""
+        """The k nearest (vec_id, cosine similarity), best first; with ``allowed``, among
+        those vec_ids only (live ones, archived or not as the caller decided)."""
         self._settle()
         if k <= 0 or not self.members:
             return []
         q = normalized(np.asarray(query, dtype=np.float32))
         hnsw = self.is_hnsw
         if allowed is not None:
-            candidates = allowed & self.members
-            candidates -= self.gone
-            if not include_archived:
-                candidates -= self.hidden
-            if not candidates:
+            candidates = np.asarray(allowed, dtype=np.int64)
+            if not len(candidates):
                 return []
             if hnsw and len(candidates) <= 4 * self.hnsw_threshold // 10 + k:
-                return self._exact(q, k, np.fromiter(candidates, np.int64, len(candidates)))
+                return self._exact(q, k, candidates)
             if hnsw:
                 return self._graph_search(q, k, self._bitmap(None, candidates))
-            selector: Any = faiss.IDSelectorBatch(
-                np.fromiter(candidates, dtype=np.int64, count=len(candidates))
-            )
+            selector: Any = faiss.IDSelectorBatch(candidates)
         elif hnsw:
             return self._graph_search(q, k, self._excluding(include_archived))
         else:

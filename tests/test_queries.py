@@ -381,3 +381,55 @@ def test_an_experience_before_its_collective_is_found_after_reopening(tmp_path: 
     hits = q.similar_experiences(reopened, cid, early.vector, k=1)
     assert ids(hits) == [early.experience_id]
     reopened.close()
+
+
+@pytest.mark.parametrize("threshold", [10_000, 50])  # a flat index, and an HNSW graph
+def test_filtered_search_follows_every_change(tmp_path: Path, threshold: int) -> None:
+    """Filters read columns cached per collective; any change to a row (an update, an
+    archive, a delete, a new record) is seen by the next filtered search."""
+    p = Projection(tmp_path / "state", ProjectionSettings(hnsw_threshold=threshold))
+    cid = uuid7()
+    rng = np.random.default_rng(3)
+    created = ev.CollectiveCreated(
+        **stamp(1), collective_id=cid, owner_id="o", name="c", embedding_dimension=8
+    )  # type: ignore[arg-type]
+    records = [record(cid, f"r{i}", rng.normal(size=8).tolist(), at=10 + i) for i in range(300)]
+    p.apply([LogEntry(i, "s", e) for i, e in enumerate([created, *records], 1)])
+    seq = len(records) + 1
+    target = records[7]
+    important = q.ExperienceFilter(min_importance=0.8)
+
+    def found(flt: q.ExperienceFilter) -> list[UUID]:
+        return ids(q.similar_experiences(p, cid, target.vector, k=5, flt=flt))
+
+    def then(event: ev.Event) -> None:
+        nonlocal seq
+        seq += 1
+        p.apply([LogEntry(seq, "s", event)])
+
+    assert found(important) == []  # every record has importance 0.5
+    then(ev.ExperienceUpdated(**stamp(900), experience_id=target.experience_id,  # type: ignore[arg-type]
+                              collective_id=cid, importance=0.9))  # fmt: skip
+    assert found(important) == [target.experience_id]
+    broad = q.ExperienceFilter(min_confidence=0.1)  # every row: the bitmap path under HNSW
+    assert found(broad)[0] == target.experience_id
+    then(ev.ExperienceArchived(**stamp(901), experience_id=target.experience_id,  # type: ignore[arg-type]
+                               collective_id=cid))  # fmt: skip
+    assert found(important) == []
+    assert found(q.ExperienceFilter(min_importance=0.8, include_archived=True)) == [
+        target.experience_id
+    ]
+    assert target.experience_id not in found(broad)
+    assert found(q.ExperienceFilter(min_confidence=0.1, include_archived=True))[0] == (
+        target.experience_id
+    )
+    late = record(cid, "late", target.vector.tolist(), at=902)
+    then(late)
+    then(ev.ExperienceUpdated(**stamp(903), experience_id=late.experience_id,  # type: ignore[arg-type]
+                              collective_id=cid, importance=1.0, domain=("ops",)))  # fmt: skip
+    assert found(important) == [late.experience_id]
+    assert found(q.ExperienceFilter(domains=("ops",))) == [late.experience_id]
+    then(ev.ExperienceDeleted(**stamp(904), experience_id=late.experience_id, collective_id=cid))  # type: ignore[arg-type]
+    assert found(important) == []
+    assert found(q.ExperienceFilter(domains=("ops",))) == []
+    p.close()

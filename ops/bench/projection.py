@@ -18,8 +18,8 @@ target.
   (``ops.bench.peers.raw_drain``), once before and once after the rebuild (their mean
   rate); ratio = Pulse / raw, target >= 0.5. The G-counter totals are checked.
 - rebuild_vectors: ``--n`` recorded experiences (384-d vectors around 40 cluster
-  centers; content of 12 words from a Zipf-like vocabulary of 5,000, each cluster with
-  its own favourite words beside 20 common to all). ``rebuild`` in seconds beside FAISS
+  centers; content of 6 to 24 words from a Zipf-like vocabulary of 5,000, each cluster
+  with its own favourite words beside 20 common to all). ``rebuild`` in seconds beside FAISS
   alone building the index Pulse uses past 10,000 vectors
   (``projections.vectors.graph_index(384)``: ``train`` then ``add`` of the L2-normalized
   vectors, one call each); ratio = FAISS s / Pulse s, target >= 0.8. The raw drain rate
@@ -81,7 +81,7 @@ from sync.recall import _context
 FIGURES = ("rebuild_counters", "rebuild_vectors", "similar_search", "hybrid_and_context",
            "memory", "recall")  # fmt: skip
 VECTOR_FIGURES = {"rebuild_vectors", "similar_search", "hybrid_and_context", "memory"}
-VOCABULARY, WORDS = 5000, 12  # content words: vocabulary size, words per experience
+VOCABULARY, WORDS = 5000, 24  # content words: vocabulary size, most words per experience
 DIM, CLUSTERS = 384, 40
 COUNTER_DIM, COUNTER_EXPERIENCES, COUNTER_INSTANCES, REINFORCE_SHARE = 8, 10_000, 4, 0.75
 RECALL_N, RECALL_QUERIES, RECALL_K = 20_000, 200, 20
@@ -242,6 +242,7 @@ class Corpus:
             np.float32
         )
         self.words = self.draw(rng, np.array(self.labels), WORDS)
+        self.lengths: list[int] = rng.integers(6, WORDS + 1, n).tolist()  # 6..24 words
         self.cid, self.instance = uuid7(), uuid7()
         self.content_bytes = sum(len(self.content(i).encode()) for i in range(n))
 
@@ -254,7 +255,8 @@ class Corpus:
         return (ranks + shift) % VOCABULARY
 
     def content(self, i: int) -> str:
-        return f"lesson {i}: " + " ".join(f"w{w}" for w in self.words[i].tolist())
+        words = self.words[i][: self.lengths[i]].tolist()
+        return f"lesson {i}: " + " ".join(f"w{w}" for w in words)
 
     def query_text(self, rng: np.random.Generator, i: int) -> str:
         """Three words as an agent of experience ``i``'s cluster might ask them."""
