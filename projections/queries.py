@@ -294,16 +294,17 @@ class _Columns:
             for name in flt.domains:
                 any_of |= self.domain(name)
             keep &= any_of
-        return self.vec_ids[keep]
+        selected: npt.NDArray[np.int64] = self.vec_ids[keep]
+        return selected
 
 
 def _allowed(p: Projection, collective_id: UUID, flt: ExperienceFilter) -> npt.NDArray[np.int64]:
     """The vector ids of the live experiences of a collective that pass a filter."""
     key = ("filter columns", collective_id)
-    columns = p.caches.get(key)
+    columns: _Columns | None = p.caches.get(key)
     if columns is None or columns.version != p.memory.versions.get(collective_id, 0):
         columns = p.caches[key] = _Columns(p, collective_id)
-    return columns.select(flt)  # type: ignore[no-any-return]
+    return columns.select(flt)
 
 
 def similar_ids(
