@@ -305,3 +305,22 @@ class _AnyInt:
 
 
 ANY_INT = _AnyInt()
+
+
+def test_progress_lines_show_the_rate_and_the_time_left() -> None:
+    import io
+
+    from ops.progress import ProgressBar, _duration
+
+    out = io.StringIO()
+    bar = ProgressBar("rebuilding", out, unit="events")
+    bar.started -= 10  # as if it began ten seconds ago
+    bar(0, 1000)
+    bar(500, 1000)
+    bar(1000, 1000)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("rebuilding 0/1,000 (0%") and "left" not in lines[0]
+    assert lines[1].startswith("rebuilding 500/1,000 (50%, ") and " events/s, " in lines[1]
+    assert lines[1].endswith(" left)")  # about 10 s more at this rate
+    assert "left" not in lines[2]
+    assert [_duration(s) for s in (9.6, 65, 7300)] == ["10s", "1m05s", "2h01m"]
