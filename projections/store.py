@@ -94,6 +94,7 @@ class Store:
                 f"the projection {self.path} is in use by another process ({exc}); stop it, "
                 "or ask the running instance instead"
             ) from exc
+        con.execute("SET enable_progress_bar = false")  # it would print to our stdout
         if not self.read_only:
             # DuckDB folds its write-ahead log into the database file when the log passes
             # this size, inside whichever commit crosses it: tens of milliseconds with

@@ -286,7 +286,10 @@ class VectorIndex:
         storage = faiss.downcast_index(faiss.downcast_index(index.index).storage)
         codes = faiss.rev_swig_ptr(storage.codes.data(), storage.ntotal * storage.code_size)
         positions = np.nonzero(np.isin(faiss.vector_to_array(index.id_map), vec_ids))[0]
-        codes.reshape(storage.ntotal, storage.code_size)[positions] = 0
+        # the code of a zero vector, not code 0: that decodes to each dimension's minimum,
+        # a large vector every deleted node would share, crowding out live neighbours
+        zero = storage.sa_encode(np.zeros((1, storage.d), dtype=np.float32))
+        codes.reshape(storage.ntotal, storage.code_size)[positions] = zero[0]
 
     def _live_ids(self) -> npt.NDArray[np.int64]:
         return np.array(sorted(self.members - self.gone), dtype=np.int64)
