@@ -177,6 +177,8 @@ class VectorIndex:
     _selectors: dict[bool, Any] = field(default_factory=dict)  # cached faiss.IDSelector
     _positions: npt.NDArray[np.int64] | None = None  # HNSW: vec_id at each graph position
     _position_of: npt.NDArray[np.int32] | None = None  # ... and the reverse, by vec_id
+    _graph: tuple[Any, Any] | None = None  # (the index, its HNSW graph), looked up once
+    _params: dict[tuple[int, int], tuple[Any, Any]] = field(default_factory=dict)
     _adding: concurrent.futures.Future[None] | None = None  # a large add under way
     compacting: concurrent.futures.Future[tuple[Any, set[int]]] | None = None
 
@@ -186,6 +188,8 @@ class VectorIndex:
     @property
     def is_hnsw(self) -> bool:
         self._settle()
+        if self._graph is not None and self._graph[0] is self.index:
+            return True
         return not isinstance(faiss.downcast_index(self.index.index), faiss.IndexFlat)
 
     def _settle(self) -> None:
@@ -381,9 +385,16 @@ class VectorIndex:
         """Twice the candidates from the quantized graph (searched by position, past the
         id map), re-ranked by their exact vectors."""
         fetch = max(2 * k, k + 10)
-        graph = faiss.downcast_index(self.index.index)
-        params = faiss.SearchParametersHNSW(sel=selector, efSearch=max(self.ef_search, fetch))
-        _, found = graph.search(q, fetch, params=params)
+        if self._graph is None or self._graph[0] is not self.index:
+            self._graph = (self.index, faiss.downcast_index(self.index.index))
+        key = (id(selector), fetch)
+        params = self._params.get(key)
+        if params is None or params[0] is not selector:
+            if len(self._params) > 64:
+                self._params.clear()
+            made = faiss.SearchParametersHNSW(sel=selector, efSearch=max(self.ef_search, fetch))
+            params = self._params[key] = (selector, made)
+        _, found = self._graph[1].search(q, fetch, params=params[1])
         at = found[0][found[0] >= 0]
         return self._exact(q, k, self._graph_positions()[at])
 
