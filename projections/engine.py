@@ -378,8 +378,8 @@ class Engine:
         if (
             entries
             and entries[0].seq > before
-            and (
-                entries[-1].seq - entries[0].seq == len(entries) - 1  # one stretch of a read
+            and all(  # one stretch of a read, as a catch-up hands it over
+                b.seq - a.seq == 1 for a, b in zip(entries, entries[1:], strict=False)
             )
         ):
             ordered = entries
