@@ -14,7 +14,6 @@ characters a subject cannot (dots, spaces, wildcards), so their token is a hash.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from typing import Iterable
 from uuid import UUID
@@ -26,7 +25,6 @@ DURABLE_SUBJECTS = (f"{PREFIX}.c.>", f"{PREFIX}.w.>")
 ACTIVITY_SUBJECTS = (f"{PREFIX}.a.>",)
 
 
-@functools.lru_cache(maxsize=65_536)  # str(UUID) is slow; decoding checks every subject
 def collective_subject(collective_id: UUID, entity: str, entity_id: UUID) -> str:
     return f"{PREFIX}.c.{collective_id}.{entity}.{entity_id}"
 

@@ -100,12 +100,14 @@ class TextIndex:
         if limit <= 0:
             return []
         searcher = self.index.searcher()
-        fetch = limit + 1  # one more, to see whether the cut falls inside a tie
-        while True:  # past the cut while scores tie there: ties are ordered by id below
-            hits = searcher.search(query, fetch).hits
-            if len(hits) < fetch or hits[-1][0] < hits[limit - 1][0]:
-                break
-            fetch *= 2
+        # one more, to see whether the cut falls inside a tie; if it does, up to twice as
+        # many, so ties across the cut are ordered by id on every host (a tie wider than
+        # that, as when many documents of one length share one matching word, is cut
+        # where tantivy cuts it: fetching it whole could mean thousands of documents)
+        fetch = limit + 1
+        hits = searcher.search(query, fetch).hits
+        if len(hits) == fetch and hits[-1][0] >= hits[limit - 1][0]:
+            hits = searcher.search(query, 2 * limit + 1).hits
         found = [(UUID(searcher.doc(address)["id"][0]), float(score)) for score, address in hits]
         found.sort(key=lambda hit: (-hit[1], hit[0]))  # one order on every host
         return found[:limit]
