@@ -250,25 +250,72 @@ def recent_experiences(
 
 
 class _Columns:
-    """A collective's live experiences as numpy columns, for filters: built once per
-    version of the collective (``MemoryState.versions``), then every filter is a few
-    vectorised comparisons instead of a pass over the rows."""
+    """A collective's live experiences as numpy columns, for filters: every filter is a
+    few vectorised comparisons instead of a pass over the rows. Kept up to date from the
+    experiences that changed since (``MemoryState.take_changes``); built again when the
+    collective itself changed or too much did."""
 
-    def __init__(self, p: Projection, collective_id: UUID) -> None:
-        self.version = p.memory.versions.get(collective_id, 0)
-        vec_ids = p.memory.vec_ids
-        live = p.memory.live_experiences_of(collective_id)
-        rows = [r for r in live if r.experience_id in vec_ids]
-        self.vec_ids = np.fromiter((vec_ids[r.experience_id] for r in rows), np.int64, len(rows))
-        self.importance = np.fromiter((r.importance or 0.0 for r in rows), np.float64, len(rows))
-        self.confidence = np.fromiter((r.confidence or 0.0 for r in rows), np.float64, len(rows))
-        self.created_ms = np.fromiter(
-            (ev.hlc_millis(r.created_hlc or 0) for r in rows), np.int64, len(rows)
-        )
-        self.archived = np.fromiter((r.archived for r in rows), bool, len(rows))
-        self.types = np.array([r.experience_type or "" for r in rows], dtype=object)
-        self._domains = [r.domain or () for r in rows]
+    def __init__(self) -> None:
+        self.version = -1
+        self.index_of: dict[UUID, int] = {}
+        self.vec_ids = np.zeros(0, dtype=np.int64)
+        self.alive = np.zeros(0, dtype=bool)
+        self.importance = np.zeros(0, dtype=np.float64)
+        self.confidence = np.zeros(0, dtype=np.float64)
+        self.created_ms = np.zeros(0, dtype=np.int64)
+        self.archived = np.zeros(0, dtype=bool)
+        self.types = np.zeros(0, dtype=object)
+        self._domains: list[tuple[str, ...]] = []
         self._by_domain: dict[str, npt.NDArray[np.bool_]] = {}
+
+    def refresh(self, p: Projection, collective_id: UUID) -> None:
+        version = p.memory.versions.get(collective_id, 0)
+        if version == self.version:
+            return
+        changed = p.memory.take_changes(collective_id)
+        dead = len(self.alive) - int(np.count_nonzero(self.alive))
+        if (
+            changed is None
+            or len(changed) > len(self.vec_ids) // 4 + 1000
+            or dead > len(self.alive) // 2 + 1000  # superseded slots: start afresh
+        ):
+            self.__init__()  # type: ignore[misc]
+            rows = list(p.memory.live_experiences_of(collective_id))
+        else:
+            rows = []
+            for experience_id in changed:
+                at = self.index_of.get(experience_id)
+                if at is not None:
+                    self.alive[at] = False  # a changed row is appended anew if live
+                row = p.memory.live_experience(experience_id)
+                if row is not None and row.collective_id == collective_id:
+                    rows.append(row)
+        self._append(p, rows)
+        self.version = version
+
+    def _append(self, p: Projection, rows: list[ExperienceRow]) -> None:
+        vec_ids = p.memory.vec_ids
+        rows = [r for r in rows if r.experience_id in vec_ids]
+        if not rows:
+            return
+        start = len(self.vec_ids)
+        for i, r in enumerate(rows):
+            self.index_of[r.experience_id] = start + i
+
+        def grown(old: Any, new: list[Any], dtype: Any) -> Any:
+            return np.concatenate([old, np.array(new, dtype=dtype)])
+
+        self.vec_ids = grown(self.vec_ids, [vec_ids[r.experience_id] for r in rows], np.int64)
+        self.alive = grown(self.alive, [True] * len(rows), bool)
+        self.importance = grown(self.importance, [r.importance or 0.0 for r in rows], np.float64)
+        self.confidence = grown(self.confidence, [r.confidence or 0.0 for r in rows], np.float64)
+        self.created_ms = grown(
+            self.created_ms, [ev.hlc_millis(r.created_hlc or 0) for r in rows], np.int64
+        )
+        self.archived = grown(self.archived, [r.archived for r in rows], bool)
+        self.types = grown(self.types, [r.experience_type or "" for r in rows], object)
+        self._domains.extend(r.domain or () for r in rows)
+        self._by_domain.clear()
 
     def domain(self, name: str) -> npt.NDArray[np.bool_]:
         found = self._by_domain.get(name)
@@ -280,7 +327,7 @@ class _Columns:
 
     def select(self, flt: ExperienceFilter) -> npt.NDArray[np.int64]:
         """The vec_ids of the rows that pass ``flt``."""
-        keep = np.ones(len(self.vec_ids), dtype=bool) if flt.include_archived else ~self.archived
+        keep = self.alive.copy() if flt.include_archived else self.alive & ~self.archived
         if flt.min_importance is not None:
             keep &= self.importance >= flt.min_importance
         if flt.min_confidence is not None:
@@ -302,8 +349,9 @@ def _allowed(p: Projection, collective_id: UUID, flt: ExperienceFilter) -> npt.N
     """The vector ids of the live experiences of a collective that pass a filter."""
     key = ("filter columns", collective_id)
     columns: _Columns | None = p.caches.get(key)
-    if columns is None or columns.version != p.memory.versions.get(collective_id, 0):
-        columns = p.caches[key] = _Columns(p, collective_id)
+    if columns is None:
+        columns = p.caches[key] = _Columns()
+    columns.refresh(p, collective_id)
     return columns.select(flt)
 
 

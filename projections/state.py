@@ -97,6 +97,8 @@ class MemoryState:
         # collective -> a number that moves whenever it or one of its experiences changes
         # (what caches of a collective's experiences are checked against)
         self.versions: dict[UUID | None, int] = {}
+        # collective -> experiences changed since a reader last took them (None: all)
+        self.changes: dict[UUID | None, set[UUID] | None] = {}
         self.unflushed_rejected: list[Rejected] = []
 
     # -- loading and merging ---------------------------------------------------------------
@@ -178,20 +180,36 @@ class MemoryState:
         """Keep the derived indexes of one row in step (``before``: its old snapshot)."""
         if isinstance(row, ExperienceRow):
             self._index_experience(row, before)
-            self._changed(row.collective_id)
+            self._changed(row.collective_id, row.experience_id)
+            if before is not None and before[0] != row.collective_id:
+                self._changed(before[0], row.experience_id)
         elif isinstance(row, ApplicationRow):
             self._count(row)
         elif isinstance(row, CollectiveRow):
-            self._changed(row.collective_id)  # its members' liveness may have changed
+            self._changed(row.collective_id, None)  # its members' liveness may have changed
         elif isinstance(row, RelationRow):
             self._index_relation(row, before)
         elif isinstance(row, InsightRow):
             if row.collective_id is not None:
                 self.insights_of.setdefault(row.collective_id, set()).add(row.insight_id)
 
-    def _changed(self, collective_id: UUID | None) -> None:
-        """Note that a collective or one of its experiences changed (``versions``)."""
+    def _changed(self, collective_id: UUID | None, experience_id: UUID | None) -> None:
+        """Note that an experience of a collective (None: the collective itself)
+        changed: ``versions`` moves, and ``changes`` keeps which experiences."""
         self.versions[collective_id] = self.versions.get(collective_id, 0) + 1
+        if collective_id in self.changes:
+            held = self.changes[collective_id]
+            if held is not None and experience_id is not None and len(held) < CHANGES_MAX:
+                held.add(experience_id)
+            else:
+                self.changes[collective_id] = None  # too many, or all: start over
+
+    def take_changes(self, collective_id: UUID) -> set[UUID] | None:
+        """The experiences of a collective changed since the last call (None: every one
+        may have; the first call, or too many to list), and start listing again."""
+        found = self.changes.get(collective_id)
+        self.changes[collective_id] = set()
+        return found
 
     def _index_experience(self, row: ExperienceRow, before: tuple[Any, ...] | None) -> None:
         eid = row.experience_id
@@ -463,6 +481,8 @@ def _present(ids: Iterable[UUID], live: Callable[[UUID], R | None]) -> Iterator[
         if row is not None:
             yield row
 
+
+CHANGES_MAX = 10_000  # changed experiences listed per collective before "all of them"
 
 _DELETES = (
     ev.CollectiveDeleted, ev.ExperienceDeleted, ev.RelationDeleted, ev.InsightDeleted,

@@ -383,10 +383,14 @@ def test_an_experience_before_its_collective_is_found_after_reopening(tmp_path: 
     reopened.close()
 
 
+@pytest.mark.parametrize("changes_max", [10_000, 1])  # columns patched, or built again
 @pytest.mark.parametrize("threshold", [10_000, 50])  # a flat index, and an HNSW graph
-def test_filtered_search_follows_every_change(tmp_path: Path, threshold: int) -> None:
+def test_filtered_search_follows_every_change(
+    tmp_path: Path, threshold: int, changes_max: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Filters read columns cached per collective; any change to a row (an update, an
     archive, a delete, a new record) is seen by the next filtered search."""
+    monkeypatch.setattr("projections.state.CHANGES_MAX", changes_max)
     p = Projection(tmp_path / "state", ProjectionSettings(hnsw_threshold=threshold))
     cid = uuid7()
     rng = np.random.default_rng(3)
