@@ -36,6 +36,11 @@ target.
   5 insights), beside the p50 of
   ``similar_experiences`` (k=10) in the same loop; ratios to it: targets <= 3 (hybrid)
   and <= 5 (context).
+- filtered_search: p50 / p99 of ``similar_experiences`` (k=10) with a filter keeping
+  about half the rows (importance >= 0.5; importances are uniform in [0, 1]) beside the
+  same search unfiltered, and the filtered search right after a write (an importance
+  update applied, untimed, before each query: the filter's columns are patched). No
+  target in the issue; it shows that filters select inside the search.
 - memory: a fresh process opens the rebuilt projection and answers a vector and a text
   query; the growth of its VmRSS and of its RssAnon (``/proc/self/status``) per 100,000
   experiences, beside the raw data per 100,000 (n x 384 x 4 bytes of vectors + the UTF-8
@@ -79,8 +84,10 @@ from projections.vectors import graph_index, normalized
 from sync.recall import _context
 
 FIGURES = ("rebuild_counters", "rebuild_vectors", "similar_search", "hybrid_and_context",
-           "memory", "recall")  # fmt: skip
-VECTOR_FIGURES = {"rebuild_vectors", "similar_search", "hybrid_and_context", "memory"}
+           "filtered_search", "memory", "recall")  # fmt: skip
+VECTOR_FIGURES = {
+    "rebuild_vectors", "similar_search", "hybrid_and_context", "filtered_search", "memory",
+}  # fmt: skip
 VOCABULARY, WORDS = 5000, 24  # content words: vocabulary size, most words per experience
 DIM, CLUSTERS = 384, 40
 COUNTER_DIM, COUNTER_EXPERIENCES, COUNTER_INSTANCES, REINFORCE_SHARE = 8, 10_000, 4, 0.75
@@ -243,6 +250,8 @@ class Corpus:
         )
         self.words = self.draw(rng, np.array(self.labels), WORDS)
         self.lengths: list[int] = rng.integers(6, WORDS + 1, n).tolist()  # 6..24 words
+        self.importance: list[float] = np.round(rng.uniform(0, 1, n), 2).tolist()
+        self.ids = [uuid7() for _ in range(n)]
         self.cid, self.instance = uuid7(), uuid7()
         self.content_bytes = sum(len(self.content(i).encode()) for i in range(n))
 
@@ -272,9 +281,9 @@ class Corpus:
         for i in range(self.n):
             yield ev.ExperienceRecorded(
                 event_id=uuid7(), instance_id=self.instance, hlc=hlc + 1 + i,
-                experience_id=uuid7(), collective_id=self.cid, content=self.content(i),
+                experience_id=self.ids[i], collective_id=self.cid, content=self.content(i),
                 embedding=self.vectors[i].tobytes(), experience_type=ev.Generic(),
-                importance=0.5, confidence=0.5, source_agent="bench",
+                importance=self.importance[i], confidence=0.5, source_agent="bench",
             )  # fmt: skip
 
 
@@ -338,6 +347,40 @@ def similar_search(projection: Projection, corpus: Corpus, peer: Any, probes: Ve
          ratio_to_faiss_p50=sig(to_faiss), speedup_vs_numpy_p50=sig(speedup),
          target="ratio_to_faiss_p50 <= 1.5 and speedup_vs_numpy_p50 >= 10",
          met=to_faiss <= 1.5 and speedup >= 10)  # fmt: skip
+
+
+def filtered_search(projection: Projection, corpus: Corpus, probes: Vectors) -> None:
+    """Similar search with a filter that keeps about half the rows, beside the same
+    search unfiltered; then the filtered search right after a write to the collective
+    (an importance update applied, untimed, before each query)."""
+    cid, half = corpus.cid, q.ExperienceFilter(min_importance=0.5)
+
+    def plain(i: int) -> object:
+        return q.similar_experiences(projection, cid, probes[i], k=K)
+
+    def filtered(i: int) -> object:
+        return q.similar_experiences(projection, cid, probes[i], k=K, flt=half)
+
+    plain_ms, filtered_ms = alternate(len(probes), [plain, filtered])
+    rng = np.random.default_rng(4)
+    targets = [corpus.ids[int(i)] for i in rng.integers(0, corpus.n, len(probes))]
+    after_write_ms = []
+    for i, experience_id in enumerate(targets):
+        update = ev.ExperienceUpdated(
+            event_id=uuid7(), instance_id=corpus.instance,
+            hlc=ev.pack_hlc(int(time.time() * 1000)), experience_id=experience_id,
+            collective_id=cid, importance=round(float(rng.uniform()), 2),
+        )  # fmt: skip
+        projection.apply([LogEntry(projection.seq + 1, "bench", update)])
+        started = time.perf_counter()
+        filtered(i)
+        after_write_ms.append((time.perf_counter() - started) * 1000)
+    emit("filtered_search", experiences=corpus.n, queries=len(probes), k=K,
+         filter="min_importance 0.5 (about half)", plain_p50_ms=pct(plain_ms, 50),
+         filtered_p50_ms=pct(filtered_ms, 50), filtered_p99_ms=pct(filtered_ms, 99),
+         after_a_write_p50_ms=pct(after_write_ms, 50),
+         after_a_write_p99_ms=pct(after_write_ms, 99),
+         ratio_filtered_to_plain_p50=sig(pct(filtered_ms, 50) / pct(plain_ms, 50)))  # fmt: skip
 
 
 def hybrid_and_context(
@@ -417,7 +460,7 @@ async def vector_figures(n: int, count: int, figures: set[str]) -> None:
     texts = [corpus.query_text(rng, int(i)) for i in picked]
     with tempfile.TemporaryDirectory(prefix="pulse-bench-projection-") as tmp:
         peer = await fill_and_rebuild(tmp, corpus, unit, figures)  # NATS stops after it
-        if figures & {"similar_search", "hybrid_and_context"}:
+        if figures & {"similar_search", "hybrid_and_context", "filtered_search"}:
             projection = Projection(state_dir(tmp))
             try:
                 indexed = projection.vectors[("experience", corpus.cid)].members
@@ -426,6 +469,8 @@ async def vector_figures(n: int, count: int, figures: set[str]) -> None:
                     similar_search(projection, corpus, peer, probes)
                 if "hybrid_and_context" in figures:
                     hybrid_and_context(projection, corpus, probes, texts)
+                if "filtered_search" in figures:  # last: it changes the projection
+                    filtered_search(projection, corpus, probes)
             finally:
                 projection.close()
         del peer
