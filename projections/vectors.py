@@ -284,7 +284,7 @@ class VectorIndex:
         self._selectors.clear()
 
     def _erase_codes(self, index: Any, vec_ids: list[int]) -> None:
-        """Zero the stored codes of ``vec_ids`` in an HNSW index (forgetting)."""
+        """Overwrite the stored codes of ``vec_ids`` in an HNSW index (forgetting)."""
         if not vec_ids:
             return
         storage = faiss.downcast_index(faiss.downcast_index(index.index).storage)
