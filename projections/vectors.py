@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import math
 import mmap
 import os
 from dataclasses import dataclass, field
@@ -362,7 +363,9 @@ class VectorIndex:
         self._settle()
         if k <= 0 or not self.members:
             return []
-        q = normalized(np.asarray(query, dtype=np.float32))
+        q = np.asarray(query, dtype=np.float32).reshape(1, -1)
+        length = math.sqrt(float(q[0] @ q[0]))
+        q = q / length if length > 0 else q
         hnsw = self.is_hnsw
         if allowed is not None:
             candidates = np.asarray(allowed, dtype=np.int64)
@@ -403,9 +406,13 @@ class VectorIndex:
         if not len(ids):
             return []
         ids = np.sort(ids)
-        scores = self.exact.unit(ids) @ q[0]
+        vectors = self.exact.get(ids)
+        norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))
+        scores = np.divide(
+            vectors @ q[0], norms, out=np.zeros(len(ids), np.float32), where=norms > 0
+        )
         top = np.argsort(-scores, kind="stable")[:k]
-        return [(int(ids[i]), float(scores[i])) for i in top]
+        return list(zip(ids[top].tolist(), scores[top].tolist(), strict=True))
 
     def _excluding(self, include_archived: bool) -> Any:
         """The selector of what a search may return (cached until the sets change);
