@@ -400,13 +400,11 @@ class Engine:
             projection.sync_indexes()
         self.seq = projection.seq
         self.events_applied += len(ordered)
-        kept_aside: dict[int, str] = {}
-        if len(rejected) > rejected_before:  # (only this batch adds to it, in order)
-            first = ordered[0].seq
-            for seq in reversed(rejected):
-                if seq < first:
-                    break
-                kept_aside[seq] = rejected[seq].reason
+        kept_aside = (  # looked for only when this batch kept something aside
+            {e.seq: rejected[e.seq].reason for e in ordered if e.seq in rejected}
+            if len(rejected) > rejected_before
+            else {}
+        )
         landed_dead: dict[int, str] = {}
         if not bulk:
             memory = projection.memory

@@ -286,6 +286,11 @@ class Projection:
         # no text commit here: a tantivy commit costs ~15 ms; searches commit first
         # (so they read every applied write) and save() commits with the manifest
 
+    def _rows(self, kind: str) -> dict[tuple[Any, ...], ExperienceRow | InsightRow]:
+        """The experience or insight rows (``kind``)."""
+        memory = self.memory
+        return memory.experiences if kind == "experience" else memory.insights  # type: ignore[return-value]
+
     def _drop_index(self, kind: str, collective_id: UUID) -> None:
         """Forget a collective's index and overwrite its vectors in the exact file; a
         row that stays (not deleted) keeps its own copy of its vector first."""
@@ -293,11 +298,9 @@ class Projection:
         if index is None:
             return
         index.wait()
-        table = self.memory.experiences if kind == "experience" else self.memory.insights
+        table = self._rows(kind)
         for row_id in index.keys.values():
-            row = table.get((row_id,))
-            if row is not None and isinstance(row.embedding, memoryview):
-                row.embedding = bytes(row.embedding)
+            _own_copy(table.get((row_id,)))
         index.exact.erase(index.members)
 
     def _sync_rows(self, kind: str, ids: set[UUID]) -> None:
@@ -307,7 +310,7 @@ class Projection:
                 self._sync_row(kind, row_id, adds)
             except Exception:  # one row an index refuses must not stop the others
                 log.exception("%s %s could not be indexed", kind, row_id)
-        table = self.memory.experiences if kind == "experience" else self.memory.insights
+        table = self._rows(kind)
         for (collective_id, dim), (vec_ids, vectors, keys) in adds.items():
             try:
                 matrix = np.frombuffer(b"".join(vectors), dtype="<f4").reshape(len(vectors), dim)
@@ -352,8 +355,7 @@ class Projection:
         vec_id_or_none = memory.vec_ids.get(row_id)
         index_or_none = self.vectors.get((kind, collective_id)) if collective_id else None
         if index_or_none is not None and vec_id_or_none is not None:
-            if row is not None and isinstance(row.embedding, memoryview):
-                row.embedding = bytes(row.embedding)  # kept (not deleted): its own copy
+            _own_copy(row)  # removing it overwrites the file's copy
             index_or_none.remove([vec_id_or_none])
         self.text.remove(row_id)
 
@@ -376,16 +378,13 @@ class Projection:
                 )
                 self._live_collectives[collective_id] = dim
         by_vec_id = {vec_id: row_id for row_id, vec_id in memory.vec_ids.items()}
-        tables: dict[str, dict[tuple[Any, ...], ExperienceRow | InsightRow]] = {
-            "experience": memory.experiences,  # type: ignore[dict-item]
-            "insight": memory.insights,  # type: ignore[dict-item]
-        }
         for (kind, _collective_id), index in self.vectors.items():  # point rows at the file
             for vec_id in index.members:
-                row = tables[kind].get((by_vec_id.get(vec_id),))
+                row = self._rows(kind).get((by_vec_id.get(vec_id),))
                 if row is not None and row.create_event is not None and not row.deleted:
                     row.embedding = index.exact.view(vec_id)
-        for row_type, table in ((ExperienceRow, memory.experiences), (InsightRow, memory.insights)):
+        for row_type, kind in ((ExperienceRow, "experience"), (InsightRow, "insight")):
+            table = self._rows(kind)
             missing = [  # in no saved index (behind it, or not live): read from DuckDB
                 key[0]
                 for key, row in table.items()
@@ -411,14 +410,12 @@ class Projection:
                     not _indexable_insight(memory, insight)
                 ):
                     stale.append(vec_id)
-            for vec_id in stale:  # a row that stays keeps its own copy of its vector
-                kept = tables[kind].get((by_vec_id.get(vec_id),))
-                if kept is not None and isinstance(kept.embedding, memoryview):
-                    kept.embedding = bytes(kept.embedding)
+            for vec_id in stale:  # removing them overwrites the file's copies
+                _own_copy(self._rows(kind).get((by_vec_id.get(vec_id),)))
             index.remove(stale)
         unindexed = {  # live rows no saved index holds (saved before they arrived)
-            kind: {k[0] for k, r in tables[kind].items() if isinstance(r.embedding, bytes)}
-            for kind in tables
+            kind: {k[0] for k, r in self._rows(kind).items() if isinstance(r.embedding, bytes)}
+            for kind in ("experience", "insight")
         }
         if saved_seq < self._seq or any(unindexed.values()):  # catch up from the rows
             changed = self.store.changed_since(saved_seq)
@@ -451,6 +448,13 @@ class Projection:
         self.store.close()
         for exact in self.exact.values():
             exact.close()
+
+
+def _own_copy(row: ExperienceRow | InsightRow | None) -> None:
+    """Give a row that stays its own copy of its embedding, before the exact-vectors
+    file's copy is overwritten (it is, when a vector leaves its index)."""
+    if row is not None and isinstance(row.embedding, memoryview):
+        row.embedding = bytes(row.embedding)
 
 
 def _give_back_freed_memory() -> None:

@@ -256,6 +256,9 @@ class _Columns:
     collective itself changed or too much did."""
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         self.version = -1
         self.index_of: dict[UUID, int] = {}
         self.vec_ids = np.zeros(0, dtype=np.int64)
@@ -279,7 +282,7 @@ class _Columns:
             or len(changed) > len(self.vec_ids) // 4 + 1000
             or dead > len(self.alive) // 2 + 1000  # superseded slots: start afresh
         ):
-            self.__init__()  # type: ignore[misc]
+            self._reset()
             rows = list(p.memory.live_experiences_of(collective_id))
         else:
             rows = []

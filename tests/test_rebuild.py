@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import IO, Iterator
+from typing import Iterator
 
 import pytest
 
@@ -101,15 +101,24 @@ def pulse_json(data_dir: Path, *args: str) -> dict[str, object]:
     return dict(json.loads(result.stdout))
 
 
-def past_checkpoint(progress: IO[str], label: str, every: int) -> bool:
-    """Read progress lines until one reports ``every`` events done: the round that
-    crossed that count wrote its checkpoint before reporting."""
-    for line in progress:
+def killed_after_checkpoint(data_dir: Path, command: str, label: str, every: int) -> None:
+    """Run ``pulse <command> --checkpoint-every <every>``; SIGKILL it once a progress
+    line reports ``every`` events done (the round that crossed that count wrote its
+    checkpoint before reporting)."""
+    process = subprocess.Popen(
+        [PULSE, "--data-dir", str(data_dir), command, "--checkpoint-every", str(every)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+    )  # fmt: skip
+    assert process.stderr is not None
+    for line in process.stderr:
         assert line.startswith(label), line
-        done = int(line.removeprefix(label).split("/")[0].replace(",", ""))
-        if done >= every:
-            return True
-    return False
+        if int(line.removeprefix(label).split("/")[0].replace(",", "")) >= every:
+            break
+    else:
+        raise AssertionError(f"pulse {command} ended before reporting {every} events")
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGKILL, "killed mid-run, not finished"
 
 
 def _env() -> dict[str, str]:
@@ -134,14 +143,7 @@ async def test_digest_is_the_same_before_and_after_rebuild(data_dir: Path) -> No
 async def test_catch_up_killed_mid_batch_resumes_from_its_checkpoint(data_dir: Path) -> None:
     last = await fill(data_dir, history(12_000))
     for _ in range(2):  # kill it twice, at different points
-        process = subprocess.Popen(
-            [PULSE, "--data-dir", str(data_dir), "catch-up", "--checkpoint-every", "2000"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-        )  # fmt: skip
-        assert process.stderr is not None
-        assert past_checkpoint(process.stderr, "applying ", 2000)
-        process.send_signal(signal.SIGKILL)
-        process.communicate(timeout=30)
+        killed_after_checkpoint(data_dir, "catch-up", "applying ", 2000)
         store = Store((data_dir / "state").resolve() / "state.duckdb", read_only=True)
         seq, applied = store.checkpoint()
         store.close()
@@ -161,14 +163,7 @@ async def test_rebuild_killed_midway_leaves_a_state_that_opens_and_converges(
     last = await fill(data_dir, history(12_000))
     caught = pulse_json(data_dir, "catch-up")
     current = (data_dir / "state").resolve()
-    process = subprocess.Popen(
-        [PULSE, "--data-dir", str(data_dir), "rebuild", "--checkpoint-every", "2000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-    )  # fmt: skip
-    assert process.stderr is not None
-    assert past_checkpoint(process.stderr, "rebuilding ", 2000)
-    process.send_signal(signal.SIGKILL)
-    process.communicate(timeout=30)
+    killed_after_checkpoint(data_dir, "rebuild", "rebuilding ", 2000)
     assert (data_dir / "state").resolve() == current, "the link moves only when it is done"
     left = [d for d in data_dir.glob("state-*") if d != current]
     assert left, "the killed rebuild left its half-built state"
