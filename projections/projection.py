@@ -413,9 +413,17 @@ class Projection:
             for vec_id in stale:  # removing them overwrites the file's copies
                 _own_copy(self._rows(kind).get((by_vec_id.get(vec_id),)))
             index.remove(stale)
-        unindexed = {  # live rows no saved index holds (saved before they arrived)
-            kind: {k[0] for k, r in self._rows(kind).items() if isinstance(r.embedding, bytes)}
-            for kind in ("experience", "insight")
+        unindexed = {  # live rows no saved index holds (dead letters hold bytes for good)
+            "experience": {
+                k[0]
+                for k, r in memory.experiences.items()
+                if isinstance(r.embedding, bytes) and memory.live_experience(k[0]) is not None
+            },
+            "insight": {
+                k[0]
+                for k, r in memory.insights.items()
+                if isinstance(r.embedding, bytes) and _indexable_insight(memory, r)
+            },
         }
         if saved_seq < self._seq or any(unindexed.values()):  # catch up from the rows
             changed = self.store.changed_since(saved_seq)

@@ -437,3 +437,18 @@ def test_filtered_search_follows_every_change(
     assert found(important) == []
     assert found(q.ExperienceFilter(domains=("ops",))) == []
     p.close()
+
+
+def test_reopening_a_saved_state_with_dead_letters_writes_nothing(world: World) -> None:
+    """A dead letter (here an embedding of the wrong dimension) is in no index and keeps
+    its bytes; opening a state that holds one must not take it for a row the indexes
+    missed, re-index and save everything again."""
+    world.projection.close()
+    manifest = world.projection.dir / "vectors" / "manifest.json"
+    written = manifest.stat().st_mtime_ns
+    reopened = Projection(world.projection.dir)
+    assert manifest.stat().st_mtime_ns == written, "opening saved the indexes again"
+    row = reopened.memory.experiences[(world.wrong_dim.experience_id,)]
+    assert isinstance(row.embedding, bytes) and len(row.embedding) == 12  # still a dead letter
+    assert q.get_experience(reopened, world.wrong_dim.experience_id) is None
+    reopened.close()
