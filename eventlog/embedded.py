@@ -5,14 +5,33 @@
 under ``<data_dir>/nats/store`` and (by default) ``sync_interval: always`` so that every
 acknowledged write is on disk first. The files it keeps in ``<data_dir>/nats``:
 
-    lock          held (flock) by the process that owns the server
-    server.json   pid, client URL and monitoring URL of the running server
-    nats.conf     the generated configuration;  nats.log  the server's output
+    lock              held (flock) by the process that owns the server
+    server.json       pid, client URL and monitoring URL of the running server
+    credentials.json  the user and password every client must present (mode 0600)
+    nats.conf         the generated configuration (mode 0600: it holds the password)
+    nats.log          the server's output
+
+Credentials. The server refuses clients without the user and password of
+``credentials.json``, a JSON object ``{"user": "pulse", "password": "..."}`` (32 random
+bytes, URL-safe) generated on the first start (or the first start after an upgrade from
+a version without it) and kept from then on, so a restarted, reused or adopted server
+takes the same ones. The file is created with mode 0600, so only the owner of the data
+directory (and root) can connect: other local users can no longer publish to, purge or
+delete the stream. ``url`` carries the credentials (``nats://pulse:...@127.0.0.1:port``,
+which nats-py accepts as is); ``plain_url`` is the address alone, for printing. The same
+file format is what ``PULSE_NATS_CREDS`` / ``PulseDB.open(..., nats_credentials=...)``
+take for a server or cluster of one's own (``pulse nats-config`` writes one).
+The password is written in clear into ``nats.conf`` (nats-server also takes bcrypt
+hashes, but a hash would need a bcrypt library for no gain: ``credentials.json`` next to
+it holds the password anyway); both files are 0600. The monitoring port (loopback,
+``/healthz`` and read-only statistics) needs no credentials.
 
 A second process pointed at the same data directory finds the lock taken and reuses the
 running server (``owned`` is False; it will not stop it), or fails with a message that
 says who holds the directory. The server gets SIGTERM when its owner dies (Linux
-``PR_SET_PDEATHSIG``), so a crashed owner leaves no stray server behind.
+``PR_SET_PDEATHSIG``), so a crashed owner leaves no stray server behind. A server left
+running by a crashed owner is adopted only if it takes the data directory's credentials;
+one that does not (started by a Pulse from before credentials) is stopped and replaced.
 """
 
 from __future__ import annotations
@@ -22,23 +41,113 @@ import ctypes
 import fcntl
 import json
 import os
+import re
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
 import time
+import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from eventlog.errors import PulseError
+from eventlog.errors import PulseError, ValidationError
 from eventlog.streams import DEFAULT_MAX_MSG_SIZE
 
 
 class EmbeddedNatsError(PulseError):
     """The embedded server could not be started or reused."""
+
+
+_URL_SAFE = re.compile(r"[A-Za-z0-9._~-]+")
+
+
+def write_private(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` with mode 0600, atomically (never readable by others,
+    not even for a moment, and a file that was readable before becomes 0600)."""
+    target = Path(path)
+    tmp = target.with_name(target.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(out.fileno(), 0o600)
+        out.write(text)
+    os.replace(tmp, target)
+
+
+@dataclass(frozen=True)
+class NatsCredentials:
+    """A NATS user and password, as a Pulse credentials file holds them: a JSON object
+    ``{"user": ..., "password": ...}`` with mode 0600 (see the module docstring)."""
+
+    user: str
+    password: str
+
+    @classmethod
+    def generate(cls, user: str = "pulse") -> NatsCredentials:
+        return cls(user, secrets.token_urlsafe(32))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> NatsCredentials:
+        """The credentials of a file; ``ValidationError`` naming the file if unusable."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise ValidationError(
+                f"nats credentials: cannot read {path} ({exc.strerror or exc})"
+            ) from None
+        except ValueError as exc:
+            raise ValidationError(f"nats credentials: {path} is not JSON ({exc})") from None
+        if not (
+            isinstance(data, dict)
+            and isinstance(data.get("user"), str)
+            and isinstance(data.get("password"), str)
+            and data["user"]
+            and data["password"]
+        ):
+            raise ValidationError(
+                f'nats credentials: {path} must hold {{"user": "...", "password": "..."}}'
+            )
+        return cls(data["user"], data["password"])
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the credentials file (mode 0600)."""
+        write_private(path, json.dumps({"user": self.user, "password": self.password}) + "\n")
+
+    def in_url(self, url: str) -> str:
+        """``url`` with these credentials in it: ``nats://user:password@host:port``."""
+        if not (_URL_SAFE.fullmatch(self.user) and _URL_SAFE.fullmatch(self.password)):
+            raise ValidationError(
+                "nats credentials: user and password must be URL-safe (letters, digits, "
+                "'.', '_', '~', '-') to go into a URL; pass them as connect options instead"
+            )
+        parts = urllib.parse.urlsplit(url)
+        netloc = f"{self.user}:{self.password}@{parts.netloc.rpartition('@')[2]}"
+        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def _takes(url: str, credentials: NatsCredentials) -> bool:
+    """Does the server at ``url`` ask for credentials and accept these? (A server started
+    without credentials asks for none.) A raw protocol exchange: INFO, CONNECT, PING."""
+    parts = urllib.parse.urlsplit(url)
+    connect = {"user": credentials.user, "pass": credentials.password, "verbose": False,
+               "pedantic": False, "name": "pulse-probe"}  # fmt: skip
+    try:
+        with socket.create_connection((parts.hostname, parts.port), timeout=2.0) as sock:
+            stream = sock.makefile("rwb")
+            info = json.loads(stream.readline().partition(b" ")[2] or b"{}")
+            if not info.get("auth_required"):
+                return False
+            stream.write(b"CONNECT " + json.dumps(connect).encode() + b"\r\nPING\r\n")
+            stream.flush()
+            return stream.readline().startswith(b"PONG")
+    except (OSError, ValueError):
+        return False
 
 
 def find_nats_server() -> str:
@@ -93,7 +202,10 @@ class EmbeddedNats:
         self.max_payload = max_payload
         self.ready_timeout = ready_timeout
         self.server_name = server_name
-        self.url = ""
+        self.credentials_file = self.dir / "credentials.json"
+        self.credentials: NatsCredentials | None = None  # None: a server asking for none
+        self.url = ""  # with the credentials in it: what clients connect to
+        self.plain_url = ""  # the address alone, for messages
         self.monitor_url = ""
         self.owned = False
         self._process: subprocess.Popen[bytes] | None = None
@@ -112,9 +224,14 @@ class EmbeddedNats:
             return self._reuse()
         self._lock = lock
         try:
+            self.credentials = self._own_credentials()
             running = self._read_state()
             if running and self._alive(running):  # left behind by an owner that crashed
-                self._adopt(running)
+                if _takes(running["url"], self.credentials):
+                    self._adopt(running)
+                else:  # started without (or with other) credentials: replace it
+                    self._terminate(int(running["pid"]), self.ready_timeout)
+                    self._spawn()
             else:
                 self._spawn()
         except BaseException:
@@ -129,14 +246,7 @@ class EmbeddedNats:
             return
         pid = self._process.pid if self._process else self._read_state().get("pid", 0)
         if pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and self._pid_running(pid):
-                time.sleep(0.02)
-            if self._pid_running(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            self._terminate(pid, timeout)
             if self._process:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self._process.wait(timeout=timeout)
@@ -166,8 +276,28 @@ class EmbeddedNats:
 
     # -- internals -------------------------------------------------------------------------
 
+    def _own_credentials(self) -> NatsCredentials:
+        """The data directory's credentials; generated (0600) when there are none yet."""
+        if self.credentials_file.exists():
+            return NatsCredentials.load(self.credentials_file)
+        credentials = NatsCredentials.generate()
+        credentials.save(self.credentials_file)
+        return credentials
+
+    def _set_urls(self, plain_url: str, monitor_url: str) -> None:
+        self.plain_url, self.monitor_url = plain_url, monitor_url
+        self.url = self.credentials.in_url(plain_url) if self.credentials else plain_url
+
     def config_text(self) -> str:
         store = str(self.dir / "store")
+        auth = []
+        if self.credentials is not None:
+            auth = [
+                "authorization {",
+                f"  user: {json.dumps(self.credentials.user)}",
+                f"  password: {json.dumps(self.credentials.password)}",
+                "}",
+            ]
         return "\n".join(
             [
                 f"server_name: {json.dumps(self.server_name)}",
@@ -180,6 +310,7 @@ class EmbeddedNats:
                 f"  store_dir: {json.dumps(store)}",
                 f"  sync_interval: {'always' if self.sync_always else '2m'}",
                 "}",
+                *auth,
                 "",
             ]
         )
@@ -189,7 +320,7 @@ class EmbeddedNats:
         for stale in self.dir.glob("*.ports"):
             stale.unlink()
         conf = self.dir / "nats.conf"
-        conf.write_text(self.config_text())
+        write_private(conf, self.config_text())  # it holds the password
         logfile = open(self.dir / "nats.log", "ab")
         try:
             self._process = subprocess.Popen(
@@ -212,8 +343,7 @@ class EmbeddedNats:
             if ports_file.exists():
                 with contextlib.suppress(ValueError):
                     ports = json.loads(ports_file.read_text())
-                    self.url = ports["nats"][0]
-                    self.monitor_url = ports["monitoring"][0]
+                    self._set_urls(ports["nats"][0], ports["monitoring"][0])
                     if _http_ok(f"{self.monitor_url}/healthz"):
                         break
             if time.monotonic() > deadline:
@@ -226,7 +356,7 @@ class EmbeddedNats:
         self._write_state()
 
     def _adopt(self, state: dict[str, Any]) -> None:
-        self.url, self.monitor_url = state["url"], state["monitor_url"]
+        self._set_urls(state["url"], state["monitor_url"])
         self._write_state()
 
     def _reuse(self) -> str:
@@ -235,7 +365,11 @@ class EmbeddedNats:
         while time.monotonic() < deadline:
             state = self._read_state()
             if state and self._alive(state):
-                self.url, self.monitor_url = state["url"], state["monitor_url"]
+                # the owner wrote the credentials before it started the server; a server
+                # of a Pulse from before credentials has none (and asks for none)
+                if self.credentials_file.exists():
+                    self.credentials = NatsCredentials.load(self.credentials_file)
+                self._set_urls(state["url"], state["monitor_url"])
                 self.owned = False
                 return self.url
             time.sleep(0.05)
@@ -252,6 +386,18 @@ class EmbeddedNats:
             and self._pid_running(int(state["pid"]))
             and _http_ok(f"{state.get('monitor_url', '')}/healthz")
         )
+
+    @classmethod
+    def _terminate(cls, pid: int, timeout: float) -> None:
+        """SIGTERM, then SIGKILL if ``pid`` is still running after ``timeout`` seconds."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and cls._pid_running(pid):
+            time.sleep(0.02)
+        if cls._pid_running(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     @staticmethod
     def _pid_running(pid: int) -> bool:
@@ -275,7 +421,7 @@ class EmbeddedNats:
         state = {
             "pid": self.pid,
             "owner_pid": os.getpid(),
-            "url": self.url,
+            "url": self.plain_url,  # never the credentials: this file is not private
             "monitor_url": self.monitor_url,
         }
         tmp = self.dir / "server.json.tmp"

@@ -50,7 +50,12 @@ def node_config(
 
 
 class LocalCluster:
-    """``size`` nats-server processes clustered on loopback, each with its own store."""
+    """``size`` nats-server processes clustered on loopback, each with its own store.
+
+    ``configs``: run these configurations instead of plain ones (e.g. written by
+    ``ops.natsconf.write_cluster`` for this cluster's ports, with TLS and credentials);
+    set them before ``start``. ``urls`` stay ``nats://``: a server that requires TLS
+    upgrades the connection."""
 
     def __init__(self, root: str | os.PathLike[str], size: int = 3, name: str = "pulse") -> None:
         self.root = Path(root)
@@ -60,6 +65,7 @@ class LocalCluster:
         self.route_ports = [free_port() for _ in range(size)]
         self.monitor_ports = [free_port() for _ in range(size)]
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * size
+        self.configs: list[Path] | None = None
 
     @property
     def urls(self) -> list[str]:
@@ -76,17 +82,20 @@ class LocalCluster:
         node_dir.mkdir(parents=True, exist_ok=True)
         conf = node_dir / "nats.conf"
         peers = [p for j, p in enumerate(self.route_ports) if j != i]
-        conf.write_text(
-            node_config(
-                f"n{i}",
-                node_dir / "store",
-                self.client_ports[i],
-                self.route_ports[i],
-                self.monitor_ports[i],
-                peers,
-                self.name,
+        if self.configs is not None:
+            conf = self.configs[i]
+        else:
+            conf.write_text(
+                node_config(
+                    f"n{i}",
+                    node_dir / "store",
+                    self.client_ports[i],
+                    self.route_ports[i],
+                    self.monitor_ports[i],
+                    peers,
+                    self.name,
+                )
             )
-        )
         with open(node_dir / "nats.log", "ab") as logfile:
             self.processes[i] = subprocess.Popen(
                 [find_nats_server(), "-c", str(conf)],

@@ -22,7 +22,9 @@ async def run_demo(directory: Path | None, experiences: int, reinforcements: int
     url = server.start()
     hosts: list[PulseDB] = []
     try:
-        print(f"NATS at {url}; three hosts with their own data directories under {root}")
+        print(
+            f"NATS at {server.plain_url}; three hosts with their own data directories under {root}"
+        )
         hosts = [await PulseDB.open(root / f"host-{i + 1}", url) for i in range(HOSTS)]
         collective = await hosts[0].create_collective("demo-owner", "demo", 8)
         await asyncio.gather(*(h.sync() for h in hosts))

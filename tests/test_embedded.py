@@ -58,7 +58,7 @@ def pid_gone(pid: int) -> bool:
 
 def test_starts_on_loopback_with_store_in_data_dir_and_sync_always(tmp_path: Path) -> None:
     with EmbeddedNats(tmp_path) as server:
-        assert server.owned and server.url.startswith("nats://127.0.0.1:")
+        assert server.owned and server.plain_url.startswith("nats://127.0.0.1:")
         varz = json.load(urllib.request.urlopen(f"{server.monitor_url}/varz"))
         assert varz["host"] == "127.0.0.1"
         assert varz["jetstream"]["config"]["sync_always"] is True
