@@ -62,3 +62,23 @@ class DecodeError(PulseError):
         self.subject = subject
         self.seq = seq
         self.instance_id = instance_id
+
+
+class QueryLimitExceeded(PulseError):
+    """A read-only SQL query (``PulseDB.sql``) ran into a limit of the SQL sandbox
+    (``projections.analytics.SqlLimits``): ``limit`` names it ("time" or "memory") and
+    ``setting`` the environment variable that sets it. Nothing changed; ask for less."""
+
+    def __init__(self, message: str, *, limit: str, setting: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.setting = setting
+
+
+class QueryTimedOut(QueryLimitExceeded):
+    """The query ran past its time limit and was interrupted (HTTP 408)."""
+
+
+class QueryOutOfMemory(QueryLimitExceeded):
+    """The query needed more memory (and temp-file space) than the sandbox allows
+    (HTTP 413)."""

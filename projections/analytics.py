@@ -5,11 +5,58 @@ activities of the activity stream are offered as a table named ``activities`` fo
 one query (they are presence, not folded state). Both run on a cursor of a flushed
 state that the engine hands out (``Engine.cursor``), on a thread of their own: DuckDB
 reads run beside the engine's writes.
+
+The SQL sandbox. An analyst's query reads the state's tables and views and nothing
+else: no file, no URL, no extension, no setting, within a time, memory and result
+limit (``SqlLimits``, from ``$PULSE_SQL_*``). Where it is enforced, and why there:
+
+- ``enable_external_access = false`` cannot be used. It is an instance-wide DuckDB
+  setting (there is no per-connection one), the analysts' cursors share the engine's
+  instance, and the engine needs external access: ``Store.write`` inserts its staged
+  columns by a Python replacement scan (``... FROM staged``), which that setting turns
+  off (measured: "Table with name staged does not exist"), and ``export`` writes Parquet
+  with ``COPY ... TO``. A second, sandboxed DuckDB instance that ATTACHes the state file
+  read-only is refused by DuckDB while the engine's instance holds the file in the same
+  process ("Unique file handle conflict: ... already attached by database"), and a copy
+  of the state per query would cost what the state weighs.
+- So every query is checked before DuckDB binds it (binding alone reads files: the CSV
+  sniffer, globbing): its parse tree (``json_serialize_sql``) may name only tables and
+  views of the database, ``activities`` and its own CTEs (plain identifiers: a file
+  replacement scan needs a dot or a slash in the name), and only the table functions of
+  ``TABLE_FUNCTIONS``; ``read_text``, ``read_csv``, ``read_parquet``, ``glob``,
+  ``query``, ``'file.csv'`` and URLs are refused by name. A query the serializer cannot
+  express (PIVOT inside a query) is refused too. Statements other than a query (COPY,
+  ATTACH, INSTALL, LOAD, SET, PRAGMA, RESET, CALL, ...) were already refused by type.
+- Behind that, instance-wide settings the engine does not need, set (``sandbox``) when
+  the engine hands out its first cursor: no extension autoloading or autoinstalling, no
+  community extensions, and ``lock_configuration = true`` (only the engine's own
+  ``checkpoint_threshold`` and ``enable_progress_bar`` and the sandbox's two limits stay
+  settable, by ``allowed_configs``): even a statement that slipped past the checks could
+  change no setting.
+- Memory: DuckDB's per-connection ``operator_memory_limit`` did not bound a sort of
+  3e7 random rows (1 GB resident with it at 8 MB), so the limit is the instance's
+  ``memory_limit`` (shared with the engine's writes, which need little: the state lives
+  in Python) and ``max_temp_directory_size`` caps what spills to disk (measured: with
+  200 MB of memory a sort spilled 680 MB; with a 50 MB cap it failed at 47 MB).
+  DuckDB's ``max_execution_time`` is instance-wide too (it would also stop the engine's
+  checkpoints), so time is a timer that calls ``interrupt()`` on the query's own cursor;
+  cancelling the awaiting task interrupts it the same way (``run_async``).
+- Rows stream from DuckDB (``execute`` returns before the result is built) and are
+  fetched in chunks until the rows limit or ``max_bytes`` of JSON; then the result says
+  ``truncated`` and which (``truncated_by``). Nothing runs on the event loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import os
+import re
+import threading
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -18,20 +65,102 @@ import duckdb
 import msgspec
 import numpy as np
 
-from eventlog.errors import ValidationError
+from eventlog.errors import PulseError, QueryOutOfMemory, QueryTimedOut, ValidationError
 
 VIEWS = ("collectives", "experiences", "applications", "relations", "insights",
          "insight_sources", "wisdom", "dead_letters")  # fmt: skip
+# table functions that compute rows and touch nothing outside the query
+TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SIZE = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
+_CHUNK = 1024  # rows fetched from DuckDB at a time
+
+
+@dataclass(frozen=True, slots=True)
+class SqlLimits:
+    """The limits of the SQL sandbox, set by whoever runs the instance (never by a
+    query); ``from_env`` reads them from ``$PULSE_SQL_*``. An engine takes them from the
+    environment at its first query unless ``Engine.sql_limits`` is set."""
+
+    time_limit: float = 10.0  # seconds; then the query is interrupted ($PULSE_SQL_TIME_LIMIT)
+    memory_limit: str = "2GB"  # DuckDB's memory, engine included ($PULSE_SQL_MEMORY_LIMIT)
+    temp_limit: str = "1GB"  # spilled to temp files; "0B": none ($PULSE_SQL_TEMP_LIMIT)
+    max_bytes: int = 16 * 1024 * 1024  # of result rows as JSON ($PULSE_SQL_MAX_BYTES)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.time_limit, (int, float)) or not 0 < self.time_limit <= 86400:
+            raise ValidationError(
+                f"time_limit ($PULSE_SQL_TIME_LIMIT): must be seconds in (0, 86400], "
+                f"got {self.time_limit!r}"
+            )
+        for name, variable in (("memory_limit", "MEMORY"), ("temp_limit", "TEMP")):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not _SIZE.fullmatch(value.strip()):
+                raise ValidationError(
+                    f"{name} ($PULSE_SQL_{variable}_LIMIT): must be a size such as 512MB or "
+                    f"2GB, got {value!r}"
+                )
+        if (
+            isinstance(self.max_bytes, bool)
+            or not isinstance(self.max_bytes, int)
+            or (self.max_bytes < 1024)
+        ):
+            raise ValidationError(
+                f"max_bytes ($PULSE_SQL_MAX_BYTES): must be an integer >= 1024, "
+                f"got {self.max_bytes!r}"
+            )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> SqlLimits:
+        env = os.environ if environ is None else environ
+        found: dict[str, Any] = {}
+        for field_name, variable, kind in (
+            ("time_limit", "PULSE_SQL_TIME_LIMIT", float),
+            ("memory_limit", "PULSE_SQL_MEMORY_LIMIT", str),
+            ("temp_limit", "PULSE_SQL_TEMP_LIMIT", str),
+            ("max_bytes", "PULSE_SQL_MAX_BYTES", int),
+        ):
+            text = env.get(variable, "").strip()
+            if not text:
+                continue
+            try:
+                found[field_name] = kind(text)
+            except ValueError:
+                raise ValidationError(f"${variable}: not a valid value: {text!r}") from None
+        return cls(**found)
+
+
+_ALLOWED_CONFIGS = ("memory_limit", "max_temp_directory_size", "checkpoint_threshold",
+                    "enable_progress_bar")  # fmt: skip
+
+
+def sandbox(con: duckdb.DuckDBPyConnection, limits: SqlLimits) -> None:
+    """Set the sandbox's instance-wide settings through the engine's connection (on its
+    thread): the extension switches and the lock once, the two limits every time."""
+    found = con.execute("SELECT current_setting('lock_configuration')").fetchone()
+    locked = bool(found and found[0])
+    if not locked:
+        con.execute("SET autoinstall_known_extensions = false")
+        con.execute("SET autoload_known_extensions = false")
+        con.execute("SET allow_community_extensions = false")
+        con.execute(f"SET allowed_configs = {list(_ALLOWED_CONFIGS)!r}")
+    con.execute(f"SET memory_limit = '{limits.memory_limit.strip()}'")
+    con.execute(f"SET max_temp_directory_size = '{limits.temp_limit.strip()}'")
+    if not locked:
+        con.execute("SET lock_configuration = true")
 
 
 class SqlResult(msgspec.Struct, frozen=True, kw_only=True):
     columns: list[str]
     rows: list[list[Any]]  # JSON-ready values: UUIDs and times as text, vectors as sizes
-    truncated: bool = False  # more rows than the limit
+    truncated: bool = False  # more rows than a limit let through: see truncated_by
     seq: int = 0  # the stream sequence the state it read reflects
+    truncated_by: str | None = None  # "rows" (the limit argument) or "bytes" (max_bytes)
 
 
-def check_read_only(sql: str) -> None:
+def check_read_only(sql: str) -> str:
+    """Refuse anything but one query (a SELECT, or EXPLAIN of one); returns the query
+    (without its EXPLAIN)."""
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
@@ -39,40 +168,257 @@ def check_read_only(sql: str) -> None:
     if len(statements) != 1:
         raise ValidationError(f"query: give exactly one statement, got {len(statements)}")
     kind = statements[0].type.name
+    query = sql
     if kind == "EXPLAIN":  # EXPLAIN ANALYZE runs what it explains: only plain SELECTs
-        words = sql.split()
-        inner = " ".join(words[1:])
-        if words[1:2] and words[1].upper() == "ANALYZE":
+        words = _words(sql)
+        following = words[1][1].upper() if len(words) > 1 else ""
+        if following in ("ANALYZE", "ANALYSE"):
             raise ValidationError("query: EXPLAIN ANALYZE runs the statement; use EXPLAIN")
-        kind = duckdb.extract_statements(inner)[0].type.name if inner else kind
+        if following == "(":
+            raise ValidationError("query: EXPLAIN takes no options here; use plain EXPLAIN")
+        query = sql[words[1][0] :] if len(words) > 1 else ""
+        try:
+            inner = duckdb.extract_statements(query)
+        except duckdb.Error as exc:
+            raise ValidationError(f"query: {_first_line(exc)}") from None
+        kind = inner[0].type.name if len(inner) == 1 else "EXPLAIN"
     if kind != "SELECT":
         raise ValidationError(
             f"query: only read-only queries are allowed (SELECT, EXPLAIN), got {kind}; "
             "the state changes only through events"
         )
+    return query
 
 
-def run(
-    cursor: duckdb.DuckDBPyConnection, sql: str, activities: list[Any], limit: int, seq: int = 0
-) -> SqlResult:
-    """Run a checked query on ``cursor`` (closed after) with ``activities`` as a table."""
-    check_read_only(sql)
-    try:  # inside the cursor's transaction, rolled back below: nothing a query does stays
-        cursor.register("activities", _relation(cursor, _activity_columns(activities)))
-        result = cursor.execute(sql)
+def _words(sql: str) -> list[tuple[int, str]]:
+    """The first tokens of ``sql`` (comments left out), with where each starts."""
+    tokens = duckdb.tokenize(sql)
+    found: list[tuple[int, str]] = []
+    for at, (start, kind) in enumerate(tokens):
+        if kind == duckdb.token_type.comment:
+            continue
+        end = tokens[at + 1][0] if at + 1 < len(tokens) else len(sql)
+        found.append((start, sql[start:end].strip()))
+        if len(found) == 2:
+            break
+    return found
+
+
+def check_sandboxed(cursor: duckdb.DuckDBPyConnection, query: str) -> None:
+    """Refuse a query (a SELECT) that names anything but the tables and views of the
+    database, ``activities``, its own CTEs and the table functions of
+    ``TABLE_FUNCTIONS``: see the module docstring. Parses only; nothing is bound."""
+    found = cursor.execute("SELECT json_serialize_sql(?)", [query]).fetchone()
+    tree = json.loads(found[0]) if found else {"error": True, "error_message": "?"}
+    if tree.get("error"):
+        if tree.get("error_type") == "parser":
+            raise ValidationError(f"query: Parser Error: {tree.get('error_message')}")
+        raise ValidationError(
+            f"query: the SQL sandbox cannot check this query ({tree.get('error_message')}), "
+            "so it does not run; write it as a plain SELECT (e.g. without PIVOT)"
+        )
+    ctes: set[str] = set()
+    tables: list[tuple[str, str, str]] = []
+    stack: list[Any] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        stack.extend(node.values())
+        kind = node.get("type")
+        if isinstance(node.get("cte_map"), dict):
+            ctes.update(str(e.get("key", "")).lower() for e in node["cte_map"].get("map", []))
+        if kind == "TABLE_FUNCTION" and isinstance(node.get("function"), dict):
+            name = str(node["function"].get("function_name", "")).lower()
+            if name not in TABLE_FUNCTIONS or node["function"].get("catalog"):
+                raise ValidationError(
+                    f"query: the table function {name}() is not allowed: the SQL sandbox "
+                    "reads the state's tables and views only, never files, URLs or "
+                    f"settings (allowed table functions: {', '.join(sorted(TABLE_FUNCTIONS))})"
+                )
+        elif (kind == "BASE_TABLE" and "table_name" in node) or (
+            kind == "SHOW_REF" and node.get("query") is None
+            and node.get("show_type") != "SHOW_SPECIAL"  # SHOW TABLES and the like are fine
+        ):  # fmt: skip
+            tables.append(_name(node))
+    if not tables:
+        return
+    known = cursor.execute(
+        "SELECT database_name, schema_name, table_name FROM duckdb_tables() UNION ALL "
+        "SELECT database_name, schema_name, view_name FROM duckdb_views()"
+    ).fetchall()
+    names = {(c.lower(), s.lower(), t.lower()) for c, s, t in known}
+    for catalog, schema, table in tables:
+        wanted = (catalog.lower(), schema.lower(), table.lower())
+        if (
+            not catalog
+            and not schema
+            and (wanted[2] == "activities" or (wanted[2] in ctes and _IDENTIFIER.fullmatch(table)))
+        ):
+            continue
+        if any(
+            t == wanted[2] and (not schema or s == wanted[1]) and (not catalog or c == wanted[0])
+            for c, s, t in names
+        ):
+            continue
+        shown = ".".join(p for p in (catalog, schema, table) if p)
+        raise ValidationError(
+            f"query: no table or view named {shown!r}: the SQL sandbox reads the state's "
+            f"tables and views only ({', '.join(VIEWS)}, activities), never files or URLs"
+        )
+
+
+def _name(ref: dict[str, Any]) -> tuple[str, str, str]:
+    return (str(ref.get("catalog_name") or ""), str(ref.get("schema_name") or ""),
+            str(ref.get("table_name") or ""))  # fmt: skip
+
+
+def _execute(cursor: duckdb.DuckDBPyConnection, sql: str) -> duckdb.DuckDBPyConnection:
+    # a frame of its own: DuckDB looks up unknown table names among the caller's local
+    # variables (a Python replacement scan), and here there are only these two
+    return cursor.execute(sql)
+
+
+class SqlQuery:
+    """One analyst's query on a cursor of its own (in a transaction over a flushed state;
+    rolled back and closed after): ``run`` on a thread of its own, ``cancel`` from any
+    thread, which interrupts it in DuckDB. ``run`` stops it after ``limits.time_limit``."""
+
+    def __init__(
+        self,
+        cursor: duckdb.DuckDBPyConnection,
+        sql: str,
+        activities: list[Any],
+        limit: int,
+        seq: int,
+        limits: SqlLimits,
+    ) -> None:
+        self._cursor, self.sql, self._activities = cursor, sql, activities
+        self.limit, self.seq, self.limits = limit, seq, limits
+        self._lock = threading.Lock()
+        self._stopped: str | None = None  # "time" or "cancelled"
+        self._executing = False
+        self._closed = False
+
+    def cancel(self, why: str = "cancelled") -> None:
+        with self._lock:
+            if self._stopped is None:
+                self._stopped = why
+            if not self._executing or self._closed:
+                return  # run() looks at _stopped before it executes
+            with contextlib.suppress(duckdb.Error, RuntimeError):
+                self._cursor.interrupt()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._executing = False
+        with contextlib.suppress(duckdb.Error):
+            self._cursor.rollback()  # nothing a query does stays
+        self._cursor.close()
+
+    def run(self) -> SqlResult:
+        timer = threading.Timer(self.limits.time_limit, self.cancel, ("time",))
+        timer.daemon = True
+        timer.start()
+        try:
+            return self._run()
+        except duckdb.InterruptException:
+            raise self._stop_error() from None
+        except duckdb.OutOfMemoryException:
+            raise QueryOutOfMemory(
+                f"query: needs more memory than the SQL sandbox allows ({self.limits.memory_limit} "
+                f"of memory, $PULSE_SQL_MEMORY_LIMIT, and {self.limits.temp_limit} of temp "
+                "files, $PULSE_SQL_TEMP_LIMIT); aggregate or filter more",
+                limit="memory", setting="PULSE_SQL_MEMORY_LIMIT",
+            ) from None  # fmt: skip
+        except duckdb.Error as exc:
+            raise ValidationError(f"query: {_first_line(exc)}") from None
+        finally:
+            timer.cancel()
+            self.close()
+
+    def _stop_error(self) -> PulseError:
+        if self._stopped == "time":
+            return QueryTimedOut(
+                f"query: stopped at the time limit of the SQL sandbox, "
+                f"{self.limits.time_limit:g} s ($PULSE_SQL_TIME_LIMIT); ask for less",
+                limit="time", setting="PULSE_SQL_TIME_LIMIT",
+            )  # fmt: skip
+        return PulseError("query: cancelled (the client went away)")
+
+    def _run(self) -> SqlResult:
+        cursor = self._cursor
+        query = check_read_only(self.sql)
+        check_sandboxed(cursor, query)
+        cursor.execute("SET enable_progress_bar = false")  # it would print to our stdout
+        cursor.register("activities", _relation(cursor, _activity_columns(self._activities)))
+        with self._lock:
+            if self._stopped is not None:
+                raise self._stop_error()
+            self._executing = True
+        result = _execute(cursor, self.sql)
         columns = [d[0] for d in result.description or []]
-        rows = result.fetchmany(limit + 1)
-    except duckdb.Error as exc:
-        raise ValidationError(f"query: {_first_line(exc)}") from None
-    finally:
-        cursor.rollback()
-        cursor.close()
-    return SqlResult(
-        columns=columns,
-        rows=[[cell(v) for v in row] for row in rows[:limit]],
-        truncated=len(rows) > limit,
-        seq=seq,
-    )
+        rows: list[list[Any]] = []
+        size = 2  # the brackets of the list of rows
+        truncated_by: str | None = None
+        while truncated_by is None:
+            if self._stopped is not None:  # converting rows is Python's time, not DuckDB's
+                raise self._stop_error()
+            batch = result.fetchmany(min(_CHUNK, self.limit + 1 - len(rows)))
+            if not batch:
+                break
+            for row in batch:
+                if len(rows) == self.limit:
+                    truncated_by = "rows"
+                    break
+                cells = [cell(v) for v in row]
+                size += _json_size(cells) + 1
+                if size > self.limits.max_bytes:
+                    truncated_by = "bytes"
+                    break
+                rows.append(cells)
+        return SqlResult(
+            columns=columns,
+            rows=rows,
+            truncated=truncated_by is not None,
+            seq=self.seq,
+            truncated_by=truncated_by,
+        )
+
+
+def _json_size(cells: list[Any]) -> int:
+    try:
+        return len(msgspec.json.encode(cells))
+    except (TypeError, ValueError, OverflowError):  # a value JSON cannot carry as is
+        return len(str(cells))
+
+
+async def run_async(query: SqlQuery) -> SqlResult:
+    """Run ``query`` on a thread of its own (never the event loop) and await its result;
+    cancelling the awaiting task interrupts the query in DuckDB."""
+    done: concurrent.futures.Future[SqlResult] = concurrent.futures.Future()
+
+    def work() -> None:
+        if not done.set_running_or_notify_cancel():
+            query.close()
+            return
+        try:
+            done.set_result(query.run())
+        except BaseException as exc:
+            done.set_exception(exc)
+
+    threading.Thread(target=work, name="pulse-sql", daemon=True).start()
+    try:
+        return await asyncio.wrap_future(done)
+    except asyncio.CancelledError:
+        query.cancel()
+        raise
 
 
 def export(

@@ -40,6 +40,7 @@ import duckdb
 from eventlog.errors import PulseError
 from eventlog.limits import check_ranges
 from eventlog.log import EventLog, LogEntry
+from projections.analytics import SqlLimits, sandbox
 from projections.projection import Progress, Projection, ProjectionSettings
 
 log = logging.getLogger("pulse.engine")
@@ -217,13 +218,30 @@ class Engine:
         """(sequence applied and flushed, events applied in all)."""
         return await self.run(Projection.checkpoint)
 
+    # the limits of the SQL sandbox (projections.analytics); None: from $PULSE_SQL_* at
+    # the first cursor. Set it to change them; the next cursor applies them.
+    sql_limits: SqlLimits | None = None
+    _sandboxed: tuple[int, SqlLimits] | None = None  # (connection, limits) last applied
+
+    def limits(self) -> SqlLimits:
+        """The SQL sandbox's limits (read from the environment the first time)."""
+        if self.sql_limits is None:
+            self.sql_limits = SqlLimits.from_env()
+        return self.sql_limits
+
     async def cursor(self) -> tuple[duckdb.DuckDBPyConnection, int]:
         """A DuckDB cursor in a transaction over a flushed state, and the sequence that
         state reflects: for SQL that may take long, run off the engine thread (DuckDB
-        reads are concurrent). Roll it back and close it when done."""
+        reads are concurrent). Roll it back and close it when done. The database is in
+        the SQL sandbox from the first cursor on (``analytics.sandbox``: no extension
+        loading, settings locked, the memory and temp-file limits of ``limits()``)."""
+        limits = self.limits()
 
         def flushed_cursor(p: Projection) -> tuple[duckdb.DuckDBPyConnection, int]:
             seq = p.flush()
+            if self._sandboxed != (id(p.store.con), limits):
+                sandbox(p.store.con, limits)
+                self._sandboxed = (id(p.store.con), limits)
             cursor = p.store.con.cursor()
             cursor.begin()  # its snapshot starts here, before the engine writes again
             return cursor, seq

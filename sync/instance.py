@@ -191,15 +191,24 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, I
         is flushed first; ``SqlResult.seq`` is the stream sequence the answer reflects.
         The query runs on its own thread, so a long one holds up neither the loop nor
         the engine.
+
+        It runs in a sandbox (``projections.analytics``): the state's tables and views
+        only (no files, URLs, extensions or settings: a ValidationError says what was
+        refused), at most ``$PULSE_SQL_TIME_LIMIT`` seconds (10; then QueryTimedOut),
+        within ``$PULSE_SQL_MEMORY_LIMIT`` and ``$PULSE_SQL_TEMP_LIMIT`` (2GB, 1GB; then
+        QueryOutOfMemory). The answer stops at ``limit`` rows or ``$PULSE_SQL_MAX_BYTES``
+        of JSON (16 MiB), whichever comes first: ``truncated`` and ``truncated_by`` say
+        so. Cancelling the awaiting task interrupts the query.
         """
         if not isinstance(query, str) or not query.strip():
             raise ValidationError("query: give one SQL query")
         check_rows_limit(limit)
         analytics.check_read_only(query)
-        live = {c.collective_id for c in await self.list_collectives()}
+        live = {c.collective_id for c in await self._read(queries.list_collectives)}
         activities = [a for a in await self._activities(None) if a.collective_id in live]
         cursor, seq = await self.engine.cursor()
-        return await asyncio.to_thread(analytics.run, cursor, query, activities, limit, seq)
+        run = analytics.SqlQuery(cursor, query, activities, limit, seq, self.engine.limits())
+        return await analytics.run_async(run)  # cancelling the caller interrupts it
 
     async def export(self, directory: str | os.PathLike[str]) -> dict[str, int]:
         """Write every view of ``sql`` as a Parquet file in ``directory`` (plus the
