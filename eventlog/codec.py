@@ -11,7 +11,8 @@ Older schema versions are upcast on read: ``UPCASTERS[v]`` turns a raw body of v
 
 A message on the log is input from another host, so reading one is checking it: the body
 must be a well-typed event, every value in range (``eventlog.limits.check_ranges``: the
-data model's limits, clocks, counts, dimensions, finite floats) and, on a Pulse subject,
+data model's limits, clocks, counts, dimensions, finite floats), its clock not further
+ahead of the time the stream stored it than ``limits.CLOCK_AHEAD_MS`` and, on a Pulse subject,
 the subject must be the one the body names (``subject_for``). Anything else raises
 ``DecodeError`` naming the subject, the stream sequence and, when the body says, the
 instance that wrote it; never anything else, so a consumer can set it aside and go on.
@@ -27,7 +28,7 @@ import msgspec
 
 from eventlog.errors import DecodeError
 from eventlog.events import Event, EventBase, event_type_name
-from eventlog.limits import check_ranges
+from eventlog.limits import check_clock, check_ranges
 from eventlog.subjects import PREFIX, subject_for
 
 SCHEMA_VERSION = 1
@@ -114,10 +115,13 @@ def decode_event(
     *,
     subject: str = "",
     seq: int | None = None,
+    stored_ms: int | None = None,
 ) -> Event:
     """The event in a message body; raises ``DecodeError`` (only) when it is not one: not
-    a well-typed event, a value out of range, or (on a ``pulse.`` subject) a subject other
-    than the body's own. Without a subject (or a foreign one) the subject is not checked."""
+    a well-typed event, a value out of range, a clock too far ahead of ``stored_ms`` (the
+    time the log stored the message, when known: ``eventlog.limits.check_clock``), or (on
+    a ``pulse.`` subject) a subject other than the body's own. Without a subject (or a
+    foreign one) the subject is not checked."""
     version = schema_version_of(headers, subject=subject, seq=seq)
     if version > SCHEMA_VERSION:
         raise _refusal(
@@ -135,6 +139,8 @@ def decode_event(
         raise _refusal(str(exc), payload, subject, seq) from exc
     try:
         check_ranges(event)
+        if stored_ms is not None:
+            check_clock(event, stored_ms)
     except ValueError as exc:
         raise _refusal(str(exc), payload, subject, seq, event.instance_id) from None
     if subject.startswith(_PULSE_SUBJECT):

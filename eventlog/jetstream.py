@@ -19,6 +19,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import ssl
 import time
 from collections import deque
 from typing import Any, AsyncGenerator, Callable, Sequence
@@ -33,11 +35,18 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 
 from eventlog.codec import HDR_MSG_ID, decode_event, encode_event
+from eventlog.embedded import NatsCredentials
 from eventlog.errors import ConflictError, DecodeError, LogUnavailable, PulseError, ValidationError
 from eventlog.events import Event
 from eventlog.ids import uuid7
-from eventlog.log import EXPECTED_LAST_SUBJECT_SEQ, EventLog, LogEntry
-from eventlog.reader import read_in_child
+from eventlog.log import (
+    EXPECTED_LAST_SUBJECT_SEQ,
+    HDR_IDEMPOTENCY,
+    EventLog,
+    LogEntry,
+    key_conflict,
+)
+from eventlog.reader import read_in_child, stored_ms
 from eventlog.streams import StreamSettings, ensure_streams
 from eventlog.subjects import PREFIX, is_activity_subject, subject_for
 
@@ -95,6 +104,30 @@ def _translate(
     return None
 
 
+def _without_password(url: str) -> str:
+    """``url`` fit for a message: a password in it replaced by ``***``."""
+    scheme, sep, rest = url.rpartition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not at:
+        return url
+    return f"{scheme}{sep}{userinfo.partition(':')[0]}:***@{host}"
+
+
+def _refusal(exc: BaseException) -> str | None:
+    """Why the server refused a connection for good (credentials, certificate), if so."""
+    if isinstance(exc, nats.errors.AuthorizationError) or "authorization" in str(exc).lower():
+        return (
+            "authorization violation: wrong or missing credentials (give the credentials "
+            "file: --nats-creds / $PULSE_NATS_CREDS)"
+        )
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (
+            f"its TLS certificate cannot be verified ({exc.verify_message}): give the CA "
+            "that signed it (--nats-ca / $PULSE_NATS_CA)"
+        )
+    return None
+
+
 class JetStreamLog(EventLog):
     """``EventLog`` on NATS JetStream; see the module docstring for how it behaves."""
 
@@ -111,6 +144,8 @@ class JetStreamLog(EventLog):
             raise ValidationError(f"append_timeout: must be > 0 seconds, got {append_timeout}")
         self.nc = nc
         self.servers: list[str] = []  # the URLs connected to (a child reader uses them)
+        self.credentials: str | None = None  # the credentials file and CA connected with
+        self.tls_ca: str | None = None
         self.js = nc.jetstream(timeout=append_timeout)
         # API calls (stream info, consumers) get short timeouts and are retried, so one
         # request lost during a leader election does not eat a whole time budget
@@ -132,37 +167,80 @@ class JetStreamLog(EventLog):
         create_streams: bool = True,
         update_streams: bool = True,
         name: str = "pulse",
+        credentials: str | os.PathLike[str] | None = None,
+        tls_ca: str | os.PathLike[str] | None = None,
     ) -> JetStreamLog:
         """Connect to NATS (one URL or a cluster's URLs) and make sure the streams exist.
 
+        ``credentials``: a Pulse credentials file (JSON ``{"user", "password"}``, as
+        ``pulse nats-config`` and the embedded server write them); credentials in a URL
+        (``nats://user:password@host:port``) work too. ``tls_ca``: the CA certificate
+        (PEM) that signed the servers' certificates, for a server that requires TLS.
+
         Raises ``LogUnavailable`` if NATS cannot be reached within ``connect_timeout``
-        or JetStream does not become ready (a cluster electing its leader) in that time.
+        or JetStream does not become ready (a cluster electing its leader) in that time,
+        and at once if the server refuses the credentials or its certificate.
         """
         urls = [servers] if isinstance(servers, str) else list(servers)
+        where = ", ".join(_without_password(url) for url in urls)
+        options: dict[str, Any] = {}
+        if credentials is not None:
+            user = NatsCredentials.load(credentials)
+            options.update(user=user.user, password=user.password)
+        if tls_ca is not None:
+            try:
+                options["tls"] = ssl.create_default_context(cafile=os.fspath(tls_ca))
+            except (OSError, ssl.SSLError) as exc:
+                raise ValidationError(f"nats CA: cannot load {tls_ca} ({exc})") from None
+        refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
         async def quiet(exc: Exception) -> None:
             log.debug("nats: %r", exc)
+            reason = _refusal(exc)
+            if reason and not refused.done():
+                refused.set_result(reason)
 
-        try:
-            nc = await asyncio.wait_for(
-                nats.connect(
-                    servers=urls,
-                    name=name,
-                    connect_timeout=min(connect_timeout, 2.0),
-                    allow_reconnect=True,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.25,
-                    error_cb=quiet,
-                ),
-                timeout=connect_timeout,
+        nc = NATS()
+        connecting: asyncio.Future[Any] = asyncio.ensure_future(
+            nc.connect(
+                servers=urls,
+                name=name,
+                connect_timeout=min(connect_timeout, 2.0),  # type: ignore[arg-type]  # seconds
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.25,  # type: ignore[arg-type]  # (nats-py hints say int)
+                error_cb=quiet,
+                **options,
             )
-        except (TimeoutError, OSError, nats.errors.Error) as exc:
-            raise LogUnavailable(
-                f"cannot reach NATS at {', '.join(urls)} within {connect_timeout:g}s ({exc!r}); "
-                "is the server running? (`pulse up` starts one)"
-            ) from exc
+        )
+        try:
+            waiting: set[asyncio.Future[Any]] = {connecting, refused}
+            done, _ = await asyncio.wait(
+                waiting, timeout=connect_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if connecting in done:
+                connecting.result()
+            elif refused in done:
+                raise LogUnavailable(f"NATS at {where} refused the connection: {refused.result()}")
+            else:
+                raise TimeoutError(f"no connection within {connect_timeout:g}s")
+        except BaseException as exc:
+            if not connecting.done():
+                connecting.cancel()
+                with contextlib.suppress(BaseException):
+                    await connecting
+            with contextlib.suppress(Exception):  # a connection being set up is closed too
+                await asyncio.wait_for(nc.close(), 2.0)  # (nats-py may hang after a TLS error)
+            if isinstance(exc, (TimeoutError, OSError, nats.errors.Error)):
+                raise LogUnavailable(
+                    f"cannot reach NATS at {where} within {connect_timeout:g}s ({exc!r}); "
+                    "is the server running? (`pulse up` starts one)"
+                ) from exc
+            raise
         self = cls(nc, settings, append_timeout=append_timeout)
         self.servers = urls
+        self.credentials = os.fspath(credentials) if credentials is not None else None
+        self.tls_ca = os.fspath(tls_ca) if tls_ca is not None else None
         if create_streams:
             try:
                 await self._retry(
@@ -237,6 +315,49 @@ class JetStreamLog(EventLog):
             f"(last error: {last_error!r}); the event may or may not be stored, and retrying "
             "it is safe"
         )
+
+    async def append_keyed(self, event: Event, fingerprint: str) -> tuple[int, Event | None]:
+        subject, payload, headers, ttl = self._publish_args(event, None)
+        headers[HDR_IDEMPOTENCY] = fingerprint
+        deadline = time.monotonic() + self.append_timeout
+        last_error: BaseException | None = None
+        while (remaining := deadline - time.monotonic()) > 0:
+            if self.nc.is_closed:
+                raise LogUnavailable("the NATS connection is closed")
+            try:
+                ack = await self.js.publish(
+                    subject, payload, timeout=min(remaining, 2.0), headers=headers, msg_ttl=ttl
+                )
+                break
+            except Exception as exc:  # translated below; unknown errors propagate
+                error = _translate(exc, subject=subject, expected=None)
+                if error is not None:
+                    raise error from exc
+                if not isinstance(exc, (*_TRANSIENT, nats.js.errors.APIError)):
+                    raise
+                last_error = exc
+            await asyncio.sleep(min(_RETRY_PAUSE, max(0.0, deadline - time.monotonic())))
+        else:
+            raise LogUnavailable(
+                f"no acknowledgement from JetStream for {subject} within "
+                f"{self.append_timeout:g}s (last error: {last_error!r}); retrying the call "
+                "with the same idempotency key is safe"
+            )
+        seq = int(ack.seq)
+        if not ack.duplicate:
+            return seq, None
+        # a retry: JetStream kept the first copy; what was it asked to do?
+        stream = self.settings.activity_name if is_activity_subject(subject) else self.settings.name
+        try:
+            stored = await self._retry(lambda: self.admin.get_msg(stream, seq), self.append_timeout)
+        except nats.js.errors.NotFoundError:  # purged (a delete) since
+            return seq, event
+        if (stored.headers or {}).get(HDR_IDEMPOTENCY) != fingerprint:
+            raise key_conflict(subject)
+        try:
+            return seq, decode_event(stored.data or b"", stored.headers, subject=subject, seq=seq)
+        except DecodeError:
+            return seq, event
 
     async def _stored_seq(self, event: Event, subject: str, after: int) -> int:
         """The sequence of ``event`` on ``subject`` after sequence ``after``, or 0."""
@@ -398,8 +519,9 @@ class JetStreamLog(EventLog):
                 yield batch
             return
         async for batch in read_in_child(
-            self.servers, self.settings.name, from_seq, end, batch_size
-        ):
+            self.servers, self.settings.name, from_seq, end, batch_size,
+            credentials=self.credentials, tls_ca=self.tls_ca,
+        ):  # fmt: skip
             yield batch
 
     async def tail(
@@ -479,11 +601,12 @@ def _ack_position(reply: str) -> tuple[int, int]:
 
 
 def _decode(msg: Msg, seq: int) -> LogEntry:
+    when = stored_ms(msg.reply)
     try:
-        event = decode_event(msg.data, msg.headers, subject=msg.subject, seq=seq)
+        event = decode_event(msg.data, msg.headers, subject=msg.subject, seq=seq, stored_ms=when)
     except DecodeError as exc:
-        return LogEntry(seq, msg.subject, None, exc)
-    return LogEntry(seq, msg.subject, event)
+        return LogEntry(seq, msg.subject, None, exc, when)
+    return LogEntry(seq, msg.subject, event, None, when)
 
 
 async def _pull(

@@ -19,6 +19,7 @@ characters, got 101``), the same text on every host.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -62,6 +63,39 @@ MILLIS_MAX = HLC_MAX >> ev.HLC_LOGICAL_BITS  # 2**47-1, the year 6429
 # one a stored message); at 2**62 per entry, four forged entries would overflow it. An
 # honest instance publishes one event per application, so it never nears 2**32.
 APPLICATIONS_MAX = 2**32
+
+
+def _clock_ahead_ms() -> int:
+    raw = os.environ.get("PULSE_CLOCK_AHEAD_MS", "60000")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(
+            f"PULSE_CLOCK_AHEAD_MS: must be a whole number of ms, got {raw!r}"
+        ) from None
+    if not 1_000 <= value <= 86_400_000:
+        raise ValueError(f"PULSE_CLOCK_AHEAD_MS: must be in 1000..86400000, got {value}")
+    return value
+
+
+# How far an event's clock may be ahead of the time the log stored it. The time is the
+# stream's own (JetStream stamps every message when it stores it), the same on every
+# host and in every replay, so the verdict is too; a host whose wall clock runs further
+# ahead than this cannot win every last-writer-wins field from then on: its events are
+# dead letters, and its own writes raise. Every host of a deployment must use the same
+# value (``PULSE_CLOCK_AHEAD_MS``, default 60 s).
+CLOCK_AHEAD_MS = _clock_ahead_ms()
+
+
+def check_clock(event: ev.Event, stored_ms: int) -> None:
+    """Raise ``ValueError`` when ``event``'s clock is more than ``CLOCK_AHEAD_MS`` ahead
+    of ``stored_ms``, the time the log stored it."""
+    ahead = ev.hlc_millis(event.hlc) - stored_ms
+    if ahead > CLOCK_AHEAD_MS:
+        raise ValueError(
+            f"hlc: must be at most {CLOCK_AHEAD_MS} ms ahead of the time the log stored the "
+            f"event, got {ahead} ms ahead (the writer's clock runs fast)"
+        )
 
 
 def limit_text(value: int) -> str:

@@ -17,10 +17,19 @@ from types import TracebackType
 from typing import AsyncGenerator, Sequence
 from uuid import UUID
 
-from eventlog.errors import DecodeError
+from eventlog.errors import ConflictError, DecodeError
 from eventlog.events import Event
 
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+HDR_IDEMPOTENCY = "Pulse-Idempotency"  # the fingerprint of the idempotent call that wrote it
+
+
+def key_conflict(subject: str) -> ConflictError:
+    return ConflictError(
+        "idempotency_key: already used for a call with other arguments (or another "
+        "method); use a new key for a new call",
+        subject=subject,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,13 +38,16 @@ class LogEntry:
 
     A message that cannot be decoded comes back with ``event=None`` and the
     ``DecodeError`` in ``error`` instead of raising, so a consumer can set it aside
-    (the projections keep it as a dead letter) and keep going.
+    (the projections keep it as a dead letter) and keep going. ``stored_ms`` is the time
+    the log stored it (the stream's clock; None where it is not known, e.g. an event a
+    writer hands its own engine).
     """
 
     seq: int
     subject: str
     event: Event | None
     error: DecodeError | None = None
+    stored_ms: int | None = None
 
 
 class EventLog(abc.ABC):
@@ -97,6 +109,17 @@ class EventLog(abc.ABC):
     @abc.abstractmethod
     async def latest_activities(self, collective_id: UUID | None = None) -> list[LogEntry]:
         """The last activity event of each agent (of one collective, or all) still kept."""
+
+    @abc.abstractmethod
+    async def append_keyed(self, event: Event, fingerprint: str) -> tuple[int, Event | None]:
+        """Append one event of an idempotent call (its event id is derived from the
+        caller's key), marked with ``fingerprint`` (what the call was asked to do).
+
+        Returns ``(seq, None)`` when this append stored it, or ``(seq, first)`` when the
+        log already held an event with this id within its duplicate window: ``first``
+        is that event, stored at ``seq`` by an earlier call with the same key, and
+        nothing new is stored. Raises ``ConflictError`` when that earlier call carried
+        another fingerprint (the same key with other arguments)."""
 
     @abc.abstractmethod
     async def purge(self, subject: str, *, before_seq: int | None) -> None:

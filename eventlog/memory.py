@@ -17,7 +17,7 @@ from uuid import UUID
 from eventlog.codec import HDR_MSG_ID, decode_event, encode_event
 from eventlog.errors import ConflictError, DecodeError, LogUnavailable, ValidationError
 from eventlog.events import Event
-from eventlog.log import EventLog, LogEntry
+from eventlog.log import HDR_IDEMPOTENCY, EventLog, LogEntry, key_conflict
 from eventlog.streams import StreamSettings
 from eventlog.subjects import PREFIX, is_activity_subject, subject_matches
 
@@ -29,6 +29,7 @@ class _Stored:
     headers: Mapping[str, str]
     payload: bytes
     stored_at: float = 0.0
+    stored_ms: int = 0  # wall-clock time of the append, as JetStream stamps a message
 
 
 @dataclass(slots=True)
@@ -66,6 +67,22 @@ class MemoryLog(EventLog):
     async def append_batch(self, events: Sequence[Event], *, atomic: bool = False) -> list[int]:
         return [await self.append(event) for event in events]  # one process: all or none
 
+    async def append_keyed(self, event: Event, fingerprint: str) -> tuple[int, Event | None]:
+        wire = encode_event(event)
+        before = self._msg_ids.get(wire.headers[HDR_MSG_ID])
+        headers = {**wire.headers, HDR_IDEMPOTENCY: fingerprint}
+        seq = await self._store(wire.subject, headers, wire.payload, expected=None)
+        if before is None or before[1] != seq:
+            return seq, None
+        stream = self._activity if is_activity_subject(wire.subject) else self._main
+        stored = next((m for m in stream.messages if m.seq == seq), None)
+        if stored is None:  # purged (a delete) since: nothing to compare with
+            return seq, event
+        if stored.headers.get(HDR_IDEMPOTENCY) != fingerprint:
+            raise key_conflict(wire.subject)
+        entry = _entry(stored)
+        return seq, entry.event if entry.event is not None else event
+
     async def append_raw(
         self, subject: str, payload: bytes, headers: Mapping[str, str] | None = None
     ) -> int:
@@ -102,7 +119,7 @@ class MemoryLog(EventLog):
                 )
         stream.last_seq += 1
         seq = stream.last_seq
-        stored = _Stored(seq, subject, dict(headers), payload, now)
+        stored = _Stored(seq, subject, dict(headers), payload, now, time.time_ns() // 1_000_000)
         if stream is self._activity:  # max_msgs_per_subject = 1
             stream.messages = [m for m in stream.messages if m.subject != subject]
         stream.messages.append(stored)
@@ -220,7 +237,10 @@ def _selected(subject: str, subjects: Sequence[str] | None) -> bool:
 
 def _entry(stored: _Stored) -> LogEntry:
     try:
-        event = decode_event(stored.payload, stored.headers, subject=stored.subject, seq=stored.seq)
+        event = decode_event(
+            stored.payload, stored.headers, subject=stored.subject, seq=stored.seq,
+            stored_ms=stored.stored_ms,
+        )  # fmt: skip
     except DecodeError as exc:
-        return LogEntry(stored.seq, stored.subject, None, exc)
-    return LogEntry(stored.seq, stored.subject, event)
+        return LogEntry(stored.seq, stored.subject, None, exc, stored.stored_ms)
+    return LogEntry(stored.seq, stored.subject, event, None, stored.stored_ms)

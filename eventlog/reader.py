@@ -40,10 +40,23 @@ _checked = msgspec.msgpack.Decoder(Event)  # bodies the child has already checke
 _CURRENT = str(SCHEMA_VERSION)
 
 
+def stored_ms(reply: str) -> int | None:
+    """The time JetStream stored a delivered message (ms since the epoch), from its ack
+    subject (the token before the pending count holds it in ns); None if unreadable."""
+    tokens = reply.split(".")
+    at = 7 if len(tokens) == 9 else 9
+    try:
+        return int(tokens[at]) // 1_000_000
+    except (IndexError, ValueError):
+        return None
+
+
 def _verdict(msg: Msg, seq: int) -> _Item:
     """One message as the child hands it over: checked, or refused with the reason."""
     try:
-        event = decode_event(msg.data, msg.headers, subject=msg.subject, seq=seq)
+        event = decode_event(
+            msg.data, msg.headers, subject=msg.subject, seq=seq, stored_ms=stored_ms(msg.reply)
+        )
     except DecodeError as exc:
         writer = getattr(exc, "instance_id", None)
         return (seq, msg.subject, None, exc.reason, str(writer) if writer else None)
@@ -63,19 +76,32 @@ def _entry(item: _Item) -> LogEntry:
 
 
 async def read_in_child(
-    servers: Sequence[str], stream: str, from_seq: int, end_seq: int, batch_size: int
+    servers: Sequence[str],
+    stream: str,
+    from_seq: int,
+    end_seq: int,
+    batch_size: int,
+    *,
+    credentials: str | None = None,
+    tls_ca: str | None = None,
 ) -> AsyncGenerator[list[LogEntry], None]:
-    """Batches of entries ``from_seq``..``end_seq`` read by a child process."""
+    """Batches of entries ``from_seq``..``end_seq`` read by a child process.
+
+    The child gets what to read, and how to connect, as one JSON line on its stdin, never
+    in its argv: server URLs may carry credentials, and any local user can read a
+    process's argv (``ps``)."""
     spec = {
         "servers": list(servers), "stream": stream, "from_seq": from_seq, "end_seq": end_seq,
-        "batch_size": batch_size,
+        "batch_size": batch_size, "credentials": credentials, "tls_ca": tls_ca,
     }  # fmt: skip
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "eventlog.reader", json.dumps(spec),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        limit=2**26,
+        sys.executable, "-m", "eventlog.reader",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, limit=2**26,
     )  # fmt: skip
-    assert child.stdout is not None and child.stderr is not None
+    assert child.stdin is not None and child.stdout is not None and child.stderr is not None
+    child.stdin.write(json.dumps(spec).encode() + b"\n")
+    child.stdin.close()  # the child reads one line; a broken pipe shows as its exit status
     errors = asyncio.ensure_future(child.stderr.read())
     try:
         while True:
@@ -105,8 +131,9 @@ async def _serve(spec: dict[str, Any]) -> None:
     from eventlog.jetstream import JetStreamLog, _pull
 
     log = await JetStreamLog.connect(
-        spec["servers"], create_streams=False, update_streams=False, name="pulse-reader"
-    )
+        spec["servers"], create_streams=False, update_streams=False, name="pulse-reader",
+        credentials=spec.get("credentials"), tls_ca=spec.get("tls_ca"),
+    )  # fmt: skip
     out = sys.stdout.buffer
     try:
         async for items in _pull(
@@ -123,6 +150,6 @@ async def _serve(spec: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     try:
-        asyncio.run(_serve(json.loads(sys.argv[1])))
+        asyncio.run(_serve(json.loads(sys.stdin.readline())))
     except BrokenPipeError:  # the reading side went away: nothing left to do
         sys.exit(1)

@@ -5,9 +5,10 @@ partial row the event describes. Because the join is commutative, associative an
 idempotent, any permutation of the same events with any duplicates folds to the same
 rows; hosts that saw the same events agree whatever the order. The rules:
 
-- create (insert if absent): the fields of the create with the smallest event id win,
-  so even two different creates under one id (a buggy writer) resolve the same way
-  everywhere; a retry of the same create changes nothing;
+- create (insert if absent): the fields of the create with the smallest event id win
+  (and of two with one event id, the earlier stamped: an idempotent call retried past
+  the duplicate window), so even two different creates under one id (a buggy writer)
+  resolve the same way everywhere; a retry of the same create changes nothing;
 - field updates, archive / unarchive: last-writer-wins registers ordered by the stamp
   (HLC, instance id, event id); the create contributes its values with its own stamp;
 - delete: a tombstone that wins and is never undone; a deleted row keeps only its key
@@ -75,13 +76,21 @@ class Row:
 
     def merge(self: R, other: R) -> R:
         """The join of two rows with the same key (returns self, updated)."""
+        return self._join(other)
+
+    def _join(self: R, other: R) -> R:
+        """``merge`` of two rows of the same collective (or of a type without one)."""
         for name in self.ANCHOR:
             theirs = getattr(other, name)
             if theirs is not None and (getattr(self, name) is None or theirs < getattr(self, name)):
                 setattr(self, name, theirs)
         if self.CREATE:
             mine, theirs = getattr(self, "create_event"), getattr(other, "create_event")  # noqa: B009
-            if theirs is not None and (mine is None or theirs < mine):
+            if theirs is not None and (
+                mine is None
+                or theirs < mine
+                or (theirs == mine and other.created_hlc < self.created_hlc)  # type: ignore[attr-defined]
+            ):  # (one event id twice: a call retried past the duplicate window, stamped anew)
                 for name in ("create_event", *self.CREATE):
                     setattr(self, name, getattr(other, name))
         for name, stamp in self._STAMPED:
@@ -104,11 +113,83 @@ class Row:
     def _wipe(self) -> None:
         """Keep the key and the tombstone; everything else back to its default."""
         for f in dataclasses.fields(self):
-            if f.name not in self.KEY and f.name not in self.ANCHOR and f.name != "deleted":
+            if f.name not in self.KEY and f.name not in self.ANCHOR and f.name not in _KEPT:
                 setattr(self, f.name, f.default)
 
     def copy(self: R) -> R:
         return dataclasses.replace(self)
+
+
+_KEPT = ("deleted", "strays")  # what a tombstone keeps besides its key and anchor
+
+
+class Placed(Row):
+    """A row of an entity that lives in one collective, fixed by its create event.
+
+    Every event about the entity names the collective; one naming another (a buggy or
+    forged writer) must change nothing, whatever order the events arrive in. So the row
+    joins the partial rows of each named collective apart, and shows the group the
+    entity belongs to: the one holding the create with the smallest event id; without a
+    create, a tombstone's (a rebuild after forgetting sees only that), else the smallest
+    collective id. The other groups are kept in ``strays`` (so a create arriving later
+    finds its writes), read by nothing and never stored: a stray group is not live, and
+    the engine reports each event that named another collective than the entity's as a
+    dead letter. (Strays are held in memory only: a host that restarts between two
+    such events, both before the entity's create, may show a different group than one
+    that did not; forged events only, and neither group is live without its create.)
+    """
+
+    __slots__ = ()
+    # declared by each subclass, as its own dataclass fields (``strays`` last)
+    collective_id: UUID | None
+    strays: dict[UUID | None, Placed] | None
+
+    def merge(self: P, other: P) -> P:
+        if (
+            other.collective_id == self.collective_id
+            and self.strays is None
+            and other.strays is None
+        ):  # one collective, as every honest history: the plain join
+            return self._join(other)
+        groups: dict[UUID | None, Placed] = {}
+        parts: list[Placed] = [self._alone(), *(self.strays or {}).values(),
+                               other._alone(), *(other.strays or {}).values()]  # fmt: skip
+        for part in parts:
+            held = groups.get(part.collective_id)
+            if held is None:
+                groups[part.collective_id] = part.copy()
+            else:
+                held._join(part)
+        main = min(groups.values(), key=_placement_rank)
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(main, f.name))
+        self.strays = {c: g for c, g in groups.items() if g is not main} or None
+        return self
+
+    def _alone(self: P) -> P:
+        """This row without its strays (a shallow copy when it has any)."""
+        if self.strays is None:
+            return self
+        alone = dataclasses.replace(self)
+        alone.strays = None
+        return alone
+
+    def copy(self: P) -> P:
+        row = dataclasses.replace(self)
+        if self.strays is not None:
+            row.strays = {c: g.copy() for c, g in self.strays.items()}
+        return row
+
+
+P = TypeVar("P", bound=Placed)
+_NO_UUID = UUID(int=0)
+
+
+def _placement_rank(group: Placed) -> tuple[int, UUID]:
+    create = getattr(group, "create_event", None)
+    if create is not None:
+        return (0, create)
+    return (1 if getattr(group, "deleted", False) else 2, group.collective_id or _NO_UUID)
 
 
 @dataclass(slots=True)
@@ -127,7 +208,7 @@ class CollectiveRow(Row):
 
 
 @dataclass(slots=True)
-class ExperienceRow(Row):
+class ExperienceRow(Placed):
     KEY = ("experience_id",)
     ANCHOR = ("collective_id",)
     CREATE = (
@@ -157,23 +238,27 @@ class ExperienceRow(Row):
     archived: bool = False
     archived_stamp: Stamp = NO_STAMP
     deleted: bool = False
+    strays: dict[UUID | None, Placed] | None = None  # see Placed; never stored
 
 
 @dataclass(slots=True)
 class ApplicationRow(Row):
-    KEY = ("experience_id", "instance_id")
-    ANCHOR = ("collective_id",)
+    """One G-counter entry: what an instance reported for an experience, apart for each
+    collective the reports named (only the experience's own collective counts: see
+    ``projections.state``), so a report naming another collective changes nothing."""
+
+    KEY = ("experience_id", "instance_id", "collective_id")
     MAXED = ("applications", "last_hlc")
 
     experience_id: UUID
     instance_id: UUID
     applications: int = 0
     last_hlc: int = 0
-    collective_id: UUID | None = None  # every reinforcement of an experience names the same
+    collective_id: UUID | None = None
 
 
 @dataclass(slots=True)
-class RelationRow(Row):
+class RelationRow(Placed):
     KEY = ("relation_id",)
     ANCHOR = ("collective_id",)
     CREATE = (
@@ -191,10 +276,11 @@ class RelationRow(Row):
     metadata: str | None = None
     created_hlc: int | None = None
     deleted: bool = False
+    strays: dict[UUID | None, Placed] | None = None  # see Placed; never stored
 
 
 @dataclass(slots=True)
-class InsightRow(Row):
+class InsightRow(Placed):
     KEY = ("insight_id",)
     ANCHOR = ("collective_id",)
     CREATE = (
@@ -212,6 +298,7 @@ class InsightRow(Row):
     domain: tuple[str, ...] | None = None
     created_hlc: int | None = None
     deleted: bool = False
+    strays: dict[UUID | None, Placed] | None = None  # see Placed; never stored
 
 
 @dataclass(slots=True)
@@ -333,13 +420,10 @@ WisdomRow.key = _single_key("wisdom_id")  # type: ignore[method-assign]
 
 
 def _application_key(self: ApplicationRow) -> tuple[Any, ...]:
-    return (self.experience_id, self.instance_id)
+    return (self.experience_id, self.instance_id, self.collective_id)
 
 
 def _application_merge(self: ApplicationRow, other: ApplicationRow) -> ApplicationRow:
-    theirs = other.collective_id
-    if theirs is not None and (self.collective_id is None or theirs < self.collective_id):
-        self.collective_id = theirs
     if other.applications > self.applications:
         self.applications = other.applications
     if other.last_hlc > self.last_hlc:

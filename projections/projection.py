@@ -166,6 +166,14 @@ class Projection:
                     )
                 )  # fmt: skip
         touched = self.memory.merge(delta)
+        for entry in fresh:  # an event naming another collective than its entity's
+            if entry.event is not None and (why := self.memory.misplaced(entry.event)):
+                self.memory.reject(
+                    Rejected(
+                        seq=entry.seq, subject=entry.subject, reason=why,
+                        instance_id=entry.event.instance_id,
+                    )
+                )  # fmt: skip
         pending = self._unindexed
         pending.experiences |= touched.experiences
         pending.insights |= touched.insights

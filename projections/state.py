@@ -39,6 +39,7 @@ from projections.fold import (
     Row,
     WisdomRow,
 )
+from projections.schema import MISPLACED
 
 R = TypeVar("R")
 
@@ -83,9 +84,11 @@ class MemoryState:
         self.forgotten_counts: set[UUID] = set()
         self.vec_ids: dict[UUID, int] = {}  # experience / insight id -> local FAISS id
         self.next_vec_id = 1
-        self.counted: dict[UUID, set[UUID]] = {}  # experience -> instances with a row
-        self.counters: dict[UUID, GCounter] = {}  # experience -> its applications
-        self.last_reinforced: dict[UUID, int] = {}  # experience -> largest HLC of one
+        # the G-counters, apart for each collective the reports named: only the one of
+        # the experience's own collective counts (``applications_of``)
+        self.counted: dict[UUID, set[tuple[UUID, UUID | None]]] = {}  # -> (instance, named)
+        self.counters: dict[tuple[UUID, UUID | None], GCounter] = {}  # (experience, named)
+        self.last_reinforced: dict[tuple[UUID, UUID | None], int] = {}  # largest HLC of one
         self.order: dict[UUID, list[tuple[int, UUID]]] = {}  # collective -> (created, id)
         self.experiences_of: dict[UUID, set[UUID]] = {}  # collective -> experience ids
         self.insights_of: dict[UUID, set[UUID]] = {}
@@ -162,7 +165,7 @@ class MemoryState:
         eid = row.experience_id
         held = self.experiences.get((eid,))
         if held is not None and held.deleted:
-            key = (eid, row.instance_id)
+            key = (eid, row.instance_id, row.collective_id)
             self.applications.pop(key, None)
             self.dirty[ApplicationRow].discard(key)
             self._forget_counts(eid)
@@ -170,11 +173,14 @@ class MemoryState:
         counted = self.counted.get(eid)
         if counted is None:
             counted = self.counted[eid] = set()
-            self.counters[eid] = GCounter()
-        counted.add(row.instance_id)
-        self.counters[eid].merge_entry(row.instance_id, row.applications)
-        if row.last_hlc > self.last_reinforced.get(eid, -1):
-            self.last_reinforced[eid] = row.last_hlc
+        counted.add((row.instance_id, row.collective_id))
+        named = (eid, row.collective_id)
+        counter = self.counters.get(named)
+        if counter is None:
+            counter = self.counters[named] = GCounter()
+        counter.merge_entry(row.instance_id, row.applications)
+        if row.last_hlc > self.last_reinforced.get(named, -1):
+            self.last_reinforced[named] = row.last_hlc
 
     def _index(self, row: Row, before: tuple[Any, ...] | None) -> None:
         """Keep the derived indexes of one row in step (``before``: its old snapshot)."""
@@ -227,11 +233,11 @@ class MemoryState:
             self._forget_counts(eid)
 
     def _forget_counts(self, experience_id: UUID) -> None:
-        self.counters.pop(experience_id, None)
-        self.last_reinforced.pop(experience_id, None)
-        for instance in self.counted.pop(experience_id, set()):
-            self.applications.pop((experience_id, instance), None)
-            self.dirty[ApplicationRow].discard((experience_id, instance))
+        for instance, named in self.counted.pop(experience_id, set()):
+            self.counters.pop((experience_id, named), None)
+            self.last_reinforced.pop((experience_id, named), None)
+            self.applications.pop((experience_id, instance, named), None)
+            self.dirty[ApplicationRow].discard((experience_id, instance, named))
         self.forgotten_counts.add(experience_id)
 
     def _index_relation(self, row: RelationRow, before: tuple[Any, ...] | None) -> None:
@@ -285,6 +291,26 @@ class MemoryState:
             if entity_id is not None:
                 return "entity" if self._deleted(table, entity_id) else None
         return None
+
+    def misplaced(self, event: Any) -> str | None:
+        """Why an event names another collective than its entity's (None: it does not, or
+        the entity's collective is not settled yet): such an event changed nothing (see
+        ``projections.fold.Placed``) and is a dead letter."""
+        entity = _PLACED.get(type(event))
+        if entity is None:
+            return None
+        name, table = entity
+        entity_id = getattr(event, name)
+        row = getattr(self, table).get((entity_id,))
+        if row is None or row.collective_id == event.collective_id:
+            return None
+        if row.create_event is None and (not row.deleted or isinstance(event, _DELETES)):
+            return None  # not settled; or deleted, where one more tombstone changes nothing
+        kind = name[: -len("_id")]
+        return (
+            f"{MISPLACED}{kind} {entity_id} belongs to collective {row.collective_id}, "
+            f"the event names {event.collective_id}"
+        )
 
     def has_changes(self) -> bool:
         """Rows or counts changed since DuckDB was last written."""
@@ -431,10 +457,19 @@ class MemoryState:
 
     # -- derived reads ---------------------------------------------------------------------
 
+    def counter_of(self, experience_id: UUID) -> GCounter | None:
+        """The G-counter of an experience: the reports that named its own collective."""
+        row = self.experiences.get((experience_id,))
+        return None if row is None else self.counters.get((experience_id, row.collective_id))
+
     def applications_of(self, experience_id: UUID) -> tuple[int, int | None]:
         """(G-counter total, HLC of the latest reinforcement or None)."""
-        counter = self.counters.get(experience_id)
-        return (counter.value if counter else 0), self.last_reinforced.get(experience_id)
+        row = self.experiences.get((experience_id,))
+        if row is None:
+            return 0, None
+        named = (experience_id, row.collective_id)
+        counter = self.counters.get(named)
+        return (counter.value if counter else 0), self.last_reinforced.get(named)
 
     def experiences_in_order(
         self, collective_id: UUID, *, newest_first: bool
@@ -483,6 +518,18 @@ def _present(ids: Iterable[UUID], live: Callable[[UUID], R | None]) -> Iterator[
 
 
 CHANGES_MAX = 10_000  # changed experiences listed per collective before "all of them"
+
+_PLACED: dict[type, tuple[str, str]] = {
+    **{
+        t: ("experience_id", "experiences")
+        for t in (
+            ev.ExperienceRecorded, ev.ExperienceUpdated, ev.ExperienceArchived,
+            ev.ExperienceUnarchived, ev.ExperienceDeleted, ev.ExperienceReinforced,
+        )
+    },
+    **{t: ("relation_id", "relations") for t in (ev.RelationStored, ev.RelationDeleted)},
+    **{t: ("insight_id", "insights") for t in (ev.InsightStored, ev.InsightDeleted)},
+}  # fmt: skip
 
 _DELETES = (
     ev.CollectiveDeleted, ev.ExperienceDeleted, ev.RelationDeleted, ev.InsightDeleted,

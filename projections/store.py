@@ -47,6 +47,11 @@ TABLE_OF: dict[type[Row], str] = {
 CHECKPOINT_THRESHOLD = "256MB"  # see Store.__init__
 
 
+def stored_columns(row_type: type[Row]) -> list[str]:
+    """The fields of a row type DuckDB holds (all but a placed row's strays)."""
+    return [f.name for f in fields(row_type) if f.name != "strays"]
+
+
 class StateInUse(PulseError):
     """Another process holds the projection's database (DuckDB allows one writer)."""
 
@@ -185,7 +190,7 @@ class Store:
     ) -> None:
         table = TABLE_OF[row_type]
         types = self._types[table]
-        names = [f.name for f in fields(row_type)]
+        names = stored_columns(row_type)
         staged: dict[str, np.ndarray[Any, Any]] = {
             n: _column([getattr(r, n) for r in rows], types[n]) for n in names
         }
@@ -234,7 +239,7 @@ class Store:
         """Every stored row of a type, as fold rows; the columns named in ``without``
         are left NULL (the projection reads embeddings from its vector files)."""
         table = TABLE_OF[row_type]
-        columns = [f.name for f in fields(row_type)]
+        columns = stored_columns(row_type)
         names = [f"NULL AS {n}" if n in without else n for n in columns]
         result = self.con.execute(f"SELECT {', '.join(names)} FROM {table}")
         # values many rows repeat (a collective, a type, an agent, the stamps a create

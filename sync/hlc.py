@@ -7,12 +7,14 @@ A value is ``pack_hlc(wall_ms, logical)`` (see ``eventlog.events``): one sortabl
 monotonic across restarts (a restarted host whose wall clock went back still issues
 greater values than its previous incarnation did). The file holds a ceiling a few
 seconds ahead of what was issued, rewritten only when the clock reaches it, so issuing
-a timestamp rarely touches the disk; a restart starts from the ceiling.
+a timestamp rarely touches the disk; a restart after a crash starts from the ceiling, one
+after a clean stop (``close``) from the last value issued.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -20,9 +22,14 @@ from pathlib import Path
 from typing import Callable
 
 from eventlog.events import HLC_LOGICAL_MAX, hlc_logical, hlc_millis, pack_hlc
+from eventlog.limits import CLOCK_AHEAD_MS
 
-LEASE_MS = 10_000  # how far ahead of the issued values the saved ceiling lies
-MAX_AHEAD_MS = 60_000  # a remote timestamp further ahead of the wall clock is not taken in
+log = logging.getLogger(__name__)
+
+LEASE_MS = 2_000  # how far ahead of the issued values the saved ceiling lies
+# a remote timestamp further ahead of the wall clock is not taken in (the same bound as
+# the log's: an event further ahead of the time the stream stored it is a dead letter)
+MAX_AHEAD_MS = CLOCK_AHEAD_MS
 
 
 def wall_ms() -> int:
@@ -46,6 +53,16 @@ class HybridClock:
                 self._last = self._ceiling = int(json.loads(self._file.read_text())["hlc"])
             except (OSError, ValueError, KeyError):
                 self._last = 0
+            trusted = pack_hlc(self._wall() + MAX_AHEAD_MS + LEASE_MS, 0)
+            if self._last > trusted:  # poisoned by a clock from the future (older versions
+                # took in any remote value) or a wall clock set back by a lot: a clock that
+                # kept it would stamp every write too far ahead for any host to accept
+                log.warning(
+                    "the saved clock %s is ahead of the wall clock by more than %d ms; "
+                    "starting from the wall clock",
+                    self._file, MAX_AHEAD_MS + LEASE_MS,
+                )  # fmt: skip
+                self._last = self._ceiling = 0
 
     @property
     def last(self) -> int:
@@ -78,9 +95,23 @@ class HybridClock:
                 self._save()
             return True
 
+    def close(self) -> None:
+        """Save the last value issued or observed as the ceiling, so a restart after a
+        clean stop starts from it rather than from the lease ahead of it (restarts in
+        quick succession, as a script of CLI commands makes, would otherwise push the
+        clock a lease ahead of the wall clock each time)."""
+        with self._lock:
+            if self._file is not None and self._last:
+                self._ceiling = self._last
+                self._write(self._ceiling)
+
     def _save(self) -> None:
         if self._file is not None and self._last >= self._ceiling:
             self._ceiling = pack_hlc(hlc_millis(self._last) + LEASE_MS, 0)
-            tmp = self._file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"hlc": self._ceiling}))
-            os.replace(tmp, self._file)
+            self._write(self._ceiling)
+
+    def _write(self, value: int) -> None:
+        assert self._file is not None
+        tmp = self._file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"hlc": value}))
+        os.replace(tmp, self._file)

@@ -215,6 +215,25 @@ def experience_registers(group: list[ev.Event]) -> dict[str, Any]:
     return columns
 
 
+def entity_row(entity: Entity, key: UUID, group: list[ev.Event]) -> fold.Row:
+    """The row of one entity's events (all naming one collective, for an entity in one)."""
+    columns: dict[str, Any] = {}
+    if entity.anchor is not None:
+        columns[entity.anchor] = min(getattr(e, entity.anchor) for e in group)
+    if any(isinstance(e, entity.delete) for e in group):
+        columns["deleted"] = True  # a tombstone: the key, the anchor and the flag
+    else:
+        creates = [e for e in group if isinstance(e, entity.create)]
+        if creates:  # the create with the smallest event id sets the create fields
+            first = min(creates, key=lambda e: (e.event_id, e.hlc))
+            columns.update(
+                entity.created(first), create_event=first.event_id, created_hlc=first.hlc
+            )
+        if entity.row is fold.ExperienceRow:
+            columns.update(experience_registers(group))
+    return entity.row(key, **columns)  # type: ignore[call-arg]
+
+
 def model(events: list[ev.Event]) -> Rows:
     unique = list({e.event_id: e for e in events}.values())  # a redelivery is the same write
     rows: Rows = {t: {} for t in fold.ROW_TYPES}
@@ -224,42 +243,53 @@ def model(events: list[ev.Event]) -> Rows:
             if isinstance(e, (entity.create, entity.delete, *entity.updates)):
                 groups.setdefault(getattr(e, entity.key), []).append(e)
         for key, group in groups.items():
-            columns: dict[str, Any] = {}
-            if entity.anchor is not None:
-                columns[entity.anchor] = min(getattr(e, entity.anchor) for e in group)
-            if any(isinstance(e, entity.delete) for e in group):
-                columns["deleted"] = True  # a tombstone: the key, the anchor and the flag
+            if entity.anchor != "collective_id":
+                rows[entity.row][(key,)] = entity_row(entity, key, group)
+                continue
+            # an entity in a collective: the events naming each collective are a row of
+            # their own; the entity is the one of its create (the smallest create event
+            # id), else of a tombstone, else of the smallest collective; the rest are
+            # strays, which nothing reads
+            named: dict[UUID, fold.Row] = {}
+            for collective in {e.collective_id for e in group}:
+                named[collective] = entity_row(
+                    entity, key, [e for e in group if e.collective_id == collective]
+                )
+            created = [r for r in named.values() if getattr(r, "create_event", None) is not None]
+            deleted = [r for r in named.values() if getattr(r, "deleted", False)]
+            if created:
+                main = min(created, key=lambda r: r.create_event)  # type: ignore[attr-defined]
+            elif deleted:
+                main = min(deleted, key=lambda r: r.collective_id)  # type: ignore[attr-defined]
             else:
-                creates = [e for e in group if isinstance(e, entity.create)]
-                if creates:  # the create with the smallest event id sets the create fields
-                    first = min(creates, key=lambda e: e.event_id)
-                    columns.update(
-                        entity.created(first), create_event=first.event_id, created_hlc=first.hlc
-                    )
-                if entity.row is fold.ExperienceRow:
-                    columns.update(experience_registers(group))
-            rows[entity.row][(key,)] = entity.row(key, **columns)  # type: ignore[call-arg]
+                main = named[min(named)]
+            main.strays = {c: r for c, r in named.items() if r is not main} or None  # type: ignore[attr-defined]
+            rows[entity.row][(key,)] = main
 
-    reports: dict[tuple[UUID, UUID], list[ev.ExperienceReinforced]] = {}
-    for e in unique:  # a G-counter: one entry per (experience, instance)
+    reports: dict[tuple[UUID, UUID, UUID], list[ev.ExperienceReinforced]] = {}
+    for e in unique:  # a G-counter: one entry per (experience, instance), per collective named
         if isinstance(e, ev.ExperienceReinforced):
-            reports.setdefault((e.experience_id, e.instance_id), []).append(e)
-    for (experience, instance), totals in reports.items():
-        rows[fold.ApplicationRow][(experience, instance)] = fold.ApplicationRow(
+            reports.setdefault((e.experience_id, e.instance_id, e.collective_id), []).append(e)
+    for (experience, instance, collective), totals in reports.items():
+        rows[fold.ApplicationRow][(experience, instance, collective)] = fold.ApplicationRow(
             experience_id=experience,
             instance_id=instance,
             applications=max(0, *(e.applications for e in totals)),  # the largest total reported
             last_hlc=max(e.hlc for e in totals),
-            collective_id=min(e.collective_id for e in totals),
+            collective_id=collective,
         )
     return rows
 
 
 def stored_model(events: list[ev.Event]) -> Rows:
     """``model`` after what the store forgets: the application counts of a deleted
-    experience."""
+    experience, and the strays of an entity (writes naming another collective)."""
     rows = model(events)
-    deleted = {e.experience_id for e in events if isinstance(e, ev.ExperienceDeleted)}
+    for table in rows.values():
+        for row in table.values():
+            if getattr(row, "strays", None) is not None:
+                row.strays = None  # type: ignore[attr-defined]
+    deleted = {k[0] for k, r in rows[fold.ExperienceRow].items() if r.deleted}  # type: ignore[attr-defined]
     rows[fold.ApplicationRow] = {
         k: r for k, r in rows[fold.ApplicationRow].items() if k[0] not in deleted
     }

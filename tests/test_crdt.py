@@ -149,3 +149,28 @@ def test_hlc_borrows_a_millisecond_when_the_logical_counter_is_full(tmp_path: Pa
     clock = HybridClock(wall=lambda: 5)
     clock.observe(pack_hlc(5, HLC_LOGICAL_MAX))
     assert clock.now() == pack_hlc(6, 0) and hlc_millis(clock.last) == 6
+
+
+def test_a_saved_clock_from_the_future_is_not_kept_across_a_restart(tmp_path: Path) -> None:
+    """A clock file holding a value far ahead of the wall clock (older versions took in
+    any remote clock, e.g. 2**63-1) would stamp every later write too far ahead for any
+    host to accept: the restarted clock starts from the wall clock instead."""
+    state = tmp_path / "clock.json"
+    state.write_text(f'{{"hlc": {2**63 - 1}}}')
+    clock = HybridClock(wall=lambda: 1_000_000, state_file=state)
+    assert hlc_millis(clock.now()) == 1_000_000
+    restarted = HybridClock(wall=lambda: 1_000_000, state_file=state)
+    assert 1_000_000 <= hlc_millis(restarted.now()) <= 1_000_000 + MAX_AHEAD_MS
+
+
+def test_restarts_after_clean_stops_do_not_push_the_clock_ahead(tmp_path: Path) -> None:
+    """Each incarnation (a CLI command) issues one value and stops cleanly: the clock
+    stays at the wall clock however many times it restarts within one millisecond."""
+    state = tmp_path / "clock.json"
+    issued = []
+    for _ in range(20):
+        clock = HybridClock(wall=lambda: 1_000_000, state_file=state)
+        issued.append(clock.now())
+        clock.close()
+    assert issued == sorted(set(issued))
+    assert hlc_millis(issued[-1]) == 1_000_000

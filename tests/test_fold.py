@@ -4,6 +4,7 @@ sharing no code with the fold)."""
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -82,3 +83,23 @@ def test_batches_fold_like_one_batch(data: st.DataObject) -> None:
     for start, end in zip([0, *cuts], [*cuts, len(events)], strict=True):
         state.merge(folded(events[start:end]))
     assert state.rows == folded(events).rows
+
+
+CREATES = (
+    ev.CollectiveCreated, ev.ExperienceRecorded, ev.RelationStored, ev.InsightStored,
+    ev.WisdomStored,
+)  # fmt: skip
+
+
+@given(EVENTS.filter(lambda e: isinstance(e, CREATES)), st.integers(1, 10**6))
+def test_one_create_stamped_twice_folds_alike_in_either_order(
+    event: ev.Event, later_ms: int
+) -> None:
+    """An idempotent call retried past the duplicate window stores its create again
+    under the same event id with a new stamp: either order folds to the same rows,
+    whose create is the first one (its stamp, its time)."""
+    again = msgspec.structs.replace(event, hlc=event.hlc + (later_ms << ev.HLC_LOGICAL_BITS))
+    rows = folded([event, again]).rows
+    assert rows == folded([again, event]).rows
+    (row,) = [r for table in rows.values() for r in table.values()]
+    assert (row.create_event, row.created_hlc) == (event.event_id, event.hlc)  # type: ignore[attr-defined]

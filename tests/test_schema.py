@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,8 +20,52 @@ def test_a_newer_schema_is_refused_with_advice(tmp_path: Path) -> None:
         Store(tmp_path / "state.duckdb")
 
 
+def as_version_3(con: Any) -> None:
+    """Give a database the application table versions 1 to 3 had: one count per
+    (experience, instance), whatever collective its reports named."""
+    con.execute("CREATE TABLE held AS SELECT * FROM application_rows")
+    con.execute("DROP VIEW experiences")
+    con.execute("DROP VIEW applications")
+    con.execute("DROP TABLE application_rows")
+    con.execute(
+        "CREATE TABLE application_rows (experience_id UUID, instance_id UUID, "
+        "applications UBIGINT NOT NULL, last_hlc UBIGINT NOT NULL, updated_seq BIGINT, "
+        "collective_id UUID, PRIMARY KEY (experience_id, instance_id))"
+    )
+    con.execute("INSERT INTO application_rows SELECT * FROM held")
+    con.execute("DROP TABLE held")
+    con.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+
+
+def test_a_version_3_database_keeps_its_counts(tmp_path: Path) -> None:
+    from eventlog import events as ev
+    from eventlog.log import LogEntry
+    from projections.projection import Projection
+    from tests import factories as f
+
+    cid = f.uuid7()
+    lesson = f.experience(cid, "a lesson")
+    events = [
+        f.collective(cid), lesson,
+        ev.ExperienceReinforced(**f.common(), experience_id=lesson.experience_id,  # type: ignore[arg-type]
+                                collective_id=cid, applications=3),
+    ]  # fmt: skip
+    projection = Projection(tmp_path)
+    projection.apply([LogEntry(i, "pulse.test", e) for i, e in enumerate(events, start=1)])
+    expected = projection.digest()
+    projection.flush()
+    as_version_3(projection.store.con)
+    projection.close()
+    migrated = Projection(tmp_path)
+    counted = migrated.store.con.execute("SELECT applications FROM experiences").fetchall()
+    assert migrated.digest() == expected
+    migrated.close()
+    assert counted == [(3,)]
+
+
 def test_a_version_1_database_is_migrated_on_open(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.duckdb")  # make it look as version 1 wrote it
+    as_version_3(store.con)
     store.con.execute("ALTER TABLE application_rows DROP COLUMN collective_id")
     store.con.execute("ALTER TABLE undecodable DROP COLUMN instance_id")
     store.con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
@@ -31,11 +76,12 @@ def test_a_version_1_database_is_migrated_on_open(tmp_path: Path) -> None:
     version = store.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     store.close()
     assert "collective_id" in columns and "instance_id" in kept_aside
-    assert version == (str(schema.SCHEMA_VERSION),) == ("3",)
+    assert version == (str(schema.SCHEMA_VERSION),) == ("4",)
 
 
 def test_a_version_2_database_names_the_writer_of_a_message_kept_aside(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.duckdb")  # as version 2 wrote it
+    as_version_3(store.con)
     store.con.execute("ALTER TABLE undecodable DROP COLUMN instance_id")
     store.con.execute("INSERT INTO undecodable VALUES (7, 'pulse.x', 'unreadable')")
     store.con.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
@@ -72,6 +118,7 @@ def test_version_1_deletes_are_forgotten_by_the_migration(tmp_path: Path) -> Non
     projection.apply([LogEntry(i, "pulse.test", e) for i, e in enumerate(events, start=1)])
     expected = projection.digest()
     con = projection.store.con  # now make it look as version 1 left it
+    as_version_3(con)
     con.execute("ALTER TABLE application_rows DROP COLUMN collective_id")
     con.execute("ALTER TABLE application_rows ADD COLUMN collective_id UUID")
     con.execute(
