@@ -27,6 +27,7 @@ from eventlog.subjects import collective_filter
 from ops.commands import GROUPS, REGISTRY, Command, execute, open_instance
 from ops.demo import run_demo
 from ops.mcp_server import build_mcp
+from ops.natsconf import cmd_nats_config, setup_nats_config
 from ops.progress import ProgressBar
 from ops.remote import running_service, service_file
 from ops.service import create_app, is_loopback
@@ -48,14 +49,19 @@ async def open_log(
     """The log named by --nats-url, or the embedded server of --data-dir (reused if running)."""
     settings = StreamSettings(replicas=args.replicas)
     server: EmbeddedNats | None = None
+    credentials = tls_ca = None
     if args.nats_url:
         urls = [u.strip() for u in args.nats_url.split(",") if u.strip()]
+        credentials, tls_ca = args.nats_creds, args.nats_ca
     else:
         server = EmbeddedNats(args.data_dir, sync_always=not getattr(args, "no_sync", False))
         urls = [await asyncio.to_thread(server.start)]  # waits for readiness: off the loop
     try:
         # only `pulse up`, the operator's command, may reconfigure existing streams
-        log = await JetStreamLog.connect(urls, settings, update_streams=args.command == "up")
+        log = await JetStreamLog.connect(
+            urls, settings, update_streams=args.command == "up", credentials=credentials,
+            tls_ca=tls_ca,
+        )  # fmt: skip
         try:
             yield log, server
         finally:
@@ -86,11 +92,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     It listens on loopback (127.0.0.1:8765) unless --host; any other address needs a
     bearer token (--token or $PULSE_TOKEN), which every request must then carry.
 
+    The embedded NATS server refuses clients without the user and password of
+    <data dir>/nats/credentials.json (generated on first start, mode 0600); the first
+    lines printed say where it listens and where that file is. A TLS cluster of your own
+    (see `pulse nats-config`) takes --nats-creds and --nats-ca.
+
     example:
       pulse up                       # embedded NATS, data in ./.pulse, API on 127.0.0.1:8765
       pulse --data-dir /srv/pulse up --port 9000
       PULSE_TOKEN=s3cret pulse up --host 0.0.0.0
       pulse --nats-url nats://10.0.0.5:4222,nats://10.0.0.6:4222 --replicas 3 up
+      pulse --nats-url tls://h1:4222,tls://h2:4222,tls://h3:4222 --nats-creds \\
+        nats-conf/client-credentials.json --nats-ca nats-conf/ca.pem --replicas 3 up
     """
     token = args.token or os.environ.get("PULSE_TOKEN") or None
     if not is_loopback(args.host) and not token:
@@ -152,16 +165,25 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
                 )
                 if not server.owned:
                     where = f"already running, started by another pulse process (pid {server.pid})"
-                nats_url = server.url
+                nats_url, ca = server.plain_url, None
+                # none when reusing the server of an older Pulse, still running
+                creds = server.credentials_file if server.credentials else None
             else:
                 where, nats_url = "external", args.nats_url
+                creds, ca = args.nats_creds, args.nats_ca
+            connect = f"PULSE_NATS_URL={nats_url}"
+            connect += f" PULSE_NATS_CREDS={creds}" if creds else ""
+            connect += f" PULSE_NATS_CA={ca}" if ca else ""
             print("Pulse is up.")
             print(f"  NATS     {nats_url}  ({where})")
+            if creds:
+                print(f"  creds    {creds}  (user and password NATS asks of every client; 0600)")
             print(f"  streams  {log.settings.name} ({last} events), {log.settings.activity_name}")
             print(f"  state    {Path(args.data_dir) / 'state'} (sequence {db.applied_seq})")
             print(f"  HTTP     {url}  (API /v1, OpenAPI {url}/docs, MCP {url}/mcp)"
                   + ("  bearer token required" if token else ""))  # fmt: skip
-            print(f"Point other hosts here with PULSE_NATS_URL={nats_url}. Ctrl-C stops.",
+            print(f"Point other hosts here with {connect} (a copy of the file). Ctrl-C stops."
+                  if creds else f"Point other hosts here with {connect}. Ctrl-C stops.",
                   flush=True)  # fmt: skip
             stop = asyncio.ensure_future(_wait_for_signal())
             await asyncio.wait({stop, serving}, return_when=asyncio.FIRST_COMPLETED)
@@ -435,6 +457,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "rebuild": cmd_rebuild,
     "digest": cmd_digest,
     "demo": cmd_demo,
+    "nats-config": cmd_nats_config,
 }
 
 
@@ -463,6 +486,20 @@ def build_parser() -> argparse.ArgumentParser:
         "embedded server in the data directory",
     )
     parser.add_argument(
+        "--nats-creds",
+        default=os.environ.get("PULSE_NATS_CREDS") or None,
+        metavar="FILE",
+        help='with --nats-url: credentials file, JSON {"user", "password"} (as `pulse '
+        "nats-config` writes it); default: $PULSE_NATS_CREDS",
+    )
+    parser.add_argument(
+        "--nats-ca",
+        default=os.environ.get("PULSE_NATS_CA") or None,
+        metavar="FILE",
+        help="with --nats-url: CA certificate (PEM) of servers that require TLS; "
+        "default: $PULSE_NATS_CA",
+    )
+    parser.add_argument(
         "--replicas", type=int, default=1, help="stream replicas: 1, or 3 on a cluster (default 1)"
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -486,6 +523,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "--port", type=int, default=8765, help="HTTP port (default 8765; 0: any free)"
             )
             sub.add_argument("--token", help="bearer token for every request ($PULSE_TOKEN)")
+        if name == "nats-config":
+            setup_nats_config(sub)
         if name == "demo":
             sub.add_argument("--dir", type=Path, help="keep the demo's data here")
             sub.add_argument("--experiences", type=_positive, default=5, help="default 5")
@@ -534,6 +573,13 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         cmd.setup(sub)
+        if cmd.writes:
+            sub.add_argument(
+                "--idempotency-key", metavar="KEY",
+                help="repeating the command with the same key (after a timeout, say) "
+                "stores it once and prints the first answer; the same key with other "
+                "arguments is refused",
+            )  # fmt: skip
         sub.add_argument("--json", action="store_true", help="print one JSON document")
         sub.set_defaults(func=_runner(cmd))
     return parser

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import inspect
 import json
 import os
 import sys
@@ -18,14 +20,15 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from eventlog.errors import NotFoundError, ValidationError
 from ops.encoding import to_json
 from ops.remote import RemotePulseDB, running_service
 from projections import queries
-from sync import PulseDB
+from sync import PulseDB, models
+from sync.presence import Activity
 
 Run = Callable[[PulseDB, argparse.Namespace], Awaitable[tuple[Any, str]]]
 Setup = Callable[[argparse.ArgumentParser], object]
@@ -36,17 +39,36 @@ class Command:
     path: tuple[str, ...]  # ("collective", "create") or ("record",)
     run: Run
     setup: Setup
+    writes: bool = False  # takes --idempotency-key
 
 
 REGISTRY: list[Command] = []
 
 
-def command(*path: str, setup: Setup = lambda p: None) -> Callable[[Run], Run]:
+def command(
+    *path: str, setup: Setup = lambda p: None, writes: bool = False
+) -> Callable[[Run], Run]:
     def register(run: Run) -> Run:
-        REGISTRY.append(Command(path, run, setup))
+        REGISTRY.append(Command(path, run, setup, writes))
         return run
 
     return register
+
+
+class Keyed:
+    """An instance whose write methods are called with ``idempotency_key`` (a write
+    command's ``--idempotency-key``: the same command repeated with the same key, say
+    after a timeout, is stored once)."""
+
+    def __init__(self, db: Any, key: str) -> None:
+        self._db, self._key = db, key
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._db, name)
+        method = getattr(PulseDB, name, None)
+        if callable(method) and "idempotency_key" in inspect.signature(method).parameters:
+            return functools.partial(found, idempotency_key=self._key)
+        return found
 
 
 GROUPS = {
@@ -59,6 +81,21 @@ GROUPS = {
 
 # -- input helpers -------------------------------------------------------------------------
 
+T = TypeVar("T")
+
+
+async def every_page(read: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> list[T]:
+    """Every item of a paged listing (``list_collectives``, ``get_related_experiences``,
+    ``get_active_agents``, ``dead_letters``): the largest pages, following ``next``."""
+    found: list[T] = []
+    after: str | None = None
+    while True:
+        page = await read(*args, **kwargs, limit=models.PAGE_MAX, after=after)
+        found.extend(page)
+        if page.next is None:
+            return found
+        after = page.next
+
 
 async def collective_of(db: PulseDB, ref: str) -> queries.Collective:
     """A collective by id or by (unique) name."""
@@ -69,7 +106,8 @@ async def collective_of(db: PulseDB, ref: str) -> queries.Collective:
         return found
     except ValueError:
         pass
-    named = [c for c in await db.list_collectives() if c.name == ref]
+    collectives: list[queries.Collective] = await every_page(db.list_collectives)
+    named = [c for c in collectives if c.name == ref]
     if not named:
         raise NotFoundError(
             f"collective: no collective named {ref!r} (see `pulse collective list`)"
@@ -174,7 +212,7 @@ def _setup_collective_create(p: argparse.ArgumentParser) -> None:
     )
 
 
-@command("collective", "create", setup=_setup_collective_create)
+@command("collective", "create", setup=_setup_collective_create, writes=True)
 async def collective_create(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Create a collective; prints its id.
 
@@ -199,7 +237,7 @@ async def collective_list(db: PulseDB, args: argparse.Namespace) -> tuple[Any, s
       pulse collective list
       pulse collective list --owner me --json
     """
-    found = await db.list_collectives(args.owner)
+    found: list[queries.Collective] = await every_page(db.list_collectives, args.owner)
     text = "\n".join(
         f"{c.collective_id}  {c.name}  owner {c.owner_id}  {c.embedding_dimension}-d"
         f"  embedder {c.embedder or '-'}"
@@ -239,7 +277,7 @@ async def stats(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     return await collective_stats(db, args)
 
 
-@command("collective", "delete", setup=_collective_arg)
+@command("collective", "delete", setup=_collective_arg, writes=True)
 async def collective_delete(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Delete a collective and forget everything in it, on every host and in the log.
 
@@ -275,7 +313,7 @@ def _setup_record(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", help="source task")
 
 
-@command("record", setup=_setup_record)
+@command("record", setup=_setup_record, writes=True)
 async def record(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Record an experience; prints its id.
 
@@ -363,7 +401,7 @@ def _setup_update(p: argparse.ArgumentParser) -> None:
     p.add_argument("--file", action="append", help="replace the related files (repeatable)")
 
 
-@command("update", setup=_setup_update)
+@command("update", setup=_setup_update, writes=True)
 async def update(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Change importance, confidence, tags or related files (content is immutable).
 
@@ -382,7 +420,7 @@ async def update(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     return {"updated": str(args.experience_id), **changes}, f"updated {args.experience_id}"
 
 
-@command("archive", setup=_experience_arg)
+@command("archive", setup=_experience_arg, writes=True)
 async def archive(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Hide an experience from searches (see `pulse unarchive`).
 
@@ -393,7 +431,7 @@ async def archive(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     return {"archived": str(args.experience_id)}, f"archived {args.experience_id}"
 
 
-@command("unarchive", setup=_experience_arg)
+@command("unarchive", setup=_experience_arg, writes=True)
 async def unarchive(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Bring an archived experience back into searches.
 
@@ -404,7 +442,7 @@ async def unarchive(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     return {"unarchived": str(args.experience_id)}, f"unarchived {args.experience_id}"
 
 
-@command("delete", setup=_experience_arg)
+@command("delete", setup=_experience_arg, writes=True)
 async def delete(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Delete an experience and forget it: gone from every host, the log and rebuilds.
 
@@ -415,7 +453,7 @@ async def delete(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     return {"deleted": str(args.experience_id)}, f"deleted {args.experience_id}"
 
 
-@command("reinforce", setup=_experience_arg)
+@command("reinforce", setup=_experience_arg, writes=True)
 async def reinforce(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Count one more application of an experience; prints the total across hosts.
 
@@ -554,7 +592,7 @@ def _setup_relate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metadata", help="free text or JSON, ≤10 KB")
 
 
-@command("relate", setup=_setup_relate)
+@command("relate", setup=_setup_relate, writes=True)
 async def relate(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Link two experiences of one collective; prints the relation's id.
 
@@ -568,7 +606,7 @@ async def relate(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     return {"relation_id": str(rid)}, str(rid)
 
 
-@command("unrelate", setup=lambda p: p.add_argument("relation_id", help="relation id"))
+@command("unrelate", setup=lambda p: p.add_argument("relation_id", help="relation id"), writes=True)
 async def unrelate(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Delete a relation (and forget it).
 
@@ -597,9 +635,10 @@ async def related(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
       pulse related $A
       pulse related $A --direction outgoing --type Supports --json
     """
-    found = await db.get_related_experiences(
-        args.experience_id, args.direction, args.types, min_strength=args.min_strength
-    )
+    found: list[queries.RelatedExperience] = await every_page(
+        db.get_related_experiences, args.experience_id, args.direction, args.types,
+        min_strength=args.min_strength,
+    )  # fmt: skip
     text = "\n".join(
         f"{r.relation.relation_type} ({r.relation.strength:.2f})  "
         f"{'->' if r.relation.source_id == UUID(str(args.experience_id)) else '<-'}  "
@@ -621,7 +660,7 @@ def _setup_insight_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--domain", action="append", default=[], help="a tag (repeatable)")
 
 
-@command("insight", "add", setup=_setup_insight_add)
+@command("insight", "add", setup=_setup_insight_add, writes=True)
 async def insight_add(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Store an insight distilled from experiences; prints its id.
 
@@ -661,7 +700,12 @@ async def insight_search(db: PulseDB, args: argparse.Namespace) -> tuple[Any, st
     return plain(found), text or "no insights"
 
 
-@command("insight", "delete", setup=lambda p: p.add_argument("insight_id", help="insight id"))
+@command(
+    "insight",
+    "delete",
+    setup=lambda p: p.add_argument("insight_id", help="insight id"),
+    writes=True,
+)
 async def insight_delete(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Delete an insight (and forget it).
 
@@ -688,7 +732,7 @@ def _print_activity(a: Any) -> str:
     return f"{a.agent_id}: {a.task_description or '-'}{on}  (heartbeat {when(a.last_heartbeat_ms)})"
 
 
-@command("activity", "start", setup=lambda p: _setup_activity(p, task=True))
+@command("activity", "start", setup=lambda p: _setup_activity(p, task=True), writes=True)
 async def activity_start(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Register what an agent is working on.
 
@@ -700,7 +744,7 @@ async def activity_start(db: PulseDB, args: argparse.Namespace) -> tuple[Any, st
     return plain(a), _print_activity(a)
 
 
-@command("activity", "heartbeat", setup=lambda p: _setup_activity(p, task=True))
+@command("activity", "heartbeat", setup=lambda p: _setup_activity(p, task=True), writes=True)
 async def activity_heartbeat(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Keep an agent's activity alive (optionally with a new task or items).
 
@@ -714,7 +758,7 @@ async def activity_heartbeat(db: PulseDB, args: argparse.Namespace) -> tuple[Any
     return plain(a), _print_activity(a)
 
 
-@command("activity", "end", setup=lambda p: _setup_activity(p, task=False))
+@command("activity", "end", setup=lambda p: _setup_activity(p, task=False), writes=True)
 async def activity_end(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Say an agent stopped; it leaves the active agents at once.
 
@@ -739,7 +783,9 @@ async def activity_list(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str
       pulse activity list -c demo --stale-after 60
     """
     c = await collective_of(db, args.collective)
-    found = await db.get_active_agents(c.collective_id, stale_after=args.stale_after)
+    found: list[Activity] = await every_page(
+        db.get_active_agents, c.collective_id, stale_after=args.stale_after
+    )
     return plain(found), "\n".join(_print_activity(a) for a in found) or "no active agents"
 
 
@@ -760,7 +806,7 @@ def _setup_wisdom_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--domain", action="append", default=[], help="an applicable domain")
 
 
-@command("wisdom", "add", setup=_setup_wisdom_add)
+@command("wisdom", "add", setup=_setup_wisdom_add, writes=True)
 async def wisdom_add(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Store wisdom for an owner (across their collectives); prints its id.
 
@@ -796,7 +842,9 @@ async def wisdom_list(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     return plain(found), text or "no wisdom"
 
 
-@command("wisdom", "delete", setup=lambda p: p.add_argument("wisdom_id", help="wisdom id"))
+@command(
+    "wisdom", "delete", setup=lambda p: p.add_argument("wisdom_id", help="wisdom id"), writes=True
+)
 async def wisdom_delete(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Delete wisdom (and forget it).
 
@@ -835,7 +883,10 @@ async def sql(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     applications, relations, insights, insight_sources, wisdom, dead_letters, and
     activities. While `pulse up` serves the data directory, the query goes through its
     API (the current state of the running instance); otherwise it runs on the data
-    directory. Writes are refused: the state changes only through events.
+    directory. Writes are refused: the state changes only through events. The query
+    runs in a sandbox: the state's tables and views only (no files, URLs, extensions or
+    settings), within $PULSE_SQL_TIME_LIMIT seconds (10), $PULSE_SQL_MEMORY_LIMIT (2GB)
+    and $PULSE_SQL_TEMP_LIMIT (1GB), and at most $PULSE_SQL_MAX_BYTES of rows (16 MiB).
 
     example:
       pulse sql "SELECT experience_type, count(*) FROM experiences GROUP BY ALL"
@@ -844,7 +895,9 @@ async def sql(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     result = await db.sql(args.query, limit=args.limit)
     records = [dict(zip(result.columns, row, strict=True)) for row in result.rows]
     text = table(result.columns, result.rows)
-    if result.truncated:
+    if result.truncated_by == "bytes":
+        text += "\n(stopped at the size limit of a result, $PULSE_SQL_MAX_BYTES)"
+    elif result.truncated:
         text += f"\n(stopped at --limit {args.limit})"
     return records, text
 
@@ -879,14 +932,18 @@ async def open_instance(args: argparse.Namespace) -> Any:
     service = running_service(args.data_dir)
     if service is not None:
         return RemotePulseDB(service["url"], os.environ.get("PULSE_TOKEN"))
-    return await PulseDB.open(args.data_dir, args.nats_url or None)
+    return await PulseDB.open(
+        args.data_dir, args.nats_url or None,
+        nats_credentials=getattr(args, "nats_creds", None), nats_ca=getattr(args, "nats_ca", None),
+    )  # fmt: skip
 
 
 def execute(cmd: Command, args: argparse.Namespace) -> int:
     async def go() -> int:
         db = await open_instance(args)
+        key = getattr(args, "idempotency_key", None)
         try:
-            result, text = await cmd.run(db, args)
+            result, text = await cmd.run(Keyed(db, key) if key else db, args)  # type: ignore[arg-type]
         finally:
             await db.close()
         print(json.dumps(result, default=str) if args.json else text, flush=True)

@@ -10,15 +10,23 @@ back as a tool error with the library's message.
 (No ``from __future__ import annotations``: FastMCP reads the annotations.)
 """
 
+import functools
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from mcp.server.fastmcp import FastMCP
+from mcp.server.fastmcp.exceptions import ToolError
 from pydantic import Field
 
+from eventlog.errors import PulseError, ValidationError
 from ops.commands import collective_of
 from ops.encoding import to_json
+from ops.service import internal_error, internal_message
 from sync import models
+
+log = logging.getLogger("pulse.mcp")
 
 INSTRUCTIONS = """Pulse is the shared memory of a collective of agents. Before a task,
 `recall` what others learned (mode "context" also returns insights, relations and who is
@@ -49,6 +57,38 @@ Kind = Literal[
 ]  # fmt: skip
 Agent = Annotated[str, Field(min_length=1, max_length=models.NAME_MAX)]
 K = Annotated[int, Field(ge=1, le=100)]
+Limit = Annotated[
+    int,
+    Field(ge=1, le=models.PAGE_MAX, description=f"agents per page, 1..{models.PAGE_MAX}"),
+]
+After = Annotated[str | None, Field(description="the `next` of the page before", max_length=1000)]
+IdempotencyKey = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=models.IDEMPOTENCY_KEY_MAX,
+        description="makes the call idempotent: a retry with the same key and arguments "
+        "returns the first answer and stores nothing new (e.g. a UUID made per call)",
+    ),
+]
+
+
+def guarded(tool: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """A tool whose unexpected errors reach the agent as an error id only: the traceback,
+    type and message go to the log under that id. Pulse's own errors (the library's
+    messages, naming field and limit) pass through."""
+
+    @functools.wraps(tool)
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await tool(*args, **kwargs)
+        except PulseError:
+            raise
+        except Exception as exc:
+            error_id = internal_error(f"MCP tool {tool.__name__}", exc, log)
+            raise ToolError(internal_message(error_id)) from None
+
+    return run
 
 
 def build_mcp(db: Any, **settings: Any) -> FastMCP:
@@ -56,6 +96,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
     mcp = FastMCP("pulse", instructions=INSTRUCTIONS, log_level="WARNING", **settings)
 
     @mcp.tool()
+    @guarded
     async def remember(
         collective: Collective,
         content: Content,
@@ -76,6 +117,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
                 max_length=models.DIMENSION_MAX,
             ),
         ] = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> dict[str, Any]:
         """Record an experience (what you learned); returns its id."""
         c = await collective_of(db, collective)
@@ -83,10 +125,12 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
             c.collective_id, content, embedding, experience_type={"kind": kind, **(details or {})},
             importance=importance, confidence=confidence, domain=domain or [],
             related_files=related_files or [], source_agent=agent,
+            idempotency_key=idempotency_key,
         )  # fmt: skip
         return {"experience_id": str(eid)}
 
     @mcp.tool()
+    @guarded
     async def recall(
         collective: Collective,
         query: Annotated[str, Field(min_length=1, max_length=10_000)],
@@ -117,12 +161,16 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         return {"results": to_json(found)}
 
     @mcp.tool()
-    async def reinforce(experience_id: UUID) -> dict[str, Any]:
+    @guarded
+    async def reinforce(
+        experience_id: UUID, idempotency_key: IdempotencyKey = None
+    ) -> dict[str, Any]:
         """Count one more application of an experience that helped; returns the total."""
-        total = await db.reinforce_experience(experience_id)
+        total = await db.reinforce_experience(experience_id, idempotency_key=idempotency_key)
         return {"experience_id": str(experience_id), "applications": total}
 
     @mcp.tool()
+    @guarded
     async def relate(
         source_id: UUID,
         relation_type: Literal[
@@ -131,14 +179,17 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         target_id: UUID,
         strength: Score = 0.5,
         metadata: Annotated[str | None, Field(max_length=models.METADATA_MAX_BYTES)] = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> dict[str, Any]:
         """Link two experiences of one collective; returns the relation's id."""
         rid = await db.store_relation(
-            source_id, target_id, relation_type, strength=strength, metadata=metadata
-        )
+            source_id, target_id, relation_type, strength=strength, metadata=metadata,
+            idempotency_key=idempotency_key,
+        )  # fmt: skip
         return {"relation_id": str(rid)}
 
     @mcp.tool()
+    @guarded
     async def insights(
         collective: Collective,
         action: Literal["search", "store"],
@@ -148,6 +199,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         ] = None,
         confidence: Score = 0.5,
         k: K = 5,
+        idempotency_key: IdempotencyKey = None,
     ) -> dict[str, Any]:
         """Search the collective's insights near ``text``, or store ``text`` as an insight
         distilled from ``source_experiences`` (1 to 100 ids)."""
@@ -155,12 +207,13 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         if action == "store":
             iid = await db.store_insight(
                 c.collective_id, text, source_experiences=source_experiences or [],
-                confidence=confidence,
+                confidence=confidence, idempotency_key=idempotency_key,
             )  # fmt: skip
             return {"insight_id": str(iid)}
         return {"insights": to_json(await db.get_insights(c.collective_id, text, k))}
 
     @mcp.tool()
+    @guarded
     async def activity(
         collective: Collective,
         action: Literal["register", "heartbeat", "end", "active"],
@@ -170,23 +223,32 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
             list[Annotated[str, Field(min_length=1, max_length=models.WORKING_ON_ITEM_MAX)]] | None,
             Field(max_length=models.WORKING_ON_MAX),
         ] = None,
+        limit: Limit = models.PAGE_DEFAULT,
+        after: After = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> dict[str, Any]:
         """Say what you work on (register), keep it alive (heartbeat), stop (end), or see
-        who is active in the collective (active)."""
+        who is active in the collective (active: {"agents": [...], "next": ...}, most
+        recent first, ``limit`` per page; pass ``next`` as ``after`` for more)."""
         c = await collective_of(db, collective)
         if action == "active":
-            return {"agents": to_json(await db.get_active_agents(c.collective_id))}
+            page = await db.get_active_agents(c.collective_id, limit=limit, after=after)
+            return {"agents": to_json(page), "next": page.next}
         if agent is None:
-            raise ValueError(f"agent: required to {action} an activity")
+            raise ValidationError(f"agent: required to {action} an activity")
         if action == "register":
-            done = await db.register_activity(c.collective_id, agent, task or "", working_on or [])
+            done = await db.register_activity(
+                c.collective_id, agent, task or "", working_on or [],
+                idempotency_key=idempotency_key,
+            )  # fmt: skip
             return {"activity": to_json(done)}
         if action == "heartbeat":
             done = await db.update_heartbeat(
-                c.collective_id, agent, task_description=task, working_on=working_on
-            )
+                c.collective_id, agent, task_description=task, working_on=working_on,
+                idempotency_key=idempotency_key,
+            )  # fmt: skip
             return {"activity": to_json(done)}
-        await db.end_activity(c.collective_id, agent)
+        await db.end_activity(c.collective_id, agent, idempotency_key=idempotency_key)
         return {"ended": agent}
 
     return mcp

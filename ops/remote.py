@@ -14,7 +14,7 @@ import json
 import os
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import httpx
 import msgspec
@@ -25,8 +25,11 @@ from eventlog.errors import (
     LogUnavailable,
     NotFoundError,
     PulseError,
+    QueryOutOfMemory,
+    QueryTimedOut,
     ValidationError,
 )
+from sync import models
 from sync.instance import PulseDB
 
 # every public coroutine of PulseDB is a method of the API
@@ -38,7 +41,15 @@ API_METHODS: dict[str, Any] = {
 
 ERRORS: dict[str, type[PulseError]] = {
     cls.__name__: cls
-    for cls in (ValidationError, NotFoundError, ConflictError, LogUnavailable, PulseError)
+    for cls in (
+        ValidationError,
+        NotFoundError,
+        ConflictError,
+        LogUnavailable,
+        QueryTimedOut,
+        QueryOutOfMemory,
+        PulseError,
+    )  # fmt: skip
 }
 
 
@@ -58,6 +69,25 @@ def _enc_hook(value: Any) -> Any:
 
 
 _encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
+
+T = TypeVar("T")
+
+
+class PageBody(msgspec.Struct, Generic[T]):
+    """A page of a listing as the service sends it."""
+
+    items: list[T]
+    next: str | None = None
+
+
+def decode(name: str, content: bytes) -> Any:
+    """A method's result from its msgspec JSON, as the method's return type."""
+    returns = return_type(name)
+    if typing.get_origin(returns) is models.Page:
+        item: Any = typing.get_args(returns)[0]
+        page = msgspec.json.decode(content, type=PageBody[item])
+        return models.Page(page.items, page.next)
+    return msgspec.json.decode(content, type=returns)
 
 
 def raise_for(response: httpx.Response) -> None:
@@ -102,7 +132,7 @@ class RemotePulseDB:
         except httpx.HTTPError as exc:
             raise LogUnavailable(f"cannot reach the Pulse service at {self.url}: {exc}") from exc
         raise_for(response)
-        return msgspec.json.decode(response.content, type=return_type(name))
+        return decode(name, response.content)
 
     def __getattr__(self, name: str) -> Any:
         if name not in API_METHODS:

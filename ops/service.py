@@ -9,7 +9,14 @@ carries the data-model limits, and a bad request gets the library's messages:
 
     422 {"error": "ValidationError", "message": "importance: Input should be ...",
          "problems": ["importance: ..."]}
-    404 NotFoundError, 409 ConflictError, 503 LogUnavailable, 401 without the token
+    404 NotFoundError, 409 ConflictError, 503 LogUnavailable, 401 without the token,
+    413 PayloadTooLarge (a body over $PULSE_MAX_BODY_BYTES, 8 MiB), and for anything
+    unexpected 500 {"error": "InternalError", "message": ..., "error_id": "..."}: the
+    traceback is in the service log under that id, never in the response
+
+Listings (list_collectives, get_related_experiences, get_active_agents, dead_letters)
+answer one page, ``{"items": [...], "next": cursor or null}``: ``limit`` 1..1000
+(default 100), and ``after`` the ``next`` of the page before.
 
 Results are JSON with embeddings left out (their ``dimension`` instead), or as lists of
 floats with ``?embeddings=true``; ``?format=msgspec`` is the exact typed form
@@ -27,6 +34,7 @@ import inspect
 import ipaddress
 import json
 import logging
+import os
 import secrets
 import time
 import types
@@ -48,12 +56,15 @@ from eventlog.errors import (
     LogUnavailable,
     NotFoundError,
     PulseError,
+    QueryOutOfMemory,
+    QueryTimedOut,
     ValidationError,
 )
 from ops.encoding import to_json
 from ops.remote import API_METHODS
 from sync import models
 from sync.instance import PulseDB
+from sync.recall import Context
 
 log = logging.getLogger("pulse.service")
 
@@ -62,6 +73,8 @@ STATUS: dict[type[PulseError], int] = {
     NotFoundError: 404,
     ConflictError: 409,
     LogUnavailable: 503,
+    QueryTimedOut: 408,  # /v1/sql past $PULSE_SQL_TIME_LIMIT
+    QueryOutOfMemory: 413,  # /v1/sql past $PULSE_SQL_MEMORY_LIMIT (and the temp files')
 }
 
 # methods whose arguments are exactly one of the library's input models
@@ -78,6 +91,26 @@ INPUT_MODELS: dict[str, type[pydantic.BaseModel]] = {
 
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+# -- limits of the edge (environment variables of `pulse up`, or create_app's arguments) ---
+
+MAX_BODY_BYTES = 8 * 1024 * 1024  # $PULSE_MAX_BODY_BYTES: a request body, in bytes
+MAX_WATCHERS = 64  # $PULSE_MAX_WATCHERS: concurrent GET /v1/watch_experiences streams
+WATCH_RETRY_AFTER = 5  # seconds, the Retry-After of a watch refused for the cap
+
+
+def setting(name: str, default: int) -> int:
+    """A positive integer from the environment variable ``name``, or ``default``."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValidationError(f"{name}: must be a positive integer, got {text!r}")
+    return value
 
 
 def is_loopback(host: str) -> bool:
@@ -126,6 +159,8 @@ def derived_model(name: str, method: Callable[..., Any]) -> type[pydantic.BaseMo
         annotation = _schema_type(hints.get(param.name, Any))
         if param.name == "flt":
             annotation = models.FilterIn | None
+        if param.name == "idempotency_key":
+            annotation = models.IdempotencyKey | None
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[param.name] = (annotation, default)
     base = models.ExperienceUpdateIn if name == "update_experience" else models._Input
@@ -136,7 +171,17 @@ def derived_model(name: str, method: Callable[..., Any]) -> type[pydantic.BaseMo
 
 
 def request_model(name: str) -> type[pydantic.BaseModel]:
-    return INPUT_MODELS.get(name) or derived_model(name, API_METHODS[name])
+    given = INPUT_MODELS.get(name)
+    if given is None:
+        return derived_model(name, API_METHODS[name])
+    if "idempotency_key" in inspect.signature(API_METHODS[name]).parameters:
+        # a write: its library model plus the key (sync.idempotency)
+        keyed: type[pydantic.BaseModel] = pydantic.create_model(
+            f"{name}_request", __base__=given,
+            idempotency_key=(models.IdempotencyKey | None, None),
+        )  # fmt: skip
+        return keyed
+    return given
 
 
 # -- metrics (Prometheus text format, no client library needed) -----------------------------
@@ -273,12 +318,85 @@ class Guard:
             self.metrics.observe(route_of(path), method, status, time.perf_counter() - started)
 
     def _authorized(self, scope: Scope) -> bool:
-        for key, value in scope["headers"]:
-            if key == b"authorization":
-                given = value.decode("latin-1")
-                expected = f"Bearer {self.token}"
-                return secrets.compare_digest(given.encode(), expected.encode())
+        return bearer_ok(scope, self.token)
+
+
+def bearer_ok(scope: Scope, token: str | None) -> bool:
+    """Whether the request carries ``Authorization: Bearer <token>``."""
+    if token is None:
         return False
+    for key, value in scope["headers"]:
+        if key == b"authorization":
+            given = value.decode("latin-1")
+            return secrets.compare_digest(given.encode(), f"Bearer {token}".encode())
+    return False
+
+
+class BodyTooLarge(Exception):
+    """Raised to the app by ``BodyLimit``'s receive past the limit."""
+
+
+class BodyLimit:
+    """Request bodies of at most ``limit`` bytes: a larger Content-Length is answered 413
+    before anything is read, and a body without one (chunked) is counted as it arrives
+    and answered 413 as soon as it passes the limit; the rest is never read. Plain ASGI,
+    so the MCP route is covered too and responses stream through untouched."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0  # the server refuses what it cannot frame
+                if declared > self.limit:
+                    await self._refuse(scope, receive, send)
+                    return
+        received = 0
+        too_large = False
+        started = False
+
+        async def limited() -> Message:
+            nonlocal received, too_large
+            if too_large:
+                raise BodyTooLarge
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    too_large = True
+                    raise BodyTooLarge
+            return message
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            if too_large:
+                return  # whatever the app makes of the exception, the answer is 413
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited, sending)
+        except BodyTooLarge:
+            pass
+        if too_large and not started:
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = JSONResponse(
+            {"error": "PayloadTooLarge", "message": f"body: larger than the limit of "
+             f"{self.limit} bytes of this service ($PULSE_MAX_BODY_BYTES); send less "
+             "per request (e.g. smaller batches)"},
+            status_code=413, headers={"Connection": "close"},
+        )  # fmt: skip
+        await response(scope, receive, send)
 
 
 # -- the app ----------------------------------------------------------------------------------
@@ -293,13 +411,31 @@ def _error(exc: PulseError) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
+def internal_error(where: str, exc: BaseException, logger: logging.Logger = log) -> str:
+    """Log an unexpected error with its traceback under a short random id; the id is all
+    a caller gets (never the exception's type, message or traceback)."""
+    error_id = secrets.token_hex(6)
+    logger.error("internal error %s in %s", error_id, where, exc_info=exc)
+    return error_id
+
+
+def internal_message(error_id: str) -> str:
+    return f"internal error {error_id}: the service log has the details under this id"
+
+
 def create_app(
     db: PulseDB,
     *,
     token: str | None = None,
     mcp_routes: list[Any] | None = None,
     lifespan: Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]] | None = None,
+    max_body_bytes: int | None = None,
+    max_watchers: int | None = None,
 ) -> FastAPI:
+    """The app over ``db``. ``max_body_bytes`` and ``max_watchers`` default to
+    $PULSE_MAX_BODY_BYTES (8 MiB) and $PULSE_MAX_WATCHERS (64)."""
+    body_limit = max_body_bytes or setting("PULSE_MAX_BODY_BYTES", MAX_BODY_BYTES)
+    watch_limit = max_watchers or setting("PULSE_MAX_WATCHERS", MAX_WATCHERS)
     app = FastAPI(
         title="Pulse",
         version="1",
@@ -308,19 +444,22 @@ def create_app(
         lifespan=lifespan,
     )
     metrics = Metrics()
-    app.add_middleware(Guard, metrics=metrics, token=token)
+    app.add_middleware(BodyLimit, limit=body_limit)
+    app.add_middleware(Guard, metrics=metrics, token=token)  # outermost: it sees the 413s
 
     @app.exception_handler(PulseError)
     async def pulse_error(_: Request, exc: PulseError) -> JSONResponse:
         return _error(exc)
 
     @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("request failed")
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # the id, not the exception: its type and message stay in the log
+        error_id = internal_error(f"{request.method} {request.url.path}", exc)
         return JSONResponse(
-            {"error": "InternalError", "message": f"{type(exc).__name__}: {exc}"},
+            {"error": "InternalError", "message": internal_message(error_id),
+             "error_id": error_id},
             status_code=500,
-        )
+        )  # fmt: skip
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -342,7 +481,7 @@ def create_app(
     for name, method in API_METHODS.items():
         app.add_api_route(
             f"/v1/{name}",
-            _endpoint(db, name, request_model(name)),
+            (_sql_endpoint if name == "sql" else _endpoint)(db, name, request_model(name)),
             methods=["POST"],
             summary=(inspect.getdoc(method) or name).split("\n")[0],
             description=inspect.getdoc(method) or "",
@@ -350,11 +489,25 @@ def create_app(
             tags=[_tag(name)],
         )
 
-    @app.get("/v1/watch_experiences", tags=["experiences"])
-    async def watch_experiences(request: Request) -> StreamingResponse:
+    watching = Watchers(watch_limit)
+
+    @app.get("/v1/watch_experiences", tags=["experiences"], response_model=None)
+    async def watch_experiences(request: Request) -> Response:
         """Changes to experiences as this instance applies them (server-sent events):
-        one ``data: {json}`` line per change, from the moment of the request."""
-        watch = db.watch_experiences()
+        one ``data: {json}`` line per change, from the moment of the request. At most
+        $PULSE_MAX_WATCHERS (64) streams at once; past that, 503 with Retry-After."""
+        if not watching.take():
+            return JSONResponse(
+                {"error": "TooManyWatchers", "message": f"watch: {watching.limit} watch "
+                 "streams are open, the limit of this service ($PULSE_MAX_WATCHERS); "
+                 f"retry in {WATCH_RETRY_AFTER} s"},
+                status_code=503, headers={"Retry-After": str(WATCH_RETRY_AFTER)},
+            )  # fmt: skip
+        try:
+            watch = db.watch_experiences()
+        except BaseException:
+            watching.give_back()
+            raise
 
         async def events() -> AsyncIterator[bytes]:
             yield b": watching\n\n"
@@ -375,13 +528,14 @@ def create_app(
             finally:
                 watch.close()
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return CountedStream(events(), watching, media_type="text/event-stream")
 
     stream_head = StreamHead(db)
 
     @app.get("/health", tags=["service"])
-    async def health() -> JSONResponse:
-        """NATS connection, last applied vs stream sequence, and the lag."""
+    async def health(request: Request) -> JSONResponse:
+        """Up or down; with the bearer token (or on a service without one), also the NATS
+        connection, last applied vs stream sequence, and the lag."""
         connected = bool(getattr(getattr(db.log, "nc", None), "is_connected", True))
         stream_seq: int | None = None
         try:
@@ -401,6 +555,8 @@ def create_app(
         }
         if failure is not None:
             body["error"] = repr(failure)
+        if token is not None and not bearer_ok(request.scope, token):
+            body = {"status": "up" if ok else "down"}  # the rest is for those with the token
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics", tags=["service"])
@@ -423,6 +579,37 @@ TAGS = (
     ("agent", "activities"), ("wisdom", "wisdom"), ("search", "search"),
     ("context", "search"), ("sql", "analytics"), ("experience", "experiences"),
 )  # fmt: skip
+
+
+class Watchers:
+    """The count of open watch streams, and its cap."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.open = limit, 0
+
+    def take(self) -> bool:
+        if self.open >= self.limit:
+            return False
+        self.open += 1
+        return True
+
+    def give_back(self) -> None:
+        self.open -= 1
+
+
+class CountedStream(StreamingResponse):
+    """A streaming response holding one of the ``Watchers`` until it ends: the client went
+    away, the stream ended, or it failed."""
+
+    def __init__(self, content: AsyncIterator[bytes], watchers: Watchers, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.watchers = watchers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.watchers.give_back()
 
 
 class StreamHead:
@@ -462,6 +649,9 @@ def _endpoint(
 ) -> Callable[..., Awaitable[Response]]:
     method = getattr(db, name)
     takes_request = name == "get_context_candidates"
+    returns = typing.get_type_hints(API_METHODS[name])["return"]
+    # results that can be large are encoded on a worker thread, not on the event loop
+    large = typing.get_origin(returns) in (list, models.Page) or returns is Context
 
     async def endpoint(
         body: Any = Body(default=None),
@@ -474,10 +664,60 @@ def _endpoint(
             result = await method(body)
         else:
             result = await method(**body.model_dump(exclude_unset=True))
-        if format == "msgspec":
-            return Response(msgspec.json.encode(result), media_type="application/json")
-        return JSONResponse(to_json(result, embeddings=embeddings))
+        if isinstance(result, models.Page):  # a page of a listing, and where the rest is
+            result = {"items": result, "next": result.next}
+
+        def render() -> Response:
+            if format == "msgspec":
+                return Response(msgspec.json.encode(result), media_type="application/json")
+            return JSONResponse(to_json(result, embeddings=embeddings))
+
+        return await asyncio.to_thread(render) if large else render()
 
     endpoint.__annotations__["body"] = model | None  # the request schema FastAPI shows
     endpoint.__name__ = name
     return endpoint
+
+
+def _sql_endpoint(
+    db: PulseDB, name: str, model: type[pydantic.BaseModel]
+) -> Callable[..., Awaitable[Response]]:
+    """``POST /v1/sql``: the endpoint of ``_endpoint``, but a client that goes away
+    cancels its query (interrupted in DuckDB: ``analytics.run_async``) instead of leaving
+    it to run to its time limit for nobody; what little is sent then is a 499."""
+    answer = _endpoint(db, name, model)
+
+    async def endpoint(
+        request: Request,
+        body: Any = Body(default=None),
+        format: Literal["json", "msgspec"] = Query("json"),
+        embeddings: bool = Query(False, description="embeddings as lists of floats"),
+    ) -> Response:
+        answering = asyncio.ensure_future(answer(body=body, format=format, embeddings=embeddings))
+        gone = asyncio.ensure_future(_client_gone(request))
+        try:
+            await asyncio.wait({answering, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not answering.done():
+                answering.cancel()
+                await asyncio.wait({answering})
+        if answering.cancelled():
+            return JSONResponse(
+                {
+                    "error": "ClientClosedRequest",
+                    "message": "query: cancelled, the client went away",
+                },
+                status_code=499,
+            )
+        return answering.result()
+
+    endpoint.__annotations__["body"] = model | None  # the request schema FastAPI shows
+    endpoint.__name__ = name
+    return endpoint
+
+
+async def _client_gone(request: Request) -> None:
+    """Return once the client of ``request`` (whose body was read) disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

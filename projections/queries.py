@@ -6,8 +6,9 @@ never come back."""
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Iterable, Literal, Sequence, TypeVar
 from uuid import UUID
 
 import msgspec
@@ -474,24 +475,48 @@ def related_experiences(
     relation_types: Sequence[str] | None = None,
 ) -> list[RelatedExperience]:
     """Experiences linked to ``experience_id`` by live relations."""
+    return related_page(p, experience_id, direction, relation_types)[0]
+
+
+def related_page(
+    p: Projection,
+    experience_id: UUID,
+    direction: Literal["outgoing", "incoming", "both"] = "both",
+    relation_types: Sequence[str] | None = None,
+    *,
+    min_strength: float | None = None,
+    limit: int | None = None,
+    after: tuple[int, UUID] | None = None,
+) -> tuple[list[RelatedExperience], tuple[int, UUID] | None]:
+    """Up to ``limit`` of the experiences linked to ``experience_id`` by live relations,
+    outgoing before incoming, each by relation id, after the key ``after``; and the key of
+    the last one when more follow."""
     memory = p.memory
     ends = {
-        "outgoing": [(memory.by_source, "target_id")],
-        "incoming": [(memory.by_target, "source_id")],
-        "both": [(memory.by_source, "target_id"), (memory.by_target, "source_id")],
+        "outgoing": [(0, memory.by_source, "target_id")],
+        "incoming": [(1, memory.by_target, "source_id")],
+        "both": [(0, memory.by_source, "target_id"), (1, memory.by_target, "source_id")],
     }[direction]
-    result = []
-    for by_end, there in ends:
+    result: list[RelatedExperience] = []
+    last: tuple[int, UUID] | None = None
+    for phase, by_end, there in ends:
         for relation_id in sorted(by_end.get(experience_id, ())):
+            if after is not None and (phase, relation_id) <= after:
+                continue
             row = memory.live_relation(relation_id)
             if row is None or (
                 relation_types is not None and row.relation_type not in relation_types
             ):
                 continue
+            if min_strength is not None and (row.strength or 0.0) < min_strength:
+                continue
             other = memory.live_experience(getattr(row, there))
             if other is not None:
+                if limit is not None and len(result) == limit:
+                    return result, last
                 result.append(RelatedExperience(_relation(row), _experience(p, other)))
-    return result
+                last = (phase, relation_id)
+    return result, None
 
 
 def _insight(row: InsightRow) -> Insight:
@@ -572,8 +597,20 @@ def dead_letters(p: Projection, collective_id: UUID | None = None) -> list[DeadL
                     subject=r.subject, instance_id=r.instance_id,
                 )
             )  # fmt: skip
-    found.sort(key=lambda d: (d.entity, d.seq or 0, str(d.id)))
+    found.sort(key=dead_letter_key)
     return found
+
+
+def dead_letter_key(d: DeadLetter) -> tuple[str, int, str]:
+    return (d.entity, d.seq or 0, str(d.id))
+
+
+def dead_letters_page(
+    p: Projection, limit: int, after: tuple[str, int, str] | None = None
+) -> tuple[list[DeadLetter], tuple[str, int, str] | None]:
+    """Up to ``limit`` dead letters after the key ``after``, and the key of the last one
+    when more follow."""
+    return _take(((dead_letter_key(d), d) for d in dead_letters(p)), limit, after)
 
 
 # -- collectives ----------------------------------------------------------------------------
@@ -601,6 +638,44 @@ def list_collectives(p: Projection, owner_id: str | None = None) -> list[Collect
     ]
     rows.sort(key=lambda r: (r.created_hlc or 0, r.collective_id))
     return [_collective(r) for r in rows]
+
+
+def collectives_page(
+    p: Projection,
+    owner_id: str | None = None,
+    limit: int | None = None,
+    after: tuple[int, UUID] | None = None,
+) -> tuple[list[Collective], tuple[int, UUID] | None]:
+    """Up to ``limit`` live collectives (of one owner, or all), oldest first, after the
+    key ``after`` (created HLC, id); and the key of the last one when more follow."""
+    rows = sorted(
+        ((r.created_hlc or 0, r.collective_id), r)
+        for r in p.memory.collectives.values()
+        if r.create_event is not None and not r.deleted and owner_id in (None, r.owner_id)
+    )
+    taken, last = _take(rows, limit, after)
+    return [_collective(r) for r in taken], last
+
+
+K = TypeVar("K")
+X = TypeVar("X")
+
+
+def _take(
+    keyed: Iterable[tuple[K, X]], limit: int | None, after: K | None
+) -> tuple[list[X], K | None]:
+    """The items of ``keyed`` (in key order) past ``after``, at most ``limit``; and the
+    key of the last item taken when more follow."""
+    taken: list[X] = []
+    last: K | None = None
+    for key, item in keyed:
+        if after is not None and key <= after:  # type: ignore[operator]
+            continue
+        if limit is not None and len(taken) == limit:
+            return taken, last
+        taken.append(item)
+        last = key
+    return taken, None
 
 
 def anchor_of(p: Projection, entity: str, entity_id: UUID) -> Any:
@@ -715,8 +790,13 @@ def relation_taken(p: Projection, source_id: UUID, target_id: UUID, relation_typ
     return p.memory.triple_winner((source_id, target_id, relation_type))
 
 
-def relations_among(p: Projection, ids: Sequence[UUID]) -> list[Relation]:
-    """Live relations whose both ends are among ``ids``."""
+CONTEXT_RELATIONS_MAX = 1000  # relations in one context (get_context_candidates)
+
+
+def relations_among(
+    p: Projection, ids: Sequence[UUID], limit: int = CONTEXT_RELATIONS_MAX
+) -> list[Relation]:
+    """Live relations whose both ends are among ``ids``: the first ``limit`` by id."""
     wanted = set(ids)
     found = {
         rid
@@ -724,8 +804,8 @@ def relations_among(p: Projection, ids: Sequence[UUID]) -> list[Relation]:
         for rid in p.memory.by_source.get(i, ())
         if (r := p.memory.relations.get((rid,))) is not None and r.target_id in wanted
     }
-    rows = [p.memory.live_relation(rid) for rid in sorted(found)]
-    return [_relation(r) for r in rows if r is not None]
+    live = (r for rid in sorted(found) if (r := p.memory.live_relation(rid)) is not None)
+    return [_relation(r) for r in itertools.islice(live, limit)]
 
 
 def get_insight(p: Projection, insight_id: UUID) -> Insight | None:

@@ -36,13 +36,22 @@ import numpy.typing as npt
 
 from eventlog import EmbeddedNats, subjects
 from eventlog import events as ev
-from eventlog.errors import LogUnavailable, NotFoundError, PulseError, ValidationError
+from eventlog.codec import encode_body
+from eventlog.errors import (
+    ConflictError,
+    LogUnavailable,
+    NotFoundError,
+    PulseError,
+    ValidationError,
+)
 from eventlog.ids import uuid7
-from eventlog.log import EventLog, LogEntry
+from eventlog.limits import CLOCK_AHEAD_MS
+from eventlog.log import EventLog, LogEntry, key_conflict
 from projections import queries
 from projections.engine import Applied, Engine
-from sync import embedders, models
+from sync import embedders, idempotency, models
 from sync.hlc import MAX_AHEAD_MS, HybridClock, wall_ms
+from sync.owed import OwedPurges
 from sync.watch import ExperienceWatch, change_of
 
 log = logging.getLogger("pulse.instance")
@@ -100,6 +109,7 @@ class InstanceCore:
         self.instance_id = uuid7()
         self.clock = HybridClock(state_file=data_dir / "clock.json")
         self.clock.observe(max_hlc)
+        self.owed = OwedPurges(data_dir / "owed-purges.json")
         self.settings = settings or InstanceSettings()
         self._loop = asyncio.get_running_loop()
         self._applied = engine.seq
@@ -110,6 +120,9 @@ class InstanceCore:
         # entity (the engine tells) -> which: such a write is forgotten again
         self._landed_dead: dict[int, str] = {}
         self._kept_aside: dict[int, str] = {}  # recent sequences kept aside -> why
+        # the latest time the stream stored a message this instance read (0: none yet); an
+        # event's clock within CLOCK_AHEAD_MS of it is within the bound of any later one
+        self._log_ms = 0
         # answers of reference checks (collective by id, collective of an experience),
         # dropped whenever a collective changes or anything is deleted; a read that
         # began before such a change is not kept (the generation moved on)
@@ -118,6 +131,8 @@ class InstanceCore:
         # this incarnation's acknowledged totals of the experiences it reinforced last, least
         # recently first (at most ``sync.experiences.OWN_MAX``; a miss reads the projection)
         self._own: OrderedDict[UUID, int] = OrderedDict()
+        # the last idempotent calls served here: key -> (fingerprint, result) (sync.idempotency)
+        self._idempotent: OrderedDict[str, tuple[str, Any]] = OrderedDict()
         # one announcement in flight per experience (two concurrent calls must not both
         # announce the same total); different experiences go in parallel. An entry is
         # (lock, calls holding or waiting for it) and goes when the last of them is done.
@@ -153,6 +168,8 @@ class InstanceCore:
         try:
             submitted = self.engine.seq
             async for entry in self.log.tail(self.engine.seq + 1):
+                if entry.stored_ms is not None and entry.stored_ms > self._log_ms:
+                    self._log_ms = entry.stored_ms  # (the writer's own events come back too)
                 if entry.seq <= self.engine.seq:
                     continue  # a writer here handed it over already: no need to wake the engine
                 self.engine.submit((entry,))
@@ -185,6 +202,8 @@ class InstanceCore:
         latest = 0
         trusted = ev.pack_hlc(wall_ms() + MAX_AHEAD_MS, ev.HLC_LOGICAL_MAX)
         for entry in applied.entries:
+            if entry.stored_ms is not None and entry.stored_ms > self._log_ms:
+                self._log_ms = entry.stored_ms
             event = entry.event
             if event is None or entry.seq in applied.kept_aside:
                 continue  # a dead letter changes nothing here either
@@ -251,12 +270,28 @@ class InstanceCore:
 
     async def _write(self, event: ev.Event) -> int:
         self._check_open()
-        seq = await self.log.append(event)
-        self.engine.offer((LogEntry(seq, subjects.subject_for(event), event),))
+        call = idempotency.CURRENT.get()
+        first = None
+        if call is None:
+            seq = await self.log.append(event)
+        else:  # a retry within the duplicate window finds the first copy: nothing new
+            seq, first = await self.log.append_keyed(event, call.fingerprint)
+        if first is None and self._within_clock_bound((event,)):
+            self.engine.offer((LogEntry(seq, subjects.subject_for(event), event),))
         await self._wait_applied(seq)
         self._check_not_kept_aside(seq)
         await self._forget_if_deleted(event, seq)
         return seq
+
+    def _within_clock_bound(self, events: Sequence[ev.Event]) -> bool:
+        """Whether every host will read these events as this one would: their clocks are
+        within the bound of a time the stream already reached, so of the time it stored
+        them. Only then may a writer hand its engine its own events (the fast path of
+        read-your-writes); otherwise they come back through the tail, stamped with the
+        stream's time, and are judged as every host judges them (a host whose clock runs
+        too fast sees its write kept aside and raise)."""
+        bound = self._log_ms + CLOCK_AHEAD_MS
+        return all(ev.hlc_millis(e.hlc) <= bound for e in events)
 
     def _check_not_kept_aside(self, *seqs: int) -> None:
         """A write stored but set aside by the fold (as every host will) is not a success."""
@@ -272,8 +307,19 @@ class InstanceCore:
         """Append events as one batch (``atomic``: committed together, see
         ``EventLog.append_batch``); return their sequences once applied here."""
         self._check_open()
-        seqs = await self.log.append_batch(events, atomic=atomic)
-        if seqs == list(range(seqs[0], seqs[0] + len(seqs))):  # contiguous: offer them
+        call = idempotency.CURRENT.get()
+        if call is not None:  # one by one, each deduplicated (see sync.idempotency)
+            stored = await asyncio.gather(
+                *(self.log.append_keyed(e, call.fingerprint) for e in events)
+            )
+            seqs, fresh = [s for s, _ in stored], all(first is None for _, first in stored)
+        else:
+            seqs, fresh = await self.log.append_batch(events, atomic=atomic), True
+        if (
+            fresh
+            and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+            and self._within_clock_bound(events)
+        ):  # contiguous, and certain to be read alike: offer them
             self.engine.offer(
                 [LogEntry(s, subjects.subject_for(e), e) for s, e in zip(seqs, events, strict=True)]
             )
@@ -303,19 +349,44 @@ class InstanceCore:
         collective_id = getattr(event, "collective_id", None)
         entity, entity_id = _entity_of(event)
         if landed == "collective":
-            await self.log.purge(subjects.subject_for(event), before_seq=seq + 1)
+            subject = subjects.subject_for(event)
+            token = self.owed.owe({"purge": subject, "before_seq": seq + 1})
+            await self.log.purge(subject, before_seq=seq + 1)
+            self.owed.paid(token)
             return f"collective_id: collective {collective_id} was deleted"
         await self._delete(entity, entity_id)  # a new tombstone, purging the write
         return f"{entity}_id: {entity} {entity_id} was deleted"
 
     def _common(self) -> dict[str, Any]:
-        return {"event_id": uuid7(), "instance_id": self.instance_id, "hlc": self.clock.now()}
+        return {"event_id": self._new_id(), "instance_id": self.instance_id,
+                "hlc": self.clock.now()}  # fmt: skip
 
-    async def _tombstone(self, event: ev.Event, forget: str) -> None:
+    def _new_id(self) -> UUID:
+        """A new id for an event or entity: random, or derived from the idempotency key
+        of the call in progress (``sync.idempotency``)."""
+        call = idempotency.CURRENT.get()
+        return uuid7() if call is None else call.next_id()
+
+    def _remember(self, key: str, fingerprint: str, result: Any) -> None:
+        self._idempotent[key] = (fingerprint, result)
+        self._idempotent.move_to_end(key)
+        while len(self._idempotent) > idempotency.REMEMBERED:
+            self._idempotent.popitem(last=False)
+
+    @staticmethod
+    def _key_conflict() -> ConflictError:
+        return key_conflict("")
+
+    async def _tombstone(self, event: ev.Event, forget: str, token: str | None = None) -> None:
         """Append a tombstone, wait until it is applied here, then purge everything before
-        it on ``forget`` (a subject, wildcards allowed) from the stream: forgetting."""
+        it on ``forget`` (a subject, wildcards allowed) from the stream: forgetting. The
+        purge is recorded as owed before the tombstone is appended (``sync.owed``);
+        ``token``: the record of an owed purge this finishes."""
+        if token is None:
+            token = self.owed.owe({"tombstone": encode_body(event).hex(), "forget": forget})
         seq = await self._write(event)
         await self.log.purge(forget, before_seq=seq)
+        self.owed.paid(token)
 
     async def _delete(self, entity: str, entity_id: Any) -> None:
         """Tombstone an entity that exists or was deleted here, and forget it."""

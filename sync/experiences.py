@@ -20,11 +20,11 @@ import pydantic
 
 from eventlog import events as ev
 from eventlog.errors import NotFoundError, ValidationError
-from eventlog.ids import uuid7
 from projections import queries
 from projections.projection import Projection
-from sync import embedders, models
+from sync import embedders, idempotency, models
 from sync.core import InstanceCore, check_limit, check_vector, uuid_of
+from sync.idempotency import idempotent
 from sync.models import validated
 
 BATCH_MAX = models.BATCH_MAX
@@ -32,6 +32,7 @@ OWN_MAX = 4096  # acknowledged totals kept (of the experiences reinforced last)
 
 
 class Collectives(InstanceCore):
+    @idempotent
     async def create_collective(
         self,
         owner_id: str,
@@ -39,6 +40,7 @@ class Collectives(InstanceCore):
         embedding_dimension: int | None = None,
         *,
         embedder: str | None = None,
+        idempotency_key: str | None = None,
     ) -> UUID:
         """A new collective. Its embedding dimension is fixed for good; with an
         ``embedder`` ("hash", or "e5-small" with the model extra) text alone can be
@@ -52,7 +54,7 @@ class Collectives(InstanceCore):
             dimension = dimension or embedders.default_dimension(spec.embedder)
             embedders.embedder(spec.embedder, dimension)  # refuses a dimension it cannot make
         assert dimension is not None
-        collective_id = uuid7()
+        collective_id = self._new_id()
         await self._write(
             ev.CollectiveCreated(
                 **self._common(), collective_id=collective_id, owner_id=spec.owner_id,
@@ -64,9 +66,20 @@ class Collectives(InstanceCore):
     async def get_collective(self, collective_id: UUID) -> queries.Collective | None:
         return await self._read(queries.get_collective, uuid_of("collective_id", collective_id))
 
-    async def list_collectives(self, owner_id: str | None = None) -> list[queries.Collective]:
-        """Every live collective, or those of one owner; oldest first."""
-        return await self._read(queries.list_collectives, owner_id)
+    async def list_collectives(
+        self,
+        owner_id: str | None = None,
+        *,
+        limit: int = models.PAGE_DEFAULT,
+        after: str | None = None,
+    ) -> models.Page[queries.Collective]:
+        """The live collectives, or those of one owner, oldest first: one page of at most
+        ``limit`` (1..1000, default 100); the page's ``next`` is the cursor of the rest
+        (``after=``), None on the last page."""
+        models.check_page_limit(limit)
+        key = models.from_cursor("collectives", after, (int, UUID))
+        found, last = await self._read(queries.collectives_page, owner_id, limit, key)
+        return models.Page(found, None if last is None else models.cursor("collectives", last))
 
     async def get_collective_stats(self, collective_id: UUID) -> queries.CollectiveStats:
         stats = await self._read(queries.collective_stats, uuid_of("collective_id", collective_id))
@@ -76,6 +89,7 @@ class Collectives(InstanceCore):
 
 
 class Experiences(InstanceCore):
+    @idempotent
     async def record_experience(
         self,
         collective_id: UUID,
@@ -90,6 +104,7 @@ class Experiences(InstanceCore):
         related_files: Sequence[str] = (),
         source_agent: str = "agent",
         source_task: str | None = None,
+        idempotency_key: str | None = None,
     ) -> UUID:
         """Record what an agent learned. ``embedding`` may be left out when the collective
         has an embedder (the content is embedded). Returns the new experience's id once
@@ -105,12 +120,17 @@ class Experiences(InstanceCore):
         spec = validated(models.ExperienceIn, **fields)
         collective = await self._collective(spec.collective_id)
         vector = await self._vector(collective, spec.content, spec.embedding, spec.embedder)
-        event = _recorded(self._common(), spec, vector)
+        event = _recorded(self._common(), self._new_id(), spec, vector)
         await self._write(event)
         return event.experience_id
 
+    @idempotent
     async def record_experiences(
-        self, collective_id: UUID, items: Sequence[Mapping[str, Any]]
+        self,
+        collective_id: UUID,
+        items: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_key: str | None = None,
     ) -> list[UUID]:
         """Record up to 1,000 experiences in one call; each item holds the keyword
         arguments of ``record_experience`` (``content`` and, unless the collective has an
@@ -174,7 +194,7 @@ class Experiences(InstanceCore):
             for i, vector in zip(missing, made, strict=True):
                 vectors[i] = vector
         events = [
-            _recorded(self._common(), spec, vector)  # type: ignore[arg-type]
+            _recorded(self._common(), self._new_id(), spec, vector)  # type: ignore[arg-type]
             for spec, vector in zip(specs, vectors, strict=True)
         ]
         await self._write_many(events, atomic=True)  # fresh ids: a stored copy changes nothing
@@ -207,7 +227,10 @@ class Experiences(InstanceCore):
             newest_first=newest_first,
         )  # fmt: skip
 
-    async def update_experience(self, experience_id: UUID, **changes: Any) -> None:
+    @idempotent
+    async def update_experience(
+        self, experience_id: UUID, *, idempotency_key: str | None = None, **changes: Any
+    ) -> None:
         """Change importance, confidence, domain and/or related_files (last writer wins,
         per field). Content, embedding and timestamp are immutable."""
         spec = validated(models.ExperienceUpdateIn, **changes)
@@ -223,11 +246,17 @@ class Experiences(InstanceCore):
             )
         )  # fmt: skip
 
-    async def archive_experience(self, experience_id: UUID) -> None:
+    @idempotent
+    async def archive_experience(
+        self, experience_id: UUID, *, idempotency_key: str | None = None
+    ) -> None:
         """Hide from searches (unless asked for); reversible."""
         await self._lifecycle(ev.ExperienceArchived, experience_id)
 
-    async def unarchive_experience(self, experience_id: UUID) -> None:
+    @idempotent
+    async def unarchive_experience(
+        self, experience_id: UUID, *, idempotency_key: str | None = None
+    ) -> None:
         await self._lifecycle(ev.ExperienceUnarchived, experience_id)
 
     async def _lifecycle(
@@ -239,7 +268,10 @@ class Experiences(InstanceCore):
             kind(**self._common(), experience_id=experience_id, collective_id=collective_id)
         )
 
-    async def reinforce_experience(self, experience_id: UUID) -> int:
+    @idempotent
+    async def reinforce_experience(
+        self, experience_id: UUID, *, idempotency_key: str | None = None
+    ) -> int:
         """Count one more application by this instance; returns the total across instances.
 
         Publishes this incarnation's new total (never "+1"). If the append fails, the
@@ -266,10 +298,13 @@ class Experiences(InstanceCore):
                     collective_id=collective_id, applications=total,
                 )
             )  # fmt: skip
-            self._own[experience_id] = total
-            self._own.move_to_end(experience_id)
-            while len(self._own) > OWN_MAX:
-                self._own.popitem(last=False)
+            if idempotency.CURRENT.get() is not None:  # a retry may have stored nothing:
+                self._own.pop(experience_id, None)  # the projection has the total
+            else:
+                self._own[experience_id] = total
+                self._own.move_to_end(experience_id)
+                while len(self._own) > OWN_MAX:
+                    self._own.popitem(last=False)
         return await self._read(queries.total_applications, experience_id)
 
     @contextlib.asynccontextmanager
@@ -292,15 +327,18 @@ class Experiences(InstanceCore):
 
 def _own_total(p: Projection, experience_id: UUID, instance_id: UUID) -> int:
     """The total ``instance_id`` holds in an experience's G-counter (0 when none)."""
-    counter = p.memory.counters.get(experience_id)
+    counter = p.memory.counter_of(experience_id)
     return 0 if counter is None else counter.get(instance_id)
 
 
 def _recorded(
-    common: dict[str, Any], spec: models.ExperienceIn, vector: npt.NDArray[np.float32]
+    common: dict[str, Any],
+    experience_id: UUID,
+    spec: models.ExperienceIn,
+    vector: npt.NDArray[np.float32],
 ) -> ev.ExperienceRecorded:
     return ev.ExperienceRecorded(
-        **common, experience_id=uuid7(), collective_id=spec.collective_id,
+        **common, experience_id=experience_id, collective_id=spec.collective_id,
         content=spec.content, embedding=ev.pack_vector(vector),
         experience_type=models.to_event_type(spec.experience_type),
         importance=spec.importance, confidence=spec.confidence,

@@ -1,23 +1,32 @@
 """Forgetting: every delete is a tombstone that wins, then a purge of what came before it
 on the entity's subject, so the content leaves the stream as well as every host's state
 and indexes. Repeating a delete is harmless and finishes forgetting if an earlier call
-was interrupted. (A write that lands after a concurrent delete is forgotten by the
+was interrupted, and a delete interrupted by a crash is finished when the instance opens
+again (``sync.owed``). (A write that lands after a concurrent delete is forgotten by the
 write path itself: ``InstanceCore._forget_if_deleted``.)"""
 
 from __future__ import annotations
 
+import logging
 from uuid import UUID
 
 from eventlog import events as ev
 from eventlog import subjects
+from eventlog.codec import HDR_SCHEMA, SCHEMA_VERSION, decode_event
 from eventlog.errors import NotFoundError
 from projections import queries
 from sync.core import DELETES_OF, InstanceCore, uuid_of
+from sync.idempotency import idempotent
 from sync.models import BATCH_MAX
+
+log = logging.getLogger(__name__)
 
 
 class Forgetting(InstanceCore):
-    async def delete_collective(self, collective_id: UUID) -> None:
+    @idempotent
+    async def delete_collective(
+        self, collective_id: UUID, *, idempotency_key: str | None = None
+    ) -> None:
         """Delete a collective and forget everything in it: a tombstone for the collective
         and one for every experience, relation and insight in it, then everything before
         the collective's tombstone is purged from the stream (and its agents' activities).
@@ -27,6 +36,11 @@ class Forgetting(InstanceCore):
         cid = uuid_of("collective_id", collective_id)
         if await self._read(queries.anchor_of, "collective", cid) is None:
             raise NotFoundError(f"collective_id: no collective {collective_id}")
+        token = self.owed.owe({"collective": str(cid)})
+        await self._delete_collective(cid)
+        self.owed.paid(token)
+
+    async def _delete_collective(self, cid: UUID) -> None:
         seq = await self._write(ev.CollectiveDeleted(**self._common(), collective_id=cid))
         tombstones: list[ev.Event] = [
             DELETES_OF[entity](**self._common(), collective_id=cid, **{f"{entity}_id": key})
@@ -38,20 +52,51 @@ class Forgetting(InstanceCore):
         await self.log.purge(f"{subjects.PREFIX}.c.{cid}.>", before_seq=seq)
         await self.log.purge(f"{subjects.PREFIX}.a.{cid}.>", before_seq=None)  # its presence
 
-    async def delete_experience(self, experience_id: UUID) -> None:
+    async def _finish_owed_purges(self) -> int:
+        """Finish what deletes interrupted by a crash still owe (``sync.owed``): append
+        the tombstone if it is not in the stream yet and purge before it, or delete the
+        collective again. Runs when an instance opens; returns how many it finished.
+        One that fails stays owed (logged) for the next open."""
+        finished = 0
+        for token, owed in self.owed.pending():
+            try:
+                if "tombstone" in owed:
+                    body = bytes.fromhex(owed["tombstone"])
+                    event = decode_event(body, {HDR_SCHEMA: str(SCHEMA_VERSION)})
+                    await self._tombstone(event, owed["forget"], token)
+                elif "collective" in owed:
+                    await self._delete_collective(UUID(owed["collective"]))
+                    self.owed.paid(token)
+                else:
+                    await self.log.purge(owed["purge"], before_seq=int(owed["before_seq"]))
+                    self.owed.paid(token)
+                finished += 1
+            except Exception:
+                log.exception("an owed purge (%s) failed; it stays owed", owed)
+        return finished
+
+    @idempotent
+    async def delete_experience(
+        self, experience_id: UUID, *, idempotency_key: str | None = None
+    ) -> None:
         """Delete and forget: the content and embedding leave every host's state and
         indexes and the stream itself (only the tombstone stays). Repeating it is
         harmless and finishes forgetting if an earlier call was interrupted."""
         await self._delete("experience", experience_id)
 
-    async def delete_relation(self, relation_id: UUID) -> None:
+    @idempotent
+    async def delete_relation(
+        self, relation_id: UUID, *, idempotency_key: str | None = None
+    ) -> None:
         """Delete a relation and forget it (idempotent, as every delete)."""
         await self._delete("relation", relation_id)
 
-    async def delete_insight(self, insight_id: UUID) -> None:
+    @idempotent
+    async def delete_insight(self, insight_id: UUID, *, idempotency_key: str | None = None) -> None:
         """Delete an insight and forget it (idempotent, as every delete)."""
         await self._delete("insight", insight_id)
 
-    async def delete_wisdom(self, wisdom_id: UUID) -> None:
+    @idempotent
+    async def delete_wisdom(self, wisdom_id: UUID, *, idempotency_key: str | None = None) -> None:
         """Delete wisdom and forget it (idempotent, as every delete)."""
         await self._delete("wisdom", wisdom_id)

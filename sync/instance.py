@@ -29,6 +29,7 @@ reinforced an experience.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,6 +41,7 @@ from projections import analytics, queries
 from projections.analytics import SqlResult
 from projections.engine import Engine
 from projections.projection import ProjectionSettings, state_dir
+from sync import models
 from sync.core import InstanceCore, InstanceSettings, check_rows_limit
 from sync.experiences import Collectives, Experiences
 from sync.forgetting import Forgetting
@@ -59,6 +61,9 @@ __all__ = [
 ]
 
 
+_log = logging.getLogger(__name__)
+
+
 class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, InstanceCore):
     """One instance; see the module docstring. Use ``await PulseDB.open(...)``."""
 
@@ -73,8 +78,12 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, I
         append_timeout: float = 10.0,
         settings: InstanceSettings | None = None,
         progress: Callable[[int, int], None] | None = None,
+        nats_credentials: str | os.PathLike[str] | None = None,
+        nats_ca: str | os.PathLike[str] | None = None,
     ) -> PulseDB:
-        """Open (or create) an instance on ``data_dir``; embedded NATS unless ``nats_url``."""
+        """Open (or create) an instance on ``data_dir``; embedded NATS unless ``nats_url``.
+        With ``nats_url``: ``nats_credentials`` (a credentials file, default
+        ``$PULSE_NATS_CREDS``) and ``nats_ca`` (the servers' CA, default ``$PULSE_NATS_CA``)."""
         directory = Path(data_dir)
         await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
         server = None
@@ -85,6 +94,9 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, I
             urls = [u.strip() for u in nats_url.split(",") if u.strip()]
         else:
             urls = list(nats_url)
+        if server is None:  # the embedded server's credentials are in its URL
+            nats_credentials = nats_credentials or os.environ.get("PULSE_NATS_CREDS") or None
+            nats_ca = nats_ca or os.environ.get("PULSE_NATS_CA") or None
         try:
             jetstream = await JetStreamLog.connect(
                 urls,
@@ -92,6 +104,8 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, I
                 append_timeout=append_timeout,
                 connect_timeout=30,
                 update_streams=False,  # create if missing; never reconfigure a deployment
+                credentials=nats_credentials,
+                tls_ca=nats_ca,
             )
         except BaseException:
             if server is not None:
@@ -136,6 +150,13 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, I
         )  # fmt: skip
         db._owns_log = owns_log
         db._loop_task = asyncio.create_task(db._replicate(), name="pulse-replication")
+        if db.owed.pending():  # deletes a crash interrupted: forget what they still owe
+            try:
+                finished = await db._finish_owed_purges()
+            except BaseException:
+                await db.close()
+                raise
+            _log.info("finished %d owed purge(s) of deletes a crash interrupted", finished)
         return db
 
     async def close(self) -> None:
@@ -153,6 +174,7 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, I
         for watch in list(self._watchers):
             watch.end()
         await self.engine.close()
+        self.clock.close()
         if self._owns_log:
             await self.log.close()
         if self.server is not None:
@@ -176,10 +198,17 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, I
         """A hash of the logical state: equal on hosts that applied the same events."""
         return await self.engine.digest()
 
-    async def dead_letters(self) -> list[queries.DeadLetter]:
+    async def dead_letters(
+        self, *, limit: int = models.PAGE_DEFAULT, after: str | None = None
+    ) -> models.Page[queries.DeadLetter]:
         """Events kept aside: those that break an invariant of the folded state, and
-        messages that could not be applied (unreadable, or a value out of range)."""
-        return await self._read(queries.dead_letters)
+        messages that could not be applied (unreadable, or a value out of range). One
+        page of at most ``limit`` (1..1000, default 100), by entity, sequence and id; the
+        page's ``next`` is the cursor of the rest (``after=``), None on the last page."""
+        models.check_page_limit(limit)
+        key = models.from_cursor("dead_letters", after, (str, int, str))
+        found, last = await self._read(queries.dead_letters_page, limit, key)
+        return models.Page(found, None if last is None else models.cursor("dead_letters", last))
 
     async def sql(self, query: str, *, limit: int = 10_000) -> SqlResult:
         """Run one read-only SQL query over the current state (DuckDB).
@@ -216,7 +245,7 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, I
         target = Path(directory)
         await asyncio.to_thread(target.mkdir, parents=True, exist_ok=True)
         activities = []
-        for c in await self.list_collectives():
-            activities.extend(await self.get_active_agents(c.collective_id, stale_after=1e9))
+        for c in await self._read(queries.list_collectives):  # every one: no pages here
+            activities.extend(await self._active(c.collective_id, stale_after=1e9))
         cursor, _ = await self.engine.cursor()
         return await asyncio.to_thread(analytics.export, cursor, target, activities)

@@ -13,16 +13,17 @@ import numpy.typing as npt
 
 from eventlog import events as ev
 from eventlog.errors import ConflictError, NotFoundError, ValidationError
-from eventlog.ids import uuid7
 from projections import queries
 from sync import models
 from sync.core import InstanceCore, uuid_of
+from sync.idempotency import idempotent
 from sync.models import validated
 
 
 class Links(InstanceCore):
     # -- relations -------------------------------------------------------------------------
 
+    @idempotent
     async def store_relation(
         self,
         source_id: UUID,
@@ -31,6 +32,7 @@ class Links(InstanceCore):
         *,
         strength: float = 0.5,
         metadata: str | None = None,
+        idempotency_key: str | None = None,
     ) -> UUID:
         """Link two experiences of one collective. A (source, target, type) triple is
         unique: storing it again raises ``ConflictError`` naming the existing relation.
@@ -55,7 +57,7 @@ class Links(InstanceCore):
                 f"relation: ({spec.source_id}, {spec.target_id}, {spec.relation_type}) "
                 f"already exists as relation {taken}; a triple is unique"
             )
-        relation_id = uuid7()
+        relation_id = self._new_id()
         await self._write(
             ev.RelationStored(
                 **self._common(), relation_id=relation_id,
@@ -73,9 +75,13 @@ class Links(InstanceCore):
         relation_types: Sequence[str] | None = None,
         *,
         min_strength: float | None = None,
-    ) -> list[queries.RelatedExperience]:
+        limit: int = models.PAGE_DEFAULT,
+        after: str | None = None,
+    ) -> models.Page[queries.RelatedExperience]:
         """Experiences linked to this one (outgoing, incoming or both), optionally only
-        some relation types and at least some strength."""
+        some relation types and at least some strength: one page of at most ``limit``
+        (1..1000, default 100), outgoing before incoming, each by relation id; the page's
+        ``next`` is the cursor of the rest (``after=``), None on the last page."""
         if direction not in ("outgoing", "incoming", "both"):
             raise ValidationError(
                 f"direction: must be 'outgoing', 'incoming' or 'both', got {direction!r}"
@@ -91,17 +97,21 @@ class Links(InstanceCore):
             math.isfinite(min_strength) and 0 <= min_strength <= 1
         ):
             raise ValidationError(f"min_strength: must be in [0, 1], got {min_strength}")
+        models.check_page_limit(limit)
+        key = models.from_cursor("related_experiences", after, (int, UUID))
         experience_id = uuid_of("experience_id", experience_id)
         await self._collective_of(experience_id)
-        related = await self._read(
-            queries.related_experiences, experience_id, direction, relation_types
+        related, last = await self._read(
+            queries.related_page, experience_id, direction, relation_types,
+            min_strength=min_strength, limit=limit, after=key,
+        )  # fmt: skip
+        return models.Page(
+            related, None if last is None else models.cursor("related_experiences", last)
         )
-        if min_strength is not None:
-            related = [r for r in related if r.relation.strength >= min_strength]
-        return related
 
     # -- insights --------------------------------------------------------------------------
 
+    @idempotent
     async def store_insight(
         self,
         collective_id: UUID,
@@ -112,6 +122,7 @@ class Links(InstanceCore):
         confidence: float = 0.5,
         domain: Sequence[str] = (),
         embedder: str | None = None,
+        idempotency_key: str | None = None,
     ) -> UUID:
         """A distilled insight, derived from 1..100 live experiences of the collective."""
         spec = validated(
@@ -127,7 +138,7 @@ class Links(InstanceCore):
                     f"source_experiences: no experience {source} in collective {collective.name!r}"
                 )
         vector = await self._vector(collective, spec.content, spec.embedding, spec.embedder)
-        insight_id = uuid7()
+        insight_id = self._new_id()
         await self._write(
             ev.InsightStored(
                 **self._common(), insight_id=insight_id,

@@ -9,8 +9,11 @@ message names each bad field, what is wrong and the limit, e.g.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 from uuid import UUID
 
@@ -54,6 +57,9 @@ from eventlog.limits import WORKING_ON_ITEM_MAX as WORKING_ON_ITEM_MAX
 from eventlog.limits import WORKING_ON_MAX as WORKING_ON_MAX
 
 K_MAX = 1000  # a search's k (a limit of the API, not of the data model)
+PAGE_DEFAULT = 100  # items per page of a listing (limits of the API, not of the data model)
+PAGE_MAX = 1000
+CONTEXT_ITEMS_MAX = 300  # k + recent + insights of one get_context_candidates
 
 Vector = npt.NDArray[np.float32]
 
@@ -108,6 +114,18 @@ Files = Annotated[list[FilePath], Field(max_length=FILES_MAX)]
 
 class _Input(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+IDEMPOTENCY_KEY_MAX = 200  # characters (sync.idempotency.KEY_MAX)
+IdempotencyKey = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=IDEMPOTENCY_KEY_MAX),
+    Field(
+        description="makes the call idempotent: a retry with the same key and arguments "
+        "returns the first call's result and stores nothing new; the same key with other "
+        "arguments is a ConflictError (409). E.g. a UUID made per call."
+    ),
+]
 
 
 # -- experience types (mirror eventlog.events, which stay the wire format) -----------------
@@ -405,13 +423,91 @@ class SearchIn(_Input):
 
 
 class ContextIn(SearchIn):
-    """What ``get_context_candidates`` gathers; each part can be switched off."""
+    """What ``get_context_candidates`` gathers; each part can be switched off. The parts
+    together hold at most ``CONTEXT_ITEMS_MAX`` experiences and insights (k, when similar
+    is on, + recent + insights), so one context stays a bounded answer."""
 
     similar: bool = True
     recent: Annotated[int, Field(ge=0, le=K_MAX)] = 5
     insights: Annotated[int, Field(ge=0, le=K_MAX)] = 5
     relations: bool = True
     active_agents: bool = True
+
+    @model_validator(mode="after")
+    def _bounded(self) -> ContextIn:
+        k = self.k if self.similar else 0
+        if k + self.recent + self.insights > CONTEXT_ITEMS_MAX:
+            raise ValueError(
+                f"k + recent + insights: at most {CONTEXT_ITEMS_MAX} items in one context, "
+                f"got {k + self.recent + self.insights} (k={k}, recent={self.recent}, "
+                f"insights={self.insights}); page through search_hybrid or "
+                "list_experiences for more"
+            )
+        return self
+
+
+# -- pages of a listing ----------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+class Page(list[T]):
+    """One page of a listing: a list of at most ``limit`` items, and ``next``, the cursor
+    of the page after it (pass it as ``after=``), or None when this page is the last.
+
+    Cursors are keyset cursors (the sort key of the last item, opaque to callers): a page
+    never repeats an item of an earlier page, and an item that stays put while a caller
+    pages is listed exactly once, whatever else is written meanwhile."""
+
+    def __init__(self, items: Iterable[T] = (), next: str | None = None) -> None:
+        super().__init__(items)
+        self.next = next
+
+    def __repr__(self) -> str:
+        return f"Page({list.__repr__(self)}, next={self.next!r})"
+
+
+def check_page_limit(limit: Any) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE_MAX:
+        raise ValidationError(
+            f"limit: must be an integer in 1..{PAGE_MAX} (items per page), got {limit!r}; "
+            "follow `next` for more"
+        )
+    return limit
+
+
+def cursor(listing: str, key: Sequence[Any]) -> str:
+    """The opaque cursor of a listing after the item with sort key ``key``."""
+    text = json.dumps([listing, *(str(k) if isinstance(k, UUID) else k for k in key)])
+    return base64.urlsafe_b64encode(text.encode()).rstrip(b"=").decode()
+
+
+def from_cursor(
+    listing: str, after: Any, types: Sequence[Callable[[Any], Any]]
+) -> tuple[Any, ...] | None:
+    """The sort key a cursor of ``listing`` holds (None for None), each part converted by
+    ``types``; anything else is a ``ValidationError`` naming ``after``."""
+    if after is None:
+        return None
+    try:
+        if not isinstance(after, str) or len(after) > 1000:
+            raise ValueError
+        data = json.loads(base64.urlsafe_b64decode(after + "=" * (-len(after) % 4)))
+        if not isinstance(data, list) or len(data) != len(types) + 1 or data[0] != listing:
+            raise ValueError
+        return tuple(_key_part(t, v) for t, v in zip(types, data[1:], strict=True))
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise ValidationError(
+            f"after: not a cursor of {listing} (pass the `next` of the page before)"
+        ) from None
+
+
+def _key_part(kind: Callable[[Any], Any], value: Any) -> Any:
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError
+    if kind in (str, UUID) and not isinstance(value, str):
+        raise ValueError
+    return kind(value)
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -12,8 +12,9 @@ import msgspec
 
 from eventlog import events as ev
 from eventlog.errors import NotFoundError, ValidationError
-from sync import models
+from sync import idempotency, models
 from sync.core import InstanceCore, uuid_of
+from sync.idempotency import idempotent
 from sync.models import validated
 
 
@@ -35,12 +36,15 @@ def _activity(event: ev.ActivityRegistered | ev.ActivityHeartbeat, started_ms: i
 
 
 class Presence(InstanceCore):
+    @idempotent
     async def register_activity(
         self,
         collective_id: UUID,
         agent_id: str,
         task_description: str = "",
         working_on: Sequence[str] = (),
+        *,
+        idempotency_key: str | None = None,
     ) -> Activity:
         """Say what an agent is working on (replaces its previous activity)."""
         spec = validated(
@@ -55,6 +59,7 @@ class Presence(InstanceCore):
         await self._append_activity(event)
         return _activity(event, ev.hlc_millis(event.hlc))
 
+    @idempotent
     async def update_heartbeat(
         self,
         collective_id: UUID,
@@ -62,6 +67,7 @@ class Presence(InstanceCore):
         *,
         task_description: str | None = None,
         working_on: Sequence[str] | None = None,
+        idempotency_key: str | None = None,
     ) -> Activity:
         """Keep an agent's activity alive (optionally changing what it works on)."""
         collective_id = (await self._collective(collective_id)).collective_id
@@ -86,7 +92,10 @@ class Presence(InstanceCore):
         await self._append_activity(event)
         return _activity(event, current.started_ms)
 
-    async def end_activity(self, collective_id: UUID, agent_id: str) -> None:
+    @idempotent
+    async def end_activity(
+        self, collective_id: UUID, agent_id: str, *, idempotency_key: str | None = None
+    ) -> None:
         """The agent stopped; it leaves the active agents at once."""
         spec = validated(models.ActivityIn, collective_id=collective_id, agent_id=agent_id)
         await self._collective(spec.collective_id)
@@ -96,10 +105,35 @@ class Presence(InstanceCore):
         )  # fmt: skip
 
     async def get_active_agents(
-        self, collective_id: UUID, *, stale_after: float | None = None
-    ) -> list[Activity]:
+        self,
+        collective_id: UUID,
+        *,
+        stale_after: float | None = None,
+        limit: int = models.PAGE_DEFAULT,
+        after: str | None = None,
+    ) -> models.Page[Activity]:
         """Agents of a collective whose last heartbeat is within ``stale_after`` seconds
-        (default: the instance's setting, 5 minutes), most recent first."""
+        (default: the instance's setting, 5 minutes), most recent first: one page of at
+        most ``limit`` (1..1000, default 100); the page's ``next`` is the cursor of the
+        rest (``after=``), None on the last page. (The cursor is the last heartbeat and
+        agent listed: an agent that beats again while a caller pages moves to the front,
+        so that walk does not list it twice.)"""
+        models.check_page_limit(limit)
+        key = models.from_cursor("active_agents", after, (int, str))
+        active = await self._active(collective_id, stale_after)
+        if key is not None:
+            beat, agent = key
+            active = [a for a in active if (-a.last_heartbeat_ms, a.agent_id) > (-beat, agent)]
+        if len(active) <= limit:
+            return models.Page(active)
+        last = active[limit - 1]
+        return models.Page(
+            active[:limit],
+            models.cursor("active_agents", (last.last_heartbeat_ms, last.agent_id)),
+        )
+
+    async def _active(self, collective_id: UUID, stale_after: float | None) -> list[Activity]:
+        """Every active agent of a collective, most recent first (see get_active_agents)."""
         window = self.settings.stale_after if stale_after is None else stale_after
         if not (math.isfinite(window) and window > 0):
             raise ValidationError(f"stale_after: must be > 0 seconds, got {stale_after}")
@@ -130,4 +164,8 @@ class Presence(InstanceCore):
 
     async def _append_activity(self, event: ev.Event) -> None:
         self._check_open()
-        await self.log.append(event)
+        call = idempotency.CURRENT.get()
+        if call is None:
+            await self.log.append(event)
+        else:
+            await self.log.append_keyed(event, call.fingerprint)

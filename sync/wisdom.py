@@ -14,12 +14,14 @@ from eventlog.ids import uuid7
 from projections import queries
 from sync import models
 from sync.core import InstanceCore, check_limit, check_text
+from sync.idempotency import idempotent
 from sync.models import validated
 
 
 class WisdomPart(InstanceCore):
     # -- wisdom: per owner, across collectives ---------------------------------------------
 
+    @idempotent
     async def store_wisdom(
         self,
         owner_id: str,
@@ -31,6 +33,7 @@ class WisdomPart(InstanceCore):
         source_collectives: Sequence[UUID] = (),
         source_experience_count: int = 0,
         applicable_domains: Sequence[str] = (),
+        idempotency_key: str | None = None,
     ) -> UUID:
         """A pattern learned across an owner's collectives. All of one owner's wisdom
         shares one embedding dimension (the first stored sets it)."""
@@ -53,7 +56,7 @@ class WisdomPart(InstanceCore):
                 f"embedding: {len(spec.embedding)} values, the wisdom of {spec.owner_id!r} "
                 f"has dimension {len(ev.unpack_vector(existing[0].embedding))}"
             )
-        wisdom_id = uuid7()
+        wisdom_id = self._new_id()
         await self._write(
             ev.WisdomStored(
                 **self._common(), wisdom_id=wisdom_id, owner_id=spec.owner_id,

@@ -16,6 +16,7 @@ import duckdb
 import pytest
 
 from eventlog import JetStreamLog
+from eventlog.errors import LogUnavailable
 from ops.cli import COMMANDS, build_parser
 from ops.cluster import free_port
 from ops.commands import REGISTRY
@@ -109,7 +110,9 @@ async def test_up_serves_the_log_and_tail_prints_events(
     running_pulse: tuple[subprocess.Popen[str], str, Path],
 ) -> None:
     process, url, data_dir = running_pulse
-    log = await JetStreamLog.connect(url)
+    with pytest.raises(LogUnavailable, match="authorization"):  # the URL alone is refused
+        await JetStreamLog.connect(url, connect_timeout=30)
+    log = await JetStreamLog.connect(url, credentials=data_dir / "nats" / "credentials.json")
     cid = f.uuid7()
     written = [f.collective(cid), f.experience(cid, "tail shows me")]
     await log.append_batch(written)

@@ -203,9 +203,46 @@ async def test_a_batch_landing_after_its_collectives_tombstone_is_forgotten_whol
             models.ExperienceIn(collective_id=cid, content=f"zebra {i}", embedding=[1, 0, 0, 0])
             for i in range(5)
         ]
-        late = [_recorded(db._common(), spec, spec.embedding) for spec in specs]
+        late = [_recorded(db._common(), db._new_id(), spec, spec.embedding) for spec in specs]
         with pytest.raises(NotFoundError, match="was deleted .and 4 more of the batch"):
             await db._write_many(late, atomic=True)  # as record_experiences does
         assert not any("zebra" in p for p in await raw_payloads(db.log))
     finally:
         await db.close()
+
+
+@pytest.mark.parametrize("what", ["experience", "collective"])
+async def test_a_delete_killed_before_its_purge_is_finished_when_the_host_opens(
+    nats_server: EmbeddedNats, tmp_path: Path, what: str
+) -> None:
+    """A process SIGKILLed after a delete's tombstone is applied but before the purge:
+    the content is still on the stream (so the kill landed where it should), the purge
+    it owed is on record, and opening the instance again finishes it."""
+    import json
+    import subprocess
+    import sys
+
+    from eventlog import JetStreamLog
+
+    worker = subprocess.run(
+        [sys.executable, "-m", "tests.forget_worker", str(tmp_path / "host"), nats_server.url,
+         what, SECRET],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent,
+    )  # fmt: skip
+    assert worker.returncode == -9, worker.stderr
+    ids = json.loads(worker.stdout.splitlines()[0])
+    log = await JetStreamLog.connect(nats_server.url)
+    try:
+        assert any("zebra" in p for p in await raw_payloads(log))
+        assert (tmp_path / "host" / "owed-purges.json").read_text() != "{}"
+
+        db = await PulseDB.open(tmp_path / "host", nats_server.url)
+        try:
+            assert not any("zebra" in p for p in await raw_payloads(log))
+            assert json.loads((tmp_path / "host" / "owed-purges.json").read_text()) == {}
+            assert await db.get_experience(ids["experience"]) is None
+            assert await holds_secret(db) == []
+        finally:
+            await db.close()
+    finally:
+        await log.close()

@@ -82,14 +82,15 @@ async def test_openapi_lists_every_method_with_the_data_model_limits(service: Se
     paths = set(schema["paths"])
     assert {f"/v1/{name}" for name in API_METHODS} <= paths
     assert {"/v1/watch_experiences", "/health", "/metrics"} <= paths
-    experience = schema["components"]["schemas"]["ExperienceIn"]["properties"]
+    experience = schema["components"]["schemas"]["record_experience_request"]["properties"]
     assert experience["importance"]["maximum"] == 1.0
     assert experience["domain"]["maxItems"] == 50
-    batch = schema["components"]["schemas"]["ExperiencesIn"]["properties"]["items"]
+    assert experience["idempotency_key"]["anyOf"][0]["maxLength"] == 200
+    batch = schema["components"]["schemas"]["record_experiences_request"]["properties"]["items"]
     assert (batch["minItems"], batch["maxItems"]) == (1, 1000)
     item = schema["components"]["schemas"]["ExperienceItemIn"]["properties"]
     assert item["importance"]["maximum"] == 1.0 and "collective_id" not in item
-    relation = schema["components"]["schemas"]["RelationIn"]["properties"]
+    relation = schema["components"]["schemas"]["store_relation_request"]["properties"]
     assert set(relation["relation_type"]["enum"]) >= {"Supports", "Contradicts", "RelatedTo"}
 
 
@@ -281,7 +282,7 @@ def test_a_token_guards_every_request(tmp_path: Path) -> None:
             assert client.get("/health").status_code == 200  # for load balancers
             allowed = client.post("/v1/list_collectives", json={},
                                   headers={"Authorization": "Bearer s3cret"})  # fmt: skip
-            assert allowed.status_code == 200 and allowed.json() == []
+            assert allowed.status_code == 200 and allowed.json() == {"items": [], "next": None}
         # the CLI passes $PULSE_TOKEN to the service it finds
         result = subprocess.run(
             [PULSE, "--data-dir", str(tmp_path / "data"), "collective", "list"],
@@ -457,6 +458,6 @@ async def test_mcp_over_stdio_with_and_without_a_running_service(tmp_path: Path)
             assert "agents share memory" in found.content[0].text  # type: ignore[union-attr]
         async with running.client() as client:  # what the tools wrote, the service holds
             stats = await call(client, "list_collectives")
-            assert [c["name"] for c in stats] == ["team"]
+            assert [c["name"] for c in stats["items"]] == ["team"]
     finally:
         stop(running)
