@@ -66,6 +66,7 @@ class Row:
     REGISTERS: ClassVar[tuple[str, ...]] = ()  # LWWRegisters: each with a "<name>_stamp" column
     MAXED: ClassVar[tuple[str, ...]] = ()  # G-counter entries: the largest value wins
     ANCHOR: ClassVar[tuple[str, ...]] = ()  # the smallest non-null wins; kept by a tombstone
+    EARLIEST: ClassVar[tuple[str, ...]] = ()  # the smallest non-null wins; wiped by one
     _STAMPED: ClassVar[tuple[tuple[str, str], ...]] = ()  # (register, its stamp column)
 
     def __init_subclass__(cls) -> None:  # no super(): slots=True makes a new class
@@ -104,6 +105,10 @@ class Row:
                 setattr(self, stamp, kept.stamp)
         for name in self.MAXED:
             setattr(self, name, GCounter.join_entry(getattr(self, name), getattr(other, name)))
+        for name in self.EARLIEST:
+            theirs = getattr(other, name)
+            if theirs is not None and (getattr(self, name) is None or theirs < getattr(self, name)):
+                setattr(self, name, theirs)
         if getattr(other, "deleted", False):
             self.deleted = True
         if getattr(self, "deleted", False):
@@ -129,19 +134,26 @@ class Placed(Row):
     Every event about the entity names the collective; one naming another (a buggy or
     forged writer) must change nothing, whatever order the events arrive in. So the row
     joins the partial rows of each named collective apart, and shows the group the
-    entity belongs to: the one holding the create with the smallest event id; without a
-    create, a tombstone's (a rebuild after forgetting sees only that), else the smallest
-    collective id. The other groups are kept in ``strays`` (so a create arriving later
-    finds its writes), read by nothing and never stored: a stray group is not live, and
-    the engine reports each event that named another collective than the entity's as a
-    dead letter. (Strays are held in memory only: a host that restarts between two
-    such events, both before the entity's create, may show a different group than one
-    that did not; forged events only, and neither group is live without its create.)
+    entity belongs to: the one holding the first create on the stream (``create_seq``,
+    the stream sequence the projection stamps on a create; a forger can only append
+    after the entity's own create, and every host and replay reads the same sequence;
+    without sequences, as in a fold of bare events, the smallest create event id);
+    without a create, a tombstone's (a rebuild after forgetting sees only that), else
+    the smallest collective id. The other groups are kept in ``strays`` (so a create
+    arriving later finds its writes), read by nothing and never stored: a stray group is
+    not live, and the engine reports each event that named another collective than the
+    entity's as a dead letter. (Strays are held in memory only: a host that restarts
+    between two such events, both before the entity's create, may show a different
+    group than one that did not; forged events only, and neither group is live without
+    its create.)
     """
 
     __slots__ = ()
-    # declared by each subclass, as its own dataclass fields (``strays`` last)
+    EARLIEST = ("create_seq",)
+    # declared by each subclass, as its own dataclass fields (the last two last)
+    create_event: UUID | None
     collective_id: UUID | None
+    create_seq: int | None
     strays: dict[UUID | None, Placed] | None
 
     def merge(self: P, other: P) -> P:
@@ -185,11 +197,14 @@ P = TypeVar("P", bound=Placed)
 _NO_UUID = UUID(int=0)
 
 
-def _placement_rank(group: Placed) -> tuple[int, UUID]:
+def _placement_rank(group: Placed) -> tuple[Any, ...]:
+    collective = group.collective_id or _NO_UUID
     create = getattr(group, "create_event", None)
-    if create is not None:
-        return (0, create)
-    return (1 if getattr(group, "deleted", False) else 2, group.collective_id or _NO_UUID)
+    if create is not None:  # a create of unknown sequence (read back from before it was
+        # stamped, or a fold of bare events) counts as the earliest
+        seq = -1 if group.create_seq is None else group.create_seq
+        return (0, seq, create, getattr(group, "created_hlc", 0) or 0, collective)
+    return (1 if getattr(group, "deleted", False) else 2, 0, collective)
 
 
 @dataclass(slots=True)
@@ -238,6 +253,7 @@ class ExperienceRow(Placed):
     archived: bool = False
     archived_stamp: Stamp = NO_STAMP
     deleted: bool = False
+    create_seq: int | None = None  # the stream sequence of its first create (see Placed)
     strays: dict[UUID | None, Placed] | None = None  # see Placed; never stored
 
 
@@ -276,6 +292,7 @@ class RelationRow(Placed):
     metadata: str | None = None
     created_hlc: int | None = None
     deleted: bool = False
+    create_seq: int | None = None  # the stream sequence of its first create (see Placed)
     strays: dict[UUID | None, Placed] | None = None  # see Placed; never stored
 
 
@@ -298,6 +315,7 @@ class InsightRow(Placed):
     domain: tuple[str, ...] | None = None
     created_hlc: int | None = None
     deleted: bool = False
+    create_seq: int | None = None  # the stream sequence of its first create (see Placed)
     strays: dict[UUID | None, Placed] | None = None  # see Placed; never stored
 
 

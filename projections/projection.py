@@ -41,7 +41,15 @@ import numpy as np
 
 from eventlog.ids import uuid7
 from eventlog.log import EventLog, LogEntry
-from projections.fold import ROW_TYPES, ApplicationRow, ExperienceRow, FoldState, InsightRow, row_of
+from projections.fold import (
+    ROW_TYPES,
+    ApplicationRow,
+    ExperienceRow,
+    FoldState,
+    InsightRow,
+    Placed,
+    row_of,
+)
 from projections.state import MemoryState, Rejected, Touched
 from projections.store import StateInUse, Store
 from projections.text import TextIndex
@@ -156,6 +164,8 @@ class Projection:
                 row = row_of(entry.event)
                 if row is not None:
                     _fits_store(row)
+                    if isinstance(row, Placed) and row.create_event is not None:
+                        row.create_seq = entry.seq  # where the stream put it (see Placed)
                     delta.add(row, owned=True)
             except Exception as exc:  # an event no rule can fold: keep it aside
                 log.warning("event at sequence %d kept aside: %s", entry.seq, exc)

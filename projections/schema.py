@@ -4,7 +4,8 @@ the analysts' contract) and the migration path.
 Base tables hold every folded row, including rows not yet valid (an update that arrived
 before its create) and tombstones; ``*_stamp`` columns hold the last-writer-wins stamps.
 Columns marked local (``vec_id``, ``updated_seq``) and the ``checkpoint`` table differ
-between hosts and are left out of the digest.
+between hosts and are left out of the digest; so is ``create_seq`` (a stream sequence,
+the same for hosts reading one stream, but not between a stream and its copies).
 
 Views (stable names, what queries and analysts read):
 
@@ -53,7 +54,7 @@ CREATE TABLE IF NOT EXISTS experience_rows (
     importance DOUBLE, importance_stamp BLOB, confidence DOUBLE, confidence_stamp BLOB,
     domain VARCHAR[], domain_stamp BLOB, related_files VARCHAR[], related_files_stamp BLOB,
     archived BOOLEAN NOT NULL, archived_stamp BLOB, deleted BOOLEAN NOT NULL,
-    vec_id BIGINT, updated_seq BIGINT);
+    vec_id BIGINT, updated_seq BIGINT, create_seq BIGINT);
 CREATE TABLE IF NOT EXISTS application_rows (
     experience_id UUID, instance_id UUID, applications UBIGINT NOT NULL,
     last_hlc UBIGINT NOT NULL,
@@ -63,12 +64,12 @@ CREATE TABLE IF NOT EXISTS relation_rows (
     relation_id UUID PRIMARY KEY, create_event UUID, collective_id UUID, source_id UUID,
     target_id UUID, relation_type VARCHAR, strength DOUBLE, metadata VARCHAR,
     created_hlc UBIGINT, deleted BOOLEAN NOT NULL,
-    updated_seq BIGINT);
+    updated_seq BIGINT, create_seq BIGINT);
 CREATE TABLE IF NOT EXISTS insight_rows (
     insight_id UUID PRIMARY KEY, create_event UUID, collective_id UUID, content VARCHAR,
     embedding BLOB, source_experiences UUID[], confidence DOUBLE, domain VARCHAR[],
     created_hlc UBIGINT, deleted BOOLEAN NOT NULL,
-    vec_id BIGINT, updated_seq BIGINT);
+    vec_id BIGINT, updated_seq BIGINT, create_seq BIGINT);
 CREATE TABLE IF NOT EXISTS wisdom_rows (
     wisdom_id UUID PRIMARY KEY, create_event UUID, owner_id VARCHAR, category VARCHAR,
     pattern VARCHAR, confidence DOUBLE, embedding BLOB, source_collectives UUID[],
@@ -195,10 +196,14 @@ SELECT 'message', NULL, NULL, reason, seq, subject, instance_id FROM undecodable
 # The logical content of each base table, in digest order: local columns left out.
 DIGEST_QUERIES = {
     "collective_rows": "SELECT * EXCLUDE (updated_seq) FROM collective_rows ORDER BY 1",
-    "experience_rows": "SELECT * EXCLUDE (vec_id, updated_seq) FROM experience_rows ORDER BY 1",
+    "experience_rows": (
+        "SELECT * EXCLUDE (vec_id, updated_seq, create_seq) FROM experience_rows ORDER BY 1"
+    ),
     "application_rows": "SELECT * EXCLUDE (updated_seq) FROM application_rows ORDER BY 1, 2, 5",
-    "relation_rows": "SELECT * EXCLUDE (updated_seq) FROM relation_rows ORDER BY 1",
-    "insight_rows": "SELECT * EXCLUDE (vec_id, updated_seq) FROM insight_rows ORDER BY 1",
+    "relation_rows": "SELECT * EXCLUDE (updated_seq, create_seq) FROM relation_rows ORDER BY 1",
+    "insight_rows": (
+        "SELECT * EXCLUDE (vec_id, updated_seq, create_seq) FROM insight_rows ORDER BY 1"
+    ),
     "wisdom_rows": "SELECT * EXCLUDE (updated_seq) FROM wisdom_rows ORDER BY 1",
     # an event naming another collective than its entity's is reported when the entity's
     # create is in the log as it is read; forgetting purges the create, so a host that
@@ -226,6 +231,11 @@ MIGRATIONS: dict[int, list[str]] = {
         "DROP VIEW IF EXISTS applications",
         "DROP TABLE application_rows",
         "ALTER TABLE application_rows_4 RENAME TO application_rows",
+        # the stream sequence of an entity's first create decides its collective (rows
+        # from before hold NULL: they count as the earliest)
+        "ALTER TABLE experience_rows ADD COLUMN IF NOT EXISTS create_seq BIGINT",
+        "ALTER TABLE relation_rows ADD COLUMN IF NOT EXISTS create_seq BIGINT",
+        "ALTER TABLE insight_rows ADD COLUMN IF NOT EXISTS create_seq BIGINT",
     ],
     # 3: a message kept aside names the instance that wrote it (when readable)
     2: ["ALTER TABLE undecodable ADD COLUMN IF NOT EXISTS instance_id UUID"],

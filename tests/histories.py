@@ -258,7 +258,10 @@ def model(events: list[ev.Event]) -> Rows:
             created = [r for r in named.values() if getattr(r, "create_event", None) is not None]
             deleted = [r for r in named.values() if getattr(r, "deleted", False)]
             if created:
-                main = min(created, key=lambda r: r.create_event)  # type: ignore[attr-defined]
+                main = min(  # (bare events carry no stream sequence: the event id decides)
+                    created,
+                    key=lambda r: (r.create_event, r.created_hlc, r.collective_id),  # type: ignore[attr-defined]
+                )
             elif deleted:
                 main = min(deleted, key=lambda r: r.collective_id)  # type: ignore[attr-defined]
             else:
@@ -279,6 +282,20 @@ def model(events: list[ev.Event]) -> Rows:
             collective_id=collective,
         )
     return rows
+
+
+def creates_in_two_collectives(events: list[ev.Event]) -> bool:
+    """Whether some entity has creates naming different collectives (a forged or buggy
+    writer): on a stream, the first create decides (``projections.fold.Placed``), so
+    which one depends on the order the stream holds them in."""
+    named: dict[UUID, set[UUID]] = {}
+    for e in events:
+        if isinstance(e, (ev.ExperienceRecorded, ev.RelationStored, ev.InsightStored)):
+            entity = getattr(e, {ev.ExperienceRecorded: "experience_id",
+                                 ev.RelationStored: "relation_id",
+                                 ev.InsightStored: "insight_id"}[type(e)])  # fmt: skip
+            named.setdefault(entity, set()).add(e.collective_id)
+    return any(len(c) > 1 for c in named.values())
 
 
 def stored_model(events: list[ev.Event]) -> Rows:

@@ -237,8 +237,8 @@ async def test_an_event_naming_another_collective_moves_nothing(
     nats_server: EmbeddedNats, tmp_path: Path
 ) -> None:
     """A forged event may name another collective (one with a smaller id, which an
-    anchor "smallest wins" would take) for an existing experience: update, archive,
-    reinforce, delete. Each is a dead letter naming both collectives; the experience,
+    anchor "smallest wins" would take) for an existing experience: a second create
+    (with the smallest event id), update, archive, reinforce, delete. Each is a dead letter naming both collectives; the experience,
     its content, vector and counts stay in its own collective, where deleting the
     collective still forgets it, and a fresh host agrees."""
     a = await PulseDB.open(tmp_path / "a", nats_server.url)
@@ -250,6 +250,12 @@ async def test_an_event_naming_another_collective_moves_nothing(
         ev.CollectiveCreated(
             **_common(buggy), collective_id=attacker, owner_id="attacker", name="mine",  # type: ignore[arg-type]
             embedding_dimension=3,
+        ),
+        ev.ExperienceRecorded(  # a second create, with the smallest event id there is
+            **{**_common(buggy), "event_id": UUID(int=1)}, **aims,  # type: ignore[arg-type]
+            content="the attacker's version", embedding=ev.pack_vector([1.0, 0.0, 0.0]),
+            experience_type=ev.Generic(), importance=0.1, confidence=0.1,
+            source_agent="attacker",
         ),
         ev.ExperienceUpdated(**_common(buggy), **aims, importance=0.9),  # type: ignore[arg-type]
         ev.ExperienceArchived(**_common(buggy), **aims),  # type: ignore[arg-type]
@@ -268,6 +274,7 @@ async def test_an_event_naming_another_collective_moves_nothing(
 
     found = await a.get_experience(secret)
     assert found is not None and found.collective_id == victim
+    assert found.content == "the victim's secret"
     assert (found.importance, found.archived, found.applications) == (0.5, False, 0)
     assert await a.list_experiences(attacker) == []
     assert await a.search_similar(attacker, [1.0, 0.0, 0.0], k=5) == []

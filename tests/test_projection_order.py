@@ -6,14 +6,14 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from eventlog import events as ev
 from eventlog.log import LogEntry
 from projections import fold
 from projections.projection import Projection
-from tests.histories import histories, redeliveries, stored_model
+from tests.histories import creates_in_two_collectives, histories, redeliveries, stored_model
 
 
 def entries(events: list[ev.Event]) -> list[LogEntry]:
@@ -24,6 +24,9 @@ def entries(events: list[ev.Event]) -> list[LogEntry]:
 @given(st.data())
 def test_any_delivery_gives_the_same_digest_and_the_model_state(data: st.DataObject) -> None:
     events = data.draw(histories)
+    # the first create on the stream fixes an entity's collective: with creates naming
+    # two collectives, which is first depends on the order (tests/test_hostile.py)
+    assume(not creates_in_two_collectives(events))
     again = data.draw(redeliveries(events))
     cuts = sorted(data.draw(st.lists(st.integers(1, len(again)), max_size=4)))
     with tempfile.TemporaryDirectory() as tmp:
@@ -36,7 +39,11 @@ def test_any_delivery_gives_the_same_digest_and_the_model_state(data: st.DataObj
         assert shuffled.digest() == ordered.digest()
         expected = stored_model(events)
         for row_type in fold.ROW_TYPES:
-            assert ordered.store.rows(row_type) == expected[row_type], row_type.__name__
+            stored = ordered.store.rows(row_type)
+            for row in stored.values():  # stamped from the stream, which bare events lack
+                if isinstance(row, fold.Placed):
+                    row.create_seq = None
+            assert stored == expected[row_type], row_type.__name__
         assert shuffled.store.checkpoint() == (len(again), len(again))
         ordered.close()
         shuffled.close()
