@@ -7,7 +7,7 @@ state that the engine hands out (``Engine.cursor``), on a thread of their own: D
 reads run beside the engine's writes.
 
 The SQL sandbox. An analyst's query reads the state's tables and views and nothing
-else: no file, no URL, no extension, no setting, within a time, memory and result
+else: no file, no URL, no extension, no setting changed, within a time, memory and result
 limit (``SqlLimits``, from ``$PULSE_SQL_*``). Where it is enforced, and why there:
 
 - ``enable_external_access = false`` cannot be used. It is an instance-wide DuckDB
@@ -248,7 +248,10 @@ def check_sandboxed(cursor: duckdb.DuckDBPyConnection, query: str) -> None:
         return
     known = cursor.execute(
         "SELECT database_name, schema_name, table_name FROM duckdb_tables() UNION ALL "
-        "SELECT database_name, schema_name, view_name FROM duckdb_views()"
+        "SELECT database_name, schema_name, view_name FROM duckdb_views() "
+        # DuckDB's own views (pg_catalog.pg_settings shows paths and settings) are not
+        # the state; information_schema describes only the state's tables and views
+        "WHERE NOT internal OR schema_name = 'information_schema'"
     ).fetchall()
     names = {(c.lower(), s.lower(), t.lower()) for c, s, t in known}
     for catalog, schema, table in tables:
@@ -367,12 +370,15 @@ class SqlQuery:
         rows: list[list[Any]] = []
         size = 2  # the brackets of the list of rows
         truncated_by: str | None = None
+        chunk = 16  # rows taken into Python at a time: few until their size is known, so
+        # rows of megabytes each never pile up far past max_bytes outside DuckDB's memory
         while truncated_by is None:
             if self._stopped is not None:  # converting rows is Python's time, not DuckDB's
                 raise self._stop_error()
-            batch = result.fetchmany(min(_CHUNK, self.limit + 1 - len(rows)))
+            batch = result.fetchmany(max(1, min(chunk, self.limit + 1 - len(rows))))
             if not batch:
                 break
+            before = size
             for row in batch:
                 if len(rows) == self.limit:
                     truncated_by = "rows"
@@ -383,6 +389,8 @@ class SqlQuery:
                     truncated_by = "bytes"
                     break
                 rows.append(cells)
+            per_row = max(1, (size - before) // max(1, len(batch)))
+            chunk = max(1, min(_CHUNK, (self.limits.max_bytes - size) // per_row, 4 * chunk))
         return SqlResult(
             columns=columns,
             rows=rows,

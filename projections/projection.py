@@ -546,14 +546,19 @@ def state_dir(data_dir: str | Path) -> Path:
     data_dir = Path(data_dir)
     link = state_link(data_dir)
     if not link.exists():
-        data_dir.mkdir(parents=True, exist_ok=True)
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         _point(link, _fresh_dir(data_dir))
-    return link.resolve()
+    found = link.resolve()
+    if found.stat().st_mode & 0o077:  # made by a version that left it open to others
+        found.chmod(0o700)
+    return found
 
 
 def _fresh_dir(data_dir: Path) -> Path:
+    """A new state directory, readable by its owner only: it holds every memory in
+    clear (DuckDB, the vector files, the full-text index)."""
     target = data_dir / f"state-{uuid7()}"
-    target.mkdir(parents=True)
+    target.mkdir(mode=0o700, parents=True)
     return target
 
 

@@ -289,8 +289,10 @@ class InstanceCore:
         them. Only then may a writer hand its engine its own events (the fast path of
         read-your-writes); otherwise they come back through the tail, stamped with the
         stream's time, and are judged as every host judges them (a host whose clock runs
-        too fast sees its write kept aside and raise)."""
-        bound = self._log_ms + CLOCK_AHEAD_MS
+        too fast sees its write kept aside and raise). Half the bound is kept in reserve:
+        the stream's time is its leader's clock, and after a leader change it may stand
+        behind what this host saw (cluster nodes' clocks differ by far less)."""
+        bound = self._log_ms + CLOCK_AHEAD_MS // 2
         return all(ev.hlc_millis(e.hlc) <= bound for e in events)
 
     def _check_not_kept_aside(self, *seqs: int) -> None:

@@ -174,3 +174,16 @@ async def test_rebuild_killed_midway_leaves_a_state_that_opens_and_converges(
     assert sorted(data_dir.glob("state-*")) == [Path(str(rebuilt["state"]))]
     resumed = pulse_json(data_dir, "catch-up")
     assert resumed["seq"] == last and resumed["applied"] == 0
+
+
+def test_the_state_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    """The state directory holds every memory in clear: mode 0700, also when an older
+    version left it open."""
+    import stat
+
+    from projections.projection import state_dir
+
+    made = state_dir(tmp_path / "data")
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+    made.chmod(0o755)
+    assert stat.S_IMODE(state_dir(tmp_path / "data").stat().st_mode) == 0o700

@@ -299,3 +299,21 @@ def test_on_the_command_line_a_file_read_is_one_clear_line(tmp_path: Path) -> No
         "pulse: error: query: the table function read_text() is not allowed"
     ), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
+
+
+async def test_duckdbs_own_views_are_not_the_state(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """pg_catalog's views show DuckDB's settings and paths: not part of the state."""
+    db = await PulseDB.open(tmp_path / "a", nats_server.url)
+    try:
+        with pytest.raises(
+            ValidationError, match="no table or view named 'pg_catalog.pg_settings'"
+        ):
+            await db.sql("SELECT * FROM pg_catalog.pg_settings")
+        found = await db.sql(
+            "SELECT table_name FROM information_schema.tables WHERE table_name = 'experiences'"
+        )
+        assert found.rows == [["experiences"]]
+    finally:
+        await db.close()
