@@ -238,9 +238,10 @@ async def test_an_event_naming_another_collective_moves_nothing(
 ) -> None:
     """A forged event may name another collective (one with a smaller id, which an
     anchor "smallest wins" would take) for an existing experience: a second create
-    (with the smallest event id), update, archive, reinforce, delete. Each is a dead letter naming both collectives; the experience,
-    its content, vector and counts stay in its own collective, where deleting the
-    collective still forgets it, and a fresh host agrees."""
+    (with the smallest event id), update, archive, reinforce, delete. Each is a dead
+    letter naming both collectives; the experience, its content, vector and counts stay
+    in its own collective, where deleting the collective still forgets it, and a fresh
+    host agrees."""
     a = await PulseDB.open(tmp_path / "a", nats_server.url)
     victim = await a.create_collective("victim", "private notes", 3)
     secret = await a.record_experience(victim, "the victim's secret", [1.0, 0.0, 0.0])
