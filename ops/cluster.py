@@ -25,6 +25,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` different free loopback ports (all held until all are chosen: one
+    ``free_port`` after another may get the same port back)."""
+    held = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            held.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in held]
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def node_config(
     name: str, store: Path, client: int, route: int, monitor: int, peers: list[int], cluster: str
 ) -> str:
@@ -61,9 +76,10 @@ class LocalCluster:
         self.root = Path(root)
         self.size = size
         self.name = name
-        self.client_ports = [free_port() for _ in range(size)]
-        self.route_ports = [free_port() for _ in range(size)]
-        self.monitor_ports = [free_port() for _ in range(size)]
+        ports = free_ports(3 * size)
+        self.client_ports = ports[:size]
+        self.route_ports = ports[size : 2 * size]
+        self.monitor_ports = ports[2 * size :]
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * size
         self.configs: list[Path] | None = None
 
@@ -72,9 +88,13 @@ class LocalCluster:
         return [f"nats://127.0.0.1:{p}" for p in self.client_ports]
 
     def start(self, ready_timeout: float = 30.0) -> list[str]:
-        for i in range(self.size):
-            self.start_node(i, wait=False)
-        self.wait_ready(ready_timeout)
+        try:
+            for i in range(self.size):
+                self.start_node(i, wait=False)
+            self.wait_ready(ready_timeout)
+        except BaseException:
+            self.stop()  # no node left running behind a failed start
+            raise
         return self.urls
 
     def start_node(self, i: int, *, wait: bool = True) -> None:

@@ -24,7 +24,7 @@ from nats.aio.client import Client as NATS
 from eventlog import EmbeddedNats, JetStreamLog, LogUnavailable, StreamSettings
 from eventlog.embedded import NatsCredentials, find_nats_server
 from ops.cli import main as pulse_main
-from ops.cluster import LocalCluster, free_port
+from ops.cluster import LocalCluster, free_ports
 from ops.natsconf import Leaf, Node, Written, write_cluster
 from sync import PulseDB
 from tests import factories as f
@@ -261,12 +261,14 @@ def test_nats_config_writes_a_ca_configs_and_credentials(
 def tls_cluster(tmp_path: Path) -> Iterator[tuple[LocalCluster, Written, Leaf]]:
     """Three nodes and a leaf node on loopback, run from `pulse nats-config`'s files."""
     cluster = LocalCluster(tmp_path / "cluster", size=3)
+    taken = {*cluster.client_ports, *cluster.route_ports, *cluster.monitor_ports}
+    more = [p for p in free_ports(12) if p not in taken][:5]  # leaf ports, all different
     nodes = [
         Node(f"n{i}", "127.0.0.1", cluster.client_ports[i], cluster.route_ports[i],
-             free_port(), cluster.monitor_ports[i], listen="127.0.0.1")
+             more[i], cluster.monitor_ports[i], listen="127.0.0.1")
         for i in range(3)
     ]  # fmt: skip
-    leaf = Leaf("edge", free_port(), free_port())
+    leaf = Leaf("edge", more[3], more[4])
     written = write_cluster(tmp_path / "conf", nodes, leaves=[leaf])
     cluster.configs = [written.nodes[node.name] for node in nodes]
     cluster.start()

@@ -11,7 +11,11 @@ With one embedded NATS server (sync_interval always) and two instances A and B:
   another connection receives it;
 - reinforcements: acknowledged ``reinforce_experience`` calls per second on A (append,
   local apply, total read back), one caller and then 16 concurrent callers on 16
-  experiences; beside awaited raw ``js.publish`` calls per second, the same way.
+  experiences; beside awaited raw ``js.publish`` calls per second, the same way;
+- idempotent writes: ``record_experience`` calls per second with an idempotency key,
+  without one, and the same keyed calls retried (each answered from JetStream's
+  duplicate window on B, which never saw them, or from A's memory of its keys); beside
+  raw ``js.publish`` calls carrying a ``Nats-Msg-Id``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 import nats
@@ -127,6 +132,39 @@ async def main(writes: int, reinforcements: int) -> None:
         emit("reinforcements_16_callers", calls=rounds * callers,
              pulse_per_s=round(concurrent), raw_js_publish_per_s=round(raw_concurrent),
              ratio=round(concurrent / raw_concurrent, 3),
+        )  # fmt: skip
+
+        def vector() -> np.ndarray:
+            return rng.random(16).astype(np.float32)
+
+        async def rate(calls: list[Any]) -> float:
+            started = time.perf_counter()
+            for call in calls:
+                await call()
+            return len(calls) / (time.perf_counter() - started)
+
+        n = writes
+        plain = await rate([lambda i=i: a.record_experience(cid, f"plain {i}", vector())
+                            for i in range(n)])  # fmt: skip
+        keyed_calls = [(f"keyed {i}", vector()) for i in range(n)]
+
+        def keyed_on(db: PulseDB) -> list[Any]:
+            return [lambda c=c: db.record_experience(cid, c[0], c[1], idempotency_key=c[0])
+                    for c in keyed_calls]  # fmt: skip
+
+        keyed = await rate(keyed_on(a))
+        await b.sync()
+        retried_b = await rate(keyed_on(b))
+        retried_a = await rate(keyed_on(a))
+        raw = await rate([lambda i=i: js_pub.publish("raw.bench", payload,
+                                                     headers={"Nats-Msg-Id": f"raw-{i}"})
+                          for i in range(n)])  # fmt: skip
+        assert len(await a.list_experiences(cid, limit=10_000)) == 2 * n + 1 + callers
+        emit("idempotent_writes", calls=n, keyed_per_s=round(keyed), plain_per_s=round(plain),
+             retried_on_other_host_per_s=round(retried_b),
+             retried_on_same_host_per_s=round(retried_a),
+             raw_js_publish_msg_id_per_s=round(raw), ratio_keyed_to_plain=round(keyed / plain, 3),
+             ratio_keyed_to_raw=round(keyed / raw, 3),
         )  # fmt: skip
 
         await publisher.close()
