@@ -120,8 +120,9 @@ class InstanceCore:
         # entity (the engine tells) -> which: such a write is forgotten again
         self._landed_dead: dict[int, str] = {}
         self._kept_aside: dict[int, str] = {}  # recent sequences kept aside -> why
-        # the latest time the stream stored a message this instance read (0: none yet); an
-        # event's clock within CLOCK_AHEAD_MS of it is within the bound of any later one
+        # the latest time the stream stored a message this instance read (0: none yet): an
+        # event's clock close enough to it is within the bound of any later one
+        # (``_within_clock_bound``)
         self._log_ms = 0
         # answers of reference checks (collective by id, collective of an experience),
         # dropped whenever a collective changes or anything is deleted; a read that
