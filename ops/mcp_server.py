@@ -10,6 +10,7 @@ back as a tool error with the library's message.
 (No ``from __future__ import annotations``: FastMCP reads the annotations.)
 """
 
+import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -150,7 +151,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
             context = await db.get_context_candidates(
                 collective_id=c.collective_id, text=query, k=k, filter=flt
             )
-            parts: dict[str, Any] = to_json(context)
+            parts: dict[str, Any] = await asyncio.to_thread(to_json, context)  # up to MBs
             return parts
         if mode == "text":
             found = await db.search_text(c.collective_id, query, k, flt)

@@ -71,6 +71,8 @@ VIEWS = ("collectives", "experiences", "applications", "relations", "insights",
          "insight_sources", "wisdom", "dead_letters")  # fmt: skip
 # table functions that compute rows and touch nothing outside the query
 TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
+# scalar functions that read the database's settings (paths of its files among them)
+SETTING_READERS = frozenset({"current_setting", "getvariable"})
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SIZE = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
 _CHUNK = 1024  # rows fetched from DuckDB at a time
@@ -239,6 +241,11 @@ def check_sandboxed(cursor: duckdb.DuckDBPyConnection, query: str) -> None:
                     "reads the state's tables and views only, never files, URLs or "
                     f"settings (allowed table functions: {', '.join(sorted(TABLE_FUNCTIONS))})"
                 )
+        elif kind == "FUNCTION" and str(node.get("function_name", "")).lower() in SETTING_READERS:
+            raise ValidationError(
+                f"query: the function {node['function_name']}() is not allowed: the SQL "
+                "sandbox shows the state, not the database's settings or paths"
+            )
         elif (kind == "BASE_TABLE" and "table_name" in node) or (
             kind == "SHOW_REF" and node.get("query") is None
             and node.get("show_type") != "SHOW_SPECIAL"  # SHOW TABLES and the like are fine

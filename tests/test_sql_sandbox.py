@@ -152,12 +152,15 @@ async def test_a_file_the_service_can_read_stays_unread(
 async def test_extensions_and_settings_are_locked_and_the_engine_still_writes(
     db: PulseDB,
 ) -> None:
-    settings = await db.sql(
-        "SELECT current_setting('lock_configuration'), "
-        "current_setting('autoload_known_extensions'), "
-        "current_setting('autoinstall_known_extensions')"
+    await db.sql("SELECT 1")  # the first query puts the database in the sandbox
+    settings = await db.engine.run(  # (analysts may not read settings: asked directly)
+        lambda p: p.store.con.execute(
+            "SELECT current_setting('lock_configuration'), "
+            "current_setting('autoload_known_extensions'), "
+            "current_setting('autoinstall_known_extensions')"
+        ).fetchall()
     )
-    assert settings.rows == [[True, False, False]]
+    assert settings == [(True, False, False)]
     # a function of a known extension is not fetched and loaded behind the query's back
     with pytest.raises(ValidationError, match="exists in the spatial extension"):
         await db.sql("SELECT st_point(1, 2)")
@@ -315,5 +318,16 @@ async def test_duckdbs_own_views_are_not_the_state(
             "SELECT table_name FROM information_schema.tables WHERE table_name = 'experiences'"
         )
         assert found.rows == [["experiences"]]
+    finally:
+        await db.close()
+
+
+async def test_settings_and_paths_are_not_read(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    db = await PulseDB.open(tmp_path / "a", nats_server.url)
+    try:
+        for query in ("SELECT current_setting('temp_directory')", "SELECT getvariable('x')"):
+            with pytest.raises(ValidationError, match="the function .* is not allowed"):
+                await db.sql(query)
+        assert (await db.sql("SELECT upper('still fine')")).rows == [["STILL FINE"]]
     finally:
         await db.close()
