@@ -284,26 +284,53 @@ class JetStreamLog(EventLog):
         return wire.subject, wire.payload, headers, ttl
 
     async def append(self, event: Event, *, expected_last_subject_seq: int | None = None) -> int:
-        subject, payload, headers, ttl = self._publish_args(event, expected_last_subject_seq)
+        return int((await self._publish(event, expected_last_subject_seq)).seq)
+
+    async def append_keyed(self, event: Event, fingerprint: str) -> tuple[int, Event | None]:
+        ack = await self._publish(event, None, {HDR_IDEMPOTENCY: fingerprint})
+        seq = int(ack.seq)
+        if not ack.duplicate:
+            return seq, None
+        # a retry: JetStream kept the first copy; what was it asked to do?
+        subject = subject_for(event)
+        try:
+            stored = await self._retry(
+                lambda: self.admin.get_msg(self._stream_of(subject), seq), self.append_timeout
+            )
+        except nats.js.errors.NotFoundError:  # purged (a delete) since
+            return seq, event
+        if (stored.headers or {}).get(HDR_IDEMPOTENCY) != fingerprint:
+            raise key_conflict(subject)
+        try:
+            return seq, decode_event(stored.data or b"", stored.headers, subject=subject, seq=seq)
+        except DecodeError:
+            return seq, event
+
+    async def _publish(
+        self, event: Event, expected: int | None, extra: dict[str, str] | None = None
+    ) -> api.PubAck:
+        """Publish one event until JetStream acknowledges it (retrying what is transient
+        within ``append_timeout``); ``extra``: more headers."""
+        subject, payload, headers, ttl = self._publish_args(event, expected)
+        headers.update(extra or {})
         deadline = time.monotonic() + self.append_timeout
         last_error: BaseException | None = None
         while (remaining := deadline - time.monotonic()) > 0:
             if self.nc.is_closed:
                 raise LogUnavailable("the NATS connection is closed")
             try:
-                ack = await self.js.publish(
+                return await self.js.publish(
                     subject, payload, timeout=min(remaining, 2.0), headers=headers, msg_ttl=ttl
                 )
-                return int(ack.seq)
             except Exception as exc:  # translated below; unknown errors propagate
-                error = _translate(exc, subject=subject, expected=expected_last_subject_seq)
-                if isinstance(error, ConflictError) and expected_last_subject_seq is not None:
+                error = _translate(exc, subject=subject, expected=expected)
+                if isinstance(error, ConflictError) and expected is not None:
                     # JetStream checks the expected sequence before deduplication, so the
                     # retry of a conditional append whose ack was lost looks like a conflict.
                     # It is not one if this very event is already on the subject.
-                    stored = await self._stored_seq(event, subject, expected_last_subject_seq)
+                    stored = await self._stored_seq(event, subject, expected)
                     if stored:
-                        return stored
+                        return api.PubAck(stream=self._stream_of(subject), seq=stored)
                 if error is not None:
                     raise error from exc
                 if not isinstance(exc, (*_TRANSIENT, nats.js.errors.APIError)):
@@ -316,52 +343,12 @@ class JetStreamLog(EventLog):
             "it is safe"
         )
 
-    async def append_keyed(self, event: Event, fingerprint: str) -> tuple[int, Event | None]:
-        subject, payload, headers, ttl = self._publish_args(event, None)
-        headers[HDR_IDEMPOTENCY] = fingerprint
-        deadline = time.monotonic() + self.append_timeout
-        last_error: BaseException | None = None
-        while (remaining := deadline - time.monotonic()) > 0:
-            if self.nc.is_closed:
-                raise LogUnavailable("the NATS connection is closed")
-            try:
-                ack = await self.js.publish(
-                    subject, payload, timeout=min(remaining, 2.0), headers=headers, msg_ttl=ttl
-                )
-                break
-            except Exception as exc:  # translated below; unknown errors propagate
-                error = _translate(exc, subject=subject, expected=None)
-                if error is not None:
-                    raise error from exc
-                if not isinstance(exc, (*_TRANSIENT, nats.js.errors.APIError)):
-                    raise
-                last_error = exc
-            await asyncio.sleep(min(_RETRY_PAUSE, max(0.0, deadline - time.monotonic())))
-        else:
-            raise LogUnavailable(
-                f"no acknowledgement from JetStream for {subject} within "
-                f"{self.append_timeout:g}s (last error: {last_error!r}); retrying the call "
-                "with the same idempotency key is safe"
-            )
-        seq = int(ack.seq)
-        if not ack.duplicate:
-            return seq, None
-        # a retry: JetStream kept the first copy; what was it asked to do?
-        stream = self.settings.activity_name if is_activity_subject(subject) else self.settings.name
-        try:
-            stored = await self._retry(lambda: self.admin.get_msg(stream, seq), self.append_timeout)
-        except nats.js.errors.NotFoundError:  # purged (a delete) since
-            return seq, event
-        if (stored.headers or {}).get(HDR_IDEMPOTENCY) != fingerprint:
-            raise key_conflict(subject)
-        try:
-            return seq, decode_event(stored.data or b"", stored.headers, subject=subject, seq=seq)
-        except DecodeError:
-            return seq, event
+    def _stream_of(self, subject: str) -> str:
+        return self.settings.activity_name if is_activity_subject(subject) else self.settings.name
 
     async def _stored_seq(self, event: Event, subject: str, after: int) -> int:
         """The sequence of ``event`` on ``subject`` after sequence ``after``, or 0."""
-        stream = self.settings.activity_name if is_activity_subject(subject) else self.settings.name
+        stream = self._stream_of(subject)
         async for batch in _pull(self, stream, after + 1, [subject], 256, live=False):
             for entry in batch:
                 if entry.event is not None and entry.event.event_id == event.event_id:
@@ -543,7 +530,7 @@ class JetStreamLog(EventLog):
         return int(info.state.last_seq)
 
     async def last_subject_seq(self, subject: str) -> int:
-        stream = self.settings.activity_name if is_activity_subject(subject) else self.settings.name
+        stream = self._stream_of(subject)
         try:
             msg = await self._retry(
                 lambda: self.admin.get_last_msg(stream, subject), self.read_timeout
@@ -564,7 +551,7 @@ class JetStreamLog(EventLog):
     async def purge(self, subject: str, *, before_seq: int | None) -> None:
         if before_seq is not None and before_seq < 1:
             raise ValueError(f"before_seq: must be >= 1, got {before_seq}")
-        stream = self.settings.activity_name if is_activity_subject(subject) else self.settings.name
+        stream = self._stream_of(subject)
         await self._retry(
             lambda: self.admin.purge_stream(stream, seq=before_seq, subject=subject),
             self.append_timeout,

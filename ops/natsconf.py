@@ -225,26 +225,22 @@ def _load_or_make_ca(out: Path, days: int) -> tuple[x509.Certificate, ec.Ellipti
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=max(days, 3650)))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )  # fmt: skip
+        .add_extension(_key_usage(ca=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
     write_private(key_file, _key_pem(key).decode())
     cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return cert, key
+
+
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    """A CA signs certificates (and CRLs); a server signs and agrees keys (ECDHE)."""
+    return x509.KeyUsage(
+        digital_signature=True, content_commitment=False, key_encipherment=False,
+        data_encipherment=False, key_agreement=not ca, key_cert_sign=ca, crl_sign=ca,
+        encipher_only=False, decipher_only=False,
+    )  # fmt: skip
 
 
 def _server_cert(
@@ -274,20 +270,7 @@ def _server_cert(
             ),
             critical=False,
         )
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=True,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )  # fmt: skip
+        .add_extension(_key_usage(ca=False), critical=True)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), critical=False
         )

@@ -203,8 +203,6 @@ class InstanceCore:
         latest = 0
         trusted = ev.pack_hlc(wall_ms() + MAX_AHEAD_MS, ev.HLC_LOGICAL_MAX)
         for entry in applied.entries:
-            if entry.stored_ms is not None and entry.stored_ms > self._log_ms:
-                self._log_ms = entry.stored_ms
             event = entry.event
             if event is None or entry.seq in applied.kept_aside:
                 continue  # a dead letter changes nothing here either
