@@ -46,7 +46,7 @@ from eventlog.log import (
     LogEntry,
     key_conflict,
 )
-from eventlog.reader import read_in_child, stored_ms
+from eventlog.reader import ack_position, read_in_child
 from eventlog.streams import StreamSettings, ensure_streams
 from eventlog.subjects import PREFIX, is_activity_subject, subject_for
 
@@ -578,17 +578,7 @@ class _Inbox:
         self.arrived.set()
 
 
-def _ack_position(reply: str) -> tuple[int, int]:
-    """(stream sequence, messages still pending) from a JetStream ack subject."""
-    tokens = reply.split(".")
-    if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>
-        return int(tokens[5]), int(tokens[8])
-    # $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>...
-    return int(tokens[7]), int(tokens[10])
-
-
-def _decode(msg: Msg, seq: int) -> LogEntry:
-    when = stored_ms(msg.reply)
+def _decode(msg: Msg, seq: int, when: int) -> LogEntry:
     try:
         event = decode_event(msg.data, msg.headers, subject=msg.subject, seq=seq, stored_ms=when)
     except DecodeError as exc:
@@ -606,7 +596,7 @@ async def _pull(
     live: bool,
     end_seq: int | None = None,
     last_per_subject: bool = False,
-    decode: Callable[[Msg, int], Any] = _decode,
+    decode: Callable[[Msg, int, int], Any] = _decode,
 ) -> AsyncGenerator[list[Any], None]:
     """Batches of entries from an ephemeral pull consumer, recreated after any stall
     (``decode`` makes each message an entry: ``eventlog.reader`` passes its own)."""
@@ -720,14 +710,14 @@ async def _pull(
                 msg = inbox.items.popleft()
                 status = msg.headers.get("Status") if msg.headers and not msg.reply else None
                 if status is None:
-                    seq, pending = _ack_position(msg.reply)
+                    seq, pending, when = ack_position(msg.reply)
                     outstanding -= 1
                     if seq < next_seq and not last_per_subject:
                         continue  # already delivered by an earlier consumer incarnation
                     if end_seq is not None and seq > end_seq:
                         finished = True
                         continue
-                    entries.append(decode(msg, seq))
+                    entries.append(decode(msg, seq, when))
                     next_seq = seq + 1
                     if not live and pending == 0:
                         finished = True

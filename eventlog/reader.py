@@ -40,22 +40,21 @@ _checked = msgspec.msgpack.Decoder(Event)  # bodies the child has already checke
 _CURRENT = str(SCHEMA_VERSION)
 
 
-def stored_ms(reply: str) -> int | None:
-    """The time JetStream stored a delivered message (ms since the epoch), from its ack
-    subject (the token before the pending count holds it in ns); None if unreadable."""
+def ack_position(reply: str) -> tuple[int, int, int]:
+    """(stream sequence, messages still pending, the time JetStream stored the message in
+    ms since the epoch) from the ack subject a delivered message carries."""
     tokens = reply.split(".")
-    at = 7 if len(tokens) == 9 else 9
-    try:
-        return int(tokens[at]) // 1_000_000
-    except (IndexError, ValueError):
-        return None
+    if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>
+        return int(tokens[5]), int(tokens[8]), int(tokens[7]) // 1_000_000
+    # $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>...
+    return int(tokens[7]), int(tokens[10]), int(tokens[9]) // 1_000_000
 
 
-def _verdict(msg: Msg, seq: int) -> _Item:
+def _verdict(msg: Msg, seq: int, stored_ms: int) -> _Item:
     """One message as the child hands it over: checked, or refused with the reason."""
     try:
         event = decode_event(
-            msg.data, msg.headers, subject=msg.subject, seq=seq, stored_ms=stored_ms(msg.reply)
+            msg.data, msg.headers, subject=msg.subject, seq=seq, stored_ms=stored_ms
         )
     except DecodeError as exc:
         writer = getattr(exc, "instance_id", None)
