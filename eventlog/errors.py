@@ -82,3 +82,11 @@ class QueryTimedOut(QueryLimitExceeded):
 class QueryOutOfMemory(QueryLimitExceeded):
     """The query needed more memory (and temp-file space) than the sandbox allows
     (HTTP 413)."""
+
+
+class Unauthorized(PulseError):
+    """No principal could be resolved: no token, an unknown, revoked or expired one."""
+
+
+class Forbidden(PulseError):
+    """The principal is known but may not do this (its scope, or not a member)."""

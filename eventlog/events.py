@@ -70,6 +70,8 @@ Severity: TypeAlias = Literal["Low", "Medium", "High", "Critical"]
 RelationType: TypeAlias = Literal[
     "Supports", "Contradicts", "Elaborates", "Supersedes", "Implies", "RelatedTo"
 ]
+Visibility: TypeAlias = Literal["private", "team", "org"]  # who may see an entity (sync.access)
+TokenScope: TypeAlias = Literal["read", "write", "admin"]
 WisdomCategory: TypeAlias = Literal[
     "CodingStyle",
     "ArchitecturalPreference",
@@ -153,6 +155,10 @@ class EventBase(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, t
     event_id: UUID  # UUIDv7; also the JetStream Nats-Msg-Id, so a retry is stored once
     instance_id: UUID  # the writing instance incarnation (owner of its counter entries)
     hlc: int  # hybrid logical clock, see pack_hlc
+    # the principal that wrote it (``sync.access``): the owner it acted for and its agent
+    # (None in events from before principals, and for an owner acting without an agent)
+    author_owner: str | None = None
+    author_agent: str | None = None
 
 
 class CollectiveCreated(EventBase, frozen=True, tag="collective.created"):
@@ -179,6 +185,7 @@ class ExperienceRecorded(EventBase, frozen=True, tag="experience.recorded"):
     domain: tuple[str, ...] = ()
     related_files: tuple[str, ...] = ()
     source_task: str | None = None
+    visibility: Visibility = "team"  # fixed by the create (sync.access)
 
     def __post_init__(self) -> None:
         _check_vector_bytes("embedding", self.embedding)
@@ -231,6 +238,7 @@ class RelationStored(EventBase, frozen=True, tag="relation.stored"):
     relation_type: RelationType
     strength: float
     metadata: str | None = None
+    visibility: Visibility = "team"  # fixed by the create (sync.access)
 
 
 class RelationDeleted(EventBase, frozen=True, tag="relation.deleted"):
@@ -246,6 +254,7 @@ class InsightStored(EventBase, frozen=True, tag="insight.stored"):
     source_experiences: tuple[UUID, ...]
     confidence: float
     domain: tuple[str, ...] = ()
+    visibility: Visibility = "team"  # fixed by the create (sync.access)
 
     def __post_init__(self) -> None:
         _check_vector_bytes("embedding", self.embedding)
@@ -293,6 +302,7 @@ class WisdomStored(EventBase, frozen=True, tag="wisdom.stored"):
     source_collectives: tuple[UUID, ...] = ()
     source_experience_count: int = 0
     applicable_domains: tuple[str, ...] = ()
+    visibility: Visibility = "team"  # fixed by the create (sync.access)
 
     def __post_init__(self) -> None:
         _check_vector_bytes("embedding", self.embedding)
@@ -305,6 +315,22 @@ class WisdomStored(EventBase, frozen=True, tag="wisdom.stored"):
 class WisdomDeleted(EventBase, frozen=True, tag="wisdom.deleted"):
     wisdom_id: UUID
     owner_id: str
+
+
+class TokenCreated(EventBase, frozen=True, tag="token.created"):
+    """An access token (``sync.access``): only the SHA-256 of the secret is on the log."""
+
+    token_id: UUID
+    owner_id: str
+    secret_sha256: str  # 64 hex digits
+    scope: TokenScope
+    agent_id: str | None = None  # None: the owner itself
+    collectives: tuple[UUID, ...] = ()  # (): every collective of the owner
+    expires_ms: int | None = None  # Unix ms; None: never
+
+
+class TokenRevoked(EventBase, frozen=True, tag="token.revoked"):
+    token_id: UUID
 
 
 Event: TypeAlias = (
@@ -325,6 +351,8 @@ Event: TypeAlias = (
     | ActivityEnded
     | WisdomStored
     | WisdomDeleted
+    | TokenCreated
+    | TokenRevoked
 )
 EVENT_TYPES: tuple[type[EventBase], ...] = Event.__args__
 

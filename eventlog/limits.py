@@ -47,6 +47,7 @@ PATTERN_MAX = 10_000  # a wisdom pattern (not in PulseDB: our cap)
 EMBEDDER_NAME_MAX = 64  # the name of a collective's text embedder ("" = none)
 SOURCE_TASK_MAX = 1024  # characters of an experience's source_task
 SOURCE_EXPERIENCE_COUNT_MAX = 2**32  # how many experiences a wisdom was distilled from
+TOKEN_COLLECTIVES_MAX = 100  # collectives an access token may be limited to
 
 # -- the wire's integers ----------------------------------------------------------------------
 
@@ -119,6 +120,10 @@ def check_ranges(event: ev.Event) -> None:
     folded state (the collective's dimension, references that exist) are the fold's.
     """
     _integer("hlc", event.hlc, 0, HLC_MAX)
+    if event.author_owner is not None:
+        _chars("author_owner", event.author_owner, 1, NAME_MAX)
+    if event.author_agent is not None:
+        _chars("author_agent", event.author_agent, 1, NAME_MAX)
     match event:
         case ev.CollectiveCreated():
             _chars("owner_id", event.owner_id, 1, NAME_MAX)
@@ -180,6 +185,17 @@ def check_ranges(event: ev.Event) -> None:
             _texts("applicable_domains", event.applicable_domains, DOMAIN_MAX, DOMAIN_TAG_MAX)
         case ev.WisdomDeleted():
             _chars("owner_id", event.owner_id, 1, NAME_MAX)
+        case ev.TokenCreated():
+            _chars("owner_id", event.owner_id, 1, NAME_MAX)
+            if event.agent_id is not None:
+                _chars("agent_id", event.agent_id, 1, NAME_MAX)
+            if len(event.secret_sha256) != 64 or not all(
+                c in "0123456789abcdef" for c in event.secret_sha256
+            ):
+                raise ValueError("secret_sha256: must be 64 lowercase hex digits")
+            _count("collectives", len(event.collectives), 0, TOKEN_COLLECTIVES_MAX)
+            if event.expires_ms is not None:
+                _integer("expires_ms", event.expires_ms, 0, MILLIS_MAX)
 
 
 def _integer(field: str, value: int, low: int, high: int) -> None:

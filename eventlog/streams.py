@@ -7,6 +7,7 @@ per agent subject (``max_msgs_per_subject=1``), each expiring after ``activity_t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext, api
@@ -91,13 +92,21 @@ async def ensure_streams(
 
     Instances pass ``update=False``: one host started with other settings (say R1 on a
     cluster that runs R3) must not reconfigure the deployment's streams behind the
-    operator's back; ``pulse up`` (the operator's command) updates them.
+    operator's back; ``pulse up`` (the operator's command) updates them. The one change
+    made without ``update`` is additive: a subject this version writes to that a stream
+    made by an older one lacks (``pulse.t.>`` for tokens) is added to it, and nothing
+    else of its configuration is touched.
     """
     for config in (settings.main_config(), settings.activity_config()):
         try:
-            await js.stream_info(config.name)  # type: ignore[arg-type]
+            info = await js.stream_info(config.name)  # type: ignore[arg-type]
         except JsNotFound:
             await js.add_stream(config)
-        else:
-            if update:
-                await js.update_stream(config)
+            continue
+        if update:
+            await js.update_stream(config)
+            continue
+        held = list(info.config.subjects or [])
+        missing = [s for s in config.subjects or [] if s not in held]
+        if missing:
+            await js.update_stream(dataclasses.replace(info.config, subjects=held + missing))

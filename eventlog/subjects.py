@@ -5,6 +5,7 @@
     pulse.c.<collective_id>.relation.<relation_id>
     pulse.c.<collective_id>.insight.<insight_id>
     pulse.w.<wisdom_id>                                  (wisdom is per owner, not per collective)
+    pulse.t.<token_id>                                   (access tokens: sync.access)
     pulse.a.<collective_id>.<agent token>                (activities: the PULSE_ACTIVITY stream)
 
 so a host can replicate a subset of collectives with a filter (``collective_filter``)
@@ -21,7 +22,7 @@ from uuid import UUID
 from eventlog import events as ev
 
 PREFIX = "pulse"
-DURABLE_SUBJECTS = (f"{PREFIX}.c.>", f"{PREFIX}.w.>")
+DURABLE_SUBJECTS = (f"{PREFIX}.c.>", f"{PREFIX}.w.>", f"{PREFIX}.t.>")
 ACTIVITY_SUBJECTS = (f"{PREFIX}.a.>",)
 
 
@@ -31,6 +32,10 @@ def collective_subject(collective_id: UUID, entity: str, entity_id: UUID) -> str
 
 def wisdom_subject(wisdom_id: UUID) -> str:
     return f"{PREFIX}.w.{wisdom_id}"
+
+
+def token_subject(token_id: UUID) -> str:
+    return f"{PREFIX}.t.{token_id}"
 
 
 def agent_token(agent_id: str) -> str:
@@ -64,6 +69,8 @@ def subject_for(event: ev.Event) -> str:
             return activity_subject(event.collective_id, event.agent_id)
         case ev.WisdomStored() | ev.WisdomDeleted():
             return wisdom_subject(event.wisdom_id)
+        case ev.TokenCreated() | ev.TokenRevoked():
+            return token_subject(event.token_id)
     raise TypeError(f"not a Pulse event: {type(event).__name__}")
 
 
@@ -72,10 +79,11 @@ def is_activity_subject(subject: str) -> bool:
 
 
 def collective_filter(collective_ids: Iterable[UUID], *, wisdom: bool = True) -> list[str]:
-    """Subject filters for the events of some collectives (and, by default, all wisdom)."""
+    """Subject filters for the events of some collectives (and, by default, all wisdom
+    and all access tokens)."""
     subjects = [f"{PREFIX}.c.{cid}.>" for cid in collective_ids]
     if wisdom:
-        subjects.append(f"{PREFIX}.w.>")
+        subjects += [f"{PREFIX}.w.>", f"{PREFIX}.t.>"]
     return subjects
 
 

@@ -210,7 +210,8 @@ def _placement_rank(group: Placed) -> tuple[Any, ...]:
 @dataclass(slots=True)
 class CollectiveRow(Row):
     KEY = ("collective_id",)
-    CREATE = ("owner_id", "name", "embedding_dimension", "embedder", "created_hlc")
+    CREATE = ("owner_id", "name", "embedding_dimension", "embedder", "created_hlc",
+              "author_owner", "author_agent")  # fmt: skip
 
     collective_id: UUID
     create_event: UUID | None = None
@@ -220,6 +221,8 @@ class CollectiveRow(Row):
     embedder: str | None = None
     created_hlc: int | None = None
     deleted: bool = False
+    author_owner: str | None = None  # the principal that created it
+    author_agent: str | None = None
 
 
 @dataclass(slots=True)
@@ -228,7 +231,8 @@ class ExperienceRow(Placed):
     ANCHOR = ("collective_id",)
     CREATE = (
         "content", "embedding", "experience_type", "type_data",
-        "source_agent", "source_task", "created_hlc",
+        "source_agent", "source_task", "created_hlc", "visibility", "author_owner",
+        "author_agent",
     )  # fmt: skip
     REGISTERS = ("importance", "confidence", "domain", "related_files", "archived")
 
@@ -253,6 +257,9 @@ class ExperienceRow(Placed):
     archived: bool = False
     archived_stamp: Stamp = NO_STAMP
     deleted: bool = False
+    visibility: str | None = None  # "private", "team" or "org" (sync.access)
+    author_owner: str | None = None  # the principal that created it
+    author_agent: str | None = None
     create_seq: int | None = None  # the stream sequence of its first create (see Placed)
     strays: dict[UUID | None, Placed] | None = None  # see Placed; never stored
 
@@ -279,7 +286,7 @@ class RelationRow(Placed):
     ANCHOR = ("collective_id",)
     CREATE = (
         "source_id", "target_id", "relation_type", "strength", "metadata",
-        "created_hlc",
+        "created_hlc", "visibility", "author_owner", "author_agent",
     )  # fmt: skip
 
     relation_id: UUID
@@ -292,6 +299,9 @@ class RelationRow(Placed):
     metadata: str | None = None
     created_hlc: int | None = None
     deleted: bool = False
+    visibility: str | None = None  # "private", "team" or "org" (sync.access)
+    author_owner: str | None = None  # the principal that created it
+    author_agent: str | None = None
     create_seq: int | None = None  # the stream sequence of its first create (see Placed)
     strays: dict[UUID | None, Placed] | None = None  # see Placed; never stored
 
@@ -302,7 +312,7 @@ class InsightRow(Placed):
     ANCHOR = ("collective_id",)
     CREATE = (
         "content", "embedding", "source_experiences", "confidence", "domain",
-        "created_hlc",
+        "created_hlc", "visibility", "author_owner", "author_agent",
     )  # fmt: skip
 
     insight_id: UUID
@@ -315,6 +325,9 @@ class InsightRow(Placed):
     domain: tuple[str, ...] | None = None
     created_hlc: int | None = None
     deleted: bool = False
+    visibility: str | None = None  # "private", "team" or "org" (sync.access)
+    author_owner: str | None = None  # the principal that created it
+    author_agent: str | None = None
     create_seq: int | None = None  # the stream sequence of its first create (see Placed)
     strays: dict[UUID | None, Placed] | None = None  # see Placed; never stored
 
@@ -326,6 +339,7 @@ class WisdomRow(Row):
     CREATE = (
         "category", "pattern", "confidence", "embedding", "source_collectives",
         "source_experience_count", "applicable_domains", "created_hlc",
+        "visibility", "author_owner", "author_agent",
     )  # fmt: skip
 
     wisdom_id: UUID
@@ -340,10 +354,43 @@ class WisdomRow(Row):
     applicable_domains: tuple[str, ...] | None = None
     created_hlc: int | None = None
     deleted: bool = False
+    visibility: str | None = None  # "private", "team" or "org" (sync.access)
+    author_owner: str | None = None  # the principal that created it
+    author_agent: str | None = None
+
+
+@dataclass(slots=True)
+class TokenRow(Row):
+    """An access token (``sync.access``); a revocation is its tombstone, which wipes
+    only the secret's hash."""
+
+    KEY = ("token_id",)
+    CREATE = (
+        "owner_id", "secret_sha256", "scope", "agent_id", "collectives", "expires_ms",
+        "created_hlc", "author_owner", "author_agent",
+    )  # fmt: skip
+
+    token_id: UUID
+    create_event: UUID | None = None
+    owner_id: str | None = None
+    secret_sha256: str | None = None
+    scope: str | None = None
+    agent_id: str | None = None
+    collectives: tuple[UUID, ...] | None = None
+    expires_ms: int | None = None
+    created_hlc: int | None = None
+    deleted: bool = False  # revoked
+    author_owner: str | None = None
+    author_agent: str | None = None
+
+    def _wipe(self) -> None:
+        """A revoked token keeps what it was (for the list and the audit of who had
+        access), never its secret's hash."""
+        self.secret_sha256 = None
 
 
 ROW_TYPES: tuple[type[Row], ...] = (
-    CollectiveRow, ExperienceRow, ApplicationRow, RelationRow, InsightRow, WisdomRow,
+    CollectiveRow, ExperienceRow, ApplicationRow, RelationRow, InsightRow, WisdomRow, TokenRow,
 )  # fmt: skip
 
 
@@ -365,6 +412,7 @@ def row_of(event: ev.Event) -> Row | None:
             return CollectiveRow(
                 event.collective_id, event.event_id, event.owner_id, event.name,
                 event.embedding_dimension, event.embedder, event.hlc,
+                author_owner=event.author_owner, author_agent=event.author_agent,
             )  # fmt: skip
         case ev.CollectiveDeleted():
             return CollectiveRow(event.collective_id, deleted=True)
@@ -375,7 +423,8 @@ def row_of(event: ev.Event) -> Row | None:
                 event.embedding, type(kind).__struct_config__.tag,  # type: ignore[arg-type]
                 msgspec.json.encode(kind).decode(), event.source_agent, event.source_task,
                 event.hlc, event.importance, s, event.confidence, s, event.domain, s,
-                event.related_files, s,
+                event.related_files, s, visibility=event.visibility,
+                author_owner=event.author_owner, author_agent=event.author_agent,
             )  # fmt: skip
         case ev.ExperienceUpdated():
             row = ExperienceRow(event.experience_id, collective_id=event.collective_id)
@@ -399,6 +448,8 @@ def row_of(event: ev.Event) -> Row | None:
             return RelationRow(
                 event.relation_id, event.event_id, event.collective_id, event.source_id,
                 event.target_id, event.relation_type, event.strength, event.metadata, event.hlc,
+                visibility=event.visibility, author_owner=event.author_owner,
+                author_agent=event.author_agent,
             )  # fmt: skip
         case ev.RelationDeleted():
             return RelationRow(event.relation_id, collective_id=event.collective_id, deleted=True)
@@ -406,7 +457,8 @@ def row_of(event: ev.Event) -> Row | None:
             return InsightRow(
                 event.insight_id, event.event_id, event.collective_id, event.content,
                 event.embedding, event.source_experiences, event.confidence, event.domain,
-                event.hlc,
+                event.hlc, visibility=event.visibility, author_owner=event.author_owner,
+                author_agent=event.author_agent,
             )  # fmt: skip
         case ev.InsightDeleted():
             return InsightRow(event.insight_id, collective_id=event.collective_id, deleted=True)
@@ -415,9 +467,19 @@ def row_of(event: ev.Event) -> Row | None:
                 event.wisdom_id, event.event_id, event.owner_id, event.category, event.pattern,
                 event.confidence, event.embedding, event.source_collectives,
                 event.source_experience_count, event.applicable_domains, event.hlc,
+                visibility=event.visibility, author_owner=event.author_owner,
+                author_agent=event.author_agent,
             )  # fmt: skip
         case ev.WisdomDeleted():
             return WisdomRow(event.wisdom_id, owner_id=event.owner_id, deleted=True)
+        case ev.TokenCreated():
+            return TokenRow(
+                event.token_id, event.event_id, event.owner_id, event.secret_sha256,
+                event.scope, event.agent_id, event.collectives, event.expires_ms, event.hlc,
+                author_owner=event.author_owner, author_agent=event.author_agent,
+            )  # fmt: skip
+        case ev.TokenRevoked():
+            return TokenRow(event.token_id, deleted=True)
     return None  # activities live in their own stream, not in the projection
 
 
@@ -435,6 +497,7 @@ ExperienceRow.key = _single_key("experience_id")  # type: ignore[method-assign]
 RelationRow.key = _single_key("relation_id")  # type: ignore[method-assign]
 InsightRow.key = _single_key("insight_id")  # type: ignore[method-assign]
 WisdomRow.key = _single_key("wisdom_id")  # type: ignore[method-assign]
+TokenRow.key = _single_key("token_id")  # type: ignore[method-assign]
 
 
 def _application_key(self: ApplicationRow) -> tuple[Any, ...]:

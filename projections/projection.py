@@ -39,6 +39,7 @@ from uuid import UUID
 
 import numpy as np
 
+from eventlog import events as ev
 from eventlog.ids import uuid7
 from eventlog.log import EventLog, LogEntry
 from projections.fold import (
@@ -50,7 +51,7 @@ from projections.fold import (
     Placed,
     row_of,
 )
-from projections.state import MemoryState, Rejected, Touched
+from projections.state import Audited, MemoryState, Rejected, Touched
 from projections.store import StateInUse, Store
 from projections.text import TextIndex
 from projections.vectors import ExactVectors, VectorIndex, read_manifest, write_manifest
@@ -160,13 +161,15 @@ class Projection:
                     )
                 )  # fmt: skip
                 continue
+            event = entry.event
             try:
-                row = row_of(entry.event)
+                row = row_of(event)
                 if row is not None:
                     _fits_store(row)
                     if isinstance(row, Placed) and row.create_event is not None:
                         row.create_seq = entry.seq  # where the stream put it (see Placed)
                     delta.add(row, owned=True)
+                    self.memory.unflushed_audit.append(_audited(entry.seq, event))
             except Exception as exc:  # an event no rule can fold: keep it aside
                 log.warning("event at sequence %d kept aside: %s", entry.seq, exc)
                 self.memory.reject(
@@ -234,13 +237,15 @@ class Projection:
         self.sync_indexes()  # assigns the vector ids the rows are written with
         if self.dirty:
             rows, forgotten, rejected = self.memory.take_dirty()
+            audited, self.memory.unflushed_audit = self.memory.unflushed_audit, []
             try:
                 self.store.write(
                     rows, vec_ids=self.memory.vec_ids, forgotten=forgotten, rejected=rejected,
-                    last_seq=self._seq, count=self._unflushed,
+                    last_seq=self._seq, count=self._unflushed, audited=audited,
                 )  # fmt: skip
             except BaseException:
                 self.memory.restore_dirty(rows, forgotten, rejected)
+                self.memory.unflushed_audit = audited + self.memory.unflushed_audit
                 raise
             self.flushed_seq = self._seq
             self._unflushed = 0
@@ -525,7 +530,13 @@ def _fits_store(row: object) -> None:
                 f"{row.last_hlc}"
             )
         return
-    for name in ("created_hlc", "last_hlc", "applications", "source_experience_count"):
+    for name in (
+        "created_hlc",
+        "last_hlc",
+        "applications",
+        "source_experience_count",
+        "expires_ms",
+    ):
         value = getattr(row, name, None)
         if value is not None and not 0 <= value <= _UBIGINT_MAX // 2:
             raise ValueError(f"{name}: must be in 0..2**63-1, got {value}")
@@ -629,3 +640,24 @@ async def _rebuild(
     if old is not None and old != target:
         shutil.rmtree(old, ignore_errors=True)
     return target, digest
+
+
+def _audited(seq: int, event: ev.Event) -> Audited:
+    """The audit's row of an event the fold took in (its values already fit the store:
+    ``_fits_store``; the HLC as the fold's stamps take it)."""
+    entity, entity_id = entity_of(event)
+    return (
+        seq, event.event_id, ev.event_type_name(event), getattr(event, "collective_id", None),
+        entity, entity_id, event.author_owner, event.author_agent, event.instance_id,
+        min(max(event.hlc, 0), 2**63 - 1),
+    )  # fmt: skip
+
+
+def entity_of(event: ev.Event) -> tuple[str, UUID | None]:
+    """The entity an event is about, and its id (for the audit, and for the writer that
+    forgets a write that landed after a delete)."""
+    for entity in ("experience", "relation", "insight", "wisdom", "token"):
+        found = getattr(event, f"{entity}_id", None)
+        if found is not None:
+            return entity, found
+    return "collective", getattr(event, "collective_id", None)

@@ -34,7 +34,7 @@ before its collective is simply not live yet, and becomes live when the collecti
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 MISPLACED = "collective_id: not the collective of the entity: "  # dead letter
 
@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS collective_rows (
     collective_id UUID PRIMARY KEY, create_event UUID, owner_id VARCHAR, name VARCHAR,
     embedding_dimension INTEGER, embedder VARCHAR, created_hlc UBIGINT,
     deleted BOOLEAN NOT NULL,
-    updated_seq BIGINT);
+    updated_seq BIGINT, author_owner VARCHAR, author_agent VARCHAR);
 CREATE TABLE IF NOT EXISTS experience_rows (
     experience_id UUID PRIMARY KEY, create_event UUID, collective_id UUID, content VARCHAR,
     embedding BLOB, experience_type VARCHAR, type_data VARCHAR, source_agent VARCHAR,
@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS experience_rows (
     importance DOUBLE, importance_stamp BLOB, confidence DOUBLE, confidence_stamp BLOB,
     domain VARCHAR[], domain_stamp BLOB, related_files VARCHAR[], related_files_stamp BLOB,
     archived BOOLEAN NOT NULL, archived_stamp BLOB, deleted BOOLEAN NOT NULL,
-    vec_id BIGINT, updated_seq BIGINT, create_seq BIGINT);
+    vec_id BIGINT, updated_seq BIGINT, create_seq BIGINT,
+    visibility VARCHAR, author_owner VARCHAR, author_agent VARCHAR);
 CREATE TABLE IF NOT EXISTS application_rows (
     experience_id UUID, instance_id UUID, applications UBIGINT NOT NULL,
     last_hlc UBIGINT NOT NULL,
@@ -64,18 +65,29 @@ CREATE TABLE IF NOT EXISTS relation_rows (
     relation_id UUID PRIMARY KEY, create_event UUID, collective_id UUID, source_id UUID,
     target_id UUID, relation_type VARCHAR, strength DOUBLE, metadata VARCHAR,
     created_hlc UBIGINT, deleted BOOLEAN NOT NULL,
-    updated_seq BIGINT, create_seq BIGINT);
+    updated_seq BIGINT, create_seq BIGINT,
+    visibility VARCHAR, author_owner VARCHAR, author_agent VARCHAR);
 CREATE TABLE IF NOT EXISTS insight_rows (
     insight_id UUID PRIMARY KEY, create_event UUID, collective_id UUID, content VARCHAR,
     embedding BLOB, source_experiences UUID[], confidence DOUBLE, domain VARCHAR[],
     created_hlc UBIGINT, deleted BOOLEAN NOT NULL,
-    vec_id BIGINT, updated_seq BIGINT, create_seq BIGINT);
+    vec_id BIGINT, updated_seq BIGINT, create_seq BIGINT,
+    visibility VARCHAR, author_owner VARCHAR, author_agent VARCHAR);
 CREATE TABLE IF NOT EXISTS wisdom_rows (
     wisdom_id UUID PRIMARY KEY, create_event UUID, owner_id VARCHAR, category VARCHAR,
     pattern VARCHAR, confidence DOUBLE, embedding BLOB, source_collectives UUID[],
     source_experience_count UBIGINT, applicable_domains VARCHAR[], created_hlc UBIGINT,
     deleted BOOLEAN NOT NULL,
-    updated_seq BIGINT);
+    updated_seq BIGINT, visibility VARCHAR, author_owner VARCHAR, author_agent VARCHAR);
+CREATE TABLE IF NOT EXISTS token_rows (
+    token_id UUID PRIMARY KEY, create_event UUID, owner_id VARCHAR, secret_sha256 VARCHAR,
+    scope VARCHAR, agent_id VARCHAR, collectives UUID[], expires_ms BIGINT,
+    created_hlc UBIGINT, deleted BOOLEAN NOT NULL, author_owner VARCHAR,
+    author_agent VARCHAR, updated_seq BIGINT);
+CREATE TABLE IF NOT EXISTS audit_rows (
+    seq BIGINT PRIMARY KEY, event_id UUID, event_type VARCHAR, collective_id UUID,
+    entity VARCHAR, entity_id UUID, author_owner VARCHAR, author_agent VARCHAR,
+    instance_id UUID, hlc UBIGINT);
 CREATE TABLE IF NOT EXISTS undecodable (
     seq BIGINT PRIMARY KEY, subject VARCHAR, reason VARCHAR, instance_id UUID);
 """
@@ -83,7 +95,7 @@ CREATE TABLE IF NOT EXISTS undecodable (
 VIEWS = """
 CREATE OR REPLACE VIEW collectives AS
 SELECT collective_id, owner_id, name, embedding_dimension, embedder,
-       epoch_ms((created_hlc >> 16)::BIGINT) AS created_at
+       epoch_ms((created_hlc >> 16)::BIGINT) AS created_at, author_owner, author_agent
 FROM collective_rows WHERE create_event IS NOT NULL AND NOT deleted;
 
 CREATE OR REPLACE VIEW applications AS
@@ -109,7 +121,8 @@ SELECT e.experience_id, e.collective_id, e.content, e.embedding, e.experience_ty
        e.source_task, (e.created_hlc >> 16)::BIGINT AS created_ms,
        epoch_ms((e.created_hlc >> 16)::BIGINT) AS timestamp, e.archived,
        coalesce(a.applications, 0)::UBIGINT AS applications,
-       epoch_ms((a.last_hlc >> 16)::BIGINT) AS last_reinforced, e.vec_id
+       epoch_ms((a.last_hlc >> 16)::BIGINT) AS last_reinforced, e.vec_id,
+       coalesce(e.visibility, 'team') AS visibility, e.author_owner, e.author_agent
 FROM experience_rows e
 JOIN experience_checks k USING (experience_id)
 LEFT JOIN (SELECT experience_id, collective_id, sum(applications) AS applications,
@@ -141,7 +154,8 @@ WHERE r.create_event IS NOT NULL AND NOT r.deleted;
 
 CREATE OR REPLACE VIEW relations AS
 SELECT r.relation_id, r.collective_id, r.source_id, r.target_id, r.relation_type,
-       r.strength, r.metadata, epoch_ms((r.created_hlc >> 16)::BIGINT) AS created_at
+       r.strength, r.metadata, epoch_ms((r.created_hlc >> 16)::BIGINT) AS created_at,
+       coalesce(r.visibility, 'team') AS visibility, r.author_owner, r.author_agent
 FROM relation_rows r JOIN relation_checks k USING (relation_id)
 WHERE k.problem IS NULL
   AND r.source_id IN (SELECT experience_id FROM experiences)
@@ -166,7 +180,8 @@ WHERE i.create_event IS NOT NULL AND NOT i.deleted;
 
 CREATE OR REPLACE VIEW insights AS
 SELECT i.insight_id, i.collective_id, i.content, i.embedding, i.source_experiences,
-       i.confidence, i.domain, epoch_ms((i.created_hlc >> 16)::BIGINT) AS created_at, i.vec_id
+       i.confidence, i.domain, epoch_ms((i.created_hlc >> 16)::BIGINT) AS created_at, i.vec_id,
+       coalesce(i.visibility, 'team') AS visibility, i.author_owner, i.author_agent
 FROM insight_rows i JOIN insight_checks k USING (insight_id)
 WHERE k.problem IS NULL AND k.collective_live;
 
@@ -176,8 +191,21 @@ SELECT insight_id, unnest(source_experiences) AS experience_id FROM insights;
 CREATE OR REPLACE VIEW wisdom AS
 SELECT wisdom_id, owner_id, category, pattern, confidence, embedding, source_collectives,
        source_experience_count, applicable_domains,
-       epoch_ms((created_hlc >> 16)::BIGINT) AS created_at
+       epoch_ms((created_hlc >> 16)::BIGINT) AS created_at,
+       coalesce(visibility, 'team') AS visibility, author_owner, author_agent
 FROM wisdom_rows WHERE create_event IS NOT NULL AND NOT deleted;
+
+CREATE OR REPLACE VIEW tokens AS
+SELECT token_id, owner_id, agent_id, scope, collectives,
+       CASE WHEN expires_ms IS NOT NULL THEN epoch_ms(expires_ms) END AS expires_at,
+       epoch_ms((created_hlc >> 16)::BIGINT) AS created_at, deleted AS revoked,
+       author_owner, author_agent
+FROM token_rows WHERE create_event IS NOT NULL OR deleted;
+
+CREATE OR REPLACE VIEW audit AS
+SELECT seq, epoch_ms((hlc >> 16)::BIGINT) AS written_at, event_type, collective_id, entity,
+       entity_id, author_owner, author_agent, instance_id, event_id
+FROM audit_rows;
 
 CREATE OR REPLACE VIEW dead_letters AS
 SELECT 'experience' AS entity, experience_id AS id, collective_id, problem AS reason,
@@ -205,6 +233,9 @@ DIGEST_QUERIES = {
         "SELECT * EXCLUDE (vec_id, updated_seq, create_seq) FROM insight_rows ORDER BY 1"
     ),
     "wisdom_rows": "SELECT * EXCLUDE (updated_seq) FROM wisdom_rows ORDER BY 1",
+    "token_rows": "SELECT * EXCLUDE (updated_seq) FROM token_rows ORDER BY 1",
+    # (audit_rows is left out: it holds stream sequences, and what a host read of the
+    # events a delete forgot until the tombstone reached it)
     # an event naming another collective than its entity's is reported when the entity's
     # create is in the log as it is read; forgetting purges the create, so a host that
     # reads the log later may not report it: those reports are left out
@@ -216,6 +247,18 @@ DIGEST_QUERIES = {
 
 # from_version -> statements that bring the schema to from_version + 1
 MIGRATIONS: dict[int, list[str]] = {
+    # 5: who wrote what (author columns, the audit) and who may see it (visibility);
+    # access tokens (token_rows, created by TABLES). Rows from before have no author and
+    # are seen as "team" (the views coalesce)
+    4: [
+        *(
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {c} VARCHAR"
+            for t in ("experience_rows", "relation_rows", "insight_rows", "wisdom_rows")
+            for c in ("visibility", "author_owner", "author_agent")
+        ),
+        "ALTER TABLE collective_rows ADD COLUMN IF NOT EXISTS author_owner VARCHAR",
+        "ALTER TABLE collective_rows ADD COLUMN IF NOT EXISTS author_agent VARCHAR",
+    ],
     # 4: an application count is kept apart for each collective its reports named (only
     # the experience's own counts), so the key takes the collective in
     3: [

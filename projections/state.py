@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 from uuid import UUID
 
 from eventlog import events as ev
@@ -37,6 +37,7 @@ from projections.fold import (
     InsightRow,
     RelationRow,
     Row,
+    TokenRow,
     WisdomRow,
 )
 from projections.schema import MISPLACED
@@ -53,6 +54,13 @@ class Rejected:
     subject: str
     reason: str
     instance_id: UUID | None = None
+
+
+# One event in the audit (the ``audit`` view): seq, event id, type, collective, entity,
+# entity id, author owner, author agent, instance, hlc
+Audited: TypeAlias = tuple[
+    int, UUID, str, UUID | None, str, UUID | None, str | None, str | None, UUID, int
+]
 
 
 @dataclass(slots=True)
@@ -103,6 +111,8 @@ class MemoryState:
         # collective -> experiences changed since a reader last took them (None: all)
         self.changes: dict[UUID | None, set[UUID] | None] = {}
         self.unflushed_rejected: list[Rejected] = []
+        self.tokens: dict[tuple[Any, ...], TokenRow] = self.fold.rows[TokenRow]  # type: ignore[assignment]
+        self.unflushed_audit: list[Audited] = []
 
     # -- loading and merging ---------------------------------------------------------------
 
@@ -314,7 +324,7 @@ class MemoryState:
 
     def has_changes(self) -> bool:
         """Rows or counts changed since DuckDB was last written."""
-        return bool(self.forgotten_counts) or any(self.dirty.values())
+        return bool(self.forgotten_counts) or bool(self.unflushed_audit) or any(self.dirty.values())
 
     def reject(self, rejected: Rejected) -> None:
         if rejected.seq not in self.rejected:

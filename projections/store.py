@@ -30,9 +30,10 @@ from projections.fold import (
     InsightRow,
     RelationRow,
     Row,
+    TokenRow,
     WisdomRow,
 )
-from projections.state import Rejected
+from projections.state import Audited, Rejected
 
 TABLE_OF: dict[type[Row], str] = {
     CollectiveRow: "collective_rows",
@@ -41,6 +42,7 @@ TABLE_OF: dict[type[Row], str] = {
     RelationRow: "relation_rows",
     InsightRow: "insight_rows",
     WisdomRow: "wisdom_rows",
+    TokenRow: "token_rows",
 }
 
 
@@ -156,6 +158,7 @@ class Store:
         rejected: Sequence[Rejected],
         last_seq: int,
         count: int,
+        audited: Sequence[Audited] = (),
     ) -> None:
         """Write the rows the engine changed (already merged in memory) and move the
         checkpoint, in one transaction: one columnar insert per table, whatever the
@@ -175,6 +178,8 @@ class Store:
                     "INSERT OR REPLACE INTO undecodable VALUES (?, ?, ?, ?)",
                     [r.seq, r.subject, r.reason, r.instance_id],
                 )
+            if audited:
+                self._audit(audited, rows)
             self.con.execute(
                 "INSERT INTO checkpoint VALUES (1, ?, ?) ON CONFLICT (id) DO UPDATE "
                 "SET seq = excluded.seq, applied = checkpoint.applied + excluded.applied",
@@ -184,6 +189,35 @@ class Store:
         except BaseException:
             self.con.rollback()
             raise
+
+    def _audit(self, audited: Sequence[Audited], rows: dict[type[Row], list[Row]]) -> None:
+        """Add the batch's events to the audit; then forget the history of what the batch
+        deleted (the log forgets it too), all but the deletes themselves."""
+        columns = list(zip(*audited, strict=True))
+        names = ("seq", "event_id", "event_type", "collective_id", "entity", "entity_id",
+                 "author_owner", "author_agent", "instance_id", "hlc")  # fmt: skip
+        types = ("BIGINT", "UUID", "VARCHAR", "UUID", "VARCHAR", "UUID", "VARCHAR", "VARCHAR",
+                 "UUID", "UBIGINT")  # fmt: skip
+        staged_audit = {  # noqa: F841 (read by DuckDB by name)
+            n: _column(list(values), t) for n, values, t in zip(names, columns, types, strict=True)
+        }
+        select = ", ".join(_cast(n, t) for n, t in zip(names, types, strict=True))
+        self.con.execute(f"INSERT OR REPLACE INTO audit_rows SELECT {select} FROM staged_audit")
+        gone = [
+            r.key()[0] for t in (ExperienceRow, RelationRow, InsightRow, WisdomRow)
+            for r in rows.get(t, ()) if getattr(r, "deleted", False)
+        ]  # fmt: skip
+        if gone:
+            self.con.execute(
+                "DELETE FROM audit_rows WHERE event_type NOT LIKE '%.deleted' "
+                f"AND entity_id IN ({uuid_literals(gone)})"
+            )
+        dropped = [r.key()[0] for r in rows.get(CollectiveRow, ()) if getattr(r, "deleted", False)]
+        if dropped:
+            self.con.execute(
+                "DELETE FROM audit_rows WHERE event_type NOT LIKE '%.deleted' "
+                f"AND collective_id IN ({uuid_literals(dropped)})"
+            )
 
     def _replace(
         self, row_type: type[Row], rows: list[Row], vec_ids: dict[UUID, int], seq: int
@@ -294,7 +328,8 @@ def uuid_literals(ids: Any) -> str:
 
 _REPEATED = frozenset(
     ("collective_id", "owner_id", "experience_type", "type_data", "source_agent",
-     "source_task", "domain", "related_files", "relation_type", "instance_id")
+     "source_task", "domain", "related_files", "relation_type", "instance_id",
+     "visibility", "author_owner", "author_agent")
 )  # fmt: skip
 
 

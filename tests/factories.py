@@ -72,3 +72,11 @@ def wisdom() -> ev.WisdomStored:
 def common() -> dict[str, object]:
     """The fields every event carries, fresh (for events built in a test)."""
     return _common()
+
+
+def token(owner_id: str = "owner-1", scope: str = "read") -> ev.TokenCreated:
+    """An access token's create (its secret hash a fixed dummy: nothing resolves it)."""
+    return ev.TokenCreated(
+        **_common(), token_id=uuid7(), owner_id=owner_id, secret_sha256="0" * 64,
+        scope=scope,  # type: ignore[arg-type]
+    )  # type: ignore[arg-type]  # fmt: skip

@@ -25,6 +25,7 @@ OTHER = UUID("01930c4e-2b2a-7d40-8a11-0000000000e1")
 RELATION = UUID("01930c4e-2b2a-7d40-8a11-0000000000f0")
 INSIGHT = UUID("01930c4e-2b2a-7d40-8a11-0000000000d0")
 WISDOM = UUID("01930c4e-2b2a-7d40-8a11-0000000000b0")
+TOKEN = UUID("01930c4e-2b2a-7d40-8a11-0000000000a1")
 HLC = ev.pack_hlc(1_732_000_000_000, 7)
 VECTOR = ev.pack_vector([0.25, -1.5, 3.0, 0.0])
 
@@ -144,6 +145,30 @@ SAMPLES: dict[str, ev.EventBase] = {
         applicable_domains=("storage",),
     ),
     "wisdom.deleted": ev.WisdomDeleted(**common, wisdom_id=WISDOM, owner_id="owner-1"),  # type: ignore[arg-type]
+    "token.created": ev.TokenCreated(
+        **common,  # type: ignore[arg-type]
+        author_owner="owner-1",
+        token_id=TOKEN,
+        owner_id="owner-2",
+        secret_sha256="5e" * 32,
+        scope="write",
+        agent_id="agent-7",
+        collectives=(COLLECTIVE,),
+        expires_ms=1_760_000_000_000,
+    ),
+    "token.revoked": ev.TokenRevoked(**common, token_id=TOKEN, author_owner="owner-1"),  # type: ignore[arg-type]
+    # an event written by a principal, with a visibility other than the default
+    "experience.recorded.authored": ev.ExperienceRecorded(
+        **{**common, "author_owner": "owner-1", "author_agent": "agent-7"},  # type: ignore[arg-type]
+        **exp,
+        content="Private to its author.",
+        embedding=VECTOR,
+        experience_type=ev.Generic(),
+        importance=0.5,
+        confidence=0.5,
+        source_agent="agent-7",
+        visibility="private",
+    ),
 }
 
 

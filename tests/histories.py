@@ -24,7 +24,10 @@ EXPERIENCES = [UUID(int=0xE0 + i) for i in range(4)]
 RELATIONS = [UUID(int=0xF0 + i) for i in range(3)]
 INSIGHTS = [UUID(int=0xD0 + i) for i in range(2)]
 WISDOM = [UUID(int=0xB0)]
+TOKENS = [UUID(int=0x70 + i) for i in range(2)]
 INSTANCES = [UUID(int=0xA0 + i) for i in range(3)]
+AUTHORS = [(None, None), ("o", None), ("o", "a1"), ("p", "a2")]  # (owner, agent)
+visibility = st.sampled_from(["private", "team", "org"])
 
 small_floats = st.sampled_from([0.0, 0.25, 0.5, 1.0])
 tags = st.lists(st.sampled_from(["a", "b", "c"]), max_size=2).map(tuple)
@@ -32,12 +35,15 @@ tags = st.lists(st.sampled_from(["a", "b", "c"]), max_size=2).map(tuple)
 
 @st.composite
 def common(draw: st.DrawFn) -> dict[str, Any]:
+    owner, agent = draw(st.sampled_from(AUTHORS))
     return {
         "event_id": draw(st.uuids()),
         "instance_id": draw(st.sampled_from(INSTANCES)),
         "hlc": ev.pack_hlc(
             draw(st.integers(1_700_000_000_000, 1_700_000_000_020)), draw(st.integers(0, 3))
         ),
+        "author_owner": owner,
+        "author_agent": agent,
     }
 
 
@@ -56,12 +62,13 @@ EVENTS = st.one_of(
     ),
     st.builds(lambda c, i: ev.CollectiveDeleted(**c, collective_id=i), common(), cid),
     st.builds(
-        lambda c, e, col, d, imp, conf, dom, text, kind: ev.ExperienceRecorded(
+        lambda c, e, col, d, imp, conf, dom, text, kind, vis: ev.ExperienceRecorded(
             **c, experience_id=e, collective_id=col, content=text, embedding=vector(d),
             experience_type=kind, importance=imp, confidence=conf, source_agent="agent", domain=dom,
+            visibility=vis,
         ),
         common(), eid, cid, dims, small_floats, small_floats, tags, st.sampled_from(["alpha", "beta"]),
-        st.sampled_from([ev.Generic(), ev.Fact(statement="s", source="t")]),
+        st.sampled_from([ev.Generic(), ev.Fact(statement="s", source="t")]), visibility,
     ),
     st.builds(
         lambda c, e, col, imp, conf, dom: ev.ExperienceUpdated(
@@ -77,27 +84,40 @@ EVENTS = st.one_of(
         common(), eid, cid, st.integers(1, 4),
     ),
     st.builds(
-        lambda c, r, col, s, t, kind, strength: ev.RelationStored(
-            **c, relation_id=r, collective_id=col, source_id=s, target_id=t, relation_type=kind, strength=strength
+        lambda c, r, col, s, t, kind, strength, vis: ev.RelationStored(
+            **c, relation_id=r, collective_id=col, source_id=s, target_id=t, relation_type=kind, strength=strength,
+            visibility=vis,
         ),
         common(), st.sampled_from(RELATIONS), cid, eid, eid, st.sampled_from(["Supports", "Contradicts"]), small_floats,
+        visibility,
     ),
     st.builds(lambda c, r, col: ev.RelationDeleted(**c, relation_id=r, collective_id=col), common(), st.sampled_from(RELATIONS), cid),
     st.builds(
-        lambda c, i, col, d, sources: ev.InsightStored(
+        lambda c, i, col, d, sources, vis: ev.InsightStored(
             **c, insight_id=i, collective_id=col, content="insight", embedding=vector(d),
-            source_experiences=tuple(sources), confidence=0.5,
+            source_experiences=tuple(sources), confidence=0.5, visibility=vis,
         ),
-        common(), st.sampled_from(INSIGHTS), cid, dims, st.lists(eid, min_size=1, max_size=2),
+        common(), st.sampled_from(INSIGHTS), cid, dims, st.lists(eid, min_size=1, max_size=2), visibility,
     ),
     st.builds(lambda c, i, col: ev.InsightDeleted(**c, insight_id=i, collective_id=col), common(), st.sampled_from(INSIGHTS), cid),
     st.builds(
-        lambda c, w, pattern: ev.WisdomStored(
-            **c, wisdom_id=w, owner_id="o", category="CodingStyle", pattern=pattern, confidence=0.5, embedding=vector(2)
+        lambda c, w, pattern, vis: ev.WisdomStored(
+            **c, wisdom_id=w, owner_id="o", category="CodingStyle", pattern=pattern, confidence=0.5, embedding=vector(2),
+            visibility=vis,
         ),
-        common(), st.sampled_from(WISDOM), st.sampled_from(["p", "q"]),
+        common(), st.sampled_from(WISDOM), st.sampled_from(["p", "q"]), visibility,
     ),
     st.builds(lambda c, w: ev.WisdomDeleted(**c, wisdom_id=w, owner_id="o"), common(), st.sampled_from(WISDOM)),
+    st.builds(
+        lambda c, t, owner, agent, scope, limited, expires: ev.TokenCreated(
+            **c, token_id=t, owner_id=owner, secret_sha256=f"{t.int:064x}", scope=scope, agent_id=agent,
+            collectives=tuple(limited), expires_ms=expires,
+        ),
+        common(), st.sampled_from(TOKENS), st.sampled_from(["o", "p"]), st.sampled_from([None, "a1"]),
+        st.sampled_from(["read", "write", "admin"]), st.lists(cid, max_size=2, unique=True),
+        st.none() | st.integers(0, 10),
+    ),
+    st.builds(lambda c, t: ev.TokenRevoked(**c, token_id=t), common(), st.sampled_from(TOKENS)),
 )  # fmt: skip
 
 histories = st.lists(EVENTS, min_size=1, max_size=40)
@@ -156,31 +176,42 @@ def experience_type(kind: Any) -> dict[str, Any]:
     return {"experience_type": type(kind).__name__, "type_data": msgspec.json.encode(kind).decode()}
 
 
+def author(e: ev.Event) -> dict[str, Any]:
+    """Who wrote a create: kept with what it created."""
+    return {"author_owner": e.author_owner, "author_agent": e.author_agent}
+
+
+def shown(e: Any) -> dict[str, Any]:
+    """Who may see what a create made, and who made it."""
+    return {"visibility": e.visibility, **author(e)}
+
+
 ENTITIES = [
     Entity(
         fold.CollectiveRow, "collective_id", ev.CollectiveCreated, ev.CollectiveDeleted, (), None,
-        lambda e: {"owner_id": e.owner_id, "name": e.name, "embedding_dimension": e.embedding_dimension, "embedder": e.embedder},
+        lambda e: {"owner_id": e.owner_id, "name": e.name, "embedding_dimension": e.embedding_dimension, "embedder": e.embedder,
+                   **author(e)},
     ),
     Entity(
         fold.ExperienceRow, "experience_id", ev.ExperienceRecorded,
         ev.ExperienceDeleted, (ev.ExperienceUpdated, ev.ExperienceArchived, ev.ExperienceUnarchived), "collective_id",
         lambda e: {
             "content": e.content, "embedding": e.embedding, **experience_type(e.experience_type),
-            "source_agent": e.source_agent, "source_task": e.source_task,
+            "source_agent": e.source_agent, "source_task": e.source_task, **shown(e),
         },
     ),
     Entity(
         fold.RelationRow, "relation_id", ev.RelationStored, ev.RelationDeleted, (), "collective_id",
         lambda e: {
             "source_id": e.source_id, "target_id": e.target_id, "relation_type": e.relation_type,
-            "strength": e.strength, "metadata": e.metadata,
+            "strength": e.strength, "metadata": e.metadata, **shown(e),
         },
     ),
     Entity(
         fold.InsightRow, "insight_id", ev.InsightStored, ev.InsightDeleted, (), "collective_id",
         lambda e: {
             "content": e.content, "embedding": e.embedding, "source_experiences": e.source_experiences,
-            "confidence": e.confidence, "domain": e.domain,
+            "confidence": e.confidence, "domain": e.domain, **shown(e),
         },
     ),
     Entity(
@@ -188,7 +219,14 @@ ENTITIES = [
         lambda e: {
             "category": e.category, "pattern": e.pattern, "confidence": e.confidence, "embedding": e.embedding,
             "source_collectives": e.source_collectives, "source_experience_count": e.source_experience_count,
-            "applicable_domains": e.applicable_domains,
+            "applicable_domains": e.applicable_domains, **shown(e),
+        },
+    ),
+    Entity(  # a token: its create as any create, its revocation a tombstone
+        fold.TokenRow, "token_id", ev.TokenCreated, ev.TokenRevoked, (), None,
+        lambda e: {
+            "owner_id": e.owner_id, "secret_sha256": e.secret_sha256, "scope": e.scope, "agent_id": e.agent_id,
+            "collectives": e.collectives, "expires_ms": e.expires_ms, **author(e),
         },
     ),
 ]  # fmt: skip
@@ -220,7 +258,8 @@ def entity_row(entity: Entity, key: UUID, group: list[ev.Event]) -> fold.Row:
     columns: dict[str, Any] = {}
     if entity.anchor is not None:
         columns[entity.anchor] = min(getattr(e, entity.anchor) for e in group)
-    if any(isinstance(e, entity.delete) for e in group):
+    revoked_token = entity.row is fold.TokenRow and any(isinstance(e, entity.delete) for e in group)
+    if any(isinstance(e, entity.delete) for e in group) and not revoked_token:
         columns["deleted"] = True  # a tombstone: the key, the anchor and the flag
     else:
         creates = [e for e in group if isinstance(e, entity.create)]
@@ -231,6 +270,8 @@ def entity_row(entity: Entity, key: UUID, group: list[ev.Event]) -> fold.Row:
             )
         if entity.row is fold.ExperienceRow:
             columns.update(experience_registers(group))
+        if revoked_token:  # a revoked token keeps what it was, all but its secret's hash
+            columns.update(deleted=True, secret_sha256=None)
     return entity.row(key, **columns)  # type: ignore[call-arg]
 
 

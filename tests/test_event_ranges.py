@@ -200,6 +200,7 @@ INT_FIELDS = [
     ("experience.reinforced", "applications"),
     ("activity.heartbeat", "started_ms"),
     ("wisdom.stored", "source_experience_count"),
+    ("token.created", "expires_ms"),
 ]
 SCORE_FIELDS = [
     (RECORDED, "importance"),

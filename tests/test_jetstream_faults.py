@@ -33,7 +33,7 @@ async def test_stream_creation_is_idempotent_and_configurable(nats_server: Embed
     assert main.config.num_replicas == 1
     assert main.config.duplicate_window == 30
     assert main.config.max_msg_size == 1024 * 1024
-    assert main.config.subjects == ["pulse.c.>", "pulse.w.>"]
+    assert main.config.subjects == ["pulse.c.>", "pulse.w.>", "pulse.t.>"]
     presence = await log.js.stream_info("PRESENCE")
     assert presence.config.max_msgs_per_subject == 1
     assert presence.config.allow_msg_ttl is True
@@ -48,6 +48,30 @@ async def test_stream_creation_is_idempotent_and_configurable(nats_server: Embed
     assert main.config.max_msg_size == 2 * 1024 * 1024
     assert main.state.messages == 1  # updating the stream kept its events
     await log.close()
+
+
+async def test_a_stream_of_an_older_version_gains_the_token_subject(
+    nats_server: EmbeddedNats,
+) -> None:
+    """An instance never reconfigures a stream (``update_streams=False``), except to add
+    a subject this version writes to: the tokens' ``pulse.t.>``. Nothing else changes."""
+    settings = StreamSettings(name="OLDER", activity_name="OLDER_PRESENCE")
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    older = settings.main_config()
+    older.subjects = ["pulse.c.>", "pulse.w.>"]  # what versions before tokens made
+    older.duplicate_window = 45
+    await js.add_stream(older)
+    await nc.close()
+    log = await JetStreamLog.connect(nats_server.url, settings, update_streams=False)
+    try:
+        main = await log.js.stream_info("OLDER")
+        assert main.config.subjects == ["pulse.c.>", "pulse.w.>", "pulse.t.>"]
+        assert main.config.duplicate_window == 45  # the operator's setting stays
+        await log.append(f.token())
+        assert (await log.js.stream_info("OLDER")).state.messages == 1
+    finally:
+        await log.close()
 
 
 @pytest.mark.parametrize(

@@ -76,7 +76,50 @@ def test_a_version_1_database_is_migrated_on_open(tmp_path: Path) -> None:
     version = store.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     store.close()
     assert "collective_id" in columns and "instance_id" in kept_aside
-    assert version == (str(schema.SCHEMA_VERSION),) == ("4",)
+    assert version == (str(schema.SCHEMA_VERSION),) == ("5",)
+
+
+def as_version_4(con: Any) -> None:
+    """Give a database what version 4 had: no authors, visibility, tokens or audit."""
+    for view in ("experiences", "relations", "insights", "wisdom", "collectives", "tokens",
+                 "audit", "insight_sources", "applications", "dead_letters"):  # fmt: skip
+        con.execute(f"DROP VIEW IF EXISTS {view}")
+    for table in ("experience_rows", "relation_rows", "insight_rows", "wisdom_rows"):
+        for column in ("visibility", "author_owner", "author_agent"):
+            con.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    for column in ("author_owner", "author_agent"):
+        con.execute(f"ALTER TABLE collective_rows DROP COLUMN {column}")
+    con.execute("DROP TABLE token_rows")
+    con.execute("DROP TABLE audit_rows")
+    con.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+
+
+def test_a_version_4_database_gains_authors_and_visibility(tmp_path: Path) -> None:
+    """Rows from before principals have no author and count as "team"; the state keeps
+    its digest, and the new events apply on top."""
+    from eventlog import events as ev
+    from eventlog.log import LogEntry
+    from projections.projection import Projection
+    from tests import factories as f
+
+    cid = f.uuid7()
+    events: list[ev.Event] = [f.collective(cid), f.experience(cid, "an old lesson")]
+    projection = Projection(tmp_path)
+    projection.apply([LogEntry(i, "pulse.test", e) for i, e in enumerate(events, start=1)])
+    projection.flush()
+    as_version_4(projection.store.con)
+    projection.close()
+    migrated = Projection(tmp_path)
+    seen = migrated.store.con.execute("SELECT visibility, author_owner FROM experiences").fetchall()
+    assert seen == [("team", None)]
+    token = ev.TokenCreated(
+        **f.common(), token_id=f.uuid7(), owner_id="o", secret_sha256="ab" * 32, scope="read"
+    )  # type: ignore[arg-type]
+    migrated.apply([LogEntry(3, "pulse.t.x", token)])
+    migrated.flush()
+    assert migrated.store.con.execute("SELECT count(*) FROM tokens").fetchone() == (1,)
+    assert migrated.store.con.execute("SELECT count(*) FROM audit").fetchone() == (1,)
+    migrated.close()
 
 
 def test_a_version_2_database_names_the_writer_of_a_message_kept_aside(tmp_path: Path) -> None:
