@@ -44,6 +44,36 @@ limit (``SqlLimits``, from ``$PULSE_SQL_*``). Where it is enforced, and why ther
 - Rows stream from DuckDB (``execute`` returns before the result is built) and are
   fetched in chunks until the rows limit or ``max_bytes`` of JSON; then the result says
   ``truncated`` and which (``truncated_by``). Nothing runs on the event loop.
+
+A principal that may not see every row (``SqlViewer``: a token without the admin scope,
+``sync.access``) reads the same view names, each holding what it may see. How, and why
+no query gets around them:
+
+- Its query (checked as above too) may name nothing but the views of ``FILTERED_VIEWS``
+  and its own CTEs, by a plain name alone (``check_sandboxed(..., restricted=True)``):
+  no base table (``experience_rows``, ``meta``, ``*_checks``...), no catalog or schema
+  (``main.experiences``, ``state.main.experiences``, ``information_schema.tables``),
+  none of DuckDB's own views (``duckdb_tables``, ``pg_class``), no macro that reads the
+  catalog (``pg_get_viewdef``), no SHOW TABLES and no EXPLAIN (its estimates count every
+  row). The names are those of DuckDB's own parse tree of the very text that runs, so
+  aliases, quoting and case change nothing. A CTE may not be named like any table or
+  view of the database: out of the CTE's scope (a subquery's WITH) the name would reach
+  the table; a CTE named like a filtered view reads the filtered view.
+- Then ``restrict`` creates, on the query's own cursor and in its transaction, a
+  temporary view for each of those names. DuckDB looks a plain name up among the
+  connection's temporary objects before the database's, the temporary catalog is the
+  connection's alone (an admin's query at the same moment reads the state's views), and
+  the rollback that ends every query drops them. Each selects from the state's view of
+  that name (catalog-qualified) the rows the rules of ``sync.access`` let the principal
+  see, computed in SQL against a one-row table of its owner, agent and token collectives
+  filled by parameters (free text is never spliced into SQL). A filtered view the query
+  does not name holds no rows. So every row a query reads went through a filter, and a
+  count counts what the principal may see.
+- Every filtered view ends in a LIMIT that drops nothing, a barrier that no optimizer
+  moves the query's own expressions below: an expression that raises (``error()``, a
+  failing cast) runs on visible rows only, so its error tells nothing of hidden ones.
+- ``vec_id`` (a local counter: it would count hidden rows) is NULL; insights list only
+  the sources the principal may see; ``tokens`` and ``dead_letters`` are empty.
 """
 
 from __future__ import annotations
@@ -55,7 +85,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,10 +95,16 @@ import duckdb
 import msgspec
 import numpy as np
 
-from eventlog.errors import PulseError, QueryOutOfMemory, QueryTimedOut, ValidationError
+from eventlog.errors import (
+    Forbidden,
+    PulseError,
+    QueryOutOfMemory,
+    QueryTimedOut,
+    ValidationError,
+)
 
 VIEWS = ("collectives", "experiences", "applications", "relations", "insights",
-         "insight_sources", "wisdom", "dead_letters")  # fmt: skip
+         "insight_sources", "wisdom", "dead_letters", "tokens", "audit")  # fmt: skip
 # table functions that compute rows and touch nothing outside the query
 TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
 # scalar functions that read the database's settings (paths of its files among them)
@@ -206,10 +242,16 @@ def _words(sql: str) -> list[tuple[int, str]]:
     return found
 
 
-def check_sandboxed(cursor: duckdb.DuckDBPyConnection, query: str) -> None:
+def check_sandboxed(
+    cursor: duckdb.DuckDBPyConnection, query: str, *, restricted: bool = False
+) -> frozenset[str]:
     """Refuse a query (a SELECT) that names anything but the tables and views of the
     database, ``activities``, its own CTEs and the table functions of
-    ``TABLE_FUNCTIONS``: see the module docstring. Parses only; nothing is bound."""
+    ``TABLE_FUNCTIONS``: see the module docstring. Parses only; nothing is bound.
+
+    ``restricted``: the query of a principal that may not see every row: it may name
+    nothing but the views of ``FILTERED_VIEWS`` (by their names alone) and its own CTEs
+    (see the module docstring); returns the views it names (for ``restrict``)."""
     found = cursor.execute("SELECT json_serialize_sql(?)", [query]).fetchone()
     tree = json.loads(found[0]) if found else {"error": True, "error_message": "?"}
     if tree.get("error"):
@@ -221,6 +263,9 @@ def check_sandboxed(cursor: duckdb.DuckDBPyConnection, query: str) -> None:
         )
     ctes: set[str] = set()
     tables: list[tuple[str, str, str]] = []
+    refs: list[dict[str, Any]] = []  # every table reference (restricted)
+    functions: set[str] = set()  # every scalar function named (restricted)
+    special = False  # SHOW TABLES and the like (restricted)
     stack: list[Any] = [tree]
     while stack:
         node = stack.pop()
@@ -251,8 +296,16 @@ def check_sandboxed(cursor: duckdb.DuckDBPyConnection, query: str) -> None:
             and node.get("show_type") != "SHOW_SPECIAL"  # SHOW TABLES and the like are fine
         ):  # fmt: skip
             tables.append(_name(node))
+            refs.append(node)
+        if restricted:
+            if kind == "FUNCTION":
+                functions.add(str(node.get("function_name", "")).lower())
+            elif kind == "SHOW_REF" and node.get("show_type") == "SHOW_SPECIAL":
+                special = True
+    if restricted:
+        return _check_restricted(cursor, ctes, refs, functions, special)
     if not tables:
-        return
+        return _NONE
     known = cursor.execute(
         "SELECT database_name, schema_name, table_name FROM duckdb_tables() UNION ALL "
         "SELECT database_name, schema_name, view_name FROM duckdb_views() "
@@ -279,11 +332,248 @@ def check_sandboxed(cursor: duckdb.DuckDBPyConnection, query: str) -> None:
             f"query: no table or view named {shown!r}: the SQL sandbox reads the state's "
             f"tables and views only ({', '.join(VIEWS)}, activities), never files or URLs"
         )
+    return _NONE
+
+
+_NONE: frozenset[str] = frozenset()
 
 
 def _name(ref: dict[str, Any]) -> tuple[str, str, str]:
     return (str(ref.get("catalog_name") or ""), str(ref.get("schema_name") or ""),
             str(ref.get("table_name") or ""))  # fmt: skip
+
+
+# -- the views of a principal that may not see every row -------------------------------------
+
+# Who a restricted query answers (``SqlViewer``) is a one-row table of the query's cursor,
+# filled by parameters (never spliced into SQL): ``p`` in the filters below.
+_ME = "temp.main.pulse_principal p"
+
+
+def _sees(t: str) -> str:
+    """The rule of ``sync.access`` for a row ``t`` of a collective."""
+    return (
+        f"({t}.visibility = 'org' OR ({t}.collective_id IN "
+        f"(SELECT collective_id FROM temp.main.pulse_members) AND ({t}.visibility <> 'private' "
+        f"OR ({t}.author_owner = p.owner AND {t}.author_agent IS NOT DISTINCT FROM p.agent))))"
+    )
+
+
+# Each filtered view, in an order that defines a view before the views that read it:
+# ``{src}`` is the state's own schema, catalog-qualified (inside a temporary view,
+# ``main.x`` names the temporary schema's ``x``). They name each other as ``temp.main.x``.
+FILTERED_VIEWS: dict[str, str] = {
+    "experiences": (  # vec_id is a local counter: it would count the rows it may not see
+        f"SELECT e.* REPLACE (NULL::BIGINT AS vec_id) FROM {{src}}experiences e, {_ME} "
+        f"WHERE {_sees('e')}"
+    ),
+    "applications": (
+        "SELECT a.* FROM {src}applications a WHERE EXISTS (SELECT 1 FROM "
+        "temp.main.experiences e WHERE e.experience_id = a.experience_id "
+        "AND e.collective_id = a.collective_id)"
+    ),
+    "relations": (  # shown with both of its ends only
+        f"SELECT r.* FROM {{src}}relations r, {_ME} WHERE {_sees('r')} "
+        "AND r.source_id IN (SELECT experience_id FROM temp.main.experiences) "
+        "AND r.target_id IN (SELECT experience_id FROM temp.main.experiences)"
+    ),
+    "insights": (  # the sources it may not see are left out (as the API does)
+        "SELECT i.* REPLACE (NULL::BIGINT AS vec_id, "
+        "coalesce(k.kept, []::UUID[]) AS source_experiences) "
+        f"FROM {{src}}insights i CROSS JOIN {_ME} LEFT JOIN ("
+        "SELECT insight_id, list(experience_id ORDER BY n) AS kept FROM ("
+        "SELECT insight_id, unnest(source_experiences) AS experience_id, "
+        "generate_subscripts(source_experiences, 1) AS n FROM {src}insights) "
+        "WHERE experience_id IN (SELECT experience_id FROM temp.main.experiences) "
+        f"GROUP BY insight_id) k ON k.insight_id = i.insight_id WHERE {_sees('i')}"
+    ),
+    "insight_sources": (
+        "SELECT s.* FROM {src}insight_sources s "
+        "WHERE s.insight_id IN (SELECT insight_id FROM temp.main.insights) "
+        "AND s.experience_id IN (SELECT experience_id FROM temp.main.experiences)"
+    ),
+    "wisdom": (  # no collective: "team" is every principal of its owner
+        f"SELECT w.* FROM {{src}}wisdom w, {_ME} WHERE w.visibility = 'org' OR "
+        "(w.owner_id = p.owner AND (w.visibility <> 'private' OR (w.author_owner = p.owner "
+        "AND w.author_agent IS NOT DISTINCT FROM p.agent)))"
+    ),
+    "collectives": (  # its own, and those where it sees something
+        "SELECT c.* FROM {src}collectives c "
+        "WHERE c.collective_id IN (SELECT collective_id FROM temp.main.pulse_members) "
+        "OR c.collective_id IN (SELECT collective_id FROM temp.main.experiences "
+        "UNION ALL SELECT collective_id FROM temp.main.insights "
+        "UNION ALL SELECT collective_id FROM temp.main.relations)"
+    ),
+    "audit": (  # events about what it sees now, and about its own collectives
+        "SELECT a.* FROM {src}audit a WHERE "
+        "(a.entity = 'experience' AND EXISTS (SELECT 1 FROM temp.main.experiences x "
+        "WHERE x.experience_id = a.entity_id AND x.collective_id = a.collective_id)) "
+        "OR (a.entity = 'relation' AND EXISTS (SELECT 1 FROM temp.main.relations x "
+        "WHERE x.relation_id = a.entity_id AND x.collective_id = a.collective_id)) "
+        "OR (a.entity = 'insight' AND EXISTS (SELECT 1 FROM temp.main.insights x "
+        "WHERE x.insight_id = a.entity_id AND x.collective_id = a.collective_id)) "
+        "OR (a.entity = 'wisdom' AND a.entity_id IN (SELECT wisdom_id FROM temp.main.wisdom)) "
+        "OR (a.entity = 'collective' "
+        "AND a.collective_id IN (SELECT collective_id FROM temp.main.pulse_members))"
+    ),
+    "tokens": "SELECT * FROM {src}tokens WHERE false",  # admins only
+    "dead_letters": "SELECT * FROM {src}dead_letters WHERE false",  # admins only
+    "activities": (  # of its own collectives
+        "SELECT a.* FROM temp.main.pulse_all_activities a "
+        "WHERE a.collective_id IN (SELECT collective_id FROM temp.main.pulse_members)"
+    ),
+}
+# No expression of the query may see a row the filter drops: filter pushdown could place
+# the query's own WHERE (or a join condition) below a view's filter, where an error it
+# raises (error(), a failed cast) on a row the principal may not see would tell about that
+# row. A filter never moves below a LIMIT (that would change the answer), so every view
+# ends in one that drops nothing: the views are evaluated first, and streamed.
+_BARRIER = " LIMIT 9223372036854775807"
+
+
+@dataclass(frozen=True, slots=True)
+class SqlViewer:
+    """Whom a query answers when it may not see every row (``sync.access``): an owner,
+    the agent acting for it (None: the owner itself) and the collectives its token is
+    limited to (None: every collective of the owner)."""
+
+    owner: str
+    agent: str | None = None
+    collectives: frozenset[UUID] | None = None
+
+
+_HELPERS = ("pulse_principal", "pulse_members", "pulse_all_activities")  # restrict's tables
+
+
+def _needs(names: Iterable[str]) -> list[str]:
+    """The filtered views that reading ``names`` takes (they read each other), in the
+    order of ``FILTERED_VIEWS``."""
+    wanted = set(names)
+    grown = True
+    while grown:
+        found = {
+            n for name in wanted for n in _READS.findall(FILTERED_VIEWS[name])
+            if n in FILTERED_VIEWS
+        }  # fmt: skip
+        grown = not found <= wanted
+        wanted |= found
+    return [name for name in FILTERED_VIEWS if name in wanted]
+
+
+_READS = re.compile(r"temp\.main\.([a-z_]+)")
+
+
+def restrict(
+    cursor: duckdb.DuckDBPyConnection, viewer: SqlViewer, names: Iterable[str], activities: Any
+) -> None:
+    """Prepare a query's cursor (in its transaction) for ``viewer``: each view of
+    ``FILTERED_VIEWS`` that reading ``names`` takes, as a temporary view of the same name
+    holding what ``viewer`` may see, which shadows the state's (a connection's temporary
+    objects are its own, found before the database's, and go with its rollback);
+    ``activities`` (a relation of every live collective's activities) behind
+    ``activities``."""
+    found = cursor.execute("SELECT current_database()").fetchone()
+    src = '"' + str(found[0] if found else "").replace('"', '""') + '".main.'
+    limited = None if viewer.collectives is None else sorted(str(c) for c in viewer.collectives)
+    cursor.execute(  # parameters: owner and agent are free text
+        "CREATE TEMP TABLE pulse_principal AS "
+        "SELECT ?::VARCHAR AS owner, ?::VARCHAR AS agent, ?::UUID[] AS collectives",
+        [viewer.owner, viewer.agent, limited],
+    )
+    cursor.execute(  # the collectives it is a member of
+        f"CREATE TEMP TABLE pulse_members AS SELECT c.collective_id FROM {src}collectives c, "
+        f"{_ME} WHERE c.owner_id = p.owner "
+        "AND (p.collectives IS NULL OR list_contains(p.collectives, c.collective_id))"
+    )
+    needed = _needs(names)
+    if "activities" in needed:
+        cursor.register("pulse_all_activities", activities)
+    for name in FILTERED_VIEWS:
+        if name in needed:
+            select = FILTERED_VIEWS[name].format(src=src) + _BARRIER
+        else:  # the query does not name it; should it all the same, it reads nothing
+            select = "SELECT NULL AS unread WHERE false"
+        cursor.execute(f"CREATE TEMP VIEW {name} AS {select}")
+
+
+def _check_restricted(
+    cursor: duckdb.DuckDBPyConnection,
+    ctes: set[str],
+    refs: list[dict[str, Any]],
+    functions: set[str],
+    special: bool,
+) -> frozenset[str]:
+    views = ", ".join(FILTERED_VIEWS)
+    if special:
+        raise Forbidden(
+            "query: SHOW TABLES, SHOW DATABASES and the like describe the whole database: "
+            f"they need an admin token; this token reads the views {views} (DESCRIBE one)"
+        )
+    readers = _catalog_readers(cursor) & functions
+    if readers:
+        raise Forbidden(
+            f"query: the function {sorted(readers)[0]}() reads DuckDB's catalog: it needs an "
+            "admin token"
+        )
+    known: set[str] | None = None
+
+    def catalog_names() -> set[str]:  # every table and view, DuckDB's own included
+        nonlocal known
+        if known is None:
+            found = cursor.execute(
+                "SELECT table_name FROM duckdb_tables() UNION ALL "
+                "SELECT view_name FROM duckdb_views()"
+            ).fetchall()
+            known = {str(r[0]).lower() for r in found} | set(_HELPERS)
+        return known
+
+    # a CTE named like a table would name the table where the CTE is out of scope
+    for cte in sorted(ctes - set(FILTERED_VIEWS)):
+        if cte in catalog_names():
+            raise Forbidden(
+                f"query: a CTE may not be named {cte!r}, the name of a table of the database "
+                "(a token without the admin scope reads the views only); rename it"
+            )
+    read: set[str] = set()
+    for ref in refs:
+        catalog, schema, table = _name(ref)
+        path = (ref.get("qualified_name") or {}).get("path") or [table]
+        shown = ".".join(p for p in (catalog, schema, table) if p)
+        name = table.lower()
+        if catalog or schema or len(path) > 1 or not _IDENTIFIER.fullmatch(table):
+            raise Forbidden(
+                f"query: {shown!r} is not open to this token: a token without the admin scope "
+                f"reads the views {views} by their names alone (no schema or database, no "
+                "files); raw SQL needs an admin token"
+            )
+        if name in FILTERED_VIEWS:
+            read.add(name)  # (a CTE of that name is harmless: it reads the views too)
+        elif name in ctes:
+            continue
+        elif name in catalog_names():
+            raise Forbidden(
+                f"query: the table {table!r} is not open to this token: a token without the "
+                f"admin scope reads the views {views}; raw SQL needs an admin token"
+            )
+        else:
+            raise ValidationError(f"query: no table or view named {table!r} (the views: {views})")
+    return frozenset(read)
+
+
+_catalog_reader_names: frozenset[str] | None = None
+
+
+def _catalog_readers(cursor: duckdb.DuckDBPyConnection) -> frozenset[str]:
+    """DuckDB's macros that read its catalog (``pg_get_viewdef``, ``get_block_size``...),
+    and the readers of settings."""
+    global _catalog_reader_names
+    if _catalog_reader_names is None:
+        found = cursor.execute(
+            "SELECT DISTINCT lower(function_name) FROM duckdb_functions() "
+            "WHERE function_type = 'macro' AND regexp_matches(macro_definition, '\\bFROM\\b', 'i')"
+        ).fetchall()
+        _catalog_reader_names = frozenset(r[0] for r in found) | SETTING_READERS
+    return _catalog_reader_names
 
 
 def _execute(cursor: duckdb.DuckDBPyConnection, sql: str) -> duckdb.DuckDBPyConnection:
@@ -305,9 +595,11 @@ class SqlQuery:
         limit: int,
         seq: int,
         limits: SqlLimits,
+        viewer: SqlViewer | None = None,
     ) -> None:
         self._cursor, self.sql, self._activities = cursor, sql, activities
         self.limit, self.seq, self.limits = limit, seq, limits
+        self.viewer = viewer  # None: every row (an admin, the local operator)
         self._lock = threading.Lock()
         self._stopped: str | None = None  # "time" or "cancelled"
         self._executing = False
@@ -365,9 +657,20 @@ class SqlQuery:
     def _run(self) -> SqlResult:
         cursor = self._cursor
         query = check_read_only(self.sql)
-        check_sandboxed(cursor, query)
-        cursor.execute("SET enable_progress_bar = false")  # it would print to our stdout
-        cursor.register("activities", _relation(cursor, _activity_columns(self._activities)))
+        if self.viewer is None:
+            check_sandboxed(cursor, query)
+            cursor.execute("SET enable_progress_bar = false")  # it would print to our stdout
+            cursor.register("activities", _relation(cursor, _activity_columns(self._activities)))
+        else:
+            if duckdb.extract_statements(self.sql)[0].type.name == "EXPLAIN":
+                raise Forbidden(
+                    "query: EXPLAIN shows the plan over every row (its estimates count rows "
+                    "this token may not see); it needs an admin token"
+                )
+            names = check_sandboxed(cursor, query, restricted=True)
+            cursor.execute("SET enable_progress_bar = false")
+            activities = _relation(cursor, _activity_columns(self._activities))
+            restrict(cursor, self.viewer, names, activities)
         with self._lock:
             if self._stopped is not None:
                 raise self._stop_error()

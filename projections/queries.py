@@ -16,8 +16,9 @@ import numpy as np
 import numpy.typing as npt
 
 from eventlog import events as ev
-from projections.fold import CollectiveRow, ExperienceRow, InsightRow, RelationRow
+from projections.fold import CollectiveRow, ExperienceRow, InsightRow, RelationRow, TokenRow
 from projections.projection import Projection
+from sync.access import Principal, TokenInfo, Viewer
 
 
 class ExperienceFilter(msgspec.Struct, frozen=True, kw_only=True):
@@ -29,6 +30,7 @@ class ExperienceFilter(msgspec.Struct, frozen=True, kw_only=True):
     min_confidence: float | None = None
     since_ms: int | None = None  # recorded at or after (Unix ms)
     include_archived: bool = False
+    viewer: Viewer | None = None  # what the caller may see (sync.access); None: all
 
     @property
     def narrows(self) -> bool:
@@ -64,6 +66,9 @@ class Experience(msgspec.Struct, frozen=True, kw_only=True):
     archived: bool
     applications: int
     last_reinforced_ms: int | None
+    visibility: str = "team"  # private, team or org (sync.access)
+    author_owner: str | None = None  # the principal that created it
+    author_agent: str | None = None
 
     @property
     def vector(self) -> npt.NDArray[np.float32]:
@@ -88,6 +93,9 @@ class Relation(msgspec.Struct, frozen=True, kw_only=True):
     relation_type: str
     strength: float
     metadata: str | None
+    visibility: str = "team"  # private, team or org (sync.access)
+    author_owner: str | None = None  # the principal that created it
+    author_agent: str | None = None
 
 
 class RelatedExperience(msgspec.Struct, frozen=True):
@@ -103,6 +111,9 @@ class Insight(msgspec.Struct, frozen=True, kw_only=True):
     source_experiences: tuple[UUID, ...]
     confidence: float
     domain: tuple[str, ...]
+    visibility: str = "team"  # private, team or org (sync.access)
+    author_owner: str | None = None  # the principal that created it
+    author_agent: str | None = None
 
 
 class ScoredInsight(msgspec.Struct, frozen=True):
@@ -130,6 +141,9 @@ class Wisdom(msgspec.Struct, frozen=True, kw_only=True):
     source_experience_count: int
     applicable_domains: tuple[str, ...]
     created_ms: int
+    visibility: str = "team"  # private, team or org (sync.access)
+    author_owner: str | None = None  # the principal that created it
+    author_agent: str | None = None
 
 
 class ScoredWisdom(msgspec.Struct, frozen=True):
@@ -192,6 +206,9 @@ def _experience(p: Projection, row: ExperienceRow) -> Experience:
         archived=row.archived,
         applications=applications,
         last_reinforced_ms=None if last_hlc is None else ev.hlc_millis(last_hlc),
+        visibility=row.visibility or "team",
+        author_owner=row.author_owner,
+        author_agent=row.author_agent,
     )
 
 
@@ -204,6 +221,10 @@ def _passes(row: ExperienceRow, flt: ExperienceFilter) -> bool:
         and (flt.min_importance is None or (row.importance or 0.0) >= flt.min_importance)
         and (flt.min_confidence is None or (row.confidence or 0.0) >= flt.min_confidence)
         and (flt.since_ms is None or ev.hlc_millis(row.created_hlc or 0) >= flt.since_ms)
+        and (
+            flt.viewer is None
+            or flt.viewer.sees(row.visibility, row.author_owner, row.author_agent)
+        )
     )
 
 
@@ -269,6 +290,8 @@ class _Columns:
         self.created_ms = np.zeros(0, dtype=np.int64)
         self.archived = np.zeros(0, dtype=bool)
         self.types = np.zeros(0, dtype=object)
+        self.visibility = np.zeros(0, dtype=np.int8)  # VISIBILITY_CODE
+        self.author = np.zeros(0, dtype=object)  # author_key
         self._domains: list[tuple[str, ...]] = []
         self._by_domain: dict[str, npt.NDArray[np.bool_]] = {}
 
@@ -318,6 +341,12 @@ class _Columns:
         )
         self.archived = grown(self.archived, [r.archived for r in rows], bool)
         self.types = grown(self.types, [r.experience_type or "" for r in rows], object)
+        self.visibility = grown(
+            self.visibility, [VISIBILITY_CODE.get(r.visibility or "team", 1) for r in rows], np.int8
+        )
+        self.author = grown(
+            self.author, [author_key(r.author_owner, r.author_agent) for r in rows], object
+        )
         self._domains.extend(r.domain or () for r in rows)
         self._by_domain.clear()
 
@@ -329,9 +358,29 @@ class _Columns:
             )
         return found
 
+    def restricts(self, viewer: Viewer | None) -> bool:
+        """Whether ``viewer`` is kept from any live row (a member with no private row of
+        another author around sees them all)."""
+        if viewer is None:
+            return False
+        if not viewer.member:
+            return True
+        private = self.alive & (self.visibility == 0)
+        return bool(np.any(private & (self.author != author_key(viewer.owner, viewer.agent))))
+
+    def any_org(self) -> bool:
+        return bool(np.any(self.alive & (self.visibility == 2)))
+
     def select(self, flt: ExperienceFilter) -> npt.NDArray[np.int64]:
         """The vec_ids of the rows that pass ``flt``."""
         keep = self.alive.copy() if flt.include_archived else self.alive & ~self.archived
+        viewer = flt.viewer
+        if viewer is not None:
+            if viewer.member:
+                mine = author_key(viewer.owner, viewer.agent)
+                keep &= (self.visibility != 0) | (self.author == mine)
+            else:
+                keep &= self.visibility == 2
         if flt.min_importance is not None:
             keep &= self.importance >= flt.min_importance
         if flt.min_confidence is not None:
@@ -349,14 +398,43 @@ class _Columns:
         return selected
 
 
-def _allowed(p: Projection, collective_id: UUID, flt: ExperienceFilter) -> npt.NDArray[np.int64]:
-    """The vector ids of the live experiences of a collective that pass a filter."""
+VISIBILITY_CODE = {"private": 0, "team": 1, "org": 2}  # None (rows from before): team
+
+
+def author_key(owner: str | None, agent: str | None) -> str:
+    """One comparable value for an author (agent ids are never empty)."""
+    return f"{owner or ''}\x1f{agent or ''}"
+
+
+def _columns(p: Projection, collective_id: UUID) -> _Columns:
     key = ("filter columns", collective_id)
     columns: _Columns | None = p.caches.get(key)
     if columns is None:
         columns = p.caches[key] = _Columns()
     columns.refresh(p, collective_id)
-    return columns.select(flt)
+    return columns
+
+
+def _allowed(p: Projection, collective_id: UUID, flt: ExperienceFilter) -> npt.NDArray[np.int64]:
+    """The vector ids of the live experiences of a collective that pass a filter."""
+    return _columns(p, collective_id).select(flt)
+
+
+def _narrows(p: Projection, collective_id: UUID, flt: ExperienceFilter) -> bool:
+    """Whether a search must be restricted to the rows ``flt`` selects."""
+    return flt.narrows or _columns(p, collective_id).restricts(flt.viewer)
+
+
+def shows_anything(p: Projection, collective_id: UUID, viewer: Viewer) -> bool:
+    """Whether a collective holds anything a non-member may see (org-visible rows)."""
+    if viewer.member:
+        return True
+    if p.memory.live_collective(collective_id) is None:
+        return False
+    if p.live_dimension(collective_id) is not None and _columns(p, collective_id).any_org():
+        return True
+    # (a relation shows with both of its ends only, so org experiences decide for it)
+    return any(r.visibility == "org" for r in p.memory.live_insights_of(collective_id))
 
 
 def similar_ids(
@@ -374,7 +452,7 @@ def similar_ids(
     vector = np.asarray(query, dtype=np.float32).reshape(1, -1)
     if vector.shape[1] != index.dim:
         raise ValueError(f"query: {vector.shape[1]} dimensions, the collective has {index.dim}")
-    allowed = _allowed(p, collective_id, flt) if flt.narrows else None
+    allowed = _allowed(p, collective_id, flt) if _narrows(p, collective_id, flt) else None
     hits = index.search(vector, k, include_archived=flt.include_archived, allowed=allowed)
     keyed = [(index.keys[v], s) for v, s in hits if v in index.keys]
     keyed.sort(key=lambda hit: (-hit[1], hit[0]))  # equal scores in one order on every host
@@ -464,7 +542,8 @@ def _relation(row: RelationRow) -> Relation:
         relation_id=row.relation_id, collective_id=row.collective_id,  # type: ignore[arg-type]
         source_id=row.source_id, target_id=row.target_id,  # type: ignore[arg-type]
         relation_type=row.relation_type or "", strength=row.strength or 0.0,
-        metadata=row.metadata,
+        metadata=row.metadata, visibility=row.visibility or "team",
+        author_owner=row.author_owner, author_agent=row.author_agent,
     )  # fmt: skip
 
 
@@ -487,6 +566,7 @@ def related_page(
     min_strength: float | None = None,
     limit: int | None = None,
     after: tuple[int, UUID] | None = None,
+    viewer: Viewer | None = None,
 ) -> tuple[list[RelatedExperience], tuple[int, UUID] | None]:
     """Up to ``limit`` of the experiences linked to ``experience_id`` by live relations,
     outgoing before incoming, each by relation id, after the key ``after``; and the key of
@@ -510,8 +590,15 @@ def related_page(
                 continue
             if min_strength is not None and (row.strength or 0.0) < min_strength:
                 continue
+            if viewer is not None and not viewer.sees(
+                row.visibility, row.author_owner, row.author_agent
+            ):
+                continue
             other = memory.live_experience(getattr(row, there))
-            if other is not None:
+            if other is not None and (
+                viewer is None
+                or viewer.sees(other.visibility, other.author_owner, other.author_agent)
+            ):
                 if limit is not None and len(result) == limit:
                     return result, last
                 result.append(RelatedExperience(_relation(row), _experience(p, other)))
@@ -519,13 +606,23 @@ def related_page(
     return result, None
 
 
-def _insight(row: InsightRow) -> Insight:
+def _insight(p: Projection, row: InsightRow, viewer: Viewer | None = None) -> Insight:
+    sources = tuple(row.source_experiences or ())
+    if viewer is not None:  # the sources the caller may not see are left out
+        sources = tuple(s for s in sources if _visible_experience(p, s, viewer))
     return Insight(
         insight_id=row.insight_id, collective_id=row.collective_id,  # type: ignore[arg-type]
         content=row.content or "", embedding=bytes(row.embedding or b""),
-        source_experiences=tuple(row.source_experiences or ()),
+        source_experiences=sources,
         confidence=row.confidence or 0.0, domain=tuple(row.domain or ()),
+        visibility=row.visibility or "team", author_owner=row.author_owner,
+        author_agent=row.author_agent,
     )  # fmt: skip
+
+
+def _visible_experience(p: Projection, experience_id: UUID, viewer: Viewer) -> bool:
+    row = p.memory.live_experience(experience_id)
+    return row is not None and viewer.sees(row.visibility, row.author_owner, row.author_agent)
 
 
 def similar_insights(
@@ -533,32 +630,58 @@ def similar_insights(
     collective_id: UUID,
     query: Sequence[float] | npt.NDArray[np.float32],
     k: int = 10,
+    viewer: Viewer | None = None,
 ) -> list[ScoredInsight]:
     p.sync_indexes()
     index = p.vectors.get(("insight", collective_id))
     if index is None or k <= 0:
         return []
-    found = []
-    for vec_id, score in index.search(np.asarray(query, dtype=np.float32).reshape(1, -1), k):
-        row = p.memory.live_insight(index.keys[vec_id]) if vec_id in index.keys else None
-        if row is not None:
-            found.append(ScoredInsight(_insight(row), score))
-    return found
+    vector = np.asarray(query, dtype=np.float32).reshape(1, -1)
+    fetch = k
+    while True:  # with a viewer, ask for more until k are visible or there are no more
+        hits = index.search(vector, fetch)
+        found = []
+        for vec_id, score in hits:
+            row = p.memory.live_insight(index.keys[vec_id]) if vec_id in index.keys else None
+            if row is not None and (
+                viewer is None or viewer.sees(row.visibility, row.author_owner, row.author_agent)
+            ):
+                found.append(ScoredInsight(_insight(p, row, viewer), score))
+        if viewer is None or len(found) >= k or len(hits) < fetch:
+            return found[:k]
+        fetch *= 4
 
 
-def collective_stats(p: Projection, collective_id: UUID) -> CollectiveStats | None:
+def collective_stats(
+    p: Projection, collective_id: UUID, viewer: Viewer | None = None
+) -> CollectiveStats | None:
+    """Counts of a collective; with a ``viewer``, of what it may see only (and no dead
+    letters: they are for admins)."""
     memory = p.memory
     if memory.live_collective(collective_id) is None:
         return None
-    experiences = list(memory.live_experiences_of(collective_id))
+
+    def seen(rows: Iterable[Any]) -> list[Any]:
+        if viewer is None:
+            return list(rows)
+        return [r for r in rows if viewer.sees(r.visibility, r.author_owner, r.author_agent)]
+
+    experiences = seen(memory.live_experiences_of(collective_id))
+    relations = seen(memory.live_relations_of(collective_id))
+    if viewer is not None:  # a relation shows with both of its ends only
+        relations = [
+            r for r in relations
+            if _visible_experience(p, r.source_id, viewer)
+            and _visible_experience(p, r.target_id, viewer)
+        ]  # fmt: skip
     return CollectiveStats(
         collective_id=collective_id,
         experiences=len(experiences),
         archived=sum(1 for e in experiences if e.archived),
-        relations=sum(1 for _ in memory.live_relations_of(collective_id)),
-        insights=sum(1 for _ in memory.live_insights_of(collective_id)),
+        relations=len(relations),
+        insights=len(seen(memory.live_insights_of(collective_id))),
         applications=sum(memory.applications_of(e.experience_id)[0] for e in experiences),
-        dead_letters=len(dead_letters(p, collective_id)),
+        dead_letters=len(dead_letters(p, collective_id)) if viewer is None else 0,
     )
 
 
@@ -645,14 +768,23 @@ def collectives_page(
     owner_id: str | None = None,
     limit: int | None = None,
     after: tuple[int, UUID] | None = None,
+    principal: Principal | None = None,
 ) -> tuple[list[Collective], tuple[int, UUID] | None]:
     """Up to ``limit`` live collectives (of one owner, or all), oldest first, after the
-    key ``after`` (created HLC, id); and the key of the last one when more follow."""
+    key ``after`` (created HLC, id); and the key of the last one when more follow. With a
+    ``principal``, those it is a member of or may see something in."""
+
+    def shown(r: CollectiveRow) -> bool:
+        if principal is None or principal.member(r.owner_id, r.collective_id):
+            return True
+        return shows_anything(p, r.collective_id, Viewer(False, principal.owner, principal.agent))
+
     rows = sorted(
         ((r.created_hlc or 0, r.collective_id), r)
         for r in p.memory.collectives.values()
         if r.create_event is not None and not r.deleted and owner_id in (None, r.owner_id)
-    )
+        and shown(r)
+    )  # fmt: skip
     taken, last = _take(rows, limit, after)
     return [_collective(r) for r in taken], last
 
@@ -794,7 +926,10 @@ CONTEXT_RELATIONS_MAX = 1000  # relations in one context (get_context_candidates
 
 
 def relations_among(
-    p: Projection, ids: Sequence[UUID], limit: int = CONTEXT_RELATIONS_MAX
+    p: Projection,
+    ids: Sequence[UUID],
+    limit: int = CONTEXT_RELATIONS_MAX,
+    viewer: Viewer | None = None,
 ) -> list[Relation]:
     """Live relations whose both ends are among ``ids``: the first ``limit`` by id."""
     wanted = set(ids)
@@ -804,25 +939,32 @@ def relations_among(
         for rid in p.memory.by_source.get(i, ())
         if (r := p.memory.relations.get((rid,))) is not None and r.target_id in wanted
     }
-    live = (r for rid in sorted(found) if (r := p.memory.live_relation(rid)) is not None)
+    live = (
+        r
+        for rid in sorted(found)
+        if (r := p.memory.live_relation(rid)) is not None
+        and (viewer is None or viewer.sees(r.visibility, r.author_owner, r.author_agent))
+    )
     return [_relation(r) for r in itertools.islice(live, limit)]
 
 
-def get_insight(p: Projection, insight_id: UUID) -> Insight | None:
+def get_insight(p: Projection, insight_id: UUID, viewer: Viewer | None = None) -> Insight | None:
     row = p.memory.live_insight(insight_id)
-    return _insight(row) if row is not None else None
+    return _insight(p, row, viewer) if row is not None else None
 
 
 # -- wisdom (per owner, across collectives; few per owner: an exact scan) -------------------
 
 
-def wisdom_of(p: Projection, owner_id: str) -> list[Wisdom]:
-    """The live wisdom of one owner, oldest first."""
+def wisdom_of(p: Projection, owner_id: str, principal: Principal | None = None) -> list[Wisdom]:
+    """The live wisdom of one owner, oldest first (what ``principal`` may see of it)."""
     rows = [
         r
         for r in p.memory.wisdom.values()
         if r.owner_id == owner_id and r.create_event is not None and not r.deleted
-    ]
+        and (principal is None or principal.sees_wisdom(
+            r.visibility, r.owner_id, r.author_owner, r.author_agent))
+    ]  # fmt: skip
     rows.sort(key=lambda r: (r.created_hlc or 0, r.wisdom_id))
     return [
         Wisdom(
@@ -836,21 +978,90 @@ def wisdom_of(p: Projection, owner_id: str) -> list[Wisdom]:
             source_experience_count=int(r.source_experience_count or 0),
             applicable_domains=tuple(r.applicable_domains or ()),
             created_ms=ev.hlc_millis(r.created_hlc or 0),
+            visibility=r.visibility or "team",
+            author_owner=r.author_owner,
+            author_agent=r.author_agent,
         )  # fmt: skip
         for r in rows
     ]
 
 
 def similar_wisdom(
-    p: Projection, owner_id: str, query: Sequence[float] | npt.NDArray[np.float32], k: int
+    p: Projection,
+    owner_id: str,
+    query: Sequence[float] | npt.NDArray[np.float32],
+    k: int,
+    principal: Principal | None = None,
 ) -> list[ScoredWisdom]:
     """The owner's wisdom nearest to ``query`` (cosine), best first; other dimensions skipped."""
     q = np.asarray(query, dtype=np.float32)
     q = q / (np.linalg.norm(q) or 1.0)
     scored = []
-    for w in wisdom_of(p, owner_id):
+    for w in wisdom_of(p, owner_id, principal):
         vector = ev.unpack_vector(w.embedding)
         if len(vector) == len(q):
             scored.append(ScoredWisdom(w, float(vector @ q / (np.linalg.norm(vector) or 1.0))))
     scored.sort(key=lambda s: -s.score)
     return scored[:k]
+
+
+# -- access ------------------------------------------------------------------------------------
+
+
+def tokens(p: Projection) -> list[TokenInfo]:
+    """Every access token this host applied, revoked ones included (by id)."""
+    found = []
+    for row in p.memory.tokens.values():
+        row = row  # (a TokenRow)
+        assert isinstance(row, TokenRow)
+        if row.create_event is None and not row.deleted:
+            continue  # a revocation of a token whose create is not here (yet)
+        found.append(
+            TokenInfo(
+                token_id=row.token_id,
+                owner_id=row.owner_id or "",
+                agent_id=row.agent_id,
+                scope=row.scope or "read",  # type: ignore[arg-type]
+                collectives=tuple(row.collectives or ()),
+                expires_ms=row.expires_ms,
+                secret_sha256=row.secret_sha256,
+                revoked=row.deleted,
+            )  # fmt: skip
+        )
+    found.sort(key=lambda t: t.token_id)
+    return found
+
+
+class Access(msgspec.Struct, frozen=True):
+    """What deciding access to a live entity needs: its collective (and the collective's
+    owner), its visibility and its author."""
+
+    collective_id: UUID | None
+    owner_id: str | None  # the collective's owner (the wisdom's owner for wisdom)
+    visibility: str | None
+    author_owner: str | None
+    author_agent: str | None
+
+
+def access_of(p: Projection, entity: str, entity_id: UUID) -> Access | None:
+    """The access facts of a live experience, relation, insight or wisdom, or None."""
+    memory = p.memory
+    row: Any
+    if entity == "experience":
+        row = memory.live_experience(entity_id)
+    elif entity == "relation":
+        row = memory.live_relation(entity_id)
+    elif entity == "insight":
+        row = memory.live_insight(entity_id)
+    else:
+        row = memory.wisdom.get((entity_id,))
+        if row is None or row.create_event is None or row.deleted:
+            return None
+        return Access(None, row.owner_id, row.visibility, row.author_owner, row.author_agent)
+    if row is None:
+        return None
+    collective = memory.live_collective(row.collective_id)
+    return Access(
+        row.collective_id, collective.owner_id if collective is not None else None,
+        row.visibility, row.author_owner, row.author_agent,
+    )  # fmt: skip

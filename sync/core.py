@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from uuid import UUID
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -39,6 +40,7 @@ from eventlog import events as ev
 from eventlog.codec import encode_body
 from eventlog.errors import (
     ConflictError,
+    Forbidden,
     LogUnavailable,
     NotFoundError,
     PulseError,
@@ -49,7 +51,9 @@ from eventlog.limits import CLOCK_AHEAD_MS
 from eventlog.log import EventLog, LogEntry, key_conflict
 from projections import queries
 from projections.engine import Applied, Engine
-from sync import embedders, idempotency, models
+from projections.projection import entity_of
+from sync import access, embedders, idempotency, models
+from sync.access import Principal, Viewer
 from sync.hlc import MAX_AHEAD_MS, HybridClock, wall_ms
 from sync.owed import OwedPurges
 from sync.watch import ExperienceWatch, change_of
@@ -142,6 +146,12 @@ class InstanceCore:
         self._closed = False
         self._owns_log = True
         self._loop_task: asyncio.Task[None] | None = None
+        # who calls act for unless a call says otherwise (``acting_as``), and the access
+        # tokens known here (read again when a batch applies a token event)
+        self.principal = Principal.operator()
+        self.access = access.Registry()
+        self._tokens_stale = False
+        self._token_reader: asyncio.Task[None] | None = None
         engine.subscribe(self._on_applied)
         (data_dir / "identity.json").write_text(
             json.dumps(
@@ -211,6 +221,8 @@ class InstanceCore:
             if isinstance(event, (*DELETES, ev.CollectiveCreated)):
                 self._known.clear()
                 self._generation += 1
+            elif isinstance(event, (ev.TokenCreated, ev.TokenRevoked)):
+                self._tokens_stale = True
             if self._watchers:
                 change = change_of(entry)
                 if change is not None:
@@ -218,10 +230,94 @@ class InstanceCore:
                         watcher.offer(change)
         if latest:
             self.clock.observe(latest)
+        if self._tokens_stale and self._token_reader is None:
+            self._token_reader = asyncio.ensure_future(self._read_tokens())
         while self._waiters and self._waiters[0][0] <= self._applied:
             _, _, future = heapq.heappop(self._waiters)
             if not future.done():
                 future.set_result(None)
+
+    async def _read_tokens(self) -> None:
+        """Read the tokens again until no token event applied meanwhile."""
+        try:
+            while self._tokens_stale and not self._closed:
+                self._tokens_stale = False
+                self.access.replace(await self._read(queries.tokens))
+        except Exception:  # the engine closed under it, or failed: its waiters will hear
+            log.debug("reading the access tokens failed", exc_info=True)
+        finally:
+            self._token_reader = None
+
+    async def _load_tokens(self) -> None:
+        """Bring the registry up to what is applied now (the token writers wait on it)."""
+        self._tokens_stale = False
+        self.access.replace(await self._read(queries.tokens))
+
+    # -- who acts ----------------------------------------------------------------------------
+
+    def _me(self) -> Principal:
+        """The principal of the call in progress (``acting_as``), else the instance's."""
+        return access.ACTING.get() or self.principal
+
+    def principal_of(self, token: str) -> Principal:
+        """The principal of an access token (Unauthorized when it is not a live one)."""
+        return self.access.resolve(token)
+
+    async def _readable(self, collective_id: Any) -> tuple[queries.Collective, Viewer | None]:
+        """A collective the caller may read, and the filter of what it sees in it (None:
+        everything). One that holds nothing it may see does not exist for it."""
+        collective = await self._collective(collective_id)
+        viewer = access.viewer_of(self._me(), collective.owner_id, collective.collective_id)
+        if viewer is not None and not viewer.member:
+            if not await self._read(queries.shows_anything, collective.collective_id, viewer):
+                raise NotFoundError(f"collective_id: no collective {collective_id}")
+        return collective, viewer
+
+    async def _writable(self, collective_id: Any) -> queries.Collective:
+        """A collective the caller may write to: a member with a write scope."""
+        collective = await self._collective(collective_id)
+        me = self._me()
+        if not me.member(collective.owner_id, collective.collective_id):
+            viewer = access.viewer_of(me, collective.owner_id, collective.collective_id)
+            assert viewer is not None
+            if await self._read(queries.shows_anything, collective.collective_id, viewer):
+                raise Forbidden(
+                    f"collective_id: {me.describe()} is not a member of collective "
+                    f"{collective.name!r}"
+                )
+            raise NotFoundError(f"collective_id: no collective {collective_id}")
+        me.need_write()
+        return collective
+
+    async def _entity(
+        self, entity: str, entity_id: Any, *, write: bool, field: str | None = None
+    ) -> UUID | None:
+        """Check the caller may see (and with ``write``, change) a live experience,
+        relation, insight or wisdom; returns its collective (None for wisdom). One it may
+        not see does not exist for it. ``field``: the argument named in errors."""
+        field = field or f"{entity}_id"
+        key = uuid_of(field, entity_id)
+        me = self._me()
+        if me.unrestricted and entity == "experience":
+            return await self._collective_of(key, field)  # (remembered: the hot path)
+        facts = await self._read(queries.access_of, entity, key)
+        if facts is None:
+            raise NotFoundError(f"{field}: no {entity} {entity_id}")
+        if entity == "wisdom":
+            member = me.admin or facts.owner_id == me.owner
+            visible = me.sees_wisdom(
+                facts.visibility, facts.owner_id, facts.author_owner, facts.author_agent
+            )
+        else:
+            member = me.member(facts.owner_id, facts.collective_id)
+            visible = me.sees(facts.visibility, member, facts.author_owner, facts.author_agent)
+        if not visible:
+            raise NotFoundError(f"{field}: no {entity} {entity_id}")
+        if write:
+            if not member:
+                raise Forbidden(f"{field}: {me.describe()} may not change {entity} {key}")
+            me.need_write()
+        return facts.collective_id
 
     def _wake_all(self) -> None:
         while self._waiters:
@@ -247,9 +343,14 @@ class InstanceCore:
             raise PulseError("the instance is closed")
 
     async def sync(self, timeout: float = 60.0) -> int:
-        """Wait until the local state has applied everything the stream holds now."""
+        """Wait until the local state has applied everything the stream holds now (and
+        the access tokens here are read again from it)."""
         target = await self.log.last_seq()
         await self._wait_applied(target, timeout)
+        if self._token_reader is not None:
+            await asyncio.shield(self._token_reader)
+        if self._tokens_stale:
+            await self._load_tokens()
         return target
 
     # -- reads: on the engine thread -------------------------------------------------------
@@ -348,7 +449,7 @@ class InstanceCore:
         if landed is None:
             return None
         collective_id = getattr(event, "collective_id", None)
-        entity, entity_id = _entity_of(event)
+        entity, entity_id = entity_of(event)
         if landed == "collective":
             subject = subjects.subject_for(event)
             token = self.owed.owe({"purge": subject, "before_seq": seq + 1})
@@ -359,8 +460,10 @@ class InstanceCore:
         return f"{entity}_id: {entity} {entity_id} was deleted"
 
     def _common(self) -> dict[str, Any]:
+        me = self._me()
         return {"event_id": self._new_id(), "instance_id": self.instance_id,
-                "hlc": self.clock.now()}  # fmt: skip
+                "hlc": self.clock.now(), "author_owner": me.owner,
+                "author_agent": me.agent}  # fmt: skip
 
     def _new_id(self) -> UUID:
         """A new id for an event or entity: random, or derived from the idempotency key
@@ -475,7 +578,12 @@ class InstanceCore:
             made = list(await asyncio.to_thread(model.embed_documents, list(texts)))
         return [np.asarray(m, dtype=np.float32) for m in made]
 
-    def _filter(self, flt: Any) -> queries.ExperienceFilter:
+    def _filter(self, flt: Any, viewer: Viewer | None = None) -> queries.ExperienceFilter:
+        """The filter of a read, and with ``viewer`` what the caller may see."""
+        found = self._given_filter(flt)
+        return found if viewer is None else msgspec.structs.replace(found, viewer=viewer)
+
+    def _given_filter(self, flt: Any) -> queries.ExperienceFilter:
         if flt is None:
             return queries.ANY_LIVE
         if isinstance(flt, queries.ExperienceFilter):
@@ -521,15 +629,6 @@ def check_vector(
             f"{field}: {len(given)} values, collective {collective.name!r} has dimension "
             f"{collective.embedding_dimension} (fixed at creation)"
         )
-
-
-def _entity_of(event: ev.Event) -> tuple[str, UUID | None]:
-    """The entity an event is about, and its id."""
-    for entity in ("experience", "relation", "insight", "wisdom"):
-        found = getattr(event, f"{entity}_id", None)
-        if found is not None:
-            return entity, found
-    return "collective", getattr(event, "collective_id", None)
 
 
 def uuid_of(field: str, value: Any) -> UUID:

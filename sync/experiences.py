@@ -19,7 +19,7 @@ import numpy.typing as npt
 import pydantic
 
 from eventlog import events as ev
-from eventlog.errors import NotFoundError, ValidationError
+from eventlog.errors import Forbidden, NotFoundError, ValidationError
 from projections import queries
 from projections.projection import Projection
 from sync import embedders, idempotency, models
@@ -44,7 +44,20 @@ class Collectives(InstanceCore):
     ) -> UUID:
         """A new collective. Its embedding dimension is fixed for good; with an
         ``embedder`` ("hash", or "e5-small" with the model extra) text alone can be
-        recorded and searched, and the dimension defaults to the embedder's."""
+        recorded and searched, and the dimension defaults to the embedder's. A principal
+        creates collectives of its own owner only (admins: of any)."""
+        me = self._me()
+        me.need_write()
+        if not me.admin:
+            if owner_id != me.owner:
+                raise Forbidden(
+                    f"owner_id: {me.describe()} may create collectives of owner "
+                    f"{me.owner!r} only, got {owner_id!r:.60}"
+                )
+            if me.collectives is not None:
+                raise Forbidden(
+                    "owner_id: a token limited to some collectives cannot create others"
+                )
         spec = validated(
             models.CollectiveIn, owner_id=owner_id, name=name,
             embedding_dimension=embedding_dimension, embedder=embedder,
@@ -64,7 +77,12 @@ class Collectives(InstanceCore):
         return collective_id
 
     async def get_collective(self, collective_id: UUID) -> queries.Collective | None:
-        return await self._read(queries.get_collective, uuid_of("collective_id", collective_id))
+        """The collective, or None (also when the caller may see nothing of it)."""
+        try:
+            collective, _ = await self._readable(uuid_of("collective_id", collective_id))
+        except NotFoundError:
+            return None
+        return collective
 
     async def list_collectives(
         self,
@@ -78,11 +96,16 @@ class Collectives(InstanceCore):
         (``after=``), None on the last page."""
         models.check_page_limit(limit)
         key = models.from_cursor("collectives", after, (int, UUID))
-        found, last = await self._read(queries.collectives_page, owner_id, limit, key)
+        me = self._me()
+        found, last = await self._read(
+            queries.collectives_page, owner_id, limit, key, None if me.unrestricted else me
+        )
         return models.Page(found, None if last is None else models.cursor("collectives", last))
 
     async def get_collective_stats(self, collective_id: UUID) -> queries.CollectiveStats:
-        stats = await self._read(queries.collective_stats, uuid_of("collective_id", collective_id))
+        """Counts of the collective's live rows (those the caller may see)."""
+        collective, viewer = await self._readable(uuid_of("collective_id", collective_id))
+        stats = await self._read(queries.collective_stats, collective.collective_id, viewer)
         if stats is None:
             raise NotFoundError(f"collective_id: no collective {collective_id}")
         return stats
@@ -104,21 +127,24 @@ class Experiences(InstanceCore):
         related_files: Sequence[str] = (),
         source_agent: str = "agent",
         source_task: str | None = None,
+        visibility: ev.Visibility = "team",
         idempotency_key: str | None = None,
     ) -> UUID:
         """Record what an agent learned. ``embedding`` may be left out when the collective
-        has an embedder (the content is embedded). Returns the new experience's id once
-        this host has applied it."""
+        has an embedder (the content is embedded). ``visibility``: who may see it,
+        "private" (its author), "team" (the collective's members) or "org" (everyone).
+        Returns the new experience's id once this host has applied it."""
         fields: dict[str, Any] = {
             "collective_id": collective_id, "content": content, "embedding": embedding,
             "embedder": embedder, "importance": importance, "confidence": confidence,
             "domain": list(domain), "related_files": list(related_files),
             "source_agent": source_agent, "source_task": source_task,
+            "visibility": visibility,
         }  # fmt: skip
         if experience_type is not None:
             fields["experience_type"] = experience_type
         spec = validated(models.ExperienceIn, **fields)
-        collective = await self._collective(spec.collective_id)
+        collective = await self._writable(spec.collective_id)
         vector = await self._vector(collective, spec.content, spec.embedding, spec.embedder)
         event = _recorded(self._common(), self._new_id(), spec, vector)
         await self._write(event)
@@ -161,7 +187,7 @@ class Experiences(InstanceCore):
                 errors.append(_error(index, str(exc)))
         if errors:
             raise models.from_errors(errors)
-        collective = await self._collective(cid)
+        collective = await self._writable(cid)
         vectors: list[npt.NDArray[np.float32] | None] = []
         problems: list[str] = []
         for index, spec in enumerate(specs):
@@ -201,7 +227,14 @@ class Experiences(InstanceCore):
         return [e.experience_id for e in events]
 
     async def get_experience(self, experience_id: UUID) -> queries.Experience | None:
-        return await self._read(queries.get_experience, uuid_of("experience_id", experience_id))
+        """The experience (archived ones too), or None (also when the caller may not see it)."""
+        key = uuid_of("experience_id", experience_id)
+        if not self._me().unrestricted:
+            try:
+                await self._entity("experience", key, write=False)
+            except NotFoundError:
+                return None
+        return await self._read(queries.get_experience, key)
 
     async def get_recent_experiences(
         self, collective_id: UUID, limit: int = 20, flt: Any = None, *, offset: int = 0
@@ -221,10 +254,10 @@ class Experiences(InstanceCore):
         check_limit("limit", limit)
         if offset < 0:
             raise ValidationError(f"offset: must be >= 0, got {offset}")
-        cid = (await self._collective(collective_id)).collective_id
+        collective, viewer = await self._readable(collective_id)
         return await self._read(
-            queries.recent_experiences, cid, limit, self._filter(flt), offset=offset,
-            newest_first=newest_first,
+            queries.recent_experiences, collective.collective_id, limit,
+            self._filter(flt, viewer), offset=offset, newest_first=newest_first,
         )  # fmt: skip
 
     @idempotent
@@ -235,7 +268,8 @@ class Experiences(InstanceCore):
         per field). Content, embedding and timestamp are immutable."""
         spec = validated(models.ExperienceUpdateIn, **changes)
         experience_id = uuid_of("experience_id", experience_id)
-        collective_id = await self._collective_of(experience_id)
+        collective_id = await self._entity("experience", experience_id, write=True)
+        assert collective_id is not None
         await self._write(
             ev.ExperienceUpdated(
                 **self._common(), experience_id=experience_id,
@@ -263,7 +297,8 @@ class Experiences(InstanceCore):
         self, kind: type[ev.ExperienceArchived | ev.ExperienceUnarchived], experience_id: UUID
     ) -> None:
         experience_id = uuid_of("experience_id", experience_id)
-        collective_id = await self._collective_of(experience_id)
+        collective_id = await self._entity("experience", experience_id, write=True)
+        assert collective_id is not None
         await self._write(
             kind(**self._common(), experience_id=experience_id, collective_id=collective_id)
         )
@@ -286,7 +321,8 @@ class Experiences(InstanceCore):
         holds it and the new total is one above it: that stored announcement counts, once.)
         """
         experience_id = uuid_of("experience_id", experience_id)
-        collective_id = await self._collective_of(experience_id)
+        collective_id = await self._entity("experience", experience_id, write=True)
+        assert collective_id is not None
         async with self._reinforcing(experience_id):
             own = self._own.get(experience_id)
             if own is None:
@@ -344,6 +380,7 @@ def _recorded(
         importance=spec.importance, confidence=spec.confidence,
         source_agent=spec.source_agent, domain=tuple(spec.domain),
         related_files=tuple(spec.related_files), source_task=spec.source_task,
+        visibility=spec.visibility,
     )  # fmt: skip
 
 

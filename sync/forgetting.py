@@ -36,6 +36,8 @@ class Forgetting(InstanceCore):
         cid = uuid_of("collective_id", collective_id)
         if await self._read(queries.anchor_of, "collective", cid) is None:
             raise NotFoundError(f"collective_id: no collective {collective_id}")
+        if not self._me().unrestricted:  # a member with a write scope (of a live one)
+            await self._writable(cid)
         token = self.owed.owe({"collective": str(cid)})
         await self._delete_collective(cid)
         self.owed.paid(token)
@@ -82,6 +84,7 @@ class Forgetting(InstanceCore):
         """Delete and forget: the content and embedding leave every host's state and
         indexes and the stream itself (only the tombstone stays). Repeating it is
         harmless and finishes forgetting if an earlier call was interrupted."""
+        await self._may_delete("experience", experience_id)
         await self._delete("experience", experience_id)
 
     @idempotent
@@ -89,14 +92,38 @@ class Forgetting(InstanceCore):
         self, relation_id: UUID, *, idempotency_key: str | None = None
     ) -> None:
         """Delete a relation and forget it (idempotent, as every delete)."""
+        await self._may_delete("relation", relation_id)
         await self._delete("relation", relation_id)
 
     @idempotent
     async def delete_insight(self, insight_id: UUID, *, idempotency_key: str | None = None) -> None:
         """Delete an insight and forget it (idempotent, as every delete)."""
+        await self._may_delete("insight", insight_id)
         await self._delete("insight", insight_id)
 
     @idempotent
     async def delete_wisdom(self, wisdom_id: UUID, *, idempotency_key: str | None = None) -> None:
         """Delete wisdom and forget it (idempotent, as every delete)."""
+        await self._may_delete("wisdom", wisdom_id)
         await self._delete("wisdom", wisdom_id)
+
+    async def _may_delete(self, entity: str, entity_id: UUID) -> None:
+        """A restricted caller deletes what it may change; repeating the delete of a
+        deleted entity (to finish forgetting it) takes a write scope and membership of its
+        live collective (for wisdom, its owner)."""
+        me = self._me()
+        if me.unrestricted:
+            return
+        key = uuid_of(f"{entity}_id", entity_id)
+        if await self._read(queries.access_of, entity, key) is not None:
+            await self._entity(entity, key, write=True)
+            return
+        anchor = await self._read(queries.anchor_of, entity, key)
+        if entity == "wisdom":
+            ours = anchor == me.owner
+        else:
+            collective = await self._read(queries.get_collective, anchor) if anchor else None
+            ours = collective is not None and me.member(collective.owner_id, anchor)
+        if not ours:
+            raise NotFoundError(f"{entity}_id: no {entity} {entity_id}")
+        me.need_write()

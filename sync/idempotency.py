@@ -19,7 +19,8 @@ filled in). So a retry publishes the same event ids again, and:
   reinforcement retried on another host past the window counts again.
 
 A key must not be reused for a different call: that is what ``ConflictError`` reports
-while the key is remembered.
+while the key is remembered. Keys are per principal: the same key given by two
+principals names two calls.
 """
 
 from __future__ import annotations
@@ -100,6 +101,15 @@ def fingerprint(method: str, arguments: dict[str, Any]) -> str:
     return hashlib.sha256(body).hexdigest()[:32]
 
 
+def _scoped(principal: Any, key: str) -> str:
+    """A key in the namespace of the principal that gives it (``sync.access``): two
+    principals' keys never meet, so one cannot read the other's answers by reusing a
+    key, nor collide with its derived ids. The local operator's keys stay as given."""
+    if principal.local:
+        return key
+    return f"{principal.owner}\x1f{principal.agent or ''}\x1f{key}"
+
+
 def idempotent(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     """Make a write method honour ``idempotency_key=`` (which it must declare, keyword
     only, and leave alone): see the module docstring."""
@@ -120,6 +130,7 @@ def idempotent(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
             if param.kind is inspect.Parameter.VAR_KEYWORD:
                 arguments.update(arguments.pop(name, {}))
         print_ = fingerprint(method.__name__, arguments)
+        key = _scoped(instance._me(), key)
         remembered = instance._idempotent.get(key)
         if remembered is not None:
             if remembered[0] != print_:

@@ -29,25 +29,28 @@ reinforced an experience.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
-from eventlog.errors import ValidationError
+from eventlog.errors import NotFoundError, Unauthorized, ValidationError
 from eventlog.log import EventLog
 from projections import analytics, queries
 from projections.analytics import SqlResult
 from projections.engine import Engine
 from projections.projection import ProjectionSettings, state_dir
-from sync import models
+from sync import access, models
+from sync.access import Principal
 from sync.core import InstanceCore, InstanceSettings, check_rows_limit
 from sync.experiences import Collectives, Experiences
 from sync.forgetting import Forgetting
 from sync.links import Links
 from sync.presence import Activity
 from sync.recall import Context, Recall
+from sync.tokens import NewToken, Token, Tokens
 from sync.watch import ExperienceChange, ExperienceWatch
 from sync.wisdom import WisdomPart
 
@@ -57,14 +60,19 @@ __all__ = [
     "ExperienceChange",
     "ExperienceWatch",
     "InstanceSettings",
+    "NewToken",
+    "Principal",
     "PulseDB",
+    "Token",
 ]
 
 
 _log = logging.getLogger(__name__)
 
 
-class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, InstanceCore):
+class PulseDB(
+    Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, Tokens, InstanceCore
+):
     """One instance; see the module docstring. Use ``await PulseDB.open(...)``."""
 
     @classmethod
@@ -80,10 +88,13 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, I
         progress: Callable[[int, int], None] | None = None,
         nats_credentials: str | os.PathLike[str] | None = None,
         nats_ca: str | os.PathLike[str] | None = None,
+        principal: Principal | str | None = None,
     ) -> PulseDB:
         """Open (or create) an instance on ``data_dir``; embedded NATS unless ``nats_url``.
         With ``nats_url``: ``nats_credentials`` (a credentials file, default
-        ``$PULSE_NATS_CREDS``) and ``nats_ca`` (the servers' CA, default ``$PULSE_NATS_CA``)."""
+        ``$PULSE_NATS_CREDS``) and ``nats_ca`` (the servers' CA, default ``$PULSE_NATS_CA``).
+        ``principal``: who every call acts for (a ``Principal``, or an access token:
+        ``sync.access``); None is the local operator, who may do anything."""
         directory = Path(data_dir)
         await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
         server = None
@@ -114,7 +125,7 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, I
         try:
             return await cls.attach(
                 directory, jetstream, projection_settings, server=server, settings=settings,
-                progress=progress,
+                progress=progress, principal=principal,
             )  # fmt: skip
         except BaseException:
             await jetstream.close()
@@ -133,6 +144,7 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, I
         owns_log: bool = True,
         settings: InstanceSettings | None = None,
         progress: Callable[[int, int], None] | None = None,
+        principal: Principal | str | None = None,
     ) -> PulseDB:
         """An instance on an already open log (any backend; ``MemoryLog`` in simulations).
         When it closes, it closes the log if it ``owns_log``, and stops ``server``."""
@@ -150,6 +162,13 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, I
         )  # fmt: skip
         db._owns_log = owns_log
         db._loop_task = asyncio.create_task(db._replicate(), name="pulse-replication")
+        try:
+            await db._load_tokens()
+            if principal is not None:
+                db.principal = db._principal_from(principal)
+        except BaseException:
+            await db.close()
+            raise
         if db.owed.pending():  # deletes a crash interrupted: forget what they still owe
             try:
                 finished = await db._finish_owed_purges()
@@ -186,13 +205,55 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, I
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    # -- who acts ---------------------------------------------------------------------------
+
+    def _principal_from(self, who: Principal | str) -> Principal:
+        if isinstance(who, Principal):
+            return who
+        if isinstance(who, str):
+            return self.principal_of(who)
+        raise Unauthorized(f"principal: a Principal or an access token, got {type(who).__name__}")
+
+    @contextlib.contextmanager
+    def acting_as(self, who: Principal | str) -> Iterator[Principal]:
+        """Calls made inside (in this task and the tasks it starts) act for ``who``, a
+        ``Principal`` or an access token (Unauthorized when it is not a live one)::
+
+            with db.acting_as(token):
+                hits = await db.search_text(cid, "retry")
+        """
+        with access.acting(self._principal_from(who)) as principal:
+            yield principal
+
+    @property
+    def tokens_required(self) -> bool:
+        """Whether any access token was ever created: then the service wants one with
+        every request (``sync.access``)."""
+        return self.access.required
+
     # -- the state as a whole ---------------------------------------------------------------
 
     def watch_experiences(self) -> ExperienceWatch:
         """Changes to experiences as this instance applies them, whichever host wrote them,
-        from the moment of this call. Iterate it with ``async for``; it ends when the
-        instance closes (or call ``close()`` on it)."""
-        return ExperienceWatch(self._watchers)
+        from the moment of this call, those the caller may see (a delete: of collectives it
+        is a member of). Iterate it with ``async for``; it ends when the instance closes
+        (or call ``close()`` on it)."""
+        me = self._me()
+        if me.unrestricted:
+            return ExperienceWatch(self._watchers)
+
+        async def admit(change: ExperienceChange) -> bool:
+            with access.acting(me):
+                try:
+                    if change.kind == "deleted":
+                        collective = await self._collective(change.collective_id)
+                        return me.member(collective.owner_id, collective.collective_id)
+                    await self._entity("experience", change.experience_id, write=False)
+                except NotFoundError:
+                    return False
+                return True
+
+        return ExperienceWatch(self._watchers, admit=admit)
 
     async def digest(self) -> str:
         """A hash of the logical state: equal on hosts that applied the same events."""
@@ -205,6 +266,7 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, I
         messages that could not be applied (unreadable, or a value out of range). One
         page of at most ``limit`` (1..1000, default 100), by entity, sequence and id; the
         page's ``next`` is the cursor of the rest (``after=``), None on the last page."""
+        self._me().need_admin("reading the dead letters")
         models.check_page_limit(limit)
         key = models.from_cursor("dead_letters", after, (str, int, str))
         found, last = await self._read(queries.dead_letters_page, limit, key)
@@ -214,12 +276,17 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, I
         """Run one read-only SQL query over the current state (DuckDB).
 
         The views are the analysts' contract: collectives, experiences, applications,
-        relations, insights, insight_sources, wisdom, dead_letters, and activities (the
-        latest activity of every agent, read from the activity stream for this query).
-        Anything but a query is refused: the state changes only through events. DuckDB
-        is flushed first; ``SqlResult.seq`` is the stream sequence the answer reflects.
-        The query runs on its own thread, so a long one holds up neither the loop nor
-        the engine.
+        relations, insights, insight_sources, wisdom, tokens, audit, dead_letters, and
+        activities (the latest activity of every agent, read from the activity stream for
+        this query). Anything but a query is refused: the state changes only through
+        events. DuckDB is flushed first; ``SqlResult.seq`` is the stream sequence the
+        answer reflects. The query runs on its own thread, so a long one holds up neither
+        the loop nor the engine.
+
+        An admin (or the local operator) reads every table and view. Any other principal
+        reads those views only, by their names alone, each holding what it may see
+        (``sync.access``; tokens and dead letters hold nothing for it): a base table, a
+        qualified name, SHOW TABLES or EXPLAIN is Forbidden (``projections.analytics``).
 
         It runs in a sandbox (``projections.analytics``): the state's tables and views
         only (no files, URLs, extensions or settings: a ValidationError says what was
@@ -233,15 +300,24 @@ class PulseDB(Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, I
             raise ValidationError("query: give one SQL query")
         check_rows_limit(limit)
         analytics.check_read_only(query)
+        me = self._me()
         live = {c.collective_id for c in await self._read(queries.list_collectives)}
         activities = [a for a in await self._activities(None) if a.collective_id in live]
         cursor, seq = await self.engine.cursor()
-        run = analytics.SqlQuery(cursor, query, activities, limit, seq, self.engine.limits())
+        if me.unrestricted:
+            run = analytics.SqlQuery(cursor, query, activities, limit, seq, self.engine.limits())
+        else:  # the views filtered in SQL, on the query's own cursor (of its own collectives)
+            viewer = analytics.SqlViewer(me.owner, me.agent, me.collectives)
+            run = analytics.SqlQuery(
+                cursor, query, activities, limit, seq, self.engine.limits(), viewer=viewer
+            )
         return await analytics.run_async(run)  # cancelling the caller interrupts it
 
     async def export(self, directory: str | os.PathLike[str]) -> dict[str, int]:
         """Write every view of ``sql`` as a Parquet file in ``directory`` (plus the
-        activities); returns the number of rows per file."""
+        activities); returns the number of rows per file. Admins only: a file holds every
+        row."""
+        self._me().need_admin("exporting")
         target = Path(directory)
         await asyncio.to_thread(target.mkdir, parents=True, exist_ok=True)
         activities = []

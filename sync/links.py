@@ -32,6 +32,7 @@ class Links(InstanceCore):
         *,
         strength: float = 0.5,
         metadata: str | None = None,
+        visibility: ev.Visibility = "team",
         idempotency_key: str | None = None,
     ) -> UUID:
         """Link two experiences of one collective. A (source, target, type) triple is
@@ -41,14 +42,21 @@ class Links(InstanceCore):
         spec = validated(
             models.RelationIn, source_id=source_id, target_id=target_id,
             relation_type=relation_type, strength=strength, metadata=metadata,
+            visibility=visibility,
         )  # fmt: skip
-        source_collective = await self._collective_of(spec.source_id, "source_id")
-        target_collective = await self._collective_of(spec.target_id, "target_id")
+        source_collective = await self._entity(
+            "experience", spec.source_id, write=False, field="source_id"
+        )
+        target_collective = await self._entity(
+            "experience", spec.target_id, write=False, field="target_id"
+        )
         if source_collective != target_collective:
             raise ValidationError(
                 f"target_id: is in collective {target_collective}, source_id in "
                 f"{source_collective}; relations stay within one collective"
             )
+        assert source_collective is not None
+        await self._writable(source_collective)
         taken = await self._read(
             queries.relation_taken, spec.source_id, spec.target_id, spec.relation_type
         )
@@ -63,7 +71,7 @@ class Links(InstanceCore):
                 **self._common(), relation_id=relation_id,
                 collective_id=source_collective, source_id=spec.source_id,
                 target_id=spec.target_id, relation_type=spec.relation_type,
-                strength=spec.strength, metadata=spec.metadata,
+                strength=spec.strength, metadata=spec.metadata, visibility=spec.visibility,
             )
         )  # fmt: skip
         return relation_id
@@ -100,10 +108,13 @@ class Links(InstanceCore):
         models.check_page_limit(limit)
         key = models.from_cursor("related_experiences", after, (int, UUID))
         experience_id = uuid_of("experience_id", experience_id)
-        await self._collective_of(experience_id)
+        collective_id = await self._entity("experience", experience_id, write=False)
+        viewer = None
+        if not self._me().unrestricted:
+            _, viewer = await self._readable(collective_id)
         related, last = await self._read(
             queries.related_page, experience_id, direction, relation_types,
-            min_strength=min_strength, limit=limit, after=key,
+            min_strength=min_strength, limit=limit, after=key, viewer=viewer,
         )  # fmt: skip
         return models.Page(
             related, None if last is None else models.cursor("related_experiences", last)
@@ -122,18 +133,26 @@ class Links(InstanceCore):
         confidence: float = 0.5,
         domain: Sequence[str] = (),
         embedder: str | None = None,
+        visibility: ev.Visibility = "team",
         idempotency_key: str | None = None,
     ) -> UUID:
-        """A distilled insight, derived from 1..100 live experiences of the collective."""
+        """A distilled insight, derived from 1..100 live experiences of the collective
+        (each one the caller may see)."""
         spec = validated(
             models.InsightIn, collective_id=collective_id, content=content,
             embedding=embedding, embedder=embedder,
             source_experiences=list(source_experiences), confidence=confidence,
-            domain=list(domain),
+            domain=list(domain), visibility=visibility,
         )  # fmt: skip
-        collective = await self._collective(spec.collective_id)
+        collective = await self._writable(spec.collective_id)
         for source in spec.source_experiences:
-            if await self._read(queries.live_collective_of, source) != spec.collective_id:
+            try:
+                found = await self._entity(
+                    "experience", source, write=False, field="source_experiences"
+                )
+            except NotFoundError:
+                found = None
+            if found != spec.collective_id:
                 raise NotFoundError(
                     f"source_experiences: no experience {source} in collective {collective.name!r}"
                 )
@@ -146,12 +165,23 @@ class Links(InstanceCore):
                 embedding=ev.pack_vector(vector),
                 source_experiences=tuple(spec.source_experiences),
                 confidence=spec.confidence, domain=tuple(spec.domain),
+                visibility=spec.visibility,
             )
         )  # fmt: skip
         return insight_id
 
     async def get_insight(self, insight_id: UUID) -> queries.Insight | None:
-        return await self._read(queries.get_insight, uuid_of("insight_id", insight_id))
+        """The insight, or None (also when the caller may not see it); its sources the
+        caller may not see are left out."""
+        key = uuid_of("insight_id", insight_id)
+        if self._me().unrestricted:
+            return await self._read(queries.get_insight, key)
+        try:
+            collective_id = await self._entity("insight", key, write=False)
+            _, viewer = await self._readable(collective_id)
+        except NotFoundError:
+            return None
+        return await self._read(queries.get_insight, key, viewer)
 
     async def get_insights(
         self,
@@ -166,8 +196,10 @@ class Links(InstanceCore):
         spec = validated(
             models.SearchIn, collective_id=collective_id, text=text, embedding=vector, k=k
         )
-        collective = await self._collective(spec.collective_id)
+        collective, viewer = await self._readable(spec.collective_id)
         q = await self._vector(
             collective, spec.text, spec.embedding, embedder, field="query", query=True
         )
-        return await self._read(queries.similar_insights, collective.collective_id, q, spec.k)
+        return await self._read(
+            queries.similar_insights, collective.collective_id, q, spec.k, viewer
+        )

@@ -264,6 +264,7 @@ class ExperienceItemIn(_Input):
     source_task: (
         Annotated[str, StringConstraints(min_length=1, max_length=SOURCE_TASK_MAX)] | None
     ) = None
+    visibility: ev.Visibility = "team"  # private (its author), team (members), org (all)
 
 
 class ExperienceIn(ExperienceItemIn):
@@ -326,6 +327,7 @@ class RelationIn(_Input):
     relation_type: ev.RelationType
     strength: Score = 0.5
     metadata: Annotated[str, _utf8_limit(METADATA_MAX_BYTES, allow_empty=True)] | None = None
+    visibility: ev.Visibility = "team"
 
     @model_validator(mode="after")
     def _not_self(self) -> RelationIn:
@@ -346,6 +348,7 @@ class InsightIn(_Input):
     source_experiences: Annotated[list[UUID], Field(min_length=1, max_length=SOURCES_MAX)]
     confidence: Score = 0.5
     domain: Domains = Field(default_factory=list)
+    visibility: ev.Visibility = "team"
 
     @field_validator("source_experiences")
     @classmethod
@@ -381,6 +384,7 @@ class WisdomIn(_Input):
     )
     source_experience_count: Annotated[int, Field(ge=0, le=SOURCE_EXPERIENCE_COUNT_MAX)] = 0
     applicable_domains: Domains = Field(default_factory=list)
+    visibility: ev.Visibility = "team"
 
 
 # -- searching -----------------------------------------------------------------------------

@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from typing import Any
 from uuid import UUID
 
 import msgspec
 
 from eventlog import events as ev
-from eventlog.errors import NotFoundError, ValidationError
+from eventlog.errors import Forbidden, NotFoundError, ValidationError
+from projections import queries
 from sync import idempotency, models
 from sync.core import InstanceCore, uuid_of
 from sync.idempotency import idempotent
@@ -36,6 +38,18 @@ def _activity(event: ev.ActivityRegistered | ev.ActivityHeartbeat, started_ms: i
 
 
 class Presence(InstanceCore):
+    async def _acts_for(self, collective_id: Any, agent_id: str) -> queries.Collective:
+        """A collective the caller may write to, for an agent it may speak for: a token
+        of an agent speaks for that agent only."""
+        collective = await self._writable(collective_id)
+        me = self._me()
+        if me.agent is not None and not me.admin and agent_id != me.agent:
+            raise Forbidden(
+                f"agent_id: {me.describe()} may speak for agent {me.agent!r} only, "
+                f"got {agent_id!r:.60}"
+            )
+        return collective
+
     @idempotent
     async def register_activity(
         self,
@@ -51,7 +65,7 @@ class Presence(InstanceCore):
             models.ActivityIn, collective_id=collective_id, agent_id=agent_id,
             task_description=task_description, working_on=list(working_on),
         )  # fmt: skip
-        await self._collective(spec.collective_id)
+        await self._acts_for(spec.collective_id, spec.agent_id)
         event = ev.ActivityRegistered(
             **self._common(), collective_id=spec.collective_id, agent_id=spec.agent_id,
             task_description=spec.task_description, working_on=tuple(spec.working_on),
@@ -70,7 +84,7 @@ class Presence(InstanceCore):
         idempotency_key: str | None = None,
     ) -> Activity:
         """Keep an agent's activity alive (optionally changing what it works on)."""
-        collective_id = (await self._collective(collective_id)).collective_id
+        collective_id = (await self._acts_for(collective_id, agent_id)).collective_id
         current = await self._current_activity(collective_id, agent_id)
         if current is None:
             raise NotFoundError(
@@ -98,7 +112,7 @@ class Presence(InstanceCore):
     ) -> None:
         """The agent stopped; it leaves the active agents at once."""
         spec = validated(models.ActivityIn, collective_id=collective_id, agent_id=agent_id)
-        await self._collective(spec.collective_id)
+        await self._acts_for(spec.collective_id, spec.agent_id)
         await self._append_activity(
             ev.ActivityEnded(**self._common(), collective_id=spec.collective_id,
                              agent_id=spec.agent_id)
@@ -120,6 +134,9 @@ class Presence(InstanceCore):
         so that walk does not list it twice.)"""
         models.check_page_limit(limit)
         key = models.from_cursor("active_agents", after, (int, str))
+        _, viewer = await self._readable(collective_id)
+        if viewer is not None and not viewer.member:
+            return models.Page([])  # activities are the members' (they have no visibility)
         active = await self._active(collective_id, stale_after)
         if key is not None:
             beat, agent = key

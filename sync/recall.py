@@ -57,13 +57,13 @@ class Recall(Presence, InstanceCore):
             models.SearchIn, collective_id=collective_id, text=text, embedding=vector, k=k,
             energy_weight=energy_weight,
         )  # fmt: skip
-        collective = await self._collective(spec.collective_id)
+        collective, viewer = await self._readable(spec.collective_id)
         q = await self._vector(
             collective, spec.text, spec.embedding, embedder, field="query", query=True
         )
         hits = await self._read(
             queries.similar_experiences, collective.collective_id, q,
-            self._pool(spec.k, spec.energy_weight), self._filter(flt),
+            self._pool(spec.k, spec.energy_weight), self._filter(flt, viewer),
         )  # fmt: skip
         return self._weighted(hits, spec.energy_weight, spec.k)
 
@@ -102,10 +102,10 @@ class Recall(Presence, InstanceCore):
         )  # fmt: skip
         if not (spec.text or "").strip():
             raise ValidationError("text: must contain at least one word")
-        collective = await self._collective(spec.collective_id)
+        collective, viewer = await self._readable(spec.collective_id)
         hits = await self._read(
             queries.search_text, collective.collective_id, spec.text or "",
-            self._pool(spec.k, spec.energy_weight), self._filter(flt),
+            self._pool(spec.k, spec.energy_weight), self._filter(flt, viewer),
         )  # fmt: skip
         return self._weighted(hits, spec.energy_weight, spec.k)
 
@@ -131,11 +131,11 @@ class Recall(Presence, InstanceCore):
         )  # fmt: skip
         if not (spec.text or "").strip():
             raise ValidationError("text: must contain at least one word")
-        collective = await self._collective(spec.collective_id)
+        collective, viewer = await self._readable(spec.collective_id)
         q = await self._vector(
             collective, spec.text, spec.embedding, embedder, field="embedding", query=True
         )
-        return await self._hybrid(collective.collective_id, spec, q, self._filter(flt))
+        return await self._hybrid(collective.collective_id, spec, q, self._filter(flt, viewer))
 
     async def _hybrid(
         self,
@@ -159,10 +159,10 @@ class Recall(Presence, InstanceCore):
         if not (math.isfinite(threshold) and 0.0 <= threshold <= 1.0):
             raise ValidationError(f"threshold: must be a finite number in [0, 1], got {threshold}")
         check_limit("limit", limit)
-        cid = (await self._collective(collective_id)).collective_id
+        collective, viewer = await self._readable(collective_id)
         return await self._read(
-            queries.cold_experiences, cid, threshold, limit, int(time.time() * 1000),
-            self._filter(flt), **self._energy_settings,
+            queries.cold_experiences, collective.collective_id, threshold, limit,
+            int(time.time() * 1000), self._filter(flt, viewer), **self._energy_settings,
         )  # fmt: skip
 
     async def get_context_candidates(
@@ -176,9 +176,9 @@ class Recall(Presence, InstanceCore):
             spec = request
         else:
             spec = validated(models.ContextIn, **{**(request or {}), **fields})
-        collective = await self._collective(spec.collective_id)
+        collective, viewer = await self._readable(spec.collective_id)
         cid = collective.collective_id
-        flt = self._filter(spec.filter)
+        flt = self._filter(spec.filter, viewer)
         q: npt.NDArray[np.float32] | None = None
         if spec.embedding is not None or spec.text:
             q = await self._vector(collective, spec.text, spec.embedding, spec.embedder, query=True)
@@ -186,14 +186,16 @@ class Recall(Presence, InstanceCore):
         pool = max(4 * spec.k, 50) if hybrid else self._pool(spec.k, spec.energy_weight)
         found = await self._read(
             _context, cid, spec.text or "", q, flt, pool, hybrid, spec.similar, spec.recent,
-            spec.insights, spec.vector_weight, spec.text_weight,
+            spec.insights, spec.vector_weight, spec.text_weight, viewer,
         )  # fmt: skip
         similar = self._weighted(found[0], spec.energy_weight, spec.k)
         recent, insights = found[1], found[2]
         relations: list[queries.Relation] = []
         if spec.relations:
             ids = {h.experience.experience_id for h in similar} | {e.experience_id for e in recent}
-            relations = await self._read(queries.relations_among, sorted(ids))
+            relations = await self._read(
+                queries.relations_among, sorted(ids), queries.CONTEXT_RELATIONS_MAX, viewer
+            )
         agents = await self.get_active_agents(cid) if spec.active_agents else []
         return Context(
             collective_id=cid, similar=similar, recent=recent, insights=insights,
@@ -217,6 +219,7 @@ def _context(
     insights: int,
     vw: float,
     tw: float,
+    viewer: Any = None,
 ) -> tuple[list[queries.ScoredExperience], list[queries.Experience], list[queries.ScoredInsight]]:
     """The parts of a context that read the projection, in one visit to the engine."""
     hits: list[queries.ScoredExperience] = []
@@ -228,5 +231,7 @@ def _context(
         else:
             hits = queries.similar_experiences(p, cid, q, pool, flt)
     newest = queries.recent_experiences(p, cid, recent, flt) if recent else []
-    near = queries.similar_insights(p, cid, q, insights) if insights and q is not None else []
+    near = (
+        queries.similar_insights(p, cid, q, insights, viewer) if insights and q is not None else []
+    )
     return hits, newest, near

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Literal
 from uuid import UUID
 
@@ -57,8 +58,14 @@ class ExperienceWatch:
     re-read what changed), so a stalled reader cannot make the instance hold every
     change in memory."""
 
-    def __init__(self, watchers: set[ExperienceWatch], limit: int = 10_000) -> None:
+    def __init__(
+        self,
+        watchers: set[ExperienceWatch],
+        limit: int = 10_000,
+        admit: Callable[[ExperienceChange], Awaitable[bool]] | None = None,
+    ) -> None:
         self._watchers = watchers
+        self._admit = admit  # which changes its reader may see (None: every one)
         self._queue: asyncio.Queue[ExperienceChange | None] = asyncio.Queue(maxsize=limit)
         self._overflowed = False
         self._ended = False
@@ -82,6 +89,12 @@ class ExperienceWatch:
         return self
 
     async def __anext__(self) -> ExperienceChange:
+        while True:
+            change = await self._next()
+            if self._admit is None or await self._admit(change):
+                return change
+
+    async def _next(self) -> ExperienceChange:
         if self._overflowed and self._queue.empty():
             raise PulseError(
                 f"watch: the reader fell more than {self._queue.maxsize} changes behind; "

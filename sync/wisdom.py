@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from eventlog import events as ev
-from eventlog.errors import NotFoundError, ValidationError
+from eventlog.errors import Forbidden, NotFoundError, ValidationError
 from eventlog.ids import uuid7
 from projections import queries
 from sync import models
@@ -33,19 +33,30 @@ class WisdomPart(InstanceCore):
         source_collectives: Sequence[UUID] = (),
         source_experience_count: int = 0,
         applicable_domains: Sequence[str] = (),
+        visibility: ev.Visibility = "team",
         idempotency_key: str | None = None,
     ) -> UUID:
         """A pattern learned across an owner's collectives. All of one owner's wisdom
-        shares one embedding dimension (the first stored sets it)."""
+        shares one embedding dimension (the first stored sets it). ``visibility``:
+        "private" (its author), "team" (every principal of the owner) or "org" (all)."""
         spec = validated(
             models.WisdomIn, owner_id=owner_id, category=category, pattern=pattern,
             embedding=embedding, confidence=confidence,
             source_collectives=list(source_collectives),
             source_experience_count=source_experience_count,
-            applicable_domains=list(applicable_domains),
+            applicable_domains=list(applicable_domains), visibility=visibility,
         )  # fmt: skip
+        me = self._me()
+        me.need_write()
+        if not me.admin and spec.owner_id != me.owner:
+            raise Forbidden(
+                f"owner_id: {me.describe()} may store wisdom of owner {me.owner!r} only"
+            )
         for source in spec.source_collectives:
-            found = await self._read(queries.get_collective, source)
+            try:
+                found: queries.Collective | None = (await self._readable(source))[0]
+            except NotFoundError:
+                found = None
             if found is None or found.owner_id != spec.owner_id:
                 raise NotFoundError(
                     f"source_collectives: no collective {source} owned by {spec.owner_id!r}"
@@ -65,6 +76,7 @@ class WisdomPart(InstanceCore):
                 source_collectives=tuple(spec.source_collectives),
                 source_experience_count=spec.source_experience_count,
                 applicable_domains=tuple(spec.applicable_domains),
+                visibility=spec.visibility,
             )
         )  # fmt: skip
         return wisdom_id
@@ -75,13 +87,15 @@ class WisdomPart(InstanceCore):
         query: Sequence[float] | npt.NDArray[np.float32] | None = None,
         k: int = 10,
     ) -> list[queries.ScoredWisdom]:
-        """An owner's wisdom: nearest to ``query`` first, or all (oldest first, score 1)."""
+        """An owner's wisdom (what the caller may see of it): nearest to ``query`` first,
+        or all (oldest first, score 1)."""
         check_text("owner_id", owner_id, models.NAME_MAX)
         check_limit("k", k)
+        me = self._me()
+        viewer = None if me.unrestricted else me
         if query is None:
-            return [
-                queries.ScoredWisdom(w, 1.0) for w in await self._read(queries.wisdom_of, owner_id)
-            ][:k]
+            found = await self._read(queries.wisdom_of, owner_id, viewer)
+            return [queries.ScoredWisdom(w, 1.0) for w in found][:k]
         vector = validated(models.SearchIn, collective_id=uuid7(), embedding=query).embedding
         assert vector is not None
-        return await self._read(queries.similar_wisdom, owner_id, vector, k)
+        return await self._read(queries.similar_wisdom, owner_id, vector, k, viewer)

@@ -1,0 +1,136 @@
+"""Access tokens as events: create, list and revoke them (``sync.access`` has the rules).
+
+Only admins (and the local operator) manage tokens. A token's secret is returned once,
+by ``create_token``; the log and every host keep only its SHA-256.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from uuid import UUID
+
+import msgspec
+
+from eventlog import events as ev
+from eventlog.errors import NotFoundError, ValidationError
+from eventlog.limits import NAME_MAX, TOKEN_COLLECTIVES_MAX
+from projections import queries
+from sync import access
+from sync.core import InstanceCore, check_text, uuid_of
+from sync.idempotency import idempotent
+
+EXPIRES_MAX_S = 10 * 365 * 86400  # a token lives at most ten years
+
+
+class Token(msgspec.Struct, frozen=True, kw_only=True):
+    """A token as ``list_tokens`` shows it (never its secret)."""
+
+    token_id: UUID
+    owner_id: str
+    agent_id: str | None
+    scope: str
+    collectives: tuple[UUID, ...]  # (): every collective of the owner
+    expires_ms: int | None
+    revoked: bool
+
+
+class NewToken(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``create_token`` returns: ``token`` is the secret, shown this once."""
+
+    token: str
+    token_id: UUID
+    owner_id: str
+    agent_id: str | None
+    scope: str
+    collectives: tuple[UUID, ...]
+    expires_ms: int | None
+
+
+def _public(info: access.TokenInfo) -> Token:
+    return Token(
+        token_id=info.token_id, owner_id=info.owner_id, agent_id=info.agent_id,
+        scope=info.scope, collectives=info.collectives, expires_ms=info.expires_ms,
+        revoked=info.revoked,
+    )  # fmt: skip
+
+
+class Tokens(InstanceCore):
+    async def create_token(
+        self,
+        owner_id: str,
+        *,
+        agent_id: str | None = None,
+        scope: ev.TokenScope = "read",
+        collectives: Sequence[UUID] = (),
+        expires_in: float | None = None,
+    ) -> NewToken:
+        """A new access token for ``owner_id`` (and ``agent_id``, when an agent acts with
+        it): ``scope`` "read", "write" or "admin"; limited to some of the owner's
+        ``collectives`` (none: all of them); expiring ``expires_in`` seconds from now
+        (None: never). The secret is in the answer only: keep it. Admins only."""
+        self._me().need_admin("creating tokens")
+        check_text("owner_id", owner_id, NAME_MAX)
+        if agent_id is not None:
+            check_text("agent_id", agent_id, NAME_MAX)
+        if scope not in access.SCOPES:
+            raise ValidationError(f"scope: must be one of read, write, admin, got {scope!r:.40}")
+        if isinstance(collectives, (str, bytes)) or len(collectives) > TOKEN_COLLECTIVES_MAX:
+            raise ValidationError(
+                f"collectives: must be a list of at most {TOKEN_COLLECTIVES_MAX} collective ids"
+            )
+        limited = tuple(dict.fromkeys(uuid_of("collectives", c) for c in collectives))
+        for cid in limited:
+            found = await self._read(queries.get_collective, cid)
+            if found is None or found.owner_id != owner_id:
+                raise NotFoundError(f"collectives: no collective {cid} owned by {owner_id!r}")
+        expires_ms = None
+        if expires_in is not None:
+            if (
+                isinstance(expires_in, bool)
+                or not isinstance(expires_in, (int, float))
+                or not math.isfinite(expires_in)
+                or not 0 < expires_in <= EXPIRES_MAX_S
+            ):
+                raise ValidationError(
+                    f"expires_in: must be seconds in (0, {EXPIRES_MAX_S}], got {expires_in!r}"
+                )
+            expires_ms = int(time.time() * 1000 + expires_in * 1000)
+        token_id = self._new_id()
+        secret = access.new_secret(token_id)
+        await self._write(
+            ev.TokenCreated(
+                **self._common(), token_id=token_id, owner_id=owner_id,
+                secret_sha256=access.secret_hash(secret), scope=scope, agent_id=agent_id,
+                collectives=limited, expires_ms=expires_ms,
+            )
+        )  # fmt: skip
+        await self._load_tokens()  # it works here as soon as this returns
+        return NewToken(
+            token=secret, token_id=token_id, owner_id=owner_id, agent_id=agent_id,
+            scope=scope, collectives=limited, expires_ms=expires_ms,
+        )  # fmt: skip
+
+    async def list_tokens(
+        self, owner_id: str | None = None, *, include_revoked: bool = False
+    ) -> list[Token]:
+        """The tokens (of one owner, or all), by id; revoked ones only when asked.
+        Admins only."""
+        self._me().need_admin("listing tokens")
+        return [
+            _public(t)
+            for t in await self._read(queries.tokens)
+            if (owner_id is None or t.owner_id == owner_id) and (include_revoked or not t.revoked)
+        ]
+
+    @idempotent
+    async def revoke_token(self, token_id: UUID, *, idempotency_key: str | None = None) -> None:
+        """Revoke a token: every host refuses it once it applied the revocation (one
+        replication delay). Revoking it again is harmless. Admins only."""
+        self._me().need_admin("revoking tokens")
+        key = uuid_of("token_id", token_id)
+        if not any(t.token_id == key for t in await self._read(queries.tokens)):
+            raise NotFoundError(f"token_id: no token {token_id}")
+        await self._write(ev.TokenRevoked(**self._common(), token_id=key))
+        await self._load_tokens()
