@@ -18,23 +18,21 @@ from uuid import UUID
 
 import duckdb
 import msgspec
-import uvicorn
 
 from eventlog import EmbeddedNats, JetStreamLog, PulseError, StreamSettings, ValidationError
+from eventlog.errors import Forbidden, Unauthorized
 from eventlog.events import Event, event_type_name, unpack_vector
 from eventlog.log import LogEntry
 from eventlog.subjects import collective_filter
 from ops.commands import GROUPS, REGISTRY, Command, execute, open_instance
 from ops.demo import run_demo
-from ops.mcp_server import build_mcp
 from ops.natsconf import cmd_nats_config, setup_nats_config
 from ops.progress import ProgressBar
 from ops.remote import running_service, service_file
-from ops.service import create_app, is_loopback
 from projections.engine import Engine
 from projections.projection import ProjectionSettings, rebuild, state_dir, state_link
 from projections.store import StateInUse
-from sync import PulseDB
+from sync import PulseDB, access
 
 DEFAULT_DATA_DIR = ".pulse"
 
@@ -89,8 +87,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     (streamable HTTP), GET /health and GET /metrics. While it runs, the other `pulse`
     commands on this data directory go through it.
 
-    It listens on loopback (127.0.0.1:8765) unless --host; any other address needs a
-    bearer token (--token or $PULSE_TOKEN), which every request must then carry.
+    It listens on loopback (127.0.0.1:8765) unless --host. Once an access token exists
+    (`pulse token create`), every request must carry one (Authorization: Bearer; the
+    CLI sends $PULSE_TOKEN), or the service's own --token, which acts as the local
+    operator; before that, loopback requests act as the local operator. Any other
+    address needs a way to authenticate: --token (or $PULSE_TOKEN), or an access token
+    created first (`pulse token create --owner me --scope admin`, before pulse up). The
+    service's token is a secret of its own: an access token there is refused. The
+    banner's "access" line says what requests need.
 
     The embedded NATS server refuses clients without the user and password of
     <data dir>/nats/credentials.json (generated on first start, mode 0600); the first
@@ -101,15 +105,18 @@ def cmd_up(args: argparse.Namespace) -> int:
       pulse up                       # embedded NATS, data in ./.pulse, API on 127.0.0.1:8765
       pulse --data-dir /srv/pulse up --port 9000
       PULSE_TOKEN=s3cret pulse up --host 0.0.0.0
+      pulse token create --owner me --scope admin && pulse up --host 0.0.0.0
       pulse --nats-url nats://10.0.0.5:4222,nats://10.0.0.6:4222 --replicas 3 up
       pulse --nats-url tls://h1:4222,tls://h2:4222,tls://h3:4222 --nats-creds \\
         nats-conf/client-credentials.json --nats-ca nats-conf/ca.pem --replicas 3 up
     """
     token = args.token or os.environ.get("PULSE_TOKEN") or None
-    if not is_loopback(args.host) and not token:
+    if token is not None and access.token_id_of(token) is not None:
+        where = "--token" if args.token else "$PULSE_TOKEN"
         raise ValidationError(
-            f"host: {args.host} is not a loopback address; serving beyond this host needs "
-            "a bearer token (--token or $PULSE_TOKEN)"
+            f"token: {where} holds an access token (pulse_...), and whoever sends the "
+            "service's own token acts as the local operator; give pulse up a secret of its "
+            "own with --token, or unset $PULSE_TOKEN to rely on access tokens"
         )
     # The loop shares the interpreter with the engine thread and SQL queries: hand the
     # GIL over every 0.5 ms instead of 5 so /health and small requests never wait long
@@ -119,11 +126,29 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace, token: str | None) -> int:
+    import uvicorn  # (here: the other commands start faster without the web stack)
+
+    from ops.mcp_server import build_mcp
+    from ops.service import create_app, is_loopback
+
+    class QuietServer(uvicorn.Server):
+        """uvicorn without its own signal handling: `pulse up` stops it on its signals."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
     async with open_log(args) as (log, server):
         bar = ProgressBar("catching up")
         db = await PulseDB.attach(args.data_dir, log, owns_log=False, progress=bar)
         bar.finish()
         try:
+            if not is_loopback(args.host) and not token and not db.tokens_required:
+                raise ValidationError(
+                    f"host: {args.host} is not a loopback address; serving beyond this host "
+                    "needs a bearer token (--token or $PULSE_TOKEN) or an access token "
+                    "created first (pulse token create --owner ME --scope admin)"
+                )
             mcp = build_mcp(db, host=args.host)
             mcp_app = mcp.streamable_http_app()
 
@@ -133,7 +158,7 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
                     yield
 
             app = create_app(db, token=token, mcp_routes=list(mcp_app.routes), lifespan=lifespan)
-            web = _QuietServer(
+            web = QuietServer(
                 uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                lifespan="on", timeout_graceful_shutdown=5)
             )  # fmt: skip
@@ -180,8 +205,8 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
                 print(f"  creds    {creds}  (user and password NATS asks of every client; 0600)")
             print(f"  streams  {log.settings.name} ({last} events), {log.settings.activity_name}")
             print(f"  state    {Path(args.data_dir) / 'state'} (sequence {db.applied_seq})")
-            print(f"  HTTP     {url}  (API /v1, OpenAPI {url}/docs, MCP {url}/mcp)"
-                  + ("  bearer token required" if token else ""))  # fmt: skip
+            print(f"  HTTP     {url}  (API /v1, OpenAPI {url}/docs, MCP {url}/mcp)")
+            print(f"  access   {_access(bool(token), db.tokens_required)}")
             print(f"Point other hosts here with {connect} (a copy of the file). Ctrl-C stops."
                   if creds else f"Point other hosts here with {connect}. Ctrl-C stops.",
                   flush=True)  # fmt: skip
@@ -198,12 +223,19 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
     return 0
 
 
-class _QuietServer(uvicorn.Server):
-    """uvicorn without its own signal handling: `pulse up` stops it on its signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
+def _access(service_token: bool, tokens_required: bool) -> str:
+    """What the banner of `pulse up` says about authentication (ops.service.Guard)."""
+    if tokens_required:
+        return "access tokens required: every request needs one " + (
+            "or the service token (Authorization: Bearer)"
+            if service_token
+            else "(Authorization: Bearer; the CLI sends $PULSE_TOKEN)"
+        )
+    if service_token:
+        return "bearer token required: the service token (or an access token, once one exists)"
+    return (
+        "access tokens not required yet (none exists): loopback requests act as the local operator"
+    )
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -218,6 +250,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
       pulse mcp
       pulse --data-dir ~/.pulse mcp
     """
+
+    from ops.mcp_server import build_mcp
 
     async def run() -> int:
         db = await open_instance(args)
@@ -522,7 +556,11 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--port", type=int, default=8765, help="HTTP port (default 8765; 0: any free)"
             )
-            sub.add_argument("--token", help="bearer token for every request ($PULSE_TOKEN)")
+            sub.add_argument(
+                "--token",
+                help="a bearer token of the service's own ($PULSE_TOKEN): requests that "
+                "carry it act as the local operator, and every request needs a token",
+            )
         if name == "nats-config":
             setup_nats_config(sub)
         if name == "demo":
@@ -601,6 +639,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
+    except (Unauthorized, Forbidden) as exc:
+        # who may do what: always one line (a service's answer included)
+        print(f"pulse: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
     except PulseError as exc:
         print(f"pulse: error: {exc}", file=sys.stderr)
         return 1

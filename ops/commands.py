@@ -27,8 +27,9 @@ from eventlog.errors import NotFoundError, ValidationError
 from ops.encoding import to_json
 from ops.remote import RemotePulseDB, running_service
 from projections import queries
-from sync import PulseDB, models
+from sync import PulseDB, access, models
 from sync.presence import Activity
+from sync.tokens import EXPIRES_MAX_S, NewToken, Token
 
 Run = Callable[[PulseDB, argparse.Namespace], Awaitable[tuple[Any, str]]]
 Setup = Callable[[argparse.ArgumentParser], object]
@@ -76,6 +77,7 @@ GROUPS = {
     "insight": "Store, search and delete distilled insights.",
     "activity": "Say what an agent works on; see who is active.",
     "wisdom": "Patterns learned across an owner's collectives.",
+    "token": "Create, list and revoke access tokens (admins only).",
 }
 
 
@@ -97,8 +99,9 @@ async def every_page(read: Callable[..., Awaitable[Any]], *args: Any, **kwargs: 
         after = page.next
 
 
-async def collective_of(db: PulseDB, ref: str) -> queries.Collective:
-    """A collective by id or by (unique) name."""
+async def collective_of(db: PulseDB, ref: str, owner: str | None = None) -> queries.Collective:
+    """A collective by id or by (unique) name; with ``owner``, a name among that owner's
+    collectives."""
     try:
         found = await db.get_collective(UUID(ref))
         if found is None:
@@ -106,11 +109,12 @@ async def collective_of(db: PulseDB, ref: str) -> queries.Collective:
         return found
     except ValueError:
         pass
-    collectives: list[queries.Collective] = await every_page(db.list_collectives)
+    collectives: list[queries.Collective] = await every_page(db.list_collectives, owner)
     named = [c for c in collectives if c.name == ref]
     if not named:
+        whose = f" of owner {owner!r}" if owner is not None else ""
         raise NotFoundError(
-            f"collective: no collective named {ref!r} (see `pulse collective list`)"
+            f"collective: no collective{whose} named {ref!r} (see `pulse collective list`)"
         )
     if len(named) > 1:
         ids = ", ".join(str(c.collective_id) for c in named)
@@ -157,6 +161,15 @@ def search_filter(args: argparse.Namespace) -> dict[str, Any] | None:
     if getattr(args, "include_archived", False):
         flt["include_archived"] = True
     return flt or None
+
+
+def visibility_arg(p: argparse.ArgumentParser, team: str = "the collective's members") -> None:
+    """``--visibility``, fixed when the entity is created (``sync.access``)."""
+    p.add_argument(
+        "--visibility", choices=access.VISIBILITIES, default="team",
+        help=f"who may see it: private (only its author, the owner and agent of the token "
+        f"that stores it), team ({team}; the default) or org (every principal)",
+    )  # fmt: skip
 
 
 # -- output helpers ------------------------------------------------------------------------
@@ -311,6 +324,7 @@ def _setup_record(p: argparse.ArgumentParser) -> None:
     p.add_argument("--file", action="append", default=[], help="a related file (repeatable)")
     p.add_argument("--agent", default="cli", help="source agent (default 'cli')")
     p.add_argument("--task", help="source task")
+    visibility_arg(p)
 
 
 @command("record", setup=_setup_record, writes=True)
@@ -318,9 +332,12 @@ async def record(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Record an experience; prints its id.
 
     Text only works when the collective has an embedder; otherwise pass --embedding.
+    --visibility private keeps it to its author (the token's owner and agent), org
+    shows it to every principal; the default, team, to the collective's members.
 
     example:
       pulse record -c demo "Retry NATS publishes on timeout" --domain nats --importance 0.8
+      pulse record -c demo "half-baked idea, mine only for now" --visibility private
       pulse record -c demo "Use one DuckDB writer" --type '{"kind": "ArchitecturalDecision", "decision": "one writer", "rationale": "DuckDB locks the file"}'
       echo "long text" | pulse record -c demo -
     """  # noqa: E501
@@ -330,7 +347,7 @@ async def record(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
         c.collective_id, content, vector(args.embedding), embedder=args.embedder,
         experience_type=experience_type(args.experience_type), importance=args.importance,
         confidence=args.confidence, domain=args.domain, related_files=args.file,
-        source_agent=args.agent, source_task=args.task,
+        source_agent=args.agent, source_task=args.task, visibility=args.visibility,
     )  # fmt: skip
     return {"experience_id": str(eid)}, str(eid)
 
@@ -590,6 +607,7 @@ def _setup_relate(p: argparse.ArgumentParser) -> None:
     p.add_argument("target_id", help="experience it points to (same collective)")
     p.add_argument("--strength", type=float, default=0.5, help="0..1 (default 0.5)")
     p.add_argument("--metadata", help="free text or JSON, ≤10 KB")
+    visibility_arg(p)
 
 
 @command("relate", setup=_setup_relate, writes=True)
@@ -601,7 +619,7 @@ async def relate(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """
     rid = await db.store_relation(
         args.source_id, args.target_id, args.relation_type, strength=args.strength,
-        metadata=args.metadata,
+        metadata=args.metadata, visibility=args.visibility,
     )  # fmt: skip
     return {"relation_id": str(rid)}, str(rid)
 
@@ -658,6 +676,7 @@ def _setup_insight_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--embedding", help="JSON list of floats or @file (default: embed the text)")
     p.add_argument("--confidence", type=float, default=0.5, help="0..1 (default 0.5)")
     p.add_argument("--domain", action="append", default=[], help="a tag (repeatable)")
+    visibility_arg(p)
 
 
 @command("insight", "add", setup=_setup_insight_add, writes=True)
@@ -670,7 +689,7 @@ async def insight_add(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     c = await collective_of(db, args.collective)
     iid = await db.store_insight(
         c.collective_id, args.content, vector(args.embedding), source_experiences=args.source,
-        confidence=args.confidence, domain=args.domain,
+        confidence=args.confidence, domain=args.domain, visibility=args.visibility,
     )  # fmt: skip
     return {"insight_id": str(iid)}, str(iid)
 
@@ -804,6 +823,7 @@ def _setup_wisdom_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence", type=float, default=0.5, help="0..1 (default 0.5)")
     p.add_argument("--source", action="append", default=[], help="a source collective (id or name)")
     p.add_argument("--domain", action="append", default=[], help="an applicable domain")
+    visibility_arg(p, team="every principal of the owner")
 
 
 @command("wisdom", "add", setup=_setup_wisdom_add, writes=True)
@@ -817,6 +837,7 @@ async def wisdom_add(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     wid = await db.store_wisdom(
         args.owner, args.category, args.pattern, vector(args.embedding) or [],
         confidence=args.confidence, source_collectives=sources, applicable_domains=args.domain,
+        visibility=args.visibility,
     )  # fmt: skip
     return {"wisdom_id": str(wid)}, str(wid)
 
@@ -853,6 +874,150 @@ async def wisdom_delete(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str
     """
     await db.delete_wisdom(args.wisdom_id)
     return {"deleted": str(args.wisdom_id)}, f"deleted wisdom {args.wisdom_id}"
+
+
+# -- access tokens -------------------------------------------------------------------------
+
+
+def duration(text: str) -> int:
+    """``--expires``: 30d, 12h, 45m, 90s or 2w, as whole seconds."""
+    try:
+        ms = access.parse_duration_ms(text)
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("expires: ")) from None
+    if ms > EXPIRES_MAX_S * 1000:
+        raise argparse.ArgumentTypeError(
+            f"at most {EXPIRES_MAX_S // 86400}d (ten years), got {text.strip()!r}"
+        )
+    return ms // 1000
+
+
+def _setup_token_create(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--owner", required=True, help="the owner it acts for (1..256 characters)")
+    p.add_argument(
+        "--agent",
+        help="the agent that acts with it (default: the owner itself); what it stores as "
+        "private is this agent's alone",
+    )
+    p.add_argument(
+        "-c", "--collective", action="append", default=[], metavar="COLLECTIVE",
+        help="limit it to this collective of the owner, id or name (repeatable; default: "
+        "every collective of the owner)",
+    )  # fmt: skip
+    p.add_argument(
+        "--scope", choices=access.SCOPES, default="read",
+        help="read; write (read and write the owner's collectives); admin (everything, "
+        "every owner, and token management). Default read",
+    )  # fmt: skip
+    p.add_argument(
+        "--expires", type=duration, metavar="DURATION",
+        help="expire this long from now: 30d, 12h, 45m, 90s or 2w (default: never)",
+    )  # fmt: skip
+
+
+KEEP_TOKEN = "Keep this token now: Pulse stores only its hash and cannot show it again."
+
+
+@command("token", "create", setup=_setup_token_create)
+async def token_create(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Create an access token; prints it, this once.
+
+    The token (pulse_...) goes alone to stdout, so T=$(pulse token create ...) keeps it;
+    its id, owner, agent, scope, collectives and expiry go to stderr, with a reminder:
+    Pulse stores only the token's SHA-256, so it cannot be shown again (revoke it and
+    create another if it is lost). With --json, all of it is one JSON object on stdout.
+    Callers send it as Authorization: Bearer <token>; the CLI sends $PULSE_TOKEN to a
+    running `pulse up`. Admins only: the local operator (this data directory, with no
+    `pulse up` running) or $PULSE_TOKEN holding an admin token (or the service's
+    --token). Once a token exists, `pulse up` wants one with every request.
+
+    example:
+      pulse token create --owner me --scope admin
+      BOT_TOKEN=$(pulse token create --owner ana --agent bot-1 -c team --scope write --expires 30d)
+      pulse token create --owner ana --expires 12h --json
+    """  # noqa: E501
+    limited = [await collective_of(db, ref, owner=args.owner) for ref in args.collective]
+    new: NewToken = await db.create_token(
+        args.owner, agent_id=args.agent, scope=args.scope,
+        collectives=[c.collective_id for c in limited], expires_in=args.expires,
+    )  # fmt: skip
+    names = {c.collective_id: c.name for c in limited}
+    collectives = ", ".join(f"{names.get(c, '?')} ({c})" for c in new.collectives)
+    details = [
+        ("token id", str(new.token_id)),
+        ("owner", new.owner_id),
+        ("agent", new.agent_id or "- (the owner itself)"),
+        ("scope", new.scope),
+        ("collectives", collectives or f"every collective of {new.owner_id!r}"),
+        ("expires", when(new.expires_ms)),
+    ]
+    if not args.json:
+        for name, value in details:
+            print(f"{name:<12} {value}", file=sys.stderr)
+    print(KEEP_TOKEN, file=sys.stderr, flush=True)
+    record = plain(new)
+    record["expires"] = None if new.expires_ms is None else when(new.expires_ms)
+    return record, new.token
+
+
+def _setup_token_list(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--owner", help="only this owner's tokens")
+    p.add_argument("--all", action="store_true", help="revoked tokens too")
+
+
+@command("token", "list", setup=_setup_token_list)
+async def token_list(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """List access tokens (never their secrets), by id; revoked ones with --all.
+
+    One row per token: id, owner, agent, scope, collectives (names where known; "all":
+    every collective of the owner), expiry (and whether it passed) and revoked. Admins
+    only (see `pulse token create`).
+
+    example:
+      pulse token list
+      pulse token list --owner ana --all --json
+    """
+    found: list[Token] = await db.list_tokens(args.owner, include_revoked=args.all)
+    if not found:
+        return [], "no tokens" if args.all else "no tokens (revoked ones: --all)"
+    names: dict[UUID, str] = {}
+    if any(t.collectives for t in found):
+        listed: list[queries.Collective] = await every_page(db.list_collectives)
+        names = {c.collective_id: c.name for c in listed}
+    now = time.time() * 1000
+    rows = [
+        [
+            t.token_id, t.owner_id or "-", t.agent_id or "-", t.scope,
+            ", ".join(names.get(c, str(c)) for c in t.collectives) or "all",
+            when(t.expires_ms) + (" (expired)" if t.expires_ms and t.expires_ms <= now else ""),
+            "yes" if t.revoked else "no",
+        ]
+        for t in found
+    ]  # fmt: skip
+    columns = ["id", "owner", "agent", "scope", "collectives", "expires", "revoked"]
+    return plain(found), table(columns, rows)
+
+
+@command(
+    "token", "revoke",
+    setup=lambda p: p.add_argument(
+        "token_id", help="the token's id (see `pulse token list`), or the token itself"
+    ),
+    writes=True,
+)  # fmt: skip
+async def token_revoke(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Revoke an access token: refused from then on, on every host.
+
+    Each host refuses it as soon as it applied the revocation (one replication delay).
+    Revoking it again is harmless. Revoking every token does not open the service
+    again: once a token existed, requests need one. Admins only.
+
+    example:
+      pulse token revoke 0193f1c2-7a4e-7c3b-9d2e-5f6a7b8c9d0e
+    """
+    token_id = access.token_id_of(args.token_id) or args.token_id
+    await db.revoke_token(token_id)
+    return {"revoked": str(token_id)}, f"revoked token {token_id}"
 
 
 # -- analytics -----------------------------------------------------------------------------
@@ -928,13 +1093,18 @@ async def export(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
 
 async def open_instance(args: argparse.Namespace) -> Any:
     """The running service of the data directory (through its API), or an instance of
-    this process when none runs."""
+    this process when none runs. Either way the command acts for the access token in
+    $PULSE_TOKEN, if it holds one (``sync.access``); an instance of this process acts as
+    the local operator otherwise."""
+    token = os.environ.get("PULSE_TOKEN") or None
     service = running_service(args.data_dir)
     if service is not None:
-        return RemotePulseDB(service["url"], os.environ.get("PULSE_TOKEN"))
+        return RemotePulseDB(service["url"], token)
+    access_token = token if token and token.startswith(access.TOKEN_PREFIX) else None
     return await PulseDB.open(
         args.data_dir, args.nats_url or None,
         nats_credentials=getattr(args, "nats_creds", None), nats_ca=getattr(args, "nats_ca", None),
+        principal=access_token,
     )  # fmt: skip
 
 

@@ -41,6 +41,11 @@ def _setup_import(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ids", type=Path, metavar="FILE", help="write the new ids here, one a line, in file order"
     )
+    p.add_argument(
+        "--visibility", choices=("private", "team", "org"), default=None,
+        help="who may see the experiences a line does not say of itself: private (the "
+        "author), team (the collective's members; the default) or org (everyone)",
+    )  # fmt: skip
 
 
 @command("import", setup=_setup_import)
@@ -50,8 +55,9 @@ async def import_(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     FILE holds JSON lines (one object a line) or, when it ends in .parquet, a Parquet
     table. The fields (columns) are those of record_experience: content, embedding (a
     list of floats), embedder, experience_type (a kind or its JSON object), importance,
-    confidence, domain and related_files (lists of strings), source_agent, source_task.
-    Content alone is enough when the collective has an embedder; null means the default.
+    confidence, domain and related_files (lists of strings), source_agent, source_task,
+    visibility (private, team or org; --visibility sets it where a line does not). Content
+    alone is enough when the collective has an embedder; null means the default.
     Each batch is stored all or nothing. The import stops at the first bad line, naming
     it and the field, and says how many experiences were stored before it. A progress
     line goes to stderr; --ids writes the new ids as they are stored.
@@ -79,7 +85,10 @@ async def import_(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
         while batch := await asyncio.to_thread(_take, records, args.batch, unit):
             where = [n for n, _ in batch]
             try:
-                ids = await db.record_experiences(c.collective_id, [f for _, f in batch])
+                items = [f for _, f in batch]
+                if args.visibility is not None:
+                    items = [{"visibility": args.visibility, **f} for f in items]
+                ids = await db.record_experiences(c.collective_id, items)
             except ValidationError as exc:
                 raise ValidationError(_located(str(exc), where, unit)) from None
             if args.ids:

@@ -19,13 +19,15 @@ from uuid import UUID
 
 from mcp.server.fastmcp import FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
+from mcp.server.lowlevel.server import request_ctx
 from pydantic import Field
 
-from eventlog.errors import PulseError, ValidationError
+from eventlog.errors import PulseError, Unauthorized, ValidationError
 from ops.commands import collective_of
 from ops.encoding import to_json
-from ops.service import internal_error, internal_message
-from sync import models
+from ops.service import PRINCIPAL, internal_error, internal_message
+from sync import access, models
+from sync.access import Principal
 
 log = logging.getLogger("pulse.mcp")
 
@@ -74,17 +76,26 @@ IdempotencyKey = Annotated[
 ]
 
 
-def guarded(tool: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """A tool whose unexpected errors reach the agent as an error id only: the traceback,
-    type and message go to the log under that id. Pulse's own errors (the library's
-    messages, naming field and limit) pass through."""
+def guarded(
+    tool: Callable[..., Awaitable[Any]], over_http: Callable[[], bool] = lambda: False
+) -> Callable[..., Awaitable[Any]]:
+    """A tool acting for the principal of its request, whose unexpected errors reach the
+    agent as an error id only: the traceback, type and message go to the log under that
+    id. Pulse's own errors pass through as "<kind>: <the library's message>" (kinds:
+    ValidationError, NotFoundError, Forbidden, Unauthorized, ConflictError, ...).
+    ``over_http``: whether its server is served over HTTP (then every call needs the
+    principal of its request)."""
 
     @functools.wraps(tool)
     async def run(*args: Any, **kwargs: Any) -> Any:
         try:
-            return await tool(*args, **kwargs)
-        except PulseError:
-            raise
+            principal = _principal(over_http())
+            if principal is None:  # over stdio: the instance's own (or the service's token)
+                return await tool(*args, **kwargs)
+            with access.acting(principal):
+                return await tool(*args, **kwargs)
+        except PulseError as exc:  # the library's message, named by its kind
+            raise ToolError(f"{type(exc).__name__}: {exc}") from None
         except Exception as exc:
             error_id = internal_error(f"MCP tool {tool.__name__}", exc, log)
             raise ToolError(internal_message(error_id)) from None
@@ -92,12 +103,53 @@ def guarded(tool: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]
     return run
 
 
+def _principal(over_http: bool) -> Principal | None:
+    """The principal ``pulse up``'s Guard resolved for the HTTP request carrying this
+    tool call (``ops.service.PRINCIPAL``); None over stdio. A tool call of a server served
+    over HTTP without a request, or whose request has no principal, is refused: the Guard
+    lets no such request through, and this keeps it so should that change (fail closed:
+    never the instance's own principal, which in ``pulse up`` is the local operator)."""
+    context = request_ctx.get(None)
+    request = getattr(context, "request", None)
+    if request is None:
+        if over_http:
+            raise Unauthorized("a tool call over HTTP without its request has no principal")
+        return None
+    found = request.scope.get(PRINCIPAL)
+    if not isinstance(found, Principal):
+        raise Unauthorized("a bearer token is required: Authorization: Bearer <token>")
+    return found
+
+
+class _ServedOverHttp:
+    """Whether a FastMCP server's HTTP app was made (``pulse up`` serves it over HTTP;
+    ``pulse mcp`` runs it over stdio, and a server is one or the other)."""
+
+    def __init__(self, mcp: FastMCP) -> None:
+        self.served = False
+        for name in ("streamable_http_app", "sse_app"):
+            setattr(mcp, name, self._marking(getattr(mcp, name)))
+
+    def _marking(self, make: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(make)
+        def made(*args: Any, **kwargs: Any) -> Any:
+            self.served = True
+            return make(*args, **kwargs)
+
+        return made
+
+    def get(self) -> bool:
+        return self.served
+
+
 def build_mcp(db: Any, **settings: Any) -> FastMCP:
     """The MCP server over ``db`` (a PulseDB or a RemotePulseDB)."""
     mcp = FastMCP("pulse", instructions=INSTRUCTIONS, log_level="WARNING", **settings)
+    served = _ServedOverHttp(mcp)
+    guard = functools.partial(guarded, over_http=served.get)
 
     @mcp.tool()
-    @guarded
+    @guard
     async def remember(
         collective: Collective,
         content: Content,
@@ -131,7 +183,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         return {"experience_id": str(eid)}
 
     @mcp.tool()
-    @guarded
+    @guard
     async def recall(
         collective: Collective,
         query: Annotated[str, Field(min_length=1, max_length=10_000)],
@@ -162,7 +214,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         return {"results": to_json(found)}
 
     @mcp.tool()
-    @guarded
+    @guard
     async def reinforce(
         experience_id: UUID, idempotency_key: IdempotencyKey = None
     ) -> dict[str, Any]:
@@ -171,7 +223,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         return {"experience_id": str(experience_id), "applications": total}
 
     @mcp.tool()
-    @guarded
+    @guard
     async def relate(
         source_id: UUID,
         relation_type: Literal[
@@ -190,7 +242,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         return {"relation_id": str(rid)}
 
     @mcp.tool()
-    @guarded
+    @guard
     async def insights(
         collective: Collective,
         action: Literal["search", "store"],
@@ -214,7 +266,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         return {"insights": to_json(await db.get_insights(c.collective_id, text, k))}
 
     @mcp.tool()
-    @guarded
+    @guard
     async def activity(
         collective: Collective,
         action: Literal["register", "heartbeat", "end", "active"],

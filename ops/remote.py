@@ -22,11 +22,13 @@ import numpy as np
 
 from eventlog.errors import (
     ConflictError,
+    Forbidden,
     LogUnavailable,
     NotFoundError,
     PulseError,
     QueryOutOfMemory,
     QueryTimedOut,
+    Unauthorized,
     ValidationError,
 )
 from sync import models
@@ -48,6 +50,8 @@ ERRORS: dict[str, type[PulseError]] = {
         LogUnavailable,
         QueryTimedOut,
         QueryOutOfMemory,
+        Unauthorized,
+        Forbidden,
         PulseError,
     )  # fmt: skip
 }
@@ -56,6 +60,13 @@ ERRORS: dict[str, type[PulseError]] = {
 @functools.cache
 def return_type(name: str) -> Any:
     return typing.get_type_hints(API_METHODS[name])["return"]
+
+
+@functools.cache
+def optional_getter(name: str) -> bool:
+    """A ``get_*`` method that answers None when there is nothing (or nothing the caller
+    may see): the service says 404."""
+    return name.startswith("get_") and type(None) in typing.get_args(return_type(name))
 
 
 def _enc_hook(value: Any) -> Any:
@@ -100,7 +111,10 @@ def raise_for(response: httpx.Response) -> None:
     except (ValueError, KeyError, TypeError):
         raise PulseError(f"HTTP {response.status_code}: {response.text[:200]}") from None
     if response.status_code == 401:
-        message = f"the Pulse service at {response.url.host} wants a bearer token: set $PULSE_TOKEN"
+        message = (
+            f"the Pulse service at {response.url.host} refused the request ({message}): "
+            "set $PULSE_TOKEN to an access token"
+        )
     raise ERRORS.get(kind, PulseError)(message)
 
 
@@ -131,6 +145,8 @@ class RemotePulseDB:
             )  # fmt: skip
         except httpx.HTTPError as exc:
             raise LogUnavailable(f"cannot reach the Pulse service at {self.url}: {exc}") from exc
+        if response.status_code == 404 and optional_getter(name):
+            return None  # the service answers a getter's None with 404
         raise_for(response)
         return decode(name, response.content)
 

@@ -53,22 +53,27 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from eventlog.errors import (
     ConflictError,
+    Forbidden,
     LogUnavailable,
     NotFoundError,
     PulseError,
     QueryOutOfMemory,
     QueryTimedOut,
+    Unauthorized,
     ValidationError,
 )
 from ops.encoding import to_json
 from ops.remote import API_METHODS
 from sync import models
+from sync.access import Principal
 from sync.instance import PulseDB
 from sync.recall import Context
 
 log = logging.getLogger("pulse.service")
 
 STATUS: dict[type[PulseError], int] = {
+    Unauthorized: 401,  # no principal: no token, or an unknown, revoked or expired one
+    Forbidden: 403,  # a principal that may not do this (its scope, or not a member)
     ValidationError: 422,
     NotFoundError: 404,
     ConflictError: 409,
@@ -273,13 +278,26 @@ def _host_name(scope: Scope) -> str:
     return ""
 
 
-class Guard:
-    """Without a token, loopback Host names only (no DNS rebinding); with one, the bearer
-    token; and request metrics. Plain ASGI, so streaming responses (SSE, MCP) pass
-    through untouched."""
+PRINCIPAL = "pulse.principal"  # the scope key of a request's resolved principal
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, token: str | None) -> None:
-        self.app, self.metrics, self.token = app, metrics, token
+
+class Guard:
+    """Who a request acts for, and request metrics. Plain ASGI, so streaming responses
+    (SSE, MCP) pass through untouched.
+
+    The principal (``sync.access``) goes in the request's scope (``PRINCIPAL``) for the
+    endpoints and the MCP tools: the bearer token's (an access token, or the service's
+    own ``token``, which acts as the local operator); without a bearer token, the local
+    operator while no access token was ever created and the service has no token of its
+    own (then it answers loopback Host names only: no DNS rebinding). Everything else is
+    refused with 401, except ``/health``, which answers "up" or "down" to anyone."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, token: str | None, db: PulseDB) -> None:
+        self.app, self.metrics, self.token, self.db = app, metrics, token, db
+
+    def principal(self, scope: Scope) -> Principal:
+        """The principal of a request; Unauthorized (naming why) when there is none."""
+        return resolve(scope, self.token, self.db)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -296,7 +314,8 @@ class Guard:
             await send(message)
 
         try:
-            if self.token is None and _host_name(scope) not in LOOPBACK_NAMES:
+            open_to_loopback = self.token is None and not self.db.tokens_required
+            if open_to_loopback and _host_name(scope) not in LOOPBACK_NAMES:
                 # loopback only: another Host name is a page rebinding its DNS name to us
                 response = JSONResponse(
                     {"error": "BadHost", "message": "this service answers loopback names only"},
@@ -304,32 +323,57 @@ class Guard:
                 )
                 await response(scope, receive, sending)
                 return
-            if self.token is not None and path != "/health" and not self._authorized(scope):
-                response = JSONResponse(
-                    {"error": "Unauthorized", "message": "a bearer token is required: "
-                     "Authorization: Bearer <token>"},
-                    status_code=401, headers={"WWW-Authenticate": "Bearer"},
-                )  # fmt: skip
-                await response(scope, receive, sending)
-                return
+            try:
+                scope[PRINCIPAL] = self.principal(scope)
+            except Unauthorized as exc:
+                if path != "/health":
+                    response = JSONResponse(
+                        {"error": "Unauthorized", "message": str(exc)},
+                        status_code=401, headers={"WWW-Authenticate": "Bearer"},
+                    )  # fmt: skip
+                    await response(scope, receive, sending)
+                    return
+                scope[PRINCIPAL] = None
             await self.app(scope, receive, sending)
         finally:
             method = scope["method"] if scope["method"] in METHODS else "other"
             self.metrics.observe(route_of(path), method, status, time.perf_counter() - started)
 
-    def _authorized(self, scope: Scope) -> bool:
-        return bearer_ok(scope, self.token)
+
+def resolve(scope: Scope, token: str | None, db: PulseDB) -> Principal:
+    """The principal of a request's bearer token (``token``: the service's own), or of no
+    token on a service open to loopback; Unauthorized (naming why) when there is none. A
+    stream asks again as it goes: a token revoked (or expired) meanwhile ends it."""
+    given = _bearer(scope)
+    if given is not None:
+        if token is not None and secrets.compare_digest(given.encode(), token.encode()):
+            return Principal.operator()
+        return db.principal_of(given)
+    if token is None and not db.tokens_required:
+        return Principal.operator()
+    raise Unauthorized(
+        "a bearer token is required: Authorization: Bearer <token> (pulse token create)"
+    )
 
 
-def bearer_ok(scope: Scope, token: str | None) -> bool:
-    """Whether the request carries ``Authorization: Bearer <token>``."""
-    if token is None:
-        return False
+def _bearer(scope: Scope) -> str | None:
+    """The token of ``Authorization: Bearer <token>``, if the request has one."""
     for key, value in scope["headers"]:
         if key == b"authorization":
-            given = value.decode("latin-1")
-            return secrets.compare_digest(given.encode(), f"Bearer {token}".encode())
-    return False
+            scheme, _, given = value.decode("latin-1").partition(" ")
+            token: str = given.strip()
+            if scheme.lower() == "bearer" and token:
+                return token
+            return ""  # (an empty token: no principal, and not the local operator)
+    return None
+
+
+def principal_of(request: Request) -> Principal:
+    """The principal the Guard resolved for a request."""
+    found = request.scope.get(PRINCIPAL)
+    if not isinstance(found, Principal):
+        raise Unauthorized("a bearer token is required: Authorization: Bearer <token>")
+    return found
 
 
 class BodyTooLarge(Exception):
@@ -445,7 +489,7 @@ def create_app(
     )
     metrics = Metrics()
     app.add_middleware(BodyLimit, limit=body_limit)
-    app.add_middleware(Guard, metrics=metrics, token=token)  # outermost: it sees the 413s
+    app.add_middleware(Guard, metrics=metrics, token=token, db=db)  # outermost: sees the 413s
 
     @app.exception_handler(PulseError)
     async def pulse_error(_: Request, exc: PulseError) -> JSONResponse:
@@ -494,8 +538,11 @@ def create_app(
     @app.get("/v1/watch_experiences", tags=["experiences"], response_model=None)
     async def watch_experiences(request: Request) -> Response:
         """Changes to experiences as this instance applies them (server-sent events):
-        one ``data: {json}`` line per change, from the moment of the request. At most
+        one ``data: {json}`` line per change the caller may see, from the moment of the
+        request. A stream whose token is revoked or expires meanwhile ends with
+        ``event: unauthorized`` before the next change (or keep-alive). At most
         $PULSE_MAX_WATCHERS (64) streams at once; past that, 503 with Retry-After."""
+        principal = principal_of(request)
         if not watching.take():
             return JSONResponse(
                 {"error": "TooManyWatchers", "message": f"watch: {watching.limit} watch "
@@ -504,10 +551,19 @@ def create_app(
                 status_code=503, headers={"Retry-After": str(WATCH_RETRY_AFTER)},
             )  # fmt: skip
         try:
-            watch = db.watch_experiences()
+            with db.acting_as(principal):
+                watch = db.watch_experiences()
         except BaseException:
             watching.give_back()
             raise
+
+        def refused() -> bytes | None:
+            """The end of a stream whose token was revoked or expired since it began."""
+            try:
+                resolve(request.scope, token, db)
+            except Unauthorized as exc:
+                return b"event: unauthorized\ndata: " + json.dumps(str(exc)).encode() + b"\n\n"
+            return None
 
         async def events() -> AsyncIterator[bytes]:
             yield b": watching\n\n"
@@ -517,13 +573,19 @@ def create_app(
                     try:
                         change = await asyncio.wait_for(anext(iterator), 15)
                     except TimeoutError:
-                        yield b": keep-alive\n\n"
-                        continue
+                        change = None
                     except StopAsyncIteration:
                         return
                     except PulseError as exc:  # the reader fell too far behind
                         yield b"event: overflow\ndata: " + json.dumps(str(exc)).encode() + b"\n\n"
                         return
+                    ended = refused()
+                    if ended is not None:
+                        yield ended
+                        return
+                    if change is None:
+                        yield b": keep-alive\n\n"
+                        continue
                     yield b"data: " + json.dumps(to_json(change)).encode() + b"\n\n"
             finally:
                 watch.close()
@@ -555,8 +617,8 @@ def create_app(
         }
         if failure is not None:
             body["error"] = repr(failure)
-        if token is not None and not bearer_ok(request.scope, token):
-            body = {"status": "up" if ok else "down"}  # the rest is for those with the token
+        if request.scope.get(PRINCIPAL) is None:
+            body = {"status": "up" if ok else "down"}  # the rest is for those with a token
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics", tags=["service"])
@@ -652,18 +714,23 @@ def _endpoint(
     returns = typing.get_type_hints(API_METHODS[name])["return"]
     # results that can be large are encoded on a worker thread, not on the event loop
     large = typing.get_origin(returns) in (list, models.Page) or returns is Context
+    optional = name.startswith("get_") and type(None) in typing.get_args(returns)
 
     async def endpoint(
+        request: Request,
         body: Any = Body(default=None),
         format: Literal["json", "msgspec"] = Query("json"),
         embeddings: bool = Query(False, description="embeddings as lists of floats"),
     ) -> Response:
         if body is None:
             body = models.validated(model)
-        if takes_request:
-            result = await method(body)
-        else:
-            result = await method(**body.model_dump(exclude_unset=True))
+        with db.acting_as(principal_of(request)):
+            if takes_request:
+                result = await method(body)
+            else:
+                result = await method(**body.model_dump(exclude_unset=True))
+        if result is None and optional:  # a getter's "there is none" (or none it may see)
+            raise NotFoundError(f"{_subject(name)}: none with that id")
         if isinstance(result, models.Page):  # a page of a listing, and where the rest is
             result = {"items": result, "next": result.next}
 
@@ -693,7 +760,9 @@ def _sql_endpoint(
         format: Literal["json", "msgspec"] = Query("json"),
         embeddings: bool = Query(False, description="embeddings as lists of floats"),
     ) -> Response:
-        answering = asyncio.ensure_future(answer(body=body, format=format, embeddings=embeddings))
+        answering = asyncio.ensure_future(
+            answer(request=request, body=body, format=format, embeddings=embeddings)
+        )
         gone = asyncio.ensure_future(_client_gone(request))
         try:
             await asyncio.wait({answering, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -721,3 +790,8 @@ async def _client_gone(request: Request) -> None:
     """Return once the client of ``request`` (whose body was read) disconnects."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def _subject(name: str) -> str:
+    """The id argument of a getter, e.g. ``experience_id`` of ``get_experience``."""
+    return f"{name.removeprefix('get_')}_id"

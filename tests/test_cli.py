@@ -83,7 +83,8 @@ def test_every_command_has_help_with_an_example() -> None:
         ("collective", "delete"), ("record",), ("get",), ("update",), ("archive",),
         ("reinforce",), ("search",), ("context",), ("relate",), ("related",), ("sql",),
         ("rebuild",), ("digest",), ("tail",), ("export",), ("up",), ("demo",),
-        ("insight", "add"), ("activity", "start"), ("activity", "list"),
+        ("insight", "add"), ("activity", "start"), ("activity", "list"), ("token", "create"),
+        ("token", "list"), ("token", "revoke"),
     ]:  # fmt: skip
         assert path in leaves, f"`pulse {' '.join(path)}` is missing"
     for path, sub in leaves.items():

@@ -423,7 +423,8 @@ async def test_an_unexpected_error_answers_an_id_and_logs_the_details(
         assert leak not in text
     # Pulse's own errors still say what is wrong
     assert refused.isError
-    assert "agent: required to end an activity" in refused.content[0].text  # type: ignore[union-attr]
+    assert "ValidationError: agent: required to end an activity" in (
+        refused.content[0].text)  # type: ignore[union-attr]  # fmt: skip
 
     for error_id, where in ((body["error_id"], "POST /v1/get_collective_stats"),
                             (mcp_id, "MCP tool activity")):  # fmt: skip

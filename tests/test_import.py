@@ -29,15 +29,16 @@ T = TypeVar("T")
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A data directory with three collectives: "notes" and "strict" (3-d, callers bring
-    vectors) and "texts" (the hash embedder: content alone is enough). Each test writes
-    to its own collective."""
+    """A data directory with four collectives: "notes" and "strict" (3-d, callers bring
+    vectors), "texts" and "seen" (the hash embedder: content alone is enough). Each test
+    writes to its own collective."""
     directory = tmp_path_factory.mktemp("import") / "data"
 
     async def create(db: PulseDB) -> None:
         await db.create_collective("me", "notes", 3)
         await db.create_collective("me", "strict", 3)
         await db.create_collective("me", "texts", embedder="hash")
+        await db.create_collective("me", "seen", embedder="hash")
 
     api(directory, create)
     return directory
@@ -237,3 +238,25 @@ def test_help_shows_an_example(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert "example:" in text
     assert "pulse import a.jsonl -c demo" in text.split("example:")[1]
     assert "--batch" in text and "--ids" in text
+
+
+def test_visibility_is_given_per_line_or_for_the_file(
+    capsys: pytest.CaptureFixture[str], data_dir: Path, tmp_path: Path
+) -> None:
+    source = write_lines(
+        tmp_path / "seen.jsonl",
+        [{"content": "for all", "visibility": "org"}, {"content": "default"}],
+    )
+    code, _, err = cli(capsys, data_dir, "import", str(source), "-c", "seen",
+                       "--visibility", "private")  # fmt: skip
+    assert code == 0, err
+
+    async def check(db: PulseDB) -> dict[str, str]:
+        found = await db.sql(
+            "SELECT e.content, e.visibility FROM experiences e JOIN collectives c "
+            "USING (collective_id) WHERE c.name = 'seen'"
+        )
+        return {content: seen for content, seen in found.rows}
+
+    seen = api(data_dir, check)
+    assert seen["for all"] == "org" and seen["default"] == "private"

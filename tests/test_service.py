@@ -149,6 +149,9 @@ async def test_remember_and_recall_over_plain_http_json(service: Service) -> Non
          "valid UUID"),
         ("get_experience", {"experience_id": "01900000-0000-7000-8000-000000000000",
                             "colour": "red"}, 422, "colour: is not a field of this input"),
+        # a getter's "there is none" is a 404 (as for one the caller may not see)
+        ("get_experience", {"experience_id": "01900000-0000-7000-8000-000000000000"}, 404,
+         "experience_id: none with that id"),
     ],
 )  # fmt: skip
 async def test_bad_requests_get_the_library_messages(
@@ -294,7 +297,9 @@ def test_a_token_guards_every_request(tmp_path: Path) -> None:
             capture_output=True, text=True, timeout=60, env=_env(),
         )  # fmt: skip
         assert result.returncode == 1 and result.stderr.strip() == (
-            "pulse: error: the Pulse service at 127.0.0.1 wants a bearer token: set $PULSE_TOKEN"
+            "pulse: error: the Pulse service at 127.0.0.1 refused the request (a bearer token "
+            "is required: Authorization: Bearer <token> (pulse token create)): set $PULSE_TOKEN "
+            "to an access token"
         )
     finally:
         stop(running)
@@ -308,7 +313,8 @@ def test_serving_beyond_loopback_needs_a_token(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.strip() == (
         "pulse: error: host: 0.0.0.0 is not a loopback address; serving beyond this host "
-        "needs a bearer token (--token or $PULSE_TOKEN)"
+        "needs a bearer token (--token or $PULSE_TOKEN) or an access token created first "
+        "(pulse token create --owner ME --scope admin)"
     )
 
 
@@ -425,8 +431,9 @@ async def _remember_and_recall(session: ClientSession) -> None:
                                                    "importance": 2})  # fmt: skip
     assert refused.isError and "importance" in refused.content[0].text  # type: ignore[union-attr]
     missing = await session.call_tool("remember", {"collective": "nowhere", "content": "x"})
-    assert missing.isError
-    assert "no collective named 'nowhere'" in missing.content[0].text  # type: ignore[union-attr]
+    assert missing.isError  # Pulse's errors are named by their kind
+    assert "NotFoundError: collective: no collective named 'nowhere'" in (
+        missing.content[0].text)  # type: ignore[union-attr]  # fmt: skip
 
 
 async def test_mcp_over_streamable_http(service: Service) -> None:

@@ -41,6 +41,11 @@ target.
   same search unfiltered, and the filtered search right after a write (an importance
   update applied, untimed, before each query: the filter's columns are patched). No
   target in the issue; it shows that filters select inside the search.
+- visible_search: p50 / p99 of ``similar_experiences`` (k=10) as principals that may
+  not see every row (``sync.access``): a member of the collective (every 10th
+  experience is private to another agent) and a principal of another owner (it sees the
+  org-visible rows: every 20th), beside the same search unrestricted (an admin) in the
+  same loop; ratios to it, target <= 3 for the member (what a filter costs, above).
 - memory: a fresh process opens the rebuilt projection and answers a vector and a text
   query; the growth of its VmRSS and of its RssAnon (``/proc/self/status``) per 100,000
   experiences, beside the raw data per 100,000 (n x 384 x 4 bytes of vectors + the UTF-8
@@ -81,12 +86,14 @@ from ops.bench.peers import raw_drain
 from projections import queries as q
 from projections.projection import Projection, ProjectionSettings, rebuild, state_dir
 from projections.vectors import graph_index, normalized
+from sync.access import Viewer
 from sync.recall import _context
 
 FIGURES = ("rebuild_counters", "rebuild_vectors", "similar_search", "hybrid_and_context",
-           "filtered_search", "memory", "recall")  # fmt: skip
+           "filtered_search", "visible_search", "memory", "recall")  # fmt: skip
 VECTOR_FIGURES = {
-    "rebuild_vectors", "similar_search", "hybrid_and_context", "filtered_search", "memory",
+    "rebuild_vectors", "similar_search", "hybrid_and_context", "filtered_search",
+    "visible_search", "memory",
 }  # fmt: skip
 VOCABULARY, WORDS = 5000, 24  # content words: vocabulary size, most words per experience
 DIM, CLUSTERS = 384, 40
@@ -284,7 +291,14 @@ class Corpus:
                 experience_id=self.ids[i], collective_id=self.cid, content=self.content(i),
                 embedding=self.vectors[i].tobytes(), experience_type=ev.Generic(),
                 importance=self.importance[i], confidence=0.5, source_agent="bench",
+                author_owner="bench", author_agent="other" if i % 10 == 0 else "agent",
+                visibility=self.visibility(i),
             )  # fmt: skip
+
+    @staticmethod
+    def visibility(i: int) -> ev.Visibility:
+        """Every 10th private (to agent "other"), every 20th else org, the rest team."""
+        return "private" if i % 10 == 0 else "org" if i % 20 == 5 else "team"
 
 
 def faiss_build(unit: Vectors) -> tuple[Any, float]:
@@ -383,6 +397,36 @@ def filtered_search(projection: Projection, corpus: Corpus, probes: Vectors) -> 
          ratio_filtered_to_plain_p50=sig(pct(filtered_ms, 50) / pct(plain_ms, 50)))  # fmt: skip
 
 
+def visible_search(projection: Projection, corpus: Corpus, probes: Vectors) -> None:
+    """Similar search as a member that may not see the private rows of another agent,
+    and as a principal of another owner (org rows only), beside it unrestricted."""
+    cid = corpus.cid
+    member = q.ExperienceFilter(viewer=Viewer(True, "bench", "agent"))
+    stranger = q.ExperienceFilter(viewer=Viewer(False, "elsewhere", None))
+
+    def plain(i: int) -> object:
+        return q.similar_experiences(projection, cid, probes[i], k=K)
+
+    def as_member(i: int) -> object:
+        return q.similar_experiences(projection, cid, probes[i], k=K, flt=member)
+
+    def as_stranger(i: int) -> object:
+        return q.similar_experiences(projection, cid, probes[i], k=K, flt=stranger)
+
+    seen = {h.experience.experience_id for h in as_member(0)}  # type: ignore[attr-defined]
+    private = {corpus.ids[i] for i in range(0, corpus.n, 10)}
+    assert len(seen) == K and not seen & private, "the member saw a private row"
+    plain_ms, member_ms, stranger_ms = alternate(len(probes), [plain, as_member, as_stranger])
+    ratio = pct(member_ms, 50) / pct(plain_ms, 50)
+    emit("visible_search", experiences=corpus.n, queries=len(probes), k=K,
+         private="every 10th (another agent's)", org="every 20th",
+         plain_p50_ms=pct(plain_ms, 50), member_p50_ms=pct(member_ms, 50),
+         member_p99_ms=pct(member_ms, 99), other_owner_p50_ms=pct(stranger_ms, 50),
+         other_owner_p99_ms=pct(stranger_ms, 99), ratio_member_to_plain_p50=sig(ratio),
+         ratio_other_owner_to_plain_p50=sig(pct(stranger_ms, 50) / pct(plain_ms, 50)),
+         target="ratio_member_to_plain_p50 <= 3", met=ratio <= 3)  # fmt: skip
+
+
 def hybrid_and_context(
     projection: Projection, corpus: Corpus, probes: Vectors, texts: list[str]
 ) -> None:
@@ -460,7 +504,7 @@ async def vector_figures(n: int, count: int, figures: set[str]) -> None:
     texts = [corpus.query_text(rng, int(i)) for i in picked]
     with tempfile.TemporaryDirectory(prefix="pulse-bench-projection-") as tmp:
         peer = await fill_and_rebuild(tmp, corpus, unit, figures)  # NATS stops after it
-        if figures & {"similar_search", "hybrid_and_context", "filtered_search"}:
+        if figures & {"similar_search", "hybrid_and_context", "filtered_search", "visible_search"}:
             projection = Projection(state_dir(tmp))
             try:
                 indexed = projection.vectors[("experience", corpus.cid)].members
@@ -469,6 +513,8 @@ async def vector_figures(n: int, count: int, figures: set[str]) -> None:
                     similar_search(projection, corpus, peer, probes)
                 if "hybrid_and_context" in figures:
                     hybrid_and_context(projection, corpus, probes, texts)
+                if "visible_search" in figures:
+                    visible_search(projection, corpus, probes)
                 if "filtered_search" in figures:  # last: it changes the projection
                     filtered_search(projection, corpus, probes)
             finally:

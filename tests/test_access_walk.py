@@ -1,0 +1,1590 @@
+"""Fail closed: every method of the HTTP API and every MCP tool, walked with principals
+that lack access and with principals that have it (issue 13, ``sync.access``).
+
+One `pulse up` (with a service token of its own, the operator's) holds a world of owner
+alice: a collective whose rows are all team-visible (``team``), one that also holds
+org-visible rows (``shared``), one a limited token is limited to (``other``), and
+wisdom of both visibilities. Its principals: alice's write, read and limited
+(``collectives=[other]``) tokens, bob's write token (another owner) and an admin token.
+
+The walk is driven by ``ops.remote.API_METHODS`` and by the tools (and their actions
+and modes) the MCP server lists: a method or tool without a case fails. Each case says
+what every principal that lacks access gets, exactly: 403 (it may see the thing but not
+change it, or lacks the scope), 404 (an id that would reveal existence: the answer is
+the one a never-created id gets), or a 200 answer that holds only what it may see (a
+check of the answer, never a skip). Every answer to bob or the limited token is also
+searched for anything of alice's it may not see (ids, contents). Then the same cases
+with access: alice's write token (an admin token for the admin-only methods).
+
+Then the edges of the token itself: 401 without one, malformed, unknown, revoked or
+expired; the loopback service with no token ever created; a revocation on one host
+refusing the token on another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import itertools
+import json
+import re
+import ssl
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.server.fastmcp.exceptions import ToolError
+
+from eventlog import EmbeddedNats
+from eventlog.errors import Forbidden, Unauthorized
+from ops.mcp_server import build_mcp
+from ops.remote import API_METHODS, RemotePulseDB
+from sync import PulseDB
+from tests.conftest import eventually
+from tests.test_service import Service, start, stop
+
+OP = "operator-s3cret"  # the service's own --token: the local operator
+NF, FB = 404, 403
+KIND = {401: "Unauthorized", 403: "Forbidden", 404: "NotFoundError"}
+UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+TEAM_MARK, WISDOM_MARK, OTHER_MARK = "teamsecret", "wisdomsecret", "othersecret"
+PRIVATE_MARK = "privatesecret"  # what alice's agent-a keeps to itself
+_names = itertools.count()
+TLS = ssl.create_default_context()  # made once: each client making its own costs ~50 ms
+
+
+def http(url: str, token: str | None = None) -> httpx.AsyncClient:
+    """A client of the service, with ``token`` as its bearer token (None: without one)."""
+    headers = {} if token is None else {"Authorization": f"Bearer {token}".strip()}
+    return httpx.AsyncClient(base_url=url, headers=headers, timeout=60, verify=TLS)
+
+
+def fresh(prefix: str) -> str:
+    return f"{prefix}-{next(_names)}"
+
+
+# -- the world ------------------------------------------------------------------------------
+
+
+@dataclass
+class Place:
+    """Where a case points: the collective, an experience (with a relation to another),
+    an insight, and the collective fresh entities go to (so that the fixture's stay as
+    they are). ``vis``: the visibility of what is made there."""
+
+    collective: str
+    exp: str
+    insight: str
+    scratch: str
+    vis: str
+
+
+@dataclass
+class World:
+    url: str
+    secrets: dict[str, str]  # principal -> its bearer token
+    token_ids: dict[str, str]
+    team: Place
+    shared: Place
+    ids: dict[str, str]  # fixture entities by name
+    # what a principal may never see (grows with fresh entities)
+    hidden: dict[str, set[str]] = field(
+        default_factory=lambda: {p: set() for p in ("bob", "limited", "reader", "alice")}
+    )
+
+    def client(self, who: str | None) -> httpx.AsyncClient:
+        return http(self.url, None if who is None else self.secrets[who])
+
+    async def call(self, who: str, method: str, **body: Any) -> Any:
+        async with self.client(who) as client:
+            response = await client.post(f"/v1/{method}", json=body)
+        assert response.status_code == 200, f"{method} as {who}: {response.text}"
+        return response.json()
+
+    def hide(self, *ids: str, from_: tuple[str, ...] = ("bob", "limited")) -> None:
+        for who in from_:
+            self.hidden[who].update(ids)
+
+    async def state(self) -> tuple[str, Any]:
+        """What a refused call must leave as it was: the folded state and the activities."""
+        digest = await self.call("op", "digest")
+        rows = await self.call("op", "sql", query="SELECT * FROM activities ORDER BY ALL")
+        return digest, rows["rows"]
+
+
+def _sync_call(client: httpx.Client, method: str, **body: Any) -> Any:
+    response = client.post(f"/v1/{method}", json=body)
+    assert response.status_code == 200, f"{method}: {response.text}"
+    return response.json()
+
+
+def build_world(url: str) -> World:
+    """Alice's world, made by alice (so she is the author of every row)."""
+    secrets = {"op": OP}
+    token_ids: dict[str, str] = {}
+    with httpx.Client(base_url=url, timeout=60) as client:
+
+        def as_(who: str, method: str, **body: Any) -> Any:
+            client.headers["Authorization"] = f"Bearer {secrets[who]}"
+            return _sync_call(client, method, **body)
+
+        def token(who: str, as_who: str = "op", **spec: Any) -> None:
+            made = as_(as_who, "create_token", **spec)
+            secrets[who], token_ids[who] = made["token"], made["token_id"]
+
+        token("admin", owner_id="root", scope="admin")
+        token("alice", as_who="admin", owner_id="alice", scope="write")
+
+        def coll(name: str) -> str:
+            cid: str = as_(
+                "alice", "create_collective", owner_id="alice", name=name, embedder="hash"
+            )
+            return cid
+
+        def exp(cid: str, content: str, visibility: str) -> str:
+            eid: str = as_(
+                "alice",
+                "record_experience",
+                collective_id=cid,
+                content=content,
+                visibility=visibility,
+            )
+            return eid
+
+        def rel(a: str, b: str, kind: str, visibility: str) -> str:
+            rid: str = as_(
+                "alice",
+                "store_relation",
+                source_id=a,
+                target_id=b,
+                relation_type=kind,
+                visibility=visibility,
+            )
+            return rid
+
+        def ins(cid: str, content: str, sources: list[str], visibility: str) -> str:
+            iid: str = as_(
+                "alice",
+                "store_insight",
+                collective_id=cid,
+                content=content,
+                source_experiences=sources,
+                visibility=visibility,
+            )
+            return iid
+
+        def wis(pattern: str, vector: list[float], visibility: str) -> str:
+            wid: str = as_(
+                "alice",
+                "store_wisdom",
+                owner_id="alice",
+                category="CodingStyle",
+                pattern=pattern,
+                embedding=vector,
+                visibility=visibility,
+            )
+            return wid
+
+        ids: dict[str, str] = {}
+        ids["team"], ids["shared"], ids["other"] = coll("team"), coll("shared"), coll("other")
+        ids["scratch"], ids["scratch_org"] = coll("scratch"), coll("scratch-org")
+        token("reader", as_who="admin", owner_id="alice", scope="read")
+        token(
+            "limited", as_who="admin", owner_id="alice", scope="write", collectives=[ids["other"]]
+        )
+        token("bob", as_who="admin", owner_id="bob", scope="write")
+        token("agent", as_who="admin", owner_id="alice", agent_id="agent-a", scope="write")
+
+        team = ids["team"]
+        ids["e1"] = exp(team, f"{TEAM_MARK} alpha nats retry one", "team")
+        ids["e2"] = exp(team, f"{TEAM_MARK} alpha nats retry two", "team")
+        ids["r"] = rel(ids["e1"], ids["e2"], "Supports", "team")
+        ids["i"] = ins(team, f"{TEAM_MARK} insight alpha nats", [ids["e1"]], "team")
+        as_(
+            "alice",
+            "register_activity",
+            collective_id=team,
+            agent_id="alice-bot",
+            task_description=f"{TEAM_MARK} task",
+        )
+
+        shared = ids["shared"]
+        ids["o1"] = exp(shared, "orgshared alpha nats one", "org")
+        ids["o2"] = exp(shared, "orgshared alpha nats two", "org")
+        ids["h1"] = exp(shared, f"{TEAM_MARK} alpha nats hidden", "team")
+        ids["ro"] = rel(ids["o1"], ids["o2"], "Supports", "org")
+        ids["rh"] = rel(ids["o1"], ids["h1"], "Implies", "org")  # an end bob may not see
+        ids["rt"] = rel(ids["o1"], ids["o2"], "Implies", "team")
+        ids["io"] = ins(shared, "orgshared insight alpha nats", [ids["o1"], ids["h1"]], "org")
+        ids["it"] = ins(shared, f"{TEAM_MARK} insight alpha shared", [ids["o1"]], "team")
+        as_(
+            "alice",
+            "register_activity",
+            collective_id=shared,
+            agent_id="alice-bot",
+            task_description=f"{TEAM_MARK} task",
+        )
+        exp(ids["scratch_org"], "orgshared scratch", "org")  # so bob sees scratch-org
+
+        ids["x1"] = exp(ids["other"], f"{OTHER_MARK} alpha nats", "team")
+        ids["wt"] = wis(f"{WISDOM_MARK} pattern", [1.0, 0.0, 0.0], "team")
+        ids["wo"] = wis("orgshared pattern", [0.0, 1.0, 0.0], "org")
+        # agent-a's own: private, so not even alice's other principals see them
+        ids["p1"] = as_(
+            "agent",
+            "record_experience",
+            collective_id=team,
+            content=f"{PRIVATE_MARK} alpha nats",
+            visibility="private",
+        )
+        ids["pi"] = as_(
+            "agent",
+            "store_insight",
+            collective_id=team,
+            content=f"{PRIVATE_MARK} insight alpha nats",
+            source_experiences=[ids["e1"]],
+            visibility="private",
+        )
+        ids["pw"] = as_(
+            "agent",
+            "store_wisdom",
+            owner_id="alice",
+            category="CodingStyle",
+            pattern=f"{PRIVATE_MARK} pattern",
+            embedding=[0.6, 0.8, 0.0],
+            visibility="private",
+        )
+
+    world = World(
+        url=url,
+        secrets=secrets,
+        token_ids=token_ids,
+        team=Place(team, ids["e1"], ids["i"], ids["scratch"], "team"),
+        shared=Place(shared, ids["o1"], ids["io"], ids["scratch_org"], "org"),
+        ids=ids,
+    )
+    world.hide(
+        *(ids[k] for k in ("team", "scratch", "e1", "e2", "r", "i", "h1", "rh", "rt", "it")),
+        TEAM_MARK,
+    )
+    world.hide(ids["other"], ids["x1"], ids["wt"], OTHER_MARK, WISDOM_MARK, from_=("bob",))
+    world.hide(*(ids[k] for k in ("p1", "pi", "pw")), PRIVATE_MARK, from_=tuple(world.hidden))
+    return world
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    running = start(tmp_path_factory.mktemp("walk") / "data", "--token", OP)
+    running.token = OP
+    yield running
+    stop(running)
+
+
+@pytest.fixture(scope="module")
+def world(served: Service) -> World:
+    return build_world(served.url)
+
+
+# -- making fresh entities (for the cases that change or delete) ------------------------------
+
+
+@dataclass
+class Ctx:
+    """What a case builds its arguments from: the world and the place it points at."""
+
+    w: World
+    at: Place
+
+    async def experience(self, content: str = "fresh alpha nats") -> str:
+        vis = self.at.vis
+        mark = TEAM_MARK if vis == "team" else "orgshared"
+        eid: str = await self.w.call(
+            "alice",
+            "record_experience",
+            collective_id=self.at.scratch,
+            content=f"{mark} {content}",
+            visibility=vis,
+        )
+        self._made(eid)
+        return eid
+
+    async def relation(self) -> str:
+        a, b = await self.experience(), await self.experience()
+        rid: str = await self.w.call(
+            "alice",
+            "store_relation",
+            source_id=a,
+            target_id=b,
+            relation_type="Supports",
+            visibility=self.at.vis,
+        )
+        self._made(rid)
+        return rid
+
+    async def insight(self) -> str:
+        source = await self.experience()
+        iid: str = await self.w.call(
+            "alice",
+            "store_insight",
+            collective_id=self.at.scratch,
+            content="fresh insight",
+            source_experiences=[source],
+            visibility=self.at.vis,
+        )
+        self._made(iid)
+        return iid
+
+    async def wisdom(self) -> str:
+        wid: str = await self.w.call(
+            "alice",
+            "store_wisdom",
+            owner_id="alice",
+            category="CodingStyle",
+            pattern="fresh pattern",
+            embedding=[0.0, 0.0, 1.0],
+            visibility=self.at.vis,
+        )
+        if self.at.vis == "team":
+            self.w.hide(wid, from_=("bob",))
+        return wid
+
+    async def collective(self) -> str:
+        cid: str = await self.w.call(
+            "alice",
+            "create_collective",
+            owner_id="alice",
+            name=fresh("doomed"),
+            embedding_dimension=3,
+        )
+        if self.at.vis == "org":  # something bob sees in it
+            await self.w.call(
+                "alice",
+                "record_experience",
+                collective_id=cid,
+                content="org",
+                embedding=[1, 0, 0],
+                visibility="org",
+            )
+        else:
+            self._made(cid)
+        return cid
+
+    async def agent(self) -> str:
+        agent = fresh("agent")
+        await self.w.call(
+            "alice", "register_activity", collective_id=self.at.scratch, agent_id=agent
+        )
+        return agent
+
+    async def token(self) -> str:
+        made = await self.w.call("admin", "create_token", owner_id="carol", scope="read")
+        self.w.hide(made["token"], from_=tuple(self.w.hidden))
+        token_id: str = made["token_id"]
+        return token_id
+
+    def _made(self, entity_id: str) -> None:
+        if self.at.vis == "team":
+            self.w.hide(entity_id)
+
+
+# -- checks of answers ---------------------------------------------------------------------------
+
+Check = Callable[[World, dict[str, Any], Any], None | Awaitable[None]]
+Expect = int | Check  # a refusal's status, or a check of a 200 answer
+Args = Callable[[Ctx], Awaitable[dict[str, Any]]]
+
+
+def static(build: Callable[[Ctx], dict[str, Any]]) -> Args:
+    async def args(ctx: Ctx) -> dict[str, Any]:
+        return build(ctx)
+
+    return args
+
+
+def is_uuid(_: World, __: dict[str, Any], answer: Any) -> None:
+    assert isinstance(answer, str) and UUID_RE.fullmatch(answer), answer
+
+
+def exp_ids(answer: Any) -> set[str]:
+    """The experience ids of a list or page of experiences or scored hits."""
+    items = answer["items"] if isinstance(answer, dict) and "items" in answer else answer
+    found = set()
+    for item in items:
+        inner = item.get("experience", item)
+        found.add(inner["experience_id"])
+    return found
+
+
+def sees(*names: str, exactly: bool = True) -> Check:
+    """The answer lists exactly (or at least) the experiences ``names`` of the world."""
+
+    def check(w: World, _: dict[str, Any], answer: Any) -> None:
+        want = {w.ids[n] for n in names}
+        got = exp_ids(answer)
+        if exactly:
+            assert got == want, (sorted(got), sorted(want))
+        else:
+            assert want <= got, (sorted(got), sorted(want))
+
+    return check
+
+
+def sees_org_only(w: World, args: dict[str, Any], answer: Any) -> None:
+    sees("o1", "o2")(w, args, answer)
+
+
+def context_of(
+    *similar: str, insights: tuple[str, ...], relations: tuple[str, ...], agents: tuple[str, ...]
+) -> Check:
+    def check(w: World, _: dict[str, Any], answer: Any) -> None:
+        assert exp_ids(answer["similar"]) == {w.ids[n] for n in similar}
+        assert exp_ids(answer["recent"]) == {w.ids[n] for n in similar}
+        assert {i["insight"]["insight_id"] for i in answer["insights"]} == {
+            w.ids[n] for n in insights
+        }
+        assert {r["relation_id"] for r in answer["relations"]} == {w.ids[n] for n in relations}
+        assert {a["agent_id"] for a in answer["active_agents"]} == set(agents)
+
+    return check
+
+
+def stats(experiences: int, relations: int, insights: int) -> Check:
+    def check(_: World, __: dict[str, Any], answer: Any) -> None:
+        got = (answer["experiences"], answer["relations"], answer["insights"])
+        assert got == (experiences, relations, insights), answer
+        assert answer["dead_letters"] == 0
+
+    return check
+
+
+def agents(*names: str) -> Check:
+    def check(_: World, __: dict[str, Any], answer: Any) -> None:
+        assert {a["agent_id"] for a in answer["items"]} == set(names), answer
+
+    return check
+
+
+def collective_named(name: str) -> Check:
+    def check(w: World, _: dict[str, Any], answer: Any) -> None:
+        assert answer["collective_id"] == w.ids[name] and answer["name"] == name
+
+    return check
+
+
+def experience_is(name: str) -> Check:
+    def check(w: World, _: dict[str, Any], answer: Any) -> None:
+        assert answer["experience_id"] == w.ids[name]
+
+    return check
+
+
+def insight_with(name: str, *sources: str) -> Check:
+    def check(w: World, _: dict[str, Any], answer: Any) -> None:
+        assert answer["insight_id"] == w.ids[name]
+        assert answer["source_experiences"] == [w.ids[s] for s in sources]
+
+    return check
+
+
+def insights_are(*names: str, exactly: bool = True) -> Check:
+    def check(w: World, _: dict[str, Any], answer: Any) -> None:
+        got = {i["insight"]["insight_id"] for i in answer}
+        want = {w.ids[n] for n in names}
+        assert got == want if exactly else want <= got, (got, want)
+
+    return check
+
+
+def related(*relations: str) -> Check:
+    def check(w: World, _: dict[str, Any], answer: Any) -> None:
+        got = {r["relation"]["relation_id"] for r in answer["items"]}
+        assert got == {w.ids[n] for n in relations}, answer
+
+    return check
+
+
+def wisdom(*names: str, exactly: bool = True) -> Check:
+    def check(w: World, _: dict[str, Any], answer: Any) -> None:
+        got = {s["wisdom"]["wisdom_id"] for s in answer}
+        want = {w.ids[n] for n in names}
+        assert got == want if exactly else want <= got, (got, want)
+        assert all(s["wisdom"]["owner_id"] == "alice" for s in answer)
+
+    return check
+
+
+def wisdom_org_only(w: World, args: dict[str, Any], answer: Any) -> None:
+    assert w.ids["wo"] in {s["wisdom"]["wisdom_id"] for s in answer}
+    assert all(s["wisdom"]["visibility"] == "org" for s in answer), answer
+
+
+def collectives(*names: str, exactly: bool = True) -> Check:
+    def check(w: World, _: dict[str, Any], answer: Any) -> None:
+        got = {c["collective_id"] for c in answer["items"]}
+        want = {w.ids[n] for n in names}
+        assert got == want if exactly else want <= got, (got, want)
+
+    return check
+
+
+def bob_collectives(w: World, _: dict[str, Any], answer: Any) -> None:
+    """Bob lists alice's collectives that hold something org-visible, and no other."""
+    got = {c["collective_id"] for c in answer["items"]}
+    assert {w.ids["shared"], w.ids["scratch_org"]} <= got, answer
+    assert all(c["owner_id"] == "alice" for c in answer["items"])  # (bob has none)
+
+
+def limited_collectives(w: World, _: dict[str, Any], answer: Any) -> None:
+    got = {c["collective_id"] for c in answer["items"]}
+    assert {w.ids["other"], w.ids["shared"], w.ids["scratch_org"]} <= got, answer
+
+
+def a_digest(_: World, __: dict[str, Any], answer: Any) -> None:
+    assert isinstance(answer, str) and re.fullmatch(r"[0-9a-f]{16,128}", answer), answer
+
+
+def a_seq(_: World, __: dict[str, Any], answer: Any) -> None:
+    assert isinstance(answer, int) and answer > 0
+
+
+def new_token(w: World, args: dict[str, Any], answer: Any) -> None:
+    assert answer["token"].startswith("pulse_") and answer["owner_id"] == args["owner_id"]
+    assert answer["scope"] == args["scope"]
+    w.hide(answer["token"], from_=tuple(w.hidden))
+
+
+def every_token(w: World, listed: set[str]) -> None:
+    assert set(w.token_ids.values()) <= listed, (listed, w.token_ids)
+
+
+def token_list(w: World, _: dict[str, Any], answer: Any) -> None:
+    every_token(w, {t["token_id"] for t in answer})
+    assert all("token" not in t and "secret_sha256" not in t for t in answer)
+
+
+def a_page(_: World, __: dict[str, Any], answer: Any) -> None:
+    assert set(answer) == {"items", "next"}
+
+
+def rows_of(*names: str, exactly: bool = True) -> Check:
+    def check(w: World, _: dict[str, Any], answer: Any) -> None:
+        got = {row[0] for row in answer["rows"]}
+        want = {w.ids[n] for n in names}
+        assert got == want if exactly else want <= got, (got, want)
+
+    return check
+
+
+def an_activity(_: World, args: dict[str, Any], answer: Any) -> None:
+    assert answer["agent_id"] == args["agent_id"]
+
+
+def applications(n: int) -> Check:
+    def check(_: World, __: dict[str, Any], answer: Any) -> None:
+        assert answer == n
+
+    return check
+
+
+async def as_op(w: World, method: str, **body: Any) -> httpx.Response:
+    async with w.client("op") as client:
+        return await client.post(f"/v1/{method}", json=body)
+
+
+def gone(getter: str, key: str) -> Check:
+    """After a delete: the entity is no more, for anyone."""
+
+    async def check(w: World, args: dict[str, Any], answer: Any) -> None:
+        assert answer is None
+        response = await as_op(w, getter, **{key: args[key]})
+        assert response.status_code == NF, response.text
+
+    return check
+
+
+def experience_now(**fields: Any) -> Check:
+    """After a change to ``args["experience_id"]`` (or a new one): what it holds now."""
+
+    async def check(w: World, args: dict[str, Any], answer: Any) -> None:
+        eid = args.get("experience_id") or answer
+        found = (await as_op(w, "get_experience", experience_id=eid)).json()
+        assert {k: found[k] for k in fields} == fields, found
+        assert found["author_owner"] == "alice"
+
+    return check
+
+
+def stored(getter: str, key: str) -> Check:
+    """A new entity (its id the answer), there and written by alice."""
+
+    async def check(w: World, _: dict[str, Any], answer: Any) -> None:
+        assert isinstance(answer, str) and UUID_RE.fullmatch(answer), answer
+        found = await as_op(w, getter, **{key: answer})
+        assert found.status_code == 200, found.text
+        assert found.json().get("owner_id", "alice") == "alice"
+
+    return check
+
+
+def active_in_scratch(present: bool) -> Check:
+    async def check(w: World, args: dict[str, Any], answer: Any) -> None:
+        page = (await as_op(w, "get_active_agents", collective_id=args["collective_id"])).json()
+        assert (args["agent_id"] in {a["agent_id"] for a in page["items"]}) is present, page
+
+    return check
+
+
+async def relation_stored(w: World, args: dict[str, Any], answer: Any) -> None:
+    page = (await as_op(w, "get_related_experiences", experience_id=args["source_id"])).json()
+    assert [r["relation"]["relation_id"] for r in page["items"]] == [answer]
+    assert page["items"][0]["relation"]["author_owner"] == "alice"
+
+
+def in_view(view: str, key: str, count: int) -> Check:
+    """After a write: how many rows of ``view`` (the operator's SQL) have its id (the
+    answer, or ``args[key]``)."""
+
+    async def check(w: World, args: dict[str, Any], answer: Any) -> None:
+        wanted = answer if isinstance(answer, str) else args[key]
+        assert UUID_RE.fullmatch(wanted)
+        query = f"SELECT count(*) FROM {view} WHERE {key} = '{wanted}'"
+        rows = (await as_op(w, "sql", query=query)).json()["rows"]
+        assert rows == [[count]], (view, wanted, rows)
+
+    return check
+
+
+async def revoked(w: World, args: dict[str, Any], answer: Any) -> None:
+    listed = (await as_op(w, "list_tokens", include_revoked=True)).json()
+    assert [t["revoked"] for t in listed if t["token_id"] == args["token_id"]] == [True]
+
+
+def uuids(n: int) -> Check:
+    def check(_: World, __: dict[str, Any], answer: Any) -> None:
+        assert isinstance(answer, list) and len(answer) == n
+
+    return check
+
+
+# -- the cases -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    """``args``: the arguments, pointing at a place; ``lacks``: per principal that lacks
+    (some) access, what it gets (``bob@shared``: bob, pointed at the collective that holds
+    org-visible rows); ``has``: the check of the answer to ``who``, who has access."""
+
+    args: Args
+    lacks: dict[str, Expect]
+    has: Check
+    who: str = "alice"
+
+
+def writes(args: Args, has: Check) -> Case:
+    """A write into a collective, or to an entity of one."""
+    return Case(args, {"bob": NF, "bob@shared": FB, "reader": FB, "limited": NF}, has)
+
+
+def speaks(case: Case) -> Case:
+    """An activity of an agent: alice's agent-a token speaks for agent-a only."""
+    case.lacks["agent"] = FB
+    return case
+
+
+def reads(args: Args, bob_shared: Check, has: Check) -> Case:
+    """A read of a collective or an entity: the reader reads all of it."""
+    return Case(args, {"bob": NF, "bob@shared": bob_shared, "reader": has, "limited": NF}, has)
+
+
+def admin_only(args: Args, has: Check) -> Case:
+    return Case(args, {p: FB for p in ("bob", "reader", "limited", "alice")}, has, who="admin")
+
+
+SEARCH = "alpha nats"
+FILTER = {"include_archived": True, "min_importance": 0.0}
+
+CASES: dict[str, Case] = {
+    # -- collectives
+    "create_collective": Case(
+        static(lambda c: {"owner_id": "alice", "name": fresh("made"), "embedder": "hash"}),
+        {"bob": FB, "reader": FB, "limited": FB},  # another owner's; read; limited
+        stored("get_collective", "collective_id"),
+    ),
+    "get_collective": reads(
+        static(lambda c: {"collective_id": c.at.collective}),
+        collective_named("shared"),
+        collective_named("team"),
+    ),
+    "list_collectives": Case(
+        static(lambda c: {}),
+        {
+            "bob": bob_collectives,
+            "reader": collectives("team", "shared", "other", exactly=False),
+            "limited": limited_collectives,
+        },
+        collectives("team", "shared", "other", "scratch", "scratch_org", exactly=False),
+    ),
+    "list_collectives:owner": Case(
+        static(lambda c: {"owner_id": "alice"}),
+        {"bob": bob_collectives, "limited": limited_collectives},
+        collectives("team", "shared", "other", exactly=False),
+    ),
+    "get_collective_stats": reads(
+        static(lambda c: {"collective_id": c.at.collective}),
+        stats(2, 1, 1),
+        stats(2, 1, 1),  # team: e1 e2, r, i; shared for bob: o1 o2, ro, io
+    ),
+    "delete_collective": writes(
+        lambda c: _one("collective_id", c.collective()), gone("get_collective", "collective_id")
+    ),
+    # -- experiences
+    "record_experience": writes(
+        static(lambda c: {"collective_id": c.at.scratch, "content": f"{TEAM_MARK} new"}),
+        experience_now(visibility="team", content=f"{TEAM_MARK} new"),
+    ),
+    "record_experiences": writes(
+        static(
+            lambda c: {
+                "collective_id": c.at.scratch,
+                "items": [{"content": f"{TEAM_MARK} a"}, {"content": "b"}],
+            }
+        ),
+        uuids(2),
+    ),
+    "get_experience": reads(
+        static(lambda c: {"experience_id": c.at.exp}), experience_is("o1"), experience_is("e1")
+    ),
+    "get_experience:private": Case(  # its author's only, not its owner's other principals
+        static(lambda c: {"experience_id": c.w.ids["p1"]}),
+        {p: NF for p in ("alice", "reader", "limited", "bob")},
+        experience_is("p1"),
+        who="agent",
+    ),
+    "get_recent_experiences": reads(
+        static(lambda c: {"collective_id": c.at.collective, "limit": 50}),
+        sees_org_only,
+        sees("e1", "e2"),
+    ),
+    "list_experiences": reads(
+        static(lambda c: {"collective_id": c.at.collective}), sees_org_only, sees("e1", "e2")
+    ),
+    "update_experience": writes(
+        lambda c: _one("experience_id", c.experience(), importance=0.9),
+        experience_now(importance=0.9),
+    ),
+    "archive_experience": writes(
+        lambda c: _one("experience_id", c.experience()), experience_now(archived=True)
+    ),
+    "unarchive_experience": writes(lambda c: _archived(c), experience_now(archived=False)),
+    "reinforce_experience": writes(
+        lambda c: _one("experience_id", c.experience()), applications(1)
+    ),
+    "delete_experience": writes(
+        lambda c: _one("experience_id", c.experience()), gone("get_experience", "experience_id")
+    ),
+    # -- search
+    "search_similar": reads(
+        static(lambda c: {"collective_id": c.at.collective, "query": SEARCH, "k": 20}),
+        sees_org_only,
+        sees("e1", "e2"),
+    ),
+    "search_text": reads(
+        static(lambda c: {"collective_id": c.at.collective, "text": SEARCH, "k": 20}),
+        sees_org_only,
+        sees("e1", "e2"),
+    ),
+    "search_hybrid": reads(
+        static(lambda c: {"collective_id": c.at.collective, "text": SEARCH, "k": 20}),
+        sees_org_only,
+        sees("e1", "e2"),
+    ),
+    "search_hybrid:filtered": reads(  # a filter that narrows: the visibility still holds
+        static(
+            lambda c: {"collective_id": c.at.collective, "text": SEARCH, "k": 20, "flt": FILTER}
+        ),
+        sees_org_only,
+        sees("e1", "e2"),
+    ),
+    "search_similar:filtered": reads(
+        static(
+            lambda c: {"collective_id": c.at.collective, "query": SEARCH, "k": 20, "flt": FILTER}
+        ),
+        sees_org_only,
+        sees("e1", "e2"),
+    ),
+    "list_cold_experiences": reads(
+        static(lambda c: {"collective_id": c.at.collective, "threshold": 1.0}),
+        sees("o1", "o2"),
+        sees("e1", "e2"),
+    ),
+    "get_context_candidates": reads(
+        static(lambda c: {"collective_id": c.at.collective, "text": SEARCH, "k": 20, "recent": 20}),
+        context_of("o1", "o2", insights=("io",), relations=("ro",), agents=()),
+        context_of("e1", "e2", insights=("i",), relations=("r",), agents=("alice-bot",)),
+    ),
+    # -- relations and insights
+    "store_relation": writes(lambda c: _pair(c, relation_type="Elaborates"), relation_stored),
+    "get_related_experiences": reads(
+        static(lambda c: {"experience_id": c.at.exp}), related("ro"), related("r")
+    ),
+    "delete_relation": writes(
+        lambda c: _one("relation_id", c.relation()), in_view("relations", "relation_id", 0)
+    ),
+    "store_insight": writes(
+        lambda c: _distilled(c, "collective_id", content="distilled"),
+        stored("get_insight", "insight_id"),
+    ),
+    "get_insight": reads(
+        static(lambda c: {"insight_id": c.at.insight}),
+        insight_with("io", "o1"),
+        insight_with("i", "e1"),  # h1 is not bob's to see
+    ),
+    "get_insights": reads(
+        static(lambda c: {"collective_id": c.at.collective, "query": SEARCH, "k": 10}),
+        insights_are("io"),
+        insights_are("i"),
+    ),
+    "delete_insight": writes(
+        lambda c: _one("insight_id", c.insight()), gone("get_insight", "insight_id")
+    ),
+    # -- activities
+    "register_activity": speaks(
+        writes(
+            static(lambda c: {"collective_id": c.at.scratch, "agent_id": fresh("bot")}),
+            active_in_scratch(True),
+        )
+    ),
+    "update_heartbeat": speaks(
+        writes(
+            static(lambda c: {"collective_id": c.at.collective, "agent_id": "alice-bot"}),
+            an_activity,
+        )
+    ),
+    "end_activity": Case(
+        lambda c: _agent_in_scratch(c),
+        {"bob": NF, "bob@shared": FB, "reader": FB, "limited": NF, "agent": FB},
+        active_in_scratch(False),
+    ),
+    "get_active_agents": reads(
+        static(lambda c: {"collective_id": c.at.collective}),
+        agents(),  # activities are the members' only
+        agents("alice-bot"),
+    ),
+    # -- wisdom: an owner's, "team" is every principal of the owner (a limited one too)
+    "store_wisdom": Case(
+        static(
+            lambda c: {
+                "owner_id": "alice",
+                "category": "CodingStyle",
+                "pattern": "p",
+                "embedding": [0.0, 0.0, 1.0],
+            }
+        ),
+        {"bob": FB, "reader": FB, "limited": in_view("wisdom", "wisdom_id", 1)},
+        in_view("wisdom", "wisdom_id", 1),
+    ),
+    "get_wisdom": Case(
+        static(lambda c: {"owner_id": "alice"}),
+        {
+            "bob": wisdom_org_only,
+            "reader": wisdom("wt", "wo", exactly=False),
+            "limited": wisdom("wt", "wo", exactly=False),
+        },
+        wisdom("wt", "wo", exactly=False),
+    ),
+    "get_wisdom:query": Case(  # nearest first
+        static(lambda c: {"owner_id": "alice", "query": [0.0, 1.0, 0.0], "k": 50}),
+        {
+            "bob": wisdom_org_only,
+            "reader": wisdom("wt", "wo", exactly=False),
+            "limited": wisdom("wt", "wo", exactly=False),
+        },
+        wisdom("wt", "wo", exactly=False),
+    ),
+    "delete_wisdom": Case(
+        lambda c: _one("wisdom_id", c.wisdom()),
+        {"bob": NF, "bob@shared": FB, "reader": FB, "limited": in_view("wisdom", "wisdom_id", 0)},
+        in_view("wisdom", "wisdom_id", 0),
+    ),
+    # -- the state as a whole: any principal, nothing of anyone in the answer
+    "digest": Case(static(lambda c: {}), {"bob": a_digest, "reader": a_digest}, a_digest),
+    "sync": Case(static(lambda c: {}), {"bob": a_seq, "reader": a_seq}, a_seq),
+    "sql": Case(  # the views, holding what the principal may see
+        static(lambda c: {"query": "SELECT experience_id FROM experiences"}),
+        {
+            "bob": rows_of("o1", "o2", exactly=False),
+            "reader": rows_of("e1", "e2", "x1", exactly=False),
+            "limited": rows_of("x1", "o1", "o2", exactly=False),
+        },
+        rows_of("e1", "e2", "o1", "o2", "h1", "x1", exactly=False),
+    ),
+    "sql:base": admin_only(  # raw SQL over the base tables: admins only
+        static(lambda c: {"query": "SELECT experience_id FROM experience_rows"}),
+        rows_of("e1", "e2", "o1", "o2", "h1", "x1", exactly=False),
+    ),
+    "sql:tokens": Case(  # the tokens view holds nothing but for admins
+        static(lambda c: {"query": "SELECT token_id FROM tokens"}),
+        {p: rows_of() for p in ("bob", "reader", "limited", "alice")},
+        lambda w, a, answer: every_token(w, {row[0] for row in answer["rows"]}),
+        who="admin",
+    ),
+    # -- admins only
+    "create_token": admin_only(static(lambda c: {"owner_id": "alice", "scope": "read"}), new_token),
+    "list_tokens": admin_only(static(lambda c: {}), token_list),
+    "revoke_token": admin_only(lambda c: _one("token_id", c.token()), revoked),
+    "dead_letters": admin_only(static(lambda c: {}), a_page),
+}
+
+
+async def _one(name: str, made: Awaitable[str], **more: Any) -> dict[str, Any]:
+    return {name: await made, **more}
+
+
+async def _archived(c: Ctx) -> dict[str, Any]:
+    experience_id = await c.experience()
+    await c.w.call("alice", "archive_experience", experience_id=experience_id)
+    return {"experience_id": experience_id}
+
+
+async def _pair(c: Ctx, **more: Any) -> dict[str, Any]:
+    """Two fresh experiences of the place (a triple is unique: fresh ends, a fresh one)."""
+    source, target = await c.experience(), await c.experience()
+    return {"source_id": source, "target_id": target, **more}
+
+
+async def _distilled(c: Ctx, where: str, **more: Any) -> dict[str, Any]:
+    """An insight's arguments: into the place's scratch collective, from a fresh source."""
+    return {where: c.at.scratch, "source_experiences": [await c.experience()], **more}
+
+
+async def _agent_in_scratch(c: Ctx) -> dict[str, Any]:
+    """An agent of the place's collective: bob and the limited token are pointed at the
+    place's (scratch) collective, whose activity is alice's."""
+    agent = await c.agent()
+    return {"collective_id": c.at.scratch, "agent_id": agent}
+
+
+def cases_of(method: str) -> list[tuple[str, Case]]:
+    found = [(k, c) for k, c in CASES.items() if k == method or k.startswith(f"{method}:")]
+    if not found:
+        pytest.fail(f"{method}: no case in the access walk; add one to CASES")
+    return found
+
+
+# -- the walk over HTTP --------------------------------------------------------------------------
+
+
+def principal_and_place(w: World, who: str) -> tuple[str, Place]:
+    if who == "bob@shared":
+        return "bob", w.shared
+    return who, w.team  # (agent: alice's agent-a)
+
+
+def leak_free(w: World, who: str, args: dict[str, Any], text: str) -> None:
+    """Nothing ``who`` may not see is in ``text`` (besides what it named itself)."""
+    given = json.dumps(args)
+    for secret in w.hidden.get(who, set()):
+        if secret not in given:
+            assert secret not in text, f"{who} was shown {secret}: {text[:500]}"
+
+
+def normalized(text: str) -> str:
+    return UUID_RE.sub("<id>", text)
+
+
+def phantom(args: dict[str, Any]) -> dict[str, Any]:
+    """The same arguments, every id swapped for one never created."""
+    return json.loads(UUID_RE.sub(lambda _: str(uuid.uuid4()), json.dumps(args)))
+
+
+async def http_call(w: World, who: str, method: str, args: dict[str, Any]) -> httpx.Response:
+    async with w.client(who) as client:
+        return await client.post(f"/v1/{method}", json=args)
+
+
+async def judged(
+    w: World, who: str, expect: Expect, status: int, body: Any, text: str, args: dict[str, Any]
+) -> None:
+    principal = principal_and_place(w, who)[0]
+    leak_free(w, principal, args, text)
+    if isinstance(expect, int):
+        assert status == expect, f"as {who}: {status} {text[:300]}"
+        assert body["error"] == KIND[expect], body
+    else:
+        assert status == 200, f"as {who}: {status} {text[:300]}"
+        await checked(expect, w, args, body)
+
+
+async def checked(check: Check, w: World, args: dict[str, Any], answer: Any) -> None:
+    outcome = check(w, args, answer)
+    if inspect.isawaitable(outcome):
+        await outcome
+
+
+@pytest.mark.parametrize("method", sorted(API_METHODS))
+async def test_http_without_access(world: World, method: str) -> None:
+    """Every principal that lacks access gets exactly what the rules give; a refusal
+    changes nothing, and a 404 reads as the 404 of a never-created id."""
+    for name, case in cases_of(method):
+        for who, expect in case.lacks.items():
+            principal, place = principal_and_place(world, who)
+            args = await case.args(Ctx(world, place))
+            before = await world.state() if isinstance(expect, int) else None
+            response = await http_call(world, principal, method, args)
+            body = response.json()
+            await judged(world, who, expect, response.status_code, body, response.text, args)
+            if isinstance(expect, int):
+                assert await world.state() == before, f"{name} as {who} changed the state"
+            if expect == NF:  # existence does not leak: the same as for an id never made
+                never = await http_call(world, principal, method, phantom(args))
+                assert never.status_code == NF, f"{name} as {who}: {never.text}"
+                assert normalized(never.json()["message"]) == normalized(body["message"]), (
+                    name,
+                    who,
+                    body,
+                    never.json(),
+                )
+
+
+@pytest.mark.parametrize("method", sorted(API_METHODS))
+async def test_http_with_access(world: World, method: str) -> None:
+    for _, case in cases_of(method):
+        args = await case.args(Ctx(world, world.team))
+        response = await http_call(world, case.who, method, args)
+        leak_free(world, case.who, args, response.text)
+        assert response.status_code == 200, response.text
+        await checked(case.has, world, args, response.json())
+
+
+def test_every_method_has_a_case() -> None:
+    methods = {name.split(":")[0] for name in CASES}
+    assert methods == set(API_METHODS), (
+        f"without a case: {sorted(set(API_METHODS) - methods)}; "
+        f"not a method: {sorted(methods - set(API_METHODS))}"
+    )
+
+
+# -- the walk over MCP ---------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def mcp_session(w: World, who: str | None) -> AsyncIterator[ClientSession]:
+    async with (
+        w.client(who) as client,
+        streamable_http_client(f"{w.url}/mcp", http_client=client) as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+def tool_error(text: str) -> str:
+    """The kind of a tool error ("Error executing tool <name>: <Kind>: <message>")."""
+    found = re.match(r"(?:Error executing tool \w+: )?(\w+): ", text)
+    assert found, text
+    return found.group(1)
+
+
+def mcp_ids(answer: Any, key: str = "results") -> set[str]:
+    return exp_ids(answer[key])
+
+
+def recalled(*names: str, exactly: bool = True) -> Check:
+    def check(w: World, _: dict[str, Any], answer: Any) -> None:
+        got = mcp_ids(answer)
+        want = {w.ids[n] for n in names}
+        assert got == want if exactly else want <= got, (got, want)
+
+    return check
+
+
+def has_key(key: str) -> Check:
+    def check(_: World, __: dict[str, Any], answer: Any) -> None:
+        assert UUID_RE.fullmatch(answer[key]), answer
+
+    return check
+
+
+def mcp_agents(*names: str) -> Check:
+    def check(_: World, __: dict[str, Any], answer: Any) -> None:
+        assert {a["agent_id"] for a in answer["agents"]} == set(names), answer
+
+    return check
+
+
+def mcp_insights(*names: str) -> Check:
+    def check(w: World, _: dict[str, Any], answer: Any) -> None:
+        got = {i["insight"]["insight_id"] for i in answer["insights"]}
+        assert got == {w.ids[n] for n in names}, answer
+
+    return check
+
+
+async def _mcp_agent(c: Ctx) -> dict[str, Any]:
+    return {"collective": c.at.scratch, "action": "end", "agent": await c.agent()}
+
+
+def _recall(mode: str, bob: Check, alice: Check) -> Case:
+    return reads(
+        static(lambda c: {"collective": c.at.collective, "query": SEARCH, "mode": mode, "k": 20}),
+        bob,
+        alice,
+    )
+
+
+def _context(w: World, args: dict[str, Any], answer: Any) -> None:
+    vis = "org" if args["collective"] == w.shared.collective else "team"
+    if vis == "org":
+        context_of("o1", "o2", insights=("io",), relations=("ro",), agents=())(w, args, answer)
+    else:
+        assert {w.ids["e1"], w.ids["e2"]} <= exp_ids(answer["similar"])
+        assert [a["agent_id"] for a in answer["active_agents"]] == ["alice-bot"]
+
+
+MCP_CASES: dict[str, Case] = {
+    "remember": writes(
+        static(lambda c: {"collective": c.at.scratch, "content": f"{TEAM_MARK} via mcp"}),
+        lambda w, a, answer: experience_now(content=a["content"], visibility="team")(
+            w, {"experience_id": answer["experience_id"]}, None
+        ),
+    ),
+    "recall:hybrid": _recall("hybrid", recalled("o1", "o2"), recalled("e1", "e2")),
+    "recall:similar": _recall("similar", recalled("o1", "o2"), recalled("e1", "e2")),
+    "recall:text": _recall("text", recalled("o1", "o2"), recalled("e1", "e2")),
+    "recall:context": _recall("context", _context, _context),
+    "reinforce": writes(
+        lambda c: _one("experience_id", c.experience()),
+        lambda w, a, answer: applications(1)(w, a, answer["applications"]),
+    ),
+    "relate": writes(lambda c: _pair(c, relation_type="RelatedTo"), has_key("relation_id")),
+    "insights:search": reads(
+        static(lambda c: {"collective": c.at.collective, "action": "search", "text": SEARCH}),
+        mcp_insights("io"),
+        mcp_insights("i"),
+    ),
+    "insights:store": writes(
+        lambda c: _distilled(c, "collective", action="store", text="seen"),
+        has_key("insight_id"),
+    ),
+    "activity:register": speaks(
+        writes(
+            static(
+                lambda c: {
+                    "collective": c.at.scratch,
+                    "action": "register",
+                    "agent": fresh("mcp-bot"),
+                }
+            ),
+            lambda w, a, answer: an_activity(w, {"agent_id": a["agent"]}, answer["activity"]),
+        )
+    ),
+    "activity:heartbeat": speaks(
+        writes(
+            static(
+                lambda c: {
+                    "collective": c.at.collective,
+                    "action": "heartbeat",
+                    "agent": "alice-bot",
+                }
+            ),
+            lambda w, a, answer: an_activity(w, {"agent_id": a["agent"]}, answer["activity"]),
+        )
+    ),
+    "activity:end": Case(
+        _mcp_agent,
+        {"bob": NF, "bob@shared": FB, "reader": FB, "limited": NF, "agent": FB},
+        lambda w, a, answer: active_in_scratch(False)(
+            w, {"collective_id": a["collective"], "agent_id": answer["ended"]}, None
+        ),
+    ),
+    "activity:active": reads(
+        static(lambda c: {"collective": c.at.collective, "action": "active"}),
+        mcp_agents(),
+        mcp_agents("alice-bot"),
+    ),
+}
+
+
+async def mcp_call(w: World, who: str, tool: str, args: dict[str, Any]) -> tuple[bool, str]:
+    async with mcp_session(w, who) as session:
+        result = await session.call_tool(tool, args)
+    text = result.content[0].text if result.content else ""  # type: ignore[union-attr]
+    return bool(result.isError), text
+
+
+@pytest.mark.parametrize("name", sorted(MCP_CASES))
+async def test_mcp_without_access(world: World, name: str) -> None:
+    case, tool = MCP_CASES[name], name.split(":")[0]
+    for who, expect in case.lacks.items():
+        principal, place = principal_and_place(world, who)
+        args = await case.args(Ctx(world, place))
+        before = await world.state() if isinstance(expect, int) else None
+        error, text = await mcp_call(world, principal, tool, args)
+        leak_free(world, principal, args, text)
+        if isinstance(expect, int):
+            assert error and tool_error(text) == KIND[expect], f"{name} as {who}: {text}"
+            assert await world.state() == before, f"{name} as {who} changed the state"
+        else:
+            assert not error, f"{name} as {who}: {text}"
+            await checked(expect, world, args, json.loads(text))
+
+
+@pytest.mark.parametrize("name", sorted(MCP_CASES))
+async def test_mcp_with_access(world: World, name: str) -> None:
+    case, tool = MCP_CASES[name], name.split(":")[0]
+    args = await case.args(Ctx(world, world.team))
+    error, text = await mcp_call(world, case.who, tool, args)
+    leak_free(world, case.who, args, text)
+    assert not error, text
+    await checked(case.has, world, args, json.loads(text))
+
+
+async def test_every_mcp_tool_has_a_case(world: World) -> None:
+    """Every tool the server lists, and every action or mode of one, has a case."""
+    async with mcp_session(world, "alice") as session:
+        tools = (await session.list_tools()).tools
+    listed = set()
+    for tool in tools:
+        properties = tool.inputSchema.get("properties", {})
+        variants = [
+            value for key in ("action", "mode") for value in properties.get(key, {}).get("enum", ())
+        ]
+        listed |= {f"{tool.name}:{v}" for v in variants} if variants else {tool.name}
+    assert listed == set(MCP_CASES), (
+        f"without a case: {sorted(listed - set(MCP_CASES))}; "
+        f"not a tool: {sorted(set(MCP_CASES) - listed)}"
+    )
+
+
+async def test_mcp_names_a_collective_only_among_those_it_may_see(world: World) -> None:
+    """A collective named by name: bob's names are those he may see."""
+    args = {"collective": "team", "query": SEARCH}
+    error, text = await mcp_call(world, "bob", "recall", args)
+    assert error and tool_error(text) == "NotFoundError", text
+    assert "no collective named 'team'" in text
+    error, text = await mcp_call(world, "bob", "recall", {**args, "collective": "shared"})
+    assert not error and mcp_ids(json.loads(text)) == {world.ids["o1"], world.ids["o2"]}
+
+
+# -- watch (server-sent events) --------------------------------------------------------------
+
+
+async def changes_until(lines: AsyncIterator[str], last: str) -> list[str]:
+    """The experience ids of the changes a stream sends, up to ``last``."""
+    seen: list[str] = []
+
+    async def read() -> None:
+        async for line in lines:
+            if line.startswith("data: "):
+                seen.append(json.loads(line[6:])["experience_id"])
+                if seen[-1] == last:
+                    return
+
+    await asyncio.wait_for(read(), 20)
+    return seen
+
+
+async def test_watch_streams_only_what_the_principal_may_see(world: World) -> None:
+    async with (
+        world.client("bob") as bob,
+        world.client("alice") as alice,
+        world.client("limited") as limited,
+        bob.stream("GET", "/v1/watch_experiences") as bob_sse,
+        alice.stream("GET", "/v1/watch_experiences") as alice_sse,
+        limited.stream("GET", "/v1/watch_experiences") as limited_sse,
+    ):
+        streams = [s.aiter_lines() for s in (bob_sse, alice_sse, limited_sse)]
+        for lines in streams:
+            assert await anext(lines) == ": watching"
+        secret = await world.call(
+            "alice",
+            "record_experience",
+            collective_id=world.ids["scratch"],
+            content=f"{TEAM_MARK} watched",
+        )
+        world.hide(secret)
+        await world.call("alice", "update_experience", experience_id=secret, importance=0.6)
+        shown = await world.call(
+            "alice",
+            "record_experience",
+            collective_id=world.ids["scratch_org"],
+            content="orgshared watched",
+            visibility="org",
+        )
+        bob_seen, alice_seen, limited_seen = [await changes_until(s, shown) for s in streams]
+    assert alice_seen == [secret, secret, shown]
+    assert bob_seen == [shown]
+    assert limited_seen == [shown]
+
+
+async def test_a_watch_ends_when_its_token_is_revoked(world: World) -> None:
+    made = await world.call("admin", "create_token", owner_id="alice", scope="read")
+    world.hide(made["token"], from_=tuple(world.hidden))
+    async with (
+        http(world.url, made["token"]) as client,
+        client.stream("GET", "/v1/watch_experiences") as sse,
+    ):
+        lines = sse.aiter_lines()
+        assert await anext(lines) == ": watching"
+        before = await world.call(
+            "alice",
+            "record_experience",
+            collective_id=world.ids["scratch"],
+            content="seen while valid",
+        )
+        assert await changes_until(lines, before) == [before]
+        await world.call("admin", "revoke_token", token_id=made["token_id"])
+        after = await world.call(
+            "alice",
+            "record_experience",
+            collective_id=world.ids["scratch"],
+            content="not for a revoked token",
+        )
+
+        async def rest() -> list[str]:
+            return [line async for line in lines]
+
+        tail = await asyncio.wait_for(rest(), 20)  # the stream ends
+    assert not any(after in line for line in tail), tail
+    assert "event: unauthorized" in tail, tail
+
+
+# -- 401: no principal -----------------------------------------------------------------------------
+
+
+async def refusals(url: str, token: str | None) -> dict[str, httpx.Response]:
+    """The answers to a request of every kind with ``token`` (None: no Authorization)."""
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-03-26",
+            "capabilities": {},
+            "clientInfo": {"name": "walk", "version": "1"},
+        },
+    }
+    async with http(url, token) as client:
+        return {
+            "api": await client.post("/v1/list_collectives", json={}),
+            "write": await client.post(
+                "/v1/create_collective", json={"owner_id": "x", "name": "x", "embedder": "hash"}
+            ),
+            "metrics": await client.get("/metrics"),
+            "openapi": await client.get("/openapi.json"),
+            "watch": await client.get("/v1/watch_experiences"),
+            "mcp": await client.post(
+                "/mcp", json=initialize, headers={"Accept": "application/json, text/event-stream"}
+            ),
+        }
+
+
+async def assert_refused(url: str, token: str | None, why: str) -> None:
+    for route, response in (await refusals(url, token)).items():
+        assert response.status_code == 401, (route, why, response.text)
+        assert response.headers["www-authenticate"] == "Bearer"
+        body = response.json()
+        assert body["error"] == "Unauthorized" and why in body["message"], (route, body)
+    async with http(url, token) as client:
+        health = await client.get("/health")
+    assert health.status_code == 200 and health.json() == {"status": "up"}
+
+
+async def test_requests_without_a_live_token_are_refused(world: World) -> None:
+    url = world.url
+    await assert_refused(url, None, "a bearer token is required")
+    await assert_refused(url, "nope", "not a Pulse token")
+    await assert_refused(url, "", "not a Pulse token")  # an empty one is not the operator
+    unknown = f"pulse_{uuid.uuid4().hex}_{'A' * 43}"
+    await assert_refused(url, unknown, "unknown token")
+    bob = world.secrets["bob"]
+    forged = bob[:-43] + ("B" if bob[-1] != "B" else "C") * 43  # bob's id, another secret
+    await assert_refused(url, forged, "unknown token")
+    async with http(url) as client:  # another scheme
+        basic = await client.post(
+            "/v1/list_collectives", json={}, headers={"Authorization": f"Basic {bob}"}
+        )
+    assert basic.status_code == 401
+
+    made = await world.call("admin", "create_token", owner_id="alice", scope="write")
+    world.hide(made["token"], from_=tuple(world.hidden))
+    async with http(url, made["token"]) as c:
+        assert (await c.post("/v1/list_collectives", json={})).status_code == 200
+    await world.call("admin", "revoke_token", token_id=made["token_id"])
+    await assert_refused(url, made["token"], "was revoked")  # at once, on this host
+
+    # the service's own token is the operator's, which sees everything
+    async with http(url, OP) as op:
+        listed = (await op.post("/v1/list_collectives", json={"owner_id": "alice"})).json()
+        assert {world.ids["team"], world.ids["other"]} <= {
+            c["collective_id"] for c in listed["items"]
+        }
+        health = (await op.get("/health")).json()
+        assert health["status"] == "ok" and "applied_seq" in health
+        assert (await op.get("/metrics")).status_code == 200
+
+
+async def test_an_expired_token_is_refused(world: World) -> None:
+    made = await world.call("admin", "create_token", owner_id="alice", scope="read", expires_in=1)
+    world.hide(made["token"], from_=tuple(world.hidden))
+    async with http(world.url, made["token"]) as client:
+        first = await client.post("/v1/get_collective", json={"collective_id": world.ids["team"]})
+        assert first.status_code in (200, 401), first.text  # (a slow host: already expired)
+
+        async def expired() -> bool:
+            response = await client.post("/v1/list_collectives", json={})
+            return response.status_code == 401 and "expired" in response.json()["message"]
+
+        await eventually(expired, timeout=15, interval=0.1, what="the token expired")
+    await assert_refused(world.url, made["token"], "expired")
+
+
+async def test_the_remote_client_maps_refusals(world: World) -> None:
+    """``RemotePulseDB`` (the CLI's and ``pulse mcp``'s client): a getter's 404 is None,
+    403 and 401 raise the library's errors."""
+    bob = RemotePulseDB(world.url, world.secrets["bob"])
+    alice = RemotePulseDB(world.url, world.secrets["alice"])
+    nobody = RemotePulseDB(world.url, "nope")
+    try:
+        assert await bob.get_experience(uuid.UUID(world.ids["e1"])) is None
+        assert await bob.get_collective(uuid.UUID(world.ids["team"])) is None
+        assert await bob.get_insight(uuid.UUID(world.ids["i"])) is None
+        found = await bob.get_experience(uuid.UUID(world.ids["o1"]))
+        assert found is not None and found.content == "orgshared alpha nats one"
+        assert (await alice.get_experience(uuid.UUID(world.ids["e1"]))) is not None
+        with pytest.raises(Forbidden, match="not a member"):
+            await bob.record_experience(uuid.UUID(world.ids["shared"]), "x")
+        with pytest.raises(Forbidden, match="needs an admin token"):
+            await alice.list_tokens()
+        with pytest.raises(Unauthorized, match="not a Pulse token"):
+            await nobody.list_collectives()
+    finally:
+        for db in (bob, alice, nobody):
+            await db.close()
+
+
+# -- loopback, no token ever created -----------------------------------------------------------
+
+
+async def test_loopback_without_tokens_is_the_local_owner_until_one_exists(
+    service: Service,
+) -> None:
+    async with http(service.url) as client:
+
+        async def call(method: str, **body: Any) -> Any:
+            response = await client.post(f"/v1/{method}", json=body)
+            assert response.status_code == 200, response.text
+            return response.json()
+
+        team = await call("create_collective", owner_id="me", name="team", embedder="hash")
+        eid = await call("record_experience", collective_id=team, content="as before")
+        hits = await call("search_text", collective_id=team, text="before")
+        assert [h["experience"]["experience_id"] for h in hits] == [eid]
+        assert (await call("get_experience", experience_id=eid))["author_owner"] == "local"
+        async with (
+            streamable_http_client(f"{service.url}/mcp") as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            done = await session.call_tool("remember", {"collective": "team", "content": "x"})
+            assert not done.isError, done.content
+        health = (await client.get("/health")).json()
+        assert health["status"] == "ok" and "applied_seq" in health
+
+        made = await call("create_token", owner_id="me", scope="admin")
+        await assert_refused(service.url, None, "a bearer token is required")
+        bearer = {"Authorization": f"Bearer {made['token']}"}
+        allowed = await client.post("/v1/list_collectives", json={}, headers=bearer)
+        assert allowed.status_code == 200 and len(allowed.json()["items"]) == 1
+        assert "applied_seq" in (await client.get("/health", headers=bearer)).json()
+        # with a token, the service no longer answers loopback names only (the token guards)
+        other = await client.post(
+            "/v1/list_collectives", json={}, headers={**bearer, "Host": "pulse.example"}
+        )
+        assert other.status_code == 200
+        # revoking every token does not make it open again
+        revoked = await client.post(
+            "/v1/revoke_token", json={"token_id": made["token_id"]}, headers=bearer
+        )
+        assert revoked.status_code == 200, revoked.text
+        await assert_refused(service.url, None, "a bearer token is required")
+        await assert_refused(service.url, made["token"], "was revoked")
+
+
+# -- a revocation reaches every host ------------------------------------------------------------
+
+
+async def test_a_token_revoked_on_one_host_is_refused_on_another(
+    tmp_path: Path, nats_server: EmbeddedNats
+) -> None:
+    from tests.test_edges import in_process
+
+    a = await PulseDB.open(tmp_path / "a", nats_server.url)
+    b = await PulseDB.open(tmp_path / "b", nats_server.url)
+    try:
+        made = await a.create_token("alice", scope="write")
+        soon = await a.create_token("alice", scope="read", expires_in=2)
+
+        async def known_on_b() -> bool:
+            await b.sync()
+            return made.token_id in b.access.tokens and soon.token_id in b.access.tokens
+
+        await eventually(known_on_b, what="the tokens on host b")
+        async with in_process(b) as url:
+            async with http(url, made.token) as client:
+                made_here = await client.post(
+                    "/v1/create_collective",
+                    json={"owner_id": "alice", "name": "t", "embedding_dimension": 2},
+                )
+                assert made_here.status_code == 200, made_here.text
+                await a.revoke_token(made.token_id)
+
+                async def refused_on_b() -> bool:
+                    await b.sync()
+                    response = await client.post("/v1/list_collectives", json={})
+                    return response.status_code == 401
+
+                await eventually(refused_on_b, timeout=10, what="the revocation on host b")
+                await assert_refused(url, made.token, "was revoked")
+            with pytest.raises(Unauthorized, match="was revoked"), b.acting_as(made.token):
+                pass
+
+            async def expired_on_b() -> bool:
+                try:
+                    b.principal_of(soon.token)
+                except Unauthorized as exc:
+                    return "expired" in str(exc)
+                return False
+
+            await eventually(expired_on_b, timeout=10, interval=0.1, what="expiry on host b")
+            await assert_refused(url, soon.token, "expired")
+    finally:
+        await b.close()
+        await a.close()
+
+
+async def test_an_mcp_tool_served_over_http_never_runs_without_a_principal(
+    tmp_path: Path, nats_server: EmbeddedNats
+) -> None:
+    """Over stdio a tool acts for the instance's principal; once its server is served over
+    HTTP, a call that arrives without an HTTP request (so without the Guard's principal)
+    is refused, never run as the instance's own (in `pulse up`, the local operator)."""
+    db = await PulseDB.open(tmp_path / "db", nats_server.url)
+    try:
+        await db.create_collective("me", "team", embedder="hash")
+        mcp = build_mcp(db)
+        args = {"collective": "team", "query": "anything"}
+        assert await mcp.call_tool("recall", args)  # as over stdio
+        mcp.streamable_http_app()
+        with pytest.raises(ToolError, match="Unauthorized: a tool call over HTTP without"):
+            await mcp.call_tool("recall", args)
+    finally:
+        await db.close()
