@@ -65,6 +65,13 @@ Limit = Annotated[
     Field(ge=1, le=models.PAGE_MAX, description=f"agents per page, 1..{models.PAGE_MAX}"),
 ]
 After = Annotated[str | None, Field(description="the `next` of the page before", max_length=1000)]
+Visible = Annotated[
+    Literal["private", "team", "org"],
+    Field(
+        description="who may see it: private (you, the author), team (the collective's "
+        "members) or org (every principal of the deployment)"
+    ),
+]
 IdempotencyKey = Annotated[
     str | None,
     Field(
@@ -170,6 +177,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
                 max_length=models.DIMENSION_MAX,
             ),
         ] = None,
+        visibility: Visible = "team",
         idempotency_key: IdempotencyKey = None,
     ) -> dict[str, Any]:
         """Record an experience (what you learned); returns its id."""
@@ -177,7 +185,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         eid = await db.record_experience(
             c.collective_id, content, embedding, experience_type={"kind": kind, **(details or {})},
             importance=importance, confidence=confidence, domain=domain or [],
-            related_files=related_files or [], source_agent=agent,
+            related_files=related_files or [], source_agent=agent, visibility=visibility,
             idempotency_key=idempotency_key,
         )  # fmt: skip
         return {"experience_id": str(eid)}
@@ -232,12 +240,13 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         target_id: UUID,
         strength: Score = 0.5,
         metadata: Annotated[str | None, Field(max_length=models.METADATA_MAX_BYTES)] = None,
+        visibility: Visible = "team",
         idempotency_key: IdempotencyKey = None,
     ) -> dict[str, Any]:
         """Link two experiences of one collective; returns the relation's id."""
         rid = await db.store_relation(
             source_id, target_id, relation_type, strength=strength, metadata=metadata,
-            idempotency_key=idempotency_key,
+            visibility=visibility, idempotency_key=idempotency_key,
         )  # fmt: skip
         return {"relation_id": str(rid)}
 
@@ -252,6 +261,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         ] = None,
         confidence: Score = 0.5,
         k: K = 5,
+        visibility: Visible = "team",
         idempotency_key: IdempotencyKey = None,
     ) -> dict[str, Any]:
         """Search the collective's insights near ``text``, or store ``text`` as an insight
@@ -260,7 +270,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         if action == "store":
             iid = await db.store_insight(
                 c.collective_id, text, source_experiences=source_experiences or [],
-                confidence=confidence, idempotency_key=idempotency_key,
+                confidence=confidence, visibility=visibility, idempotency_key=idempotency_key,
             )  # fmt: skip
             return {"insight_id": str(iid)}
         return {"insights": to_json(await db.get_insights(c.collective_id, text, k))}

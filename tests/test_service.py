@@ -406,15 +406,18 @@ async def _remember_and_recall(session: ClientSession) -> None:
     remember = tools["remember"].inputSchema["properties"]
     assert remember["content"]["maxLength"] == 100 * 1024
     assert remember["importance"]["maximum"] == 1.0
+    assert remember["visibility"]["enum"] == ["private", "team", "org"]
     done = await session.call_tool("remember", {
         "collective": "team", "content": "agents share memory through pulse",
         "importance": 0.9, "kind": "Fact", "details": {"statement": "s", "source": "docs"},
+        "visibility": "org",
     })  # fmt: skip
     assert not done.isError, done.content
     eid = json.loads(done.content[0].text)["experience_id"]  # type: ignore[union-attr]
     found = await session.call_tool("recall", {"collective": "team", "query": "shared memory"})
     hits = json.loads(found.content[0].text)["results"]  # type: ignore[union-attr]
     assert hits[0]["experience"]["experience_id"] == eid
+    assert hits[0]["experience"]["visibility"] == "org"
     reinforced = await session.call_tool("reinforce", {"experience_id": eid})
     assert json.loads(reinforced.content[0].text)["applications"] == 1  # type: ignore[union-attr]
     await session.call_tool("activity", {"collective": "team", "action": "register",
