@@ -17,6 +17,10 @@ Views (stable names, what queries and analysts read):
   relations          live relations: valid, both ends live, the winner of its triple
   insights           live insights;  insight_sources  their source experiences
   wisdom             live wisdom
+  tokens             access tokens (sync.access), revoked ones flagged; never a secret
+  audit              every folded event but reinforcements: sequence, time, type,
+                     collective, entity, author and instance (forgetting an entity
+                     forgets its history here too, all but its delete)
   dead_letters       what breaks an invariant of the folded state, with the reason:
                      wrong embedding dimension, missing collective / endpoint / source,
                      self-relation, relation across collectives, a (source, target, type)
@@ -85,9 +89,9 @@ CREATE TABLE IF NOT EXISTS token_rows (
     created_hlc UBIGINT, deleted BOOLEAN NOT NULL, author_owner VARCHAR,
     author_agent VARCHAR, updated_seq BIGINT);
 CREATE TABLE IF NOT EXISTS audit_rows (
-    seq BIGINT PRIMARY KEY, event_id UUID, event_type VARCHAR, collective_id UUID,
-    entity VARCHAR, entity_id UUID, author_owner VARCHAR, author_agent VARCHAR,
-    instance_id UUID, hlc UBIGINT);
+    seq BIGINT NOT NULL, event_type VARCHAR, collective_id UUID, entity VARCHAR,
+    entity_id UUID, author_owner VARCHAR, author_agent VARCHAR, instance_id UUID,
+    hlc UBIGINT);
 CREATE TABLE IF NOT EXISTS undecodable (
     seq BIGINT PRIMARY KEY, subject VARCHAR, reason VARCHAR, instance_id UUID);
 """
@@ -204,7 +208,7 @@ FROM token_rows WHERE create_event IS NOT NULL OR deleted;
 
 CREATE OR REPLACE VIEW audit AS
 SELECT seq, epoch_ms((hlc >> 16)::BIGINT) AS written_at, event_type, collective_id, entity,
-       entity_id, author_owner, author_agent, instance_id, event_id
+       entity_id, author_owner, author_agent, instance_id
 FROM audit_rows;
 
 CREATE OR REPLACE VIEW dead_letters AS

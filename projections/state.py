@@ -56,10 +56,10 @@ class Rejected:
     instance_id: UUID | None = None
 
 
-# One event in the audit (the ``audit`` view): seq, event id, type, collective, entity,
-# entity id, author owner, author agent, instance, hlc
+# One event in the audit (the ``audit`` view): seq, type, collective, entity, entity id,
+# author owner, author agent, instance, hlc
 Audited: TypeAlias = tuple[
-    int, UUID, str, UUID | None, str, UUID | None, str | None, str | None, UUID, int
+    int, str, UUID | None, str, UUID | None, str | None, str | None, UUID, int
 ]
 
 

@@ -193,16 +193,25 @@ class Store:
     def _audit(self, audited: Sequence[Audited], rows: dict[type[Row], list[Row]]) -> None:
         """Add the batch's events to the audit; then forget the history of what the batch
         deleted (the log forgets it too), all but the deletes themselves."""
-        columns = list(zip(*audited, strict=True))
-        names = ("seq", "event_id", "event_type", "collective_id", "entity", "entity_id",
-                 "author_owner", "author_agent", "instance_id", "hlc")  # fmt: skip
-        types = ("BIGINT", "UUID", "VARCHAR", "UUID", "VARCHAR", "UUID", "VARCHAR", "VARCHAR",
-                 "UUID", "UBIGINT")  # fmt: skip
+        seq, event_type, collective, entity, entity_id, owner, agent, instance, hlc = zip(
+            *audited, strict=True
+        )
+
+        def uuids(values: Sequence[UUID | None]) -> np.ndarray[Any, Any]:
+            return np.array([None if v is None else v.hex for v in values], dtype=object)
+
         staged_audit = {  # noqa: F841 (read by DuckDB by name)
-            n: _column(list(values), t) for n, values, t in zip(names, columns, types, strict=True)
-        }
-        select = ", ".join(_cast(n, t) for n, t in zip(names, types, strict=True))
-        self.con.execute(f"INSERT OR REPLACE INTO audit_rows SELECT {select} FROM staged_audit")
+            "seq": np.array(seq, dtype=np.int64), "event_type": np.array(event_type, dtype=object),
+            "collective_id": uuids(collective), "entity": np.array(entity, dtype=object),
+            "entity_id": uuids(entity_id), "author_owner": np.array(owner, dtype=object),
+            "author_agent": np.array(agent, dtype=object), "instance_id": uuids(instance),
+            "hlc": np.array(hlc, dtype=np.int64),
+        }  # fmt: skip
+        self.con.execute(
+            "INSERT INTO audit_rows SELECT seq, event_type, collective_id::UUID, entity, "
+            "entity_id::UUID, author_owner, author_agent, instance_id::UUID, hlc::UBIGINT "
+            "FROM staged_audit"
+        )  # (a sequence is applied once: the audit needs no key, and no index to keep up)
         gone = [
             r.key()[0] for t in (ExperienceRow, RelationRow, InsightRow, WisdomRow)
             for r in rows.get(t, ()) if getattr(r, "deleted", False)

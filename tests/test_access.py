@@ -514,3 +514,39 @@ async def test_idempotency_keys_are_per_principal(
             assert await db.record_experience(cid, "once", V, idempotency_key="k-1") == first
     finally:
         await db.close()
+
+
+async def test_the_audit_says_who_wrote_changed_and_deleted_what(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Each event names its author; forgetting an entity keeps only its delete in the
+    audit (the log keeps no more of it either), and a rebuilt host agrees."""
+    db = await PulseDB.open(tmp_path / "host", nats_server.url)
+    try:
+        cid = await db.create_collective("alice", "team", 4)
+        a1 = (await db.create_token("alice", agent_id="a1", scope="write")).token
+        a2 = (await db.create_token("alice", agent_id="a2", scope="write")).token
+        with db.acting_as(a1):
+            kept = await db.record_experience(cid, "kept", V)
+            gone = await db.record_experience(cid, "gone", V)
+        with db.acting_as(a2):
+            await db.update_experience(kept, importance=0.9)
+            await db.reinforce_experience(kept)  # (not audited: a count, not content)
+            await db.delete_experience(gone)
+        query = (
+            "SELECT entity_id, event_type, author_agent FROM audit "
+            f"WHERE entity = 'experience' AND collective_id = '{cid}' ORDER BY seq"
+        )
+        expected = [
+            [str(kept), "experience.recorded", "a1"],
+            [str(kept), "experience.updated", "a2"],
+            [str(gone), "experience.deleted", "a2"],
+        ]
+        assert (await db.sql(query)).rows == expected
+    finally:
+        await db.close()
+    fresh = await PulseDB.open(tmp_path / "fresh", nats_server.url)
+    try:
+        assert (await fresh.sql(query)).rows == expected
+    finally:
+        await fresh.close()
