@@ -291,7 +291,10 @@ class _Columns:
         self.archived = np.zeros(0, dtype=bool)
         self.types = np.zeros(0, dtype=object)
         self.visibility = np.zeros(0, dtype=np.int8)  # VISIBILITY_CODE
-        self.author = np.zeros(0, dtype=object)  # author_key
+        # the author of each row as a small number (``authors``): compared as ints, a
+        # 100,000-row filter by author is a vector operation, not 100,000 string compares
+        self.author = np.zeros(0, dtype=np.int32)
+        self.authors: dict[tuple[str | None, str | None], int] = {}
         self._domains: list[tuple[str, ...]] = []
         self._by_domain: dict[str, npt.NDArray[np.bool_]] = {}
 
@@ -344,8 +347,11 @@ class _Columns:
         self.visibility = grown(
             self.visibility, [VISIBILITY_CODE.get(r.visibility or "team", 1) for r in rows], np.int8
         )
+        codes = self.authors
         self.author = grown(
-            self.author, [author_key(r.author_owner, r.author_agent) for r in rows], object
+            self.author,
+            [codes.setdefault((r.author_owner, r.author_agent), len(codes)) for r in rows],
+            np.int32,
         )
         self._domains.extend(r.domain or () for r in rows)
         self._by_domain.clear()
@@ -366,7 +372,11 @@ class _Columns:
         if not viewer.member:
             return True
         private = self.alive & (self.visibility == 0)
-        return bool(np.any(private & (self.author != author_key(viewer.owner, viewer.agent))))
+        return bool(np.any(private & (self.author != self._code(viewer))))
+
+    def _code(self, viewer: Viewer) -> int:
+        """The viewer's author number (-1, matching no row, when it wrote none here)."""
+        return self.authors.get((viewer.owner, viewer.agent), -1)
 
     def any_org(self) -> bool:
         return bool(np.any(self.alive & (self.visibility == 2)))
@@ -377,8 +387,7 @@ class _Columns:
         viewer = flt.viewer
         if viewer is not None:
             if viewer.member:
-                mine = author_key(viewer.owner, viewer.agent)
-                keep &= (self.visibility != 0) | (self.author == mine)
+                keep &= (self.visibility != 0) | (self.author == self._code(viewer))
             else:
                 keep &= self.visibility == 2
         if flt.min_importance is not None:
@@ -399,11 +408,6 @@ class _Columns:
 
 
 VISIBILITY_CODE = {"private": 0, "team": 1, "org": 2}  # None (rows from before): team
-
-
-def author_key(owner: str | None, agent: str | None) -> str:
-    """One comparable value for an author (agent ids are never empty)."""
-    return f"{owner or ''}\x1f{agent or ''}"
 
 
 def _columns(p: Projection, collective_id: UUID) -> _Columns:
