@@ -14,8 +14,10 @@ The API is assembled from parts along the seams of the domain, each its own modu
 (collectives and experiences, batch writes), ``sync.recall`` (search and context),
 ``sync.links`` (relations and insights), ``sync.forgetting`` (deletes that forget),
 ``sync.presence`` (activities),
-``sync.wisdom``, ``sync.watch`` (changes as they are applied). This class only opens,
-closes and answers about the state as a whole.
+``sync.wisdom``, ``sync.watch`` (changes as they are applied), ``sync.tokens`` (access
+tokens). This class only opens, closes and answers about the state as a whole. Every
+call acts for a principal (``sync.access``): the one given to ``open``, or the one of
+``acting_as``; the local operator by default.
 
 Identity: every incarnation (every ``open``) takes a fresh UUIDv7 as its instance id and
 owns only the G-counter entries written under it. A restarted instance, a data directory
