@@ -524,21 +524,30 @@ def search_text(
     k: int = 10,
     flt: ExperienceFilter = ANY_LIVE,
 ) -> list[ScoredExperience]:
-    """BM25 matches of ``text`` in experience content, best first, filtered."""
+    """BM25 matches of ``text`` in experience content, best first, filtered. For a
+    caller that may not see every row (``flt.viewer``), the score is the rank's,
+    1 / (60 + rank): a BM25 score counts the documents of the whole index that hold
+    each word, hidden ones among them, so it would tell how often a word occurs in what
+    the caller may not read."""
     p.sync_indexes()
     if k <= 0 or not text.strip():
         return []
     fetch = k
     while True:  # ask tantivy for more until enough pass the filter, or it has no more
         hits = _text_hits(p, collective_id, text, fetch)
-        result = []
+        result: list[ScoredExperience] = []
         for experience_id, score in hits:
             row = p.memory.live_experience(experience_id)
             if row is not None and row.collective_id == collective_id and _passes(row, flt):
+                if flt.viewer is not None:
+                    score = 1.0 / (RANK_SCORE_K + len(result) + 1)
                 result.append(ScoredExperience(_experience(p, row), score))
         if len(result) >= k or len(hits) < fetch:
             return result[:k]
         fetch *= 4
+
+
+RANK_SCORE_K = 60  # the rank score of a restricted caller's text hits (as RRF's constant)
 
 
 def _relation(row: RelationRow) -> Relation:
@@ -1069,3 +1078,15 @@ def access_of(p: Projection, entity: str, entity_id: UUID) -> Access | None:
         row.collective_id, collective.owner_id if collective is not None else None,
         row.visibility, row.author_owner, row.author_agent,
     )  # fmt: skip
+
+
+def deleted_access(p: Projection, experience_id: UUID) -> Access | None:
+    """The access facts an experience had before this host applied its delete (None: it
+    was not live here then, or too long ago)."""
+    found = p.memory.deleted_access.get(experience_id)
+    if found is None:
+        return None
+    collective_id, visibility, author_owner, author_agent = found
+    collective = p.memory.collectives.get((collective_id,))
+    owner = collective.owner_id if collective is not None else None
+    return Access(collective_id, owner, visibility, author_owner, author_agent)

@@ -21,6 +21,7 @@ Everything here is touched by the engine thread only (see ``projections.engine``
 from __future__ import annotations
 
 import bisect
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
@@ -43,6 +44,7 @@ from projections.fold import (
 from projections.schema import MISPLACED
 
 R = TypeVar("R")
+DELETED_ACCESS_MAX = 100_000  # deleted experiences whose visibility a watch can still ask
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +115,11 @@ class MemoryState:
         self.unflushed_rejected: list[Rejected] = []
         self.tokens: dict[tuple[Any, ...], TokenRow] = self.fold.rows[TokenRow]  # type: ignore[assignment]
         self.unflushed_audit: list[Audited] = []
+        # who could see the experiences deleted last while live here: (collective,
+        # visibility, author owner, author agent), so a watch tells a delete only to
+        # those who could see the experience (memory only, never stored: a tombstone keeps
+        # no more than its key and collective)
+        self.deleted_access: OrderedDict[UUID, tuple[Any, ...]] = OrderedDict()
 
     # -- loading and merging ---------------------------------------------------------------
 
@@ -137,6 +144,14 @@ class MemoryState:
             for key, row in delta.rows[row_type].items():
                 current = table.get(key)
                 before = _snapshot(current)
+                if (
+                    row_type is ExperienceRow
+                    and current is not None
+                    and row.deleted
+                    and not current.deleted
+                    and current.create_event is not None  # type: ignore[attr-defined]
+                ):
+                    self._remember_deleted(current)  # type: ignore[arg-type]
                 if current is None:
                     table[key] = row
                     current = row
@@ -168,6 +183,17 @@ class MemoryState:
                 current.merge(row)
             dirty.add(key)
             self._count(current)
+
+    def _remember_deleted(self, row: ExperienceRow) -> None:
+        held = self.deleted_access
+        held[row.experience_id] = (
+            row.collective_id,
+            row.visibility,
+            row.author_owner,
+            row.author_agent,
+        )
+        while len(held) > DELETED_ACCESS_MAX:
+            held.popitem(last=False)
 
     def _count(self, row: ApplicationRow) -> None:
         """Take one application row into the experience's counter; a deleted experience

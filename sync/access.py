@@ -23,7 +23,8 @@ The rules (``Principal``):
   principal does not exist for it (404, as for a collective that was never created).
 - Writing needs the ``write`` or ``admin`` scope and membership of the collective;
   changing or deleting an entity also needs to see it. A member that lacks the scope, or
-  a principal that can see a collective without being a member, gets 403.
+  a principal that can see a collective without being a member, gets 403. Deleting a
+  whole collective is an admin's (it forgets what its members may not see).
 - Raw SQL over every row, the dead letters and token management are for ``admin``.
 
 The *local operator* is the principal of a process that holds the data directory and

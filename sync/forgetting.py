@@ -32,12 +32,14 @@ class Forgetting(InstanceCore):
         the collective's tombstone is purged from the stream (and its agents' activities).
         Every host wipes those rows and drops them from its indexes; the stream keeps the
         tombstones only. Repeating it is harmless (and finishes forgetting if an earlier
-        call was interrupted)."""
+        call was interrupted). Admins only (and the local operator): it forgets memories
+        of every member, private ones its caller may not see among them."""
         cid = uuid_of("collective_id", collective_id)
         if await self._read(queries.anchor_of, "collective", cid) is None:
             raise NotFoundError(f"collective_id: no collective {collective_id}")
-        if not self._me().unrestricted:  # a member with a write scope (of a live one)
+        if not self._me().unrestricted:  # it forgets what its members may not see: an admin's
             await self._writable(cid)
+            self._me().need_admin("deleting a collective (it forgets every member's memories)")
         token = self.owed.owe({"collective": str(cid)})
         await self._delete_collective(cid)
         self.owed.paid(token)

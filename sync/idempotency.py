@@ -102,12 +102,17 @@ def fingerprint(method: str, arguments: dict[str, Any]) -> str:
 
 
 def _scoped(principal: Any, key: str) -> str:
-    """A key in the namespace of the principal that gives it (``sync.access``): two
-    principals' keys never meet, so one cannot read the other's answers by reusing a
-    key, nor collide with its derived ids. The local operator's keys stay as given."""
+    """A key in the namespace of the principal that gives it (``sync.access``): its owner,
+    agent, scope and collectives. Two principals' keys never meet, so one cannot read the
+    other's answers by reusing a key (an answer remembered here is given without running
+    the call's checks again), nor collide with its derived ids. The local operator's keys
+    stay as given."""
     if principal.local:
         return key
-    return f"{principal.owner}\x1f{principal.agent or ''}\x1f{key}"
+    limited = ",".join(sorted(map(str, principal.collectives or ())))
+    return (
+        f"{principal.owner}\x1f{principal.agent or ''}\x1f{principal.scope}\x1f{limited}\x1f{key}"
+    )
 
 
 def idempotent(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:

@@ -237,19 +237,22 @@ class PulseDB(
 
     def watch_experiences(self) -> ExperienceWatch:
         """Changes to experiences as this instance applies them, whichever host wrote them,
-        from the moment of this call, those the caller may see (a delete: of collectives it
-        is a member of). Iterate it with ``async for``; it ends when the instance closes
-        (or call ``close()`` on it)."""
+        from the moment of this call, those the caller may see (a delete: of an experience
+        it could see while this host held it). Iterate it with ``async for``; it ends when
+        the instance closes (or call ``close()`` on it)."""
         me = self._me()
         if me.unrestricted:
             return ExperienceWatch(self._watchers)
 
         async def admit(change: ExperienceChange) -> bool:
+            if change.kind == "deleted":  # to those who could see it (unknown here: no one)
+                facts = await self._read(queries.deleted_access, change.experience_id)
+                return facts is not None and me.sees(
+                    facts.visibility, me.member(facts.owner_id, facts.collective_id),
+                    facts.author_owner, facts.author_agent,
+                )  # fmt: skip
             with access.acting(me):
                 try:
-                    if change.kind == "deleted":
-                        collective = await self._collective(change.collective_id)
-                        return me.member(collective.owner_id, collective.collective_id)
                     await self._entity("experience", change.experience_id, write=False)
                 except NotFoundError:
                     return False

@@ -61,9 +61,14 @@ class Links(InstanceCore):
             queries.relation_taken, spec.source_id, spec.target_id, spec.relation_type
         )
         if taken is not None:
+            try:
+                await self._entity("relation", taken, write=False)
+                which = f"as relation {taken}"
+            except NotFoundError:  # one the caller may not see: not named
+                which = "as a relation you may not see"
             raise ConflictError(
                 f"relation: ({spec.source_id}, {spec.target_id}, {spec.relation_type}) "
-                f"already exists as relation {taken}; a triple is unique"
+                f"already exists {which}; a triple is unique"
             )
         relation_id = self._new_id()
         await self._write(

@@ -550,3 +550,51 @@ async def test_the_audit_says_who_wrote_changed_and_deleted_what(
         assert (await fresh.sql(query)).rows == expected
     finally:
         await fresh.close()
+
+
+async def test_what_review_found_stays_fixed(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    """Text scores that counted hidden documents, a member deleting a collective with
+    others' private memories, a conflict naming a hidden relation, a remembered answer
+    given to a read token, a watch telling a member of another agent's private delete."""
+    from eventlog.errors import ConflictError
+
+    db = await PulseDB.open(tmp_path / "host", nats_server.url)
+    try:
+        alice = await db.create_collective("alice", "alice-team", embedder="hash")
+        bobs = await db.create_collective("bob", "bob-team", embedder="hash")
+        a1 = (await db.create_token("alice", agent_id="a1", scope="write")).token
+        a2 = (await db.create_token("alice", agent_id="a2", scope="write")).token
+        a2_read = (await db.create_token("alice", agent_id="a2", scope="read")).token
+        b1 = (await db.create_token("bob", agent_id="b1", scope="write")).token
+        with db.acting_as(b1):
+            await db.record_experience(bobs, "probe zeuscorp hermescorp")
+            before = [h.relevance for h in await db.search_text(bobs, "zeuscorp")]
+        with db.acting_as(a1):
+            for i in range(5):
+                await db.record_experience(alice, f"zeuscorp plan {i}", visibility="private")
+        with db.acting_as(b1):  # a rank's score: the hidden documents change nothing
+            assert [h.relevance for h in await db.search_text(bobs, "zeuscorp")] == before
+        with db.acting_as(a2), pytest.raises(Forbidden, match="admin"):
+            await db.delete_collective(alice)
+        with db.acting_as(a1):
+            one = await db.record_experience(alice, "one", visibility="org")
+            two = await db.record_experience(alice, "two", visibility="org")
+            hidden = await db.store_relation(one, two, "Supports", visibility="private")
+            private = await db.record_experience(alice, "a1 only", visibility="private")
+            team = await db.record_experience(alice, "all of us")
+        with db.acting_as(a2):
+            with pytest.raises(ConflictError, match="a relation you may not see") as refused:
+                await db.store_relation(one, two, "Supports")
+            assert str(hidden) not in str(refused.value)
+            await db.record_experience(alice, "keyed", idempotency_key="k-1")
+            watch = db.watch_experiences()
+        with db.acting_as(a2_read), pytest.raises(Forbidden, match="may only read"):
+            await db.record_experience(alice, "keyed", idempotency_key="k-1")
+        with db.acting_as(a1):
+            await db.delete_experience(private)
+            await db.delete_experience(team)
+        change = await asyncio.wait_for(anext(aiter(watch)), 10)
+        assert (change.kind, change.experience_id) == ("deleted", team)  # not the private one
+        watch.close()
+    finally:
+        await db.close()

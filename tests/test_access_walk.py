@@ -742,8 +742,11 @@ CASES: dict[str, Case] = {
         stats(2, 1, 1),
         stats(2, 1, 1),  # team: e1 e2, r, i; shared for bob: o1 o2, ro, io
     ),
-    "delete_collective": writes(
-        lambda c: _one("collective_id", c.collective()), gone("get_collective", "collective_id")
+    "delete_collective": Case(  # it forgets every member's memories: an admin's
+        lambda c: _one("collective_id", c.collective()),
+        {"bob": NF, "bob@shared": FB, "reader": FB, "limited": NF, "alice": FB},
+        gone("get_collective", "collective_id"),
+        who="admin",
     ),
     # -- experiences
     "record_experience": writes(
