@@ -29,6 +29,7 @@ from ops.natsconf import Leaf, Node, Written, write_cluster
 from sync import PulseDB
 from tests import factories as f
 from tests.conftest import eventually
+from tests.test_service import start, stop
 
 PULSE = str(Path(sys.executable).parent / "pulse")
 
@@ -173,25 +174,15 @@ async def test_the_log_reader_process_gets_the_credentials_outside_its_argv(
 def test_pulse_up_says_how_other_hosts_connect(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PULSE_")}
     data_dir = tmp_path / "data"
-    process = subprocess.Popen(
-        [PULSE, "--data-dir", str(data_dir), "up", "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    service = start(data_dir, env=env)
     try:
-        assert process.stdout is not None
-        lines: list[str] = []
-        while not lines or "Ctrl-C stops" not in lines[-1]:
-            line = process.stdout.readline()
-            assert line, f"`pulse up` ended: {''.join(lines)}"
-            lines.append(line)
-        text = "".join(lines)
+        text = service.banner
+        last = text.splitlines()[-1]
         creds_file = data_dir / "nats" / "credentials.json"
         url = re.search(r"NATS\s+(nats://127\.0\.0\.1:\d+)\s", text)
         assert url, text
         assert re.search(rf"creds\s+{re.escape(str(creds_file))}\s", text), text
-        assert f"PULSE_NATS_URL={url.group(1)} PULSE_NATS_CREDS={creds_file}" in lines[-1], lines[
-            -1
-        ]
+        assert f"PULSE_NATS_URL={url.group(1)} PULSE_NATS_CREDS={creds_file}" in last, last
         creds = NatsCredentials.load(creds_file)
         assert creds.password not in text, "the password itself is never printed"
         for line in ("streams  PULSE", "state    ", "HTTP     http://127.0.0.1:"):
@@ -204,8 +195,7 @@ def test_pulse_up_says_how_other_hosts_connect(tmp_path: Path) -> None:
 
         asyncio.run(check())
     finally:
-        process.terminate()
-        process.communicate(timeout=30)
+        stop(service)
 
 
 # -- a cluster of one's own: `pulse nats-config` ------------------------------------------------

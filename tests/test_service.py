@@ -32,6 +32,7 @@ class Service:
     data_dir: Path
     process: subprocess.Popen[str]
     token: str | None = None
+    banner: str = ""  # what `pulse up` printed before it served
 
     def client(self, token: str | None = None) -> httpx.AsyncClient:
         given = token or self.token
@@ -56,9 +57,10 @@ def start(data_dir: Path, *args: str, env: dict[str, str] | None = None) -> Serv
         line = process.stdout.readline()
         assert line, f"`pulse up` ended: {''.join(lines)} {process.stderr.read()}"  # type: ignore[union-attr]
         lines.append(line)
-    match = re.search(r"HTTP\s+(http://127\.0\.0\.1:\d+)", "".join(lines))
+    banner = "".join(lines)
+    match = re.search(r"HTTP\s+http://[\d.]+:(\d+)", banner)  # (a --host 0.0.0.0 too)
     assert match, lines
-    return Service(match.group(1), data_dir, process)
+    return Service(f"http://127.0.0.1:{match.group(1)}", data_dir, process, banner=banner)
 
 
 def stop(service: Service) -> str:

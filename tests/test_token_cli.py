@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import pytest
 
 from ops.cli import build_parser, main
 from ops.commands import KEEP_TOKEN, duration
+from tests.test_service import start, stop
 
 PULSE = str(Path(sys.executable).parent / "pulse")
 TOKEN = re.compile(r"^pulse_[0-9a-f]{32}_[A-Za-z0-9_-]{43}$")
@@ -64,22 +64,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     admin = pulse(data_dir, "token", "create", "--owner", "root", "--scope", "admin", "--json")
     assert admin.returncode == 0, admin.stderr
     assert admin.stderr.strip() == KEEP_TOKEN  # with --json, only the reminder
-    process = subprocess.Popen(
-        [PULSE, "--data-dir", str(data_dir), "up", "--port", "0", "--host", "0.0.0.0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-    )  # fmt: skip
+    service = start(data_dir, "--host", "0.0.0.0", env=_env())
     try:
-        assert process.stdout is not None
-        lines: list[str] = []
-        while not lines or "Ctrl-C stops" not in lines[-1]:
-            line = process.stdout.readline()
-            assert line, f"`pulse up` ended: {''.join(lines)} {process.stderr.read()}"  # type: ignore[union-attr]
-            lines.append(line)
-        yield Served(data_dir, process, "".join(lines), json.loads(admin.stdout)["token"],
-                     team.stdout.strip())  # fmt: skip
+        yield Served(data_dir, service.process, service.banner,
+                     json.loads(admin.stdout)["token"], team.stdout.strip())  # fmt: skip
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.communicate(timeout=30)
+        stop(service)
 
 
 @pytest.fixture(autouse=True)
