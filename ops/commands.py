@@ -1100,7 +1100,7 @@ async def open_instance(args: argparse.Namespace) -> Any:
     service = running_service(args.data_dir)
     if service is not None:
         return RemotePulseDB(service["url"], token)
-    access_token = token if token and token.startswith(access.TOKEN_PREFIX) else None
+    access_token = token if token and access.token_id_of(token) is not None else None
     return await PulseDB.open(
         args.data_dir, args.nats_url or None,
         nats_credentials=getattr(args, "nats_creds", None), nats_ca=getattr(args, "nats_ca", None),

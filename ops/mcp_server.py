@@ -25,7 +25,7 @@ from pydantic import Field
 from eventlog.errors import PulseError, Unauthorized, ValidationError
 from ops.commands import collective_of
 from ops.encoding import to_json
-from ops.service import PRINCIPAL, internal_error, internal_message
+from ops.service import internal_error, internal_message, principal_of
 from sync import access, models
 from sync.access import Principal
 
@@ -112,7 +112,7 @@ def guarded(
 
 def _principal(over_http: bool) -> Principal | None:
     """The principal ``pulse up``'s Guard resolved for the HTTP request carrying this
-    tool call (``ops.service.PRINCIPAL``); None over stdio. A tool call of a server served
+    tool call (``ops.service.principal_of``); None over stdio. A tool call of a server served
     over HTTP without a request, or whose request has no principal, is refused: the Guard
     lets no such request through, and this keeps it so should that change (fail closed:
     never the instance's own principal, which in ``pulse up`` is the local operator)."""
@@ -122,10 +122,7 @@ def _principal(over_http: bool) -> Principal | None:
         if over_http:
             raise Unauthorized("a tool call over HTTP without its request has no principal")
         return None
-    found = request.scope.get(PRINCIPAL)
-    if not isinstance(found, Principal):
-        raise Unauthorized("a bearer token is required: Authorization: Bearer <token>")
-    return found
+    return principal_of(request)
 
 
 class _ServedOverHttp:

@@ -63,7 +63,7 @@ from eventlog.errors import (
     ValidationError,
 )
 from ops.encoding import to_json
-from ops.remote import API_METHODS
+from ops.remote import API_METHODS, optional_getter
 from sync import models
 from sync.access import Principal
 from sync.instance import PulseDB
@@ -295,10 +295,6 @@ class Guard:
     def __init__(self, app: ASGIApp, metrics: Metrics, token: str | None, db: PulseDB) -> None:
         self.app, self.metrics, self.token, self.db = app, metrics, token, db
 
-    def principal(self, scope: Scope) -> Principal:
-        """The principal of a request; Unauthorized (naming why) when there is none."""
-        return resolve(scope, self.token, self.db)
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
@@ -324,7 +320,7 @@ class Guard:
                 await response(scope, receive, sending)
                 return
             try:
-                scope[PRINCIPAL] = self.principal(scope)
+                scope[PRINCIPAL] = resolve(scope, self.token, self.db)
             except Unauthorized as exc:
                 if path != "/health":
                     response = JSONResponse(
@@ -714,7 +710,7 @@ def _endpoint(
     returns = typing.get_type_hints(API_METHODS[name])["return"]
     # results that can be large are encoded on a worker thread, not on the event loop
     large = typing.get_origin(returns) in (list, models.Page) or returns is Context
-    optional = name.startswith("get_") and type(None) in typing.get_args(returns)
+    optional = optional_getter(name)
 
     async def endpoint(
         request: Request,

@@ -45,7 +45,7 @@ limit (``SqlLimits``, from ``$PULSE_SQL_*``). Where it is enforced, and why ther
   fetched in chunks until the rows limit or ``max_bytes`` of JSON; then the result says
   ``truncated`` and which (``truncated_by``). Nothing runs on the event loop.
 
-A principal that may not see every row (``SqlViewer``: a token without the admin scope,
+A principal that may not see every row (a ``sync.access.Principal`` without the admin scope,
 ``sync.access``) reads the same view names, each holding what it may see. How, and why
 no query gets around them:
 
@@ -88,7 +88,7 @@ import threading
 from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import duckdb
@@ -102,6 +102,9 @@ from eventlog.errors import (
     QueryTimedOut,
     ValidationError,
 )
+
+if TYPE_CHECKING:  # (sync imports this module: no import back at run time)
+    from sync.access import Principal
 
 VIEWS = ("collectives", "experiences", "applications", "relations", "insights",
          "insight_sources", "wisdom", "dead_letters", "tokens", "audit")  # fmt: skip
@@ -345,8 +348,9 @@ def _name(ref: dict[str, Any]) -> tuple[str, str, str]:
 
 # -- the views of a principal that may not see every row -------------------------------------
 
-# Who a restricted query answers (``SqlViewer``) is a one-row table of the query's cursor,
-# filled by parameters (never spliced into SQL): ``p`` in the filters below.
+# Who a restricted query answers (its ``Principal``: owner, agent, collectives) is a
+# one-row table of the query's cursor, filled by parameters (never spliced into SQL): ``p``
+# in the filters below.
 _ME = "temp.main.pulse_principal p"
 
 
@@ -431,17 +435,6 @@ FILTERED_VIEWS: dict[str, str] = {
 _BARRIER = " LIMIT 9223372036854775807"
 
 
-@dataclass(frozen=True, slots=True)
-class SqlViewer:
-    """Whom a query answers when it may not see every row (``sync.access``): an owner,
-    the agent acting for it (None: the owner itself) and the collectives its token is
-    limited to (None: every collective of the owner)."""
-
-    owner: str
-    agent: str | None = None
-    collectives: frozenset[UUID] | None = None
-
-
 _HELPERS = ("pulse_principal", "pulse_members", "pulse_all_activities")  # restrict's tables
 
 
@@ -464,7 +457,7 @@ _READS = re.compile(r"temp\.main\.([a-z_]+)")
 
 
 def restrict(
-    cursor: duckdb.DuckDBPyConnection, viewer: SqlViewer, names: Iterable[str], activities: Any
+    cursor: duckdb.DuckDBPyConnection, viewer: Principal, names: Iterable[str], activities: Any
 ) -> None:
     """Prepare a query's cursor (in its transaction) for ``viewer``: each view of
     ``FILTERED_VIEWS`` that reading ``names`` takes, as a temporary view of the same name
@@ -595,7 +588,7 @@ class SqlQuery:
         limit: int,
         seq: int,
         limits: SqlLimits,
-        viewer: SqlViewer | None = None,
+        viewer: Principal | None = None,
     ) -> None:
         self._cursor, self.sql, self._activities = cursor, sql, activities
         self.limit, self.seq, self.limits = limit, seq, limits

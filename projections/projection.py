@@ -658,7 +658,8 @@ def _audited(seq: int, event: ev.Event) -> Audited:
 
 def _audit_of(event_type: type[ev.EventBase]) -> tuple[str, str, str, bool]:
     """What the audit takes of events of a type: tag, entity, the field of the entity's
-    id, and whether it names a collective."""
+    id (``collective_id`` for a collective's own events and activities), and whether it
+    names a collective."""
     fields = event_type.__struct_fields__
     entity = next(
         (
@@ -676,10 +677,7 @@ _AUDIT_OF = {t: _audit_of(t) for t in ev.EVENT_TYPES}
 
 
 def entity_of(event: ev.Event) -> tuple[str, UUID | None]:
-    """The entity an event is about, and its id (for the audit, and for the writer that
-    forgets a write that landed after a delete)."""
-    for entity in ("experience", "relation", "insight", "wisdom", "token"):
-        found = getattr(event, f"{entity}_id", None)
-        if found is not None:
-            return entity, found
-    return "collective", getattr(event, "collective_id", None)
+    """The entity an event is about, and its id (for the writer that forgets a write that
+    landed after a delete)."""
+    _, entity, key, _ = _AUDIT_OF[type(event)]
+    return entity, getattr(event, key)

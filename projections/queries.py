@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from eventlog import events as ev
-from projections.fold import CollectiveRow, ExperienceRow, InsightRow, RelationRow, TokenRow
+from projections.fold import CollectiveRow, ExperienceRow, InsightRow, RelationRow
 from projections.projection import Projection
 from sync.access import Principal, TokenInfo, Viewer
 
@@ -1025,9 +1025,7 @@ def tokens(p: Projection) -> list[TokenInfo]:
     """Every access token this host applied, revoked ones included (by id)."""
     found = []
     for row in p.memory.tokens.values():
-        row = row  # (a TokenRow)
-        assert isinstance(row, TokenRow)
-        if row.create_event is None and not row.deleted:
+        if row.create_event is None:
             continue  # a revocation of a token whose create is not here (yet)
         found.append(
             TokenInfo(

@@ -44,7 +44,7 @@ import secrets
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 from uuid import UUID
 
 from eventlog.errors import Forbidden, Unauthorized, ValidationError
@@ -86,16 +86,12 @@ class Principal:
 
     @property
     def admin(self) -> bool:
+        """May do anything, and sees everything (so its reads need no filter)."""
         return self.local or self.scope == "admin"
 
     @property
-    def unrestricted(self) -> bool:
-        """Sees everything (so reads need no filter)."""
-        return self.admin
-
-    @property
     def writes(self) -> bool:
-        return self.scope in ("write", "admin") or self.local
+        return self.admin or self.scope == "write"
 
     def member(self, owner_id: str | None, collective_id: UUID | None) -> bool:
         """Whether this principal is a member of the collective (see the module doc)."""
@@ -105,9 +101,6 @@ class Principal:
             self.collectives is None or collective_id in self.collectives
         )
 
-    def is_author(self, author_owner: str | None, author_agent: str | None) -> bool:
-        return author_owner == self.owner and author_agent == self.agent
-
     def sees(
         self,
         visibility: str | None,
@@ -116,31 +109,17 @@ class Principal:
         author_agent: str | None,
     ) -> bool:
         """Whether this principal may see an entity of a collective it is (or is not) a
-        ``member`` of, with this visibility and author."""
-        if self.admin or visibility == "org":
-            return True
-        if not member:
-            return False
-        if visibility == "private":
-            return self.is_author(author_owner, author_agent)
-        return True  # team (and rows from before visibility, which count as team)
+        ``member`` of, with this visibility and author (``Viewer.sees`` has the rule)."""
+        return self.admin or Viewer(member, self.owner, self.agent).sees(
+            visibility, author_owner, author_agent
+        )
 
     def sees_wisdom(
         self, visibility: str | None, owner_id: str | None, author_owner: str | None,
         author_agent: str | None,
     ) -> bool:  # fmt: skip
         """Wisdom has no collective: ``team`` is every principal of its owner."""
-        if self.admin or visibility == "org":
-            return True
-        if owner_id != self.owner:
-            return False
-        if visibility == "private":
-            return self.is_author(author_owner, author_agent)
-        return True
-
-    def author(self) -> dict[str, Any]:
-        """The author fields of the events this principal writes."""
-        return {"author_owner": self.owner, "author_agent": self.agent}
+        return self.sees(visibility, owner_id == self.owner, author_owner, author_agent)
 
     def describe(self) -> str:
         who = f"owner {self.owner!r}" + (f", agent {self.agent!r}" if self.agent else "")
@@ -169,6 +148,8 @@ class Viewer:
     def sees(
         self, visibility: str | None, author_owner: str | None, author_agent: str | None
     ) -> bool:
+        """The rule: org rows to everyone; team rows (and rows from before visibility) to
+        members; private rows to the member that is their author (owner and agent)."""
         if visibility == "org":
             return True
         if not self.member:
@@ -180,7 +161,7 @@ class Viewer:
 
 def viewer_of(principal: Principal, owner_id: str | None, collective_id: UUID) -> Viewer | None:
     """The filter of a principal's reads of a collective (None: it sees everything)."""
-    if principal.unrestricted:
+    if principal.admin:
         return None
     return Viewer(principal.member(owner_id, collective_id), principal.owner, principal.agent)
 
@@ -236,6 +217,8 @@ class Registry:
         self.tokens: dict[UUID, TokenInfo] = {}
 
     def replace(self, tokens: Iterable[TokenInfo]) -> None:
+        """Hold ``tokens`` (in the order given: ``projections.queries.tokens`` gives them by
+        id)."""
         self.tokens = {t.token_id: t for t in tokens}
 
     @property
@@ -250,7 +233,7 @@ class Registry:
         if token_id is None:
             raise Unauthorized("token: not a Pulse token (pulse_<32 hex>_<43 characters>)")
         info = self.tokens.get(token_id)
-        if info is None or info.secret_sha256 is None and not info.revoked:
+        if info is None:
             raise Unauthorized("token: unknown token")
         if info.revoked:
             raise Unauthorized(f"token: token {token_id} was revoked")

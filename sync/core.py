@@ -298,7 +298,7 @@ class InstanceCore:
         field = field or f"{entity}_id"
         key = uuid_of(field, entity_id)
         me = self._me()
-        if me.unrestricted and entity == "experience":
+        if me.admin and entity == "experience":
             return await self._collective_of(key, field)  # (remembered: the hot path)
         facts = await self._read(queries.access_of, entity, key)
         if facts is None:

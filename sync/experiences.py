@@ -98,7 +98,7 @@ class Collectives(InstanceCore):
         key = models.from_cursor("collectives", after, (int, UUID))
         me = self._me()
         found, last = await self._read(
-            queries.collectives_page, owner_id, limit, key, None if me.unrestricted else me
+            queries.collectives_page, owner_id, limit, key, None if me.admin else me
         )
         return models.Page(found, None if last is None else models.cursor("collectives", last))
 
@@ -229,7 +229,7 @@ class Experiences(InstanceCore):
     async def get_experience(self, experience_id: UUID) -> queries.Experience | None:
         """The experience (archived ones too), or None (also when the caller may not see it)."""
         key = uuid_of("experience_id", experience_id)
-        if not self._me().unrestricted:
+        if not self._me().admin:
             try:
                 await self._entity("experience", key, write=False)
             except NotFoundError:

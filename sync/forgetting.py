@@ -37,7 +37,7 @@ class Forgetting(InstanceCore):
         cid = uuid_of("collective_id", collective_id)
         if await self._read(queries.anchor_of, "collective", cid) is None:
             raise NotFoundError(f"collective_id: no collective {collective_id}")
-        if not self._me().unrestricted:  # it forgets what its members may not see: an admin's
+        if not self._me().admin:  # it forgets what its members may not see: an admin's
             await self._writable(cid)
             self._me().need_admin("deleting a collective (it forgets every member's memories)")
         token = self.owed.owe({"collective": str(cid)})
@@ -114,7 +114,7 @@ class Forgetting(InstanceCore):
         deleted entity (to finish forgetting it) takes a write scope and membership of its
         live collective (for wisdom, its owner)."""
         me = self._me()
-        if me.unrestricted:
+        if me.admin:
             return
         key = uuid_of(f"{entity}_id", entity_id)
         if await self._read(queries.access_of, entity, key) is not None:

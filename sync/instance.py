@@ -241,7 +241,7 @@ class PulseDB(
         it could see while this host held it). Iterate it with ``async for``; it ends when
         the instance closes (or call ``close()`` on it)."""
         me = self._me()
-        if me.unrestricted:
+        if me.admin:
             return ExperienceWatch(self._watchers)
 
         async def admit(change: ExperienceChange) -> bool:
@@ -309,13 +309,10 @@ class PulseDB(
         live = {c.collective_id for c in await self._read(queries.list_collectives)}
         activities = [a for a in await self._activities(None) if a.collective_id in live]
         cursor, seq = await self.engine.cursor()
-        if me.unrestricted:
-            run = analytics.SqlQuery(cursor, query, activities, limit, seq, self.engine.limits())
-        else:  # the views filtered in SQL, on the query's own cursor (of its own collectives)
-            viewer = analytics.SqlViewer(me.owner, me.agent, me.collectives)
-            run = analytics.SqlQuery(
-                cursor, query, activities, limit, seq, self.engine.limits(), viewer=viewer
-            )
+        run = analytics.SqlQuery(  # not an admin: the views filtered for it, in SQL
+            cursor, query, activities, limit, seq, self.engine.limits(),
+            viewer=None if me.admin else me,
+        )  # fmt: skip
         return await analytics.run_async(run)  # cancelling the caller interrupts it
 
     async def export(self, directory: str | os.PathLike[str]) -> dict[str, int]:

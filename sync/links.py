@@ -115,7 +115,7 @@ class Links(InstanceCore):
         experience_id = uuid_of("experience_id", experience_id)
         collective_id = await self._entity("experience", experience_id, write=False)
         viewer = None
-        if not self._me().unrestricted:
+        if not self._me().admin:
             _, viewer = await self._readable(collective_id)
         related, last = await self._read(
             queries.related_page, experience_id, direction, relation_types,
@@ -179,7 +179,7 @@ class Links(InstanceCore):
         """The insight, or None (also when the caller may not see it); its sources the
         caller may not see are left out."""
         key = uuid_of("insight_id", insight_id)
-        if self._me().unrestricted:
+        if self._me().admin:
             return await self._read(queries.get_insight, key)
         try:
             collective_id = await self._entity("insight", key, write=False)

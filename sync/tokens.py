@@ -120,7 +120,7 @@ class Tokens(InstanceCore):
         self._me().need_admin("listing tokens")
         return [
             _public(t)
-            for t in await self._read(queries.tokens)
+            for t in self.access.tokens.values()  # (by id, as the registry holds them)
             if (owner_id is None or t.owner_id == owner_id) and (include_revoked or not t.revoked)
         ]
 
@@ -130,7 +130,7 @@ class Tokens(InstanceCore):
         replication delay). Revoking it again is harmless. Admins only."""
         self._me().need_admin("revoking tokens")
         key = uuid_of("token_id", token_id)
-        if not any(t.token_id == key for t in await self._read(queries.tokens)):
+        if key not in self.access.tokens:  # (the registry: what this host applied)
             raise NotFoundError(f"token_id: no token {token_id}")
         await self._write(ev.TokenRevoked(**self._common(), token_id=key))
         await self._load_tokens()

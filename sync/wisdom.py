@@ -92,7 +92,7 @@ class WisdomPart(InstanceCore):
         check_text("owner_id", owner_id, models.NAME_MAX)
         check_limit("k", k)
         me = self._me()
-        viewer = None if me.unrestricted else me
+        viewer = None if me.admin else me
         if query is None:
             found = await self._read(queries.wisdom_of, owner_id, viewer)
             return [queries.ScoredWisdom(w, 1.0) for w in found][:k]
