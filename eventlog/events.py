@@ -186,6 +186,8 @@ class ExperienceRecorded(EventBase, frozen=True, tag="experience.recorded"):
     related_files: tuple[str, ...] = ()
     source_task: str | None = None
     visibility: Visibility = "team"  # fixed by the create (sync.access)
+    # when it became true (Unix ms); None: when it was recorded (the HLC's time)
+    valid_from_ms: int | None = None
 
     def __post_init__(self) -> None:
         _check_vector_bytes("embedding", self.embedding)
@@ -214,6 +216,18 @@ class ExperienceArchived(EventBase, frozen=True, tag="experience.archived"):
 class ExperienceUnarchived(EventBase, frozen=True, tag="experience.unarchived"):
     experience_id: UUID
     collective_id: UUID
+
+
+class ExperienceInvalidated(EventBase, frozen=True, tag="experience.invalidated"):
+    """It stopped being true at ``valid_to_ms`` (Unix ms), for ``reason``: closes its
+    validity interval (``valid_to_ms`` None: it is true again). ``valid_to_ms`` and
+    ``reason`` are one last-writer-wins register (by the stamp); every invalidation is
+    also remembered (how often it flips: its drift)."""
+
+    experience_id: UUID
+    collective_id: UUID
+    reason: str
+    valid_to_ms: int | None
 
 
 class ExperienceDeleted(EventBase, frozen=True, tag="experience.deleted"):
@@ -333,6 +347,54 @@ class TokenRevoked(EventBase, frozen=True, tag="token.revoked"):
     token_id: UUID
 
 
+# --- sessions: an agent's working state in a collective, from its start to its end ---------
+
+TodoPriority: TypeAlias = Literal["low", "medium", "high"]
+
+
+class TodoItem(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One item of a session's todo list."""
+
+    task: str
+    priority: TodoPriority = "medium"
+    note: str = ""
+    done: bool = False
+
+
+class SessionStarted(EventBase, frozen=True, tag="session.started"):
+    """An agent's session in a collective begins (its summary so far, maybe empty)."""
+
+    session_id: UUID
+    collective_id: UUID
+    agent_id: str
+    summary: str = ""
+
+
+class SessionUpdated(EventBase, frozen=True, tag="session.updated"):
+    """Replaces the fields that are not None; each is a last-writer-wins register (two
+    hosts changing different fields at once both keep their change)."""
+
+    session_id: UUID
+    collective_id: UUID
+    summary: str | None = None
+    todo: tuple[TodoItem, ...] | None = None
+    changes: tuple[str, ...] | None = None  # what changed, one short note each
+    bugs: tuple[str, ...] | None = None  # known bugs, one short note each
+    architecture: tuple[str, ...] | None = None  # architecture notes, one each
+
+
+class SessionEnded(EventBase, frozen=True, tag="session.ended"):
+    session_id: UUID
+    collective_id: UUID
+
+
+class SessionDeleted(EventBase, frozen=True, tag="session.deleted"):
+    """A tombstone: a session is forgotten with its collective (``delete_collective``)."""
+
+    session_id: UUID
+    collective_id: UUID
+
+
 Event: TypeAlias = (
     CollectiveCreated
     | CollectiveDeleted
@@ -340,6 +402,7 @@ Event: TypeAlias = (
     | ExperienceUpdated
     | ExperienceArchived
     | ExperienceUnarchived
+    | ExperienceInvalidated
     | ExperienceDeleted
     | ExperienceReinforced
     | RelationStored
@@ -353,6 +416,10 @@ Event: TypeAlias = (
     | WisdomDeleted
     | TokenCreated
     | TokenRevoked
+    | SessionStarted
+    | SessionUpdated
+    | SessionEnded
+    | SessionDeleted
 )
 EVENT_TYPES: tuple[type[EventBase], ...] = Event.__args__
 

@@ -48,6 +48,15 @@ EMBEDDER_NAME_MAX = 64  # the name of a collective's text embedder ("" = none)
 SOURCE_TASK_MAX = 1024  # characters of an experience's source_task
 SOURCE_EXPERIENCE_COUNT_MAX = 2**32  # how many experiences a wisdom was distilled from
 TOKEN_COLLECTIVES_MAX = 100  # collectives an access token may be limited to
+REASON_MAX_BYTES = 1024  # why an experience stopped being true, UTF-8 (1 byte..1 KB)
+
+# an agent's session (sync.sessions): a summary, a todo list and three lists of short notes
+SESSION_SUMMARY_MAX_BYTES = 8 * 1024  # UTF-8 (0..8 KB): it is the text a resume searches by
+SESSION_TODO_MAX = 100  # items of a session's todo list
+TODO_TASK_MAX_BYTES = 1024  # a todo item's task, UTF-8 (1 byte..1 KB)
+TODO_NOTE_MAX_BYTES = 1024  # a todo item's note, UTF-8 (0..1 KB)
+SESSION_NOTES_MAX = 100  # notes in each of a session's changes, bugs and architecture
+SESSION_NOTE_MAX_BYTES = 1024  # one such note, UTF-8 (1 byte..1 KB)
 
 # -- the wire's integers ----------------------------------------------------------------------
 
@@ -141,6 +150,12 @@ def check_ranges(event: ev.Event) -> None:
             _texts("related_files", event.related_files, FILES_MAX, FILE_PATH_MAX)
             if event.source_task is not None:
                 _chars("source_task", event.source_task, 1, SOURCE_TASK_MAX)
+            if event.valid_from_ms is not None:
+                _integer("valid_from_ms", event.valid_from_ms, 0, MILLIS_MAX)
+        case ev.ExperienceInvalidated():
+            _utf8("reason", event.reason, 1, REASON_MAX_BYTES)
+            if event.valid_to_ms is not None:
+                _integer("valid_to_ms", event.valid_to_ms, 0, MILLIS_MAX)
         case ev.ExperienceUpdated():
             if event.importance is not None:
                 _score("importance", event.importance)
@@ -170,6 +185,23 @@ def check_ranges(event: ev.Event) -> None:
                 _integer("started_ms", event.started_ms, 0, MILLIS_MAX)
         case ev.ActivityEnded():
             _chars("agent_id", event.agent_id, 1, NAME_MAX)
+        case ev.SessionStarted():
+            _chars("agent_id", event.agent_id, 1, NAME_MAX)
+            _utf8("summary", event.summary, 0, SESSION_SUMMARY_MAX_BYTES)
+        case ev.SessionUpdated():
+            if event.summary is not None:
+                _utf8("summary", event.summary, 0, SESSION_SUMMARY_MAX_BYTES)
+            if event.todo is not None:
+                _count("todo", len(event.todo), 0, SESSION_TODO_MAX)
+                for i, item in enumerate(event.todo):
+                    _utf8(f"todo[{i}].task", item.task, 1, TODO_TASK_MAX_BYTES)
+                    _utf8(f"todo[{i}].note", item.note, 0, TODO_NOTE_MAX_BYTES)
+            for name in ("changes", "bugs", "architecture"):
+                notes = getattr(event, name)
+                if notes is not None:
+                    _count(name, len(notes), 0, SESSION_NOTES_MAX)
+                    for i, note in enumerate(notes):
+                        _utf8(f"{name}[{i}]", note, 1, SESSION_NOTE_MAX_BYTES)
         case ev.WisdomStored():
             _chars("owner_id", event.owner_id, 1, NAME_MAX)
             _chars("pattern", event.pattern, 1, PATTERN_MAX)

@@ -241,10 +241,10 @@ def _access(service_token: bool, tokens_required: bool) -> str:
 def cmd_mcp(args: argparse.Namespace) -> int:
     """Serve Pulse's MCP tools over stdio, for an agent host that starts it.
 
-    Tools: remember, recall, reinforce, relate, insights, activity. When `pulse up`
-    serves this data directory, the tools go through it; otherwise this process opens
-    the data directory itself (and its embedded NATS). Configure an agent host with
-    the command `pulse --data-dir /path/to/data mcp`.
+    Tools: remember, recall, reinforce, relate, insights, activity, session. When
+    `pulse up` serves this data directory, the tools go through it; otherwise this
+    process opens the data directory itself (and its embedded NATS). Configure an agent
+    host with the command `pulse --data-dir /path/to/data mcp`.
 
     example:
       pulse mcp
@@ -617,6 +617,12 @@ def build_parser() -> argparse.ArgumentParser:
                 help="repeating the command with the same key (after a timeout, say) "
                 "stores it once and prints the first answer; the same key with other "
                 "arguments is refused",
+            )  # fmt: skip
+        if cmd.reads:
+            sub.add_argument(
+                "--as-of", metavar="MOMENT",
+                help="answer from the memory as it was then: a stream sequence (an integer) "
+                "or a time (ISO 8601, e.g. 2026-11-30T09:00:00Z)",
             )  # fmt: skip
         sub.add_argument("--json", action="store_true", help="print one JSON document")
         sub.set_defaults(func=_runner(cmd))

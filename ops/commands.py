@@ -41,16 +41,17 @@ class Command:
     run: Run
     setup: Setup
     writes: bool = False  # takes --idempotency-key
+    reads: bool = False  # takes --as-of
 
 
 REGISTRY: list[Command] = []
 
 
 def command(
-    *path: str, setup: Setup = lambda p: None, writes: bool = False
+    *path: str, setup: Setup = lambda p: None, writes: bool = False, reads: bool = False
 ) -> Callable[[Run], Run]:
     def register(run: Run) -> Run:
-        REGISTRY.append(Command(path, run, setup, writes))
+        REGISTRY.append(Command(path, run, setup, writes, reads))
         return run
 
     return register
@@ -72,10 +73,28 @@ class Keyed:
         return found
 
 
+class AsOf:
+    """An instance whose reads answer as of a moment (a read command's ``--as-of``):
+    every method that takes ``as_of`` is called with it."""
+
+    def __init__(self, db: Any, moment: int | str) -> None:
+        self._db, self._moment = db, moment
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._db, name)
+        method = getattr(PulseDB, name, None)
+        if callable(method) and (
+            "as_of" in inspect.signature(method).parameters or name == "get_context_candidates"
+        ):
+            return functools.partial(found, as_of=self._moment)
+        return found
+
+
 GROUPS = {
     "collective": "Create, list, inspect and delete collectives.",
     "insight": "Store, search and delete distilled insights.",
     "activity": "Say what an agent works on; see who is active.",
+    "session": "An agent's sessions: start, update, end, resume, get and list.",
     "wisdom": "Patterns learned across an owner's collectives.",
     "token": "Create, list and revoke access tokens (admins only).",
 }
@@ -99,11 +118,11 @@ async def every_page(read: Callable[..., Awaitable[Any]], *args: Any, **kwargs: 
         after = page.next
 
 
-async def collective_of(db: PulseDB, ref: str, owner: str | None = None) -> queries.Collective:
+async def collective_of(db: Any, ref: str, owner: str | None = None) -> queries.Collective:
     """A collective by id or by (unique) name; with ``owner``, a name among that owner's
     collectives."""
     try:
-        found = await db.get_collective(UUID(ref))
+        found: queries.Collective | None = await db.get_collective(UUID(ref))
         if found is None:
             raise NotFoundError(f"collective: no collective {ref}")
         return found
@@ -160,6 +179,10 @@ def search_filter(args: argparse.Namespace) -> dict[str, Any] | None:
         flt["min_importance"] = args.min_importance
     if getattr(args, "include_archived", False):
         flt["include_archived"] = True
+    if getattr(args, "include_invalid", False):
+        flt["include_invalid"] = True
+    if getattr(args, "valid_at", None) is not None:
+        flt["valid_at"] = args.valid_at
     return flt or None
 
 
@@ -200,7 +223,13 @@ def experience_lines(e: queries.Experience) -> str:
     return (
         f"{e.experience_id}  {kind_of(e)}  importance {e.importance:.2f}  "
         f"confidence {e.confidence:.2f}  applications {e.applications}"
-        f"{'  archived' if e.archived else ''}{tags}\n  {clip(e.content)}"
+        f"{'  archived' if e.archived else ''}{'  unstable' if e.unstable else ''}"
+        f"{tags}\n  {clip(e.content)}"
+        + (
+            f"\n  no longer true since {when(e.valid_to_ms)}: {clip(e.invalid_reason or '', 60)}"
+            if e.valid_to_ms is not None
+            else ""
+        )
     )
 
 
@@ -242,7 +271,12 @@ async def collective_create(db: PulseDB, args: argparse.Namespace) -> tuple[Any,
     return {"collective_id": str(cid)}, str(cid)
 
 
-@command("collective", "list", setup=lambda p: p.add_argument("--owner", help="only this owner's"))
+@command(
+    "collective",
+    "list",
+    setup=lambda p: p.add_argument("--owner", help="only this owner's"),
+    reads=True,
+)
 async def collective_list(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """List live collectives (all, or one owner's), oldest first.
 
@@ -263,7 +297,7 @@ def _collective_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("collective", help="collective id or name")
 
 
-@command("collective", "stats", setup=_collective_arg)
+@command("collective", "stats", setup=_collective_arg, reads=True)
 async def collective_stats(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Counts of a collective: experiences, archived, relations, insights, applications.
 
@@ -275,12 +309,13 @@ async def collective_stats(db: PulseDB, args: argparse.Namespace) -> tuple[Any, 
     text = (
         f"{c.name} ({c.collective_id})\n  experiences {s.experiences} (archived {s.archived})"
         f"\n  relations {s.relations}\n  insights {s.insights}\n  applications {s.applications}"
-        f"\n  dead letters {s.dead_letters}"
+        f"\n  dead letters {s.dead_letters}\n  no longer true {s.invalid} (invalidations "
+        f"{s.invalidations}, unstable {s.unstable})"
     )
     return plain(s), text
 
 
-@command("stats", setup=_collective_arg)
+@command("stats", setup=_collective_arg, reads=True)
 async def stats(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Counts of a collective (the same as `pulse collective stats`).
 
@@ -324,6 +359,9 @@ def _setup_record(p: argparse.ArgumentParser) -> None:
     p.add_argument("--file", action="append", default=[], help="a related file (repeatable)")
     p.add_argument("--agent", default="cli", help="source agent (default 'cli')")
     p.add_argument("--task", help="source task")
+    p.add_argument(
+        "--valid-from", metavar="TIME", help="when it became true (ISO 8601 or Unix ms; now)"
+    )
     visibility_arg(p)
 
 
@@ -348,6 +386,7 @@ async def record(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
         experience_type=experience_type(args.experience_type), importance=args.importance,
         confidence=args.confidence, domain=args.domain, related_files=args.file,
         source_agent=args.agent, source_task=args.task, visibility=args.visibility,
+        valid_from=args.valid_from,
     )  # fmt: skip
     return {"experience_id": str(eid)}, str(eid)
 
@@ -356,7 +395,7 @@ def _experience_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("experience_id", help="experience id")
 
 
-@command("get", setup=_experience_arg)
+@command("get", setup=_experience_arg, reads=True)
 async def get(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Show one experience (archived ones too).
 
@@ -388,9 +427,15 @@ def _setup_filter(p: argparse.ArgumentParser) -> None:
     p.add_argument("--type", dest="type_filter", action="append", help="only these kinds")
     p.add_argument("--min-importance", type=float, help="only at least this important")
     p.add_argument("--include-archived", action="store_true", help="archived ones too")
+    p.add_argument(
+        "--include-invalid", action="store_true", help="ones no longer true too (invalidated)"
+    )
+    p.add_argument(
+        "--valid-at", metavar="TIME", help="only what was true then (ISO 8601 or Unix ms)"
+    )
 
 
-@command("list", setup=_setup_list)
+@command("list", setup=_setup_list, reads=True)
 async def list_(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """List a collective's experiences, newest first, a page at a time.
 
@@ -435,6 +480,38 @@ async def update(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     }  # fmt: skip
     await db.update_experience(args.experience_id, **changes)
     return {"updated": str(args.experience_id), **changes}, f"updated {args.experience_id}"
+
+
+def _setup_invalidate(p: argparse.ArgumentParser) -> None:
+    _experience_arg(p)
+    p.add_argument("--reason", required=True, help="why it stopped being true (≤1 KB)")
+    p.add_argument("--at", metavar="TIME", help="when (ISO 8601 or Unix ms; default now)")
+
+
+@command("invalidate", setup=_setup_invalidate, writes=True)
+async def invalidate(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Say an experience stopped being true (closes its validity interval).
+
+    Searches and context leave it out from then on, unless asked (--include-invalid,
+    or --valid-at a moment before); `--as-of` a moment before shows it as it was.
+
+    example:
+      pulse invalidate 0193f1c2-7a4e-7c3b-9d2e-5f6a7b8c9d0e --reason "v1 retired"
+      pulse invalidate 0193f1c2-7a4e-7c3b-9d2e-5f6a7b8c9d0e --reason "moved" --at 2026-11-01
+    """
+    e = await db.invalidate_experience(args.experience_id, args.reason, at=args.at)
+    return plain(e), f"{e.experience_id} no longer true since {when(e.valid_to_ms)}"
+
+
+@command("revalidate", setup=_setup_invalidate, writes=True)
+async def revalidate(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Say an invalidated experience is true again (--at is not used).
+
+    example:
+      pulse revalidate 0193f1c2-7a4e-7c3b-9d2e-5f6a7b8c9d0e --reason "v1 is back"
+    """
+    e = await db.revalidate_experience(args.experience_id, args.reason)
+    return plain(e), f"{e.experience_id} true again ({e.invalidations} invalidations so far)"
 
 
 @command("archive", setup=_experience_arg, writes=True)
@@ -487,7 +564,7 @@ def _setup_cold(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
 
 
-@command("cold", setup=_setup_cold)
+@command("cold", setup=_setup_cold, reads=True)
 async def cold(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """List experiences whose energy fell below a threshold, coldest first.
 
@@ -518,7 +595,7 @@ def _setup_search(p: argparse.ArgumentParser) -> None:
     _setup_filter(p)
 
 
-@command("search", setup=_setup_search)
+@command("search", setup=_setup_search, reads=True)
 async def search(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Search a collective by meaning, by words, or both (hybrid, the default).
 
@@ -557,7 +634,7 @@ def _setup_context(p: argparse.ArgumentParser) -> None:
     _setup_filter(p)
 
 
-@command("context", setup=_setup_context)
+@command("context", setup=_setup_context, reads=True)
 async def context(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Everything to know before a task, in one call.
 
@@ -574,6 +651,11 @@ async def context(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
         insights=args.insights, similar=not args.no_similar, relations=not args.no_relations,
         active_agents=not args.no_agents, filter=search_filter(args) or {},
     )  # fmt: skip
+    return plain(found), context_text(found)
+
+
+def context_text(found: Any) -> str:
+    """A context (``get_context_candidates``) as the sections `pulse context` prints."""
     sections = {
         "similar": hit_lines(found.similar),
         "recent": "\n".join(f"{e.experience_id}  {clip(e.content, 60)}" for e in found.recent),
@@ -588,7 +670,7 @@ async def context(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
         ),
     }
     parts = [f"{name}:\n{_indent(body or 'none')}" for name, body in sections.items()]
-    return plain(found), "\n".join(parts)
+    return "\n".join(parts)
 
 
 def _indent(text: str) -> str:
@@ -607,6 +689,10 @@ def _setup_relate(p: argparse.ArgumentParser) -> None:
     p.add_argument("target_id", help="experience it points to (same collective)")
     p.add_argument("--strength", type=float, default=0.5, help="0..1 (default 0.5)")
     p.add_argument("--metadata", help="free text or JSON, ≤10 KB")
+    p.add_argument(
+        "--invalidate", action="store_true",
+        help="Supersedes / Contradicts: the target stops being true now, in the same write",
+    )  # fmt: skip
     visibility_arg(p)
 
 
@@ -616,10 +702,11 @@ async def relate(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
 
     example:
       pulse relate $A Supports $B --strength 0.9
+      pulse relate $NEW Supersedes $OLD --invalidate
     """
     rid = await db.store_relation(
         args.source_id, args.target_id, args.relation_type, strength=args.strength,
-        metadata=args.metadata, visibility=args.visibility,
+        metadata=args.metadata, visibility=args.visibility, invalidate=args.invalidate,
     )  # fmt: skip
     return {"relation_id": str(rid)}, str(rid)
 
@@ -645,7 +732,7 @@ def _setup_related(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-strength", type=float, help="only at least this strong")
 
 
-@command("related", setup=_setup_related)
+@command("related", setup=_setup_related, reads=True)
 async def related(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Experiences linked to one, by direction, type and strength.
 
@@ -701,7 +788,7 @@ def _setup_insight_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", type=int, default=10, help="how many (default 10)")
 
 
-@command("insight", "search", setup=_setup_insight_search)
+@command("insight", "search", setup=_setup_insight_search, reads=True)
 async def insight_search(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Insights nearest in meaning to a text (or a vector).
 
@@ -808,6 +895,191 @@ async def activity_list(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str
     return plain(found), "\n".join(_print_activity(a) for a in found) or "no active agents"
 
 
+# -- sessions ------------------------------------------------------------------------------
+
+
+def _setup_session_start(p: argparse.ArgumentParser) -> None:
+    p.add_argument("agent", help="agent id (1..256 characters)")
+    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("--summary", default="", help="what the session is about (≤8 KB)")
+
+
+def _session_fields(p: argparse.ArgumentParser) -> None:
+    p.add_argument("session_id", help="session id (see `pulse session list`)")
+    p.add_argument("--summary", help="replace the summary (≤8 KB)")
+    p.add_argument(
+        "--todo", metavar="JSON",
+        help='replace the todo list: a JSON list (or @file) of {"task", "priority": '
+        'low|medium|high, "note", "done"}, ≤100 items',
+    )  # fmt: skip
+    p.add_argument(
+        "--task", action="append", metavar="TASK",
+        help="replace the todo list with these tasks (repeatable; priority medium)",
+    )  # fmt: skip
+    p.add_argument(
+        "--change", action="append", metavar="NOTE",
+        help="replace the changes: what changed, one note each (repeatable, ≤100 of ≤1 KB)",
+    )  # fmt: skip
+    p.add_argument(
+        "--bug", action="append", metavar="NOTE",
+        help="replace the known bugs, one note each (repeatable, ≤100 of ≤1 KB)",
+    )  # fmt: skip
+    p.add_argument(
+        "--architecture", action="append", metavar="NOTE",
+        help="replace the architecture notes (repeatable, ≤100 of ≤1 KB)",
+    )  # fmt: skip
+    p.add_argument(
+        "--clear", action="append", choices=("todo", "changes", "bugs", "architecture"),
+        help="empty this list (repeatable)",
+    )  # fmt: skip
+
+
+def session_changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The fields a `pulse session update` or `end` replaces."""
+    if args.todo is not None and args.task:
+        raise ValidationError("todo: give --todo or --task, not both")
+    changes: dict[str, Any] = {name: [] for name in args.clear or ()}
+    if args.todo is not None:
+        text = Path(args.todo[1:]).read_text() if args.todo.startswith("@") else args.todo
+        try:
+            changes["todo"] = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValidationError(f"todo: not a JSON list of items ({exc.msg})") from None
+    if args.task:
+        changes["todo"] = [{"task": task} for task in args.task]
+    for name, given in (("summary", args.summary), ("changes", args.change),
+                        ("bugs", args.bug), ("architecture", args.architecture)):  # fmt: skip
+        if given is not None:
+            changes[name] = given
+    return changes
+
+
+def session_text(s: queries.Session) -> str:
+    state = f"ended {when(s.ended_ms)}" if s.ended else "open"
+    lines = [
+        f"{s.session_id}  {s.agent_id}  {state}  (started {when(s.started_ms)}, "
+        f"updated {when(s.updated_ms)})",
+        f"  summary: {clip(s.summary, 200) or '-'}",
+    ]
+    if s.todo:
+        lines.append("  todo:")
+        lines += [
+            f"    [{'x' if t.done else ' '}] {t.priority:<6}  {clip(t.task, 60)}"
+            + (f"  ({clip(t.note, 40)})" if t.note else "")
+            for t in s.todo
+        ]
+    for name, notes in (("changes", s.changes), ("bugs", s.bugs),
+                        ("architecture", s.architecture)):  # fmt: skip
+        if notes:
+            lines.append(f"  {name}:")
+            lines += [f"    - {clip(note, 70)}" for note in notes]
+    return "\n".join(lines)
+
+
+@command("session", "start", setup=_setup_session_start, writes=True)
+async def session_start(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Start an agent's session in a collective; prints its id.
+
+    A session holds the agent's working state (summary, todo list, changes, bugs and
+    architecture notes) from its start to its end; every host sees it. An agent with an
+    open session resumes it instead (`pulse session resume`).
+
+    example:
+      S=$(pulse session start agent-7 -c demo --summary "harden the NATS publisher")
+    """
+    c = await collective_of(db, args.collective)
+    s = await db.start_session(c.collective_id, args.agent, args.summary)
+    return plain(s), str(s.session_id)
+
+
+@command("session", "update", setup=_session_fields, writes=True)
+async def session_update(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Replace some fields of an open session (the others stay as they are).
+
+    Each field is replaced as a whole (last writer wins): --todo or --task replace the
+    todo list, --change, --bug and --architecture the notes of that kind. Updates of
+    different fields on different hosts at the same time all stay.
+
+    example:
+      pulse session update $S --task "retry on timeout" --task "dedup by message id"
+      pulse session update $S --todo '[{"task": "retry on timeout", "priority": "high", "done": true}]' --bug "acks lost on failover"
+    """  # noqa: E501
+    s = await db.update_session(args.session_id, **session_changes(args))
+    return plain(s), session_text(s)
+
+
+@command("session", "end", setup=_session_fields, writes=True)
+async def session_end(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """End a session, with its final fields if given (as `pulse session update`).
+
+    example:
+      pulse session end $S --summary "publisher retries with the same id" --change "jetstream.py: retries"
+    """  # noqa: E501
+    s = await db.end_session(args.session_id, **session_changes(args))
+    return plain(s), session_text(s)
+
+
+@command("session", "get", setup=lambda p: p.add_argument("session_id", help="session id"))
+async def session_get(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Show one session (ended ones too).
+
+    example:
+      pulse session get $S --json
+    """
+    s = await db.get_session(args.session_id)
+    if s is None:
+        raise NotFoundError(f"session_id: no session {args.session_id}")
+    return plain(s), session_text(s)
+
+
+def _setup_session_list(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("--agent", help="only this agent's sessions")
+    p.add_argument("--open", action="store_true", help="only the sessions not ended")
+
+
+@command("session", "list", setup=_setup_session_list)
+async def session_list(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """List the sessions of a collective, oldest first.
+
+    example:
+      pulse session list -c demo --agent agent-7 --open
+    """
+    c = await collective_of(db, args.collective)
+    found: list[queries.Session] = await every_page(
+        db.list_sessions, c.collective_id, agent_id=args.agent, open_only=args.open
+    )
+    return plain(found), "\n".join(session_text(s) for s in found) or "no sessions"
+
+
+def _setup_session_resume(p: argparse.ArgumentParser) -> None:
+    p.add_argument("agent", help="agent id (1..256 characters)")
+    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("-k", type=int, default=5, help="experiences for its summary (default 5)")
+
+
+@command("session", "resume", setup=_setup_session_resume)
+async def session_resume(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """The agent's latest open session, with the context to resume it.
+
+    The context is what `pulse context` gives for the session's summary; when the
+    collective has no embedder (or the summary is empty), the most recent experiences.
+    Exits 1 when the agent has no open session there (start one).
+
+    example:
+      pulse session resume agent-7 -c demo
+    """
+    c = await collective_of(db, args.collective)
+    found = await db.resume_session(c.collective_id, args.agent, k=args.k)
+    if found is None:
+        raise NotFoundError(
+            f"agent_id: {args.agent!r} has no open session in collective {c.name!r} "
+            "(pulse session start)"
+        )
+    text = f"{session_text(found.session)}\ncontext (by {found.context_by}):\n"
+    return plain(found), text + _indent(context_text(found.context))
+
+
 # -- wisdom --------------------------------------------------------------------------------
 
 
@@ -848,7 +1120,7 @@ def _setup_wisdom_list(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", type=int, default=10, help="how many (default 10)")
 
 
-@command("wisdom", "list", setup=_setup_wisdom_list)
+@command("wisdom", "list", setup=_setup_wisdom_list, reads=True)
 async def wisdom_list(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """An owner's wisdom, nearest to --embedding first (or oldest first).
 
@@ -1040,7 +1312,7 @@ def _setup_sql(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=10_000, help="at most this many rows (10000)")
 
 
-@command("sql", setup=_setup_sql)
+@command("sql", setup=_setup_sql, reads=True)
 async def sql(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Run a read-only SQL query over the current state (DuckDB).
 
@@ -1112,8 +1384,10 @@ def execute(cmd: Command, args: argparse.Namespace) -> int:
     async def go() -> int:
         db = await open_instance(args)
         key = getattr(args, "idempotency_key", None)
+        moment = getattr(args, "as_of", None)
+        given = Keyed(db, key) if key else AsOf(db, moment) if moment is not None else db
         try:
-            result, text = await cmd.run(Keyed(db, key) if key else db, args)  # type: ignore[arg-type]
+            result, text = await cmd.run(given, args)  # type: ignore[arg-type]
         finally:
             await db.close()
         print(json.dumps(result, default=str) if args.json else text, flush=True)

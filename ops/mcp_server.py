@@ -1,4 +1,5 @@
-"""Pulse as MCP tools for agents: remember, recall, reinforce, relate, insights, activity.
+"""Pulse as MCP tools for agents: remember, recall, reinforce, relate, invalidate,
+insights, activity, session.
 
 ``build_mcp(db)`` makes a FastMCP server over an instance: ``sync.PulseDB`` inside
 ``pulse up`` (served at ``/mcp``, streamable HTTP), or, for ``pulse mcp`` (stdio), the
@@ -22,8 +23,8 @@ from mcp.server.fastmcp.exceptions import ToolError
 from mcp.server.lowlevel.server import request_ctx
 from pydantic import Field
 
-from eventlog.errors import PulseError, Unauthorized, ValidationError
-from ops.commands import collective_of
+from eventlog.errors import NotFoundError, PulseError, Unauthorized, ValidationError
+from ops.commands import AsOf, collective_of
 from ops.encoding import to_json
 from ops.service import internal_error, internal_message, principal_of
 from sync import access, models
@@ -33,8 +34,9 @@ log = logging.getLogger("pulse.mcp")
 
 INSTRUCTIONS = """Pulse is the shared memory of a collective of agents. Before a task,
 `recall` what others learned (mode "context" also returns insights, relations and who is
-active); after it, `remember` what you learned and `reinforce` what helped. Collectives
-are named by name or id."""
+active); after it, `remember` what you learned and `reinforce` what helped. At your start,
+`session` "resume" (or "start" one); at your end, `session` "end" with your notes.
+Collectives are named by name or id."""
 
 Collective = Annotated[str, Field(description="collective name or id", min_length=1)]
 Content = Annotated[
@@ -65,11 +67,22 @@ Limit = Annotated[
     Field(ge=1, le=models.PAGE_MAX, description=f"agents per page, 1..{models.PAGE_MAX}"),
 ]
 After = Annotated[str | None, Field(description="the `next` of the page before", max_length=1000)]
+Notes = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=models.SESSION_NOTE_MAX_BYTES)]],
+    Field(max_length=models.SESSION_NOTES_MAX, description="short notes, one each (≤1 KB)"),
+]
 Visible = Annotated[
     Literal["private", "team", "org"],
     Field(
         description="who may see it: private (you, the author), team (the collective's "
         "members) or org (every principal of the deployment)"
+    ),
+]
+Moment = Annotated[
+    int | str | None,
+    Field(
+        description="answer as the memory was then: a stream sequence, or an ISO 8601 time "
+        "(e.g. 2026-11-30T09:00:00Z); default now"
     ),
 ]
 IdempotencyKey = Annotated[
@@ -196,27 +209,54 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         k: K = 5,
         domains: Tags | None = None,
         include_archived: bool = False,
+        include_invalid: bool = False,
+        as_of: Moment = None,
     ) -> dict[str, Any]:
         """Find what the collective knows about ``query``: {"results": [...]} by meaning
         and words (hybrid, similar or text), or everything for a task (context: similar,
-        recent, insights, relations, active agents)."""
-        c = await collective_of(db, collective)
+        recent, insights, relations, active agents). What is no longer true is left out
+        unless ``include_invalid``; ``as_of`` (a stream sequence or an ISO 8601 time)
+        answers with what the collective knew then."""
+        c = await collective_of(db if as_of is None else AsOf(db, as_of), collective)
         flt: dict[str, Any] = {"include_archived": include_archived}
+        if include_invalid:
+            flt["include_invalid"] = True
         if domains:
             flt["domains"] = domains
         if mode == "context":
             context = await db.get_context_candidates(
-                collective_id=c.collective_id, text=query, k=k, filter=flt
+                collective_id=c.collective_id, text=query, k=k, filter=flt, as_of=as_of
             )
             parts: dict[str, Any] = await asyncio.to_thread(to_json, context)  # up to MBs
             return parts
         if mode == "text":
-            found = await db.search_text(c.collective_id, query, k, flt)
+            found = await db.search_text(c.collective_id, query, k, flt, as_of=as_of)
         elif mode == "similar":
-            found = await db.search_similar(c.collective_id, query, k, flt)
+            found = await db.search_similar(c.collective_id, query, k, flt, as_of=as_of)
         else:
-            found = await db.search_hybrid(c.collective_id, query, None, k, flt)
+            found = await db.search_hybrid(c.collective_id, query, None, k, flt, as_of=as_of)
         return {"results": to_json(found)}
+
+    @mcp.tool()
+    @guard
+    async def invalidate(
+        experience_id: UUID,
+        reason: Annotated[str, Field(min_length=1, max_length=models.REASON_MAX_BYTES)],
+        at: Annotated[str | None, Field(description="ISO 8601 time; default now")] = None,
+        true_again: bool = False,
+        idempotency_key: IdempotencyKey = None,
+    ) -> dict[str, Any]:
+        """Say an experience stopped being true (``at``, default now) and why, so recall
+        leaves it out; or, with ``true_again``, that it is true again."""
+        if true_again:
+            e = await db.revalidate_experience(
+                experience_id, reason, idempotency_key=idempotency_key
+            )
+        else:
+            e = await db.invalidate_experience(
+                experience_id, reason, at, idempotency_key=idempotency_key
+            )
+        return {"experience": to_json(e)}
 
     @mcp.tool()
     @guard
@@ -238,12 +278,14 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         strength: Score = 0.5,
         metadata: Annotated[str | None, Field(max_length=models.METADATA_MAX_BYTES)] = None,
         visibility: Visible = "team",
+        invalidate: bool = False,
         idempotency_key: IdempotencyKey = None,
     ) -> dict[str, Any]:
-        """Link two experiences of one collective; returns the relation's id."""
+        """Link two experiences of one collective; returns the relation's id. With
+        ``invalidate`` (Supersedes, Contradicts), the target stops being true now."""
         rid = await db.store_relation(
             source_id, target_id, relation_type, strength=strength, metadata=metadata,
-            visibility=visibility, idempotency_key=idempotency_key,
+            visibility=visibility, invalidate=invalidate, idempotency_key=idempotency_key,
         )  # fmt: skip
         return {"relation_id": str(rid)}
 
@@ -259,18 +301,23 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         confidence: Score = 0.5,
         k: K = 5,
         visibility: Visible = "team",
+        as_of: Moment = None,
         idempotency_key: IdempotencyKey = None,
     ) -> dict[str, Any]:
-        """Search the collective's insights near ``text``, or store ``text`` as an insight
-        distilled from ``source_experiences`` (1 to 100 ids)."""
-        c = await collective_of(db, collective)
+        """Search the collective's insights near ``text`` (as of a moment with ``as_of``),
+        or store ``text`` as an insight distilled from ``source_experiences`` (1 to 100
+        ids)."""
+        c = await collective_of(
+            db if as_of is None or action == "store" else AsOf(db, as_of), collective
+        )
         if action == "store":
             iid = await db.store_insight(
                 c.collective_id, text, source_experiences=source_experiences or [],
                 confidence=confidence, visibility=visibility, idempotency_key=idempotency_key,
             )  # fmt: skip
             return {"insight_id": str(iid)}
-        return {"insights": to_json(await db.get_insights(c.collective_id, text, k))}
+        found = await db.get_insights(c.collective_id, text, k, as_of=as_of)
+        return {"insights": to_json(found)}
 
     @mcp.tool()
     @guard
@@ -311,4 +358,78 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         await db.end_activity(c.collective_id, agent, idempotency_key=idempotency_key)
         return {"ended": agent}
 
+    @mcp.tool()
+    @guard
+    async def session(
+        action: Literal["start", "update", "end", "resume", "get"],
+        collective: Collective | None = None,
+        agent: Agent | None = None,
+        session_id: UUID | None = None,
+        summary: Annotated[
+            str | None,
+            Field(
+                description="what the session is about, where it stands (≤8 KB)",
+                max_length=models.SESSION_SUMMARY_MAX_BYTES,
+            ),
+        ] = None,
+        todo: Annotated[
+            list[models.TodoIn] | None,
+            Field(
+                description="the whole todo list: {task, priority: low|medium|high, note, "
+                "done} each",
+                max_length=models.SESSION_TODO_MAX,
+            ),
+        ] = None,
+        changes: Notes | None = None,
+        bugs: Notes | None = None,
+        architecture: Notes | None = None,
+        k: K = 5,
+        idempotency_key: IdempotencyKey = None,
+    ) -> dict[str, Any]:
+        """Your working state in a collective, kept across your runs. At your start,
+        "resume" (collective, agent): your latest open session and the context for its
+        summary ({"session": null} when there is none: then "start" one, with a summary).
+        As you go, "update" (session_id and any of summary, todo, changes, bugs,
+        architecture: each replaces that field as a whole). At your end, "end"
+        (session_id, with your final summary and notes). "get" shows a session."""
+        fields = {
+            "summary": summary, "todo": todo, "changes": changes, "bugs": bugs,
+            "architecture": architecture,
+        }  # fmt: skip
+        if action in ("start", "resume"):
+            if collective is None or agent is None:
+                missing = "collective" if collective is None else "agent"
+                raise ValidationError(f"{missing}: required to {action} a session")
+            c = await collective_of(db, collective)
+            if action == "resume":
+                found = await db.resume_session(c.collective_id, agent, k=k)
+                if found is None:
+                    return {"session": None}
+                resumed: dict[str, Any] = await asyncio.to_thread(to_json, found)
+                return resumed
+            started = await db.start_session(
+                c.collective_id, agent, summary or "", idempotency_key=idempotency_key
+            )
+            more = {name: value for name, value in fields.items() if name != "summary"}
+            if any(value is not None for value in more.values()):
+                started = await db.update_session(
+                    started.session_id, **more, idempotency_key=_then(idempotency_key)
+                )
+            return {"session": to_json(started)}
+        if session_id is None:
+            raise ValidationError(f"session_id: required to {action} a session")
+        if action == "get":
+            got = await db.get_session(session_id)
+            if got is None:
+                raise NotFoundError(f"session_id: no session {session_id}")
+            return {"session": to_json(got)}
+        change = db.update_session if action == "update" else db.end_session
+        done = await change(session_id, **fields, idempotency_key=idempotency_key)
+        return {"session": to_json(done)}
+
     return mcp
+
+
+def _then(key: str | None) -> str | None:
+    """The idempotency key of the second write of one tool call (derived from its own)."""
+    return None if key is None else f"{key[: models.IDEMPOTENCY_KEY_MAX - 5]}#then"

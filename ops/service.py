@@ -14,9 +14,9 @@ carries the data-model limits, and a bad request gets the library's messages:
     unexpected 500 {"error": "InternalError", "message": ..., "error_id": "..."}: the
     traceback is in the service log under that id, never in the response
 
-Listings (list_collectives, get_related_experiences, get_active_agents, dead_letters)
-answer one page, ``{"items": [...], "next": cursor or null}``: ``limit`` 1..1000
-(default 100), and ``after`` the ``next`` of the page before.
+Listings (list_collectives, get_related_experiences, get_active_agents, list_sessions,
+dead_letters) answer one page, ``{"items": [...], "next": cursor or null}``: ``limit``
+1..1000 (default 100), and ``after`` the ``next`` of the page before.
 
 Results are JSON with embeddings left out (their ``dimension`` instead), or as lists of
 floats with ``?embeddings=true``; ``?format=msgspec`` is the exact typed form
@@ -92,6 +92,9 @@ INPUT_MODELS: dict[str, type[pydantic.BaseModel]] = {
     "register_activity": models.ActivityIn,
     "store_wisdom": models.WisdomIn,
     "get_context_candidates": models.ContextIn,
+    "start_session": models.SessionIn,
+    "update_session": models.SessionChangeIn,
+    "end_session": models.SessionChangeIn,
 }
 
 
@@ -632,7 +635,8 @@ def create_app(
 
 
 TAGS = (
-    ("collective", "collectives"), ("relation", "relations"), ("related", "relations"),
+    ("session", "sessions"), ("collective", "collectives"), ("relation", "relations"),
+    ("related", "relations"),
     ("insight", "insights"), ("activit", "activities"), ("heartbeat", "activities"),
     ("agent", "activities"), ("wisdom", "wisdom"), ("search", "search"),
     ("context", "search"), ("sql", "analytics"), ("experience", "experiences"),

@@ -104,10 +104,12 @@ from eventlog.errors import (
 )
 
 if TYPE_CHECKING:  # (sync imports this module: no import back at run time)
+    from projections.past import PastTables
     from sync.access import Principal
 
 VIEWS = ("collectives", "experiences", "applications", "relations", "insights",
-         "insight_sources", "wisdom", "dead_letters", "tokens", "audit")  # fmt: skip
+         "insight_sources", "wisdom", "dead_letters", "tokens", "audit", "history",
+         "sessions")  # fmt: skip
 # table functions that compute rows and touch nothing outside the query
 TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
 # scalar functions that read the database's settings (paths of its files among them)
@@ -408,6 +410,10 @@ FILTERED_VIEWS: dict[str, str] = {
         "UNION ALL SELECT collective_id FROM temp.main.insights "
         "UNION ALL SELECT collective_id FROM temp.main.relations)"
     ),
+    "sessions": (  # of its own collectives (sessions have no visibility: the members')
+        "SELECT s.* FROM {src}sessions s "
+        "WHERE s.collective_id IN (SELECT collective_id FROM temp.main.pulse_members)"
+    ),
     "audit": (  # events about what it sees now, and about its own collectives
         "SELECT a.* FROM {src}audit a WHERE "
         "(a.entity = 'experience' AND EXISTS (SELECT 1 FROM temp.main.experiences x "
@@ -417,6 +423,22 @@ FILTERED_VIEWS: dict[str, str] = {
         "OR (a.entity = 'insight' AND EXISTS (SELECT 1 FROM temp.main.insights x "
         "WHERE x.insight_id = a.entity_id AND x.collective_id = a.collective_id)) "
         "OR (a.entity = 'wisdom' AND a.entity_id IN (SELECT wisdom_id FROM temp.main.wisdom)) "
+        "OR (a.entity = 'session' AND EXISTS (SELECT 1 FROM temp.main.sessions x "
+        "WHERE x.session_id = a.entity_id AND x.collective_id = a.collective_id)) "
+        "OR (a.entity = 'collective' "
+        "AND a.collective_id IN (SELECT collective_id FROM temp.main.pulse_members))"
+    ),
+    "history": (  # as the audit
+        "SELECT a.* FROM {src}history a WHERE "
+        "(a.entity = 'experience' AND EXISTS (SELECT 1 FROM temp.main.experiences x "
+        "WHERE x.experience_id = a.entity_id AND x.collective_id = a.collective_id)) "
+        "OR (a.entity = 'relation' AND EXISTS (SELECT 1 FROM temp.main.relations x "
+        "WHERE x.relation_id = a.entity_id AND x.collective_id = a.collective_id)) "
+        "OR (a.entity = 'insight' AND EXISTS (SELECT 1 FROM temp.main.insights x "
+        "WHERE x.insight_id = a.entity_id AND x.collective_id = a.collective_id)) "
+        "OR (a.entity = 'wisdom' AND a.entity_id IN (SELECT wisdom_id FROM temp.main.wisdom)) "
+        "OR (a.entity = 'session' AND EXISTS (SELECT 1 FROM temp.main.sessions x "
+        "WHERE x.session_id = a.entity_id AND x.collective_id = a.collective_id)) "
         "OR (a.entity = 'collective' "
         "AND a.collective_id IN (SELECT collective_id FROM temp.main.pulse_members))"
     ),
@@ -457,16 +479,20 @@ _READS = re.compile(r"temp\.main\.([a-z_]+)")
 
 
 def restrict(
-    cursor: duckdb.DuckDBPyConnection, viewer: Principal, names: Iterable[str], activities: Any
+    cursor: duckdb.DuckDBPyConnection,
+    viewer: Principal,
+    names: Iterable[str],
+    activities: Any,
+    src: str | None = None,
 ) -> None:
     """Prepare a query's cursor (in its transaction) for ``viewer``: each view of
     ``FILTERED_VIEWS`` that reading ``names`` takes, as a temporary view of the same name
     holding what ``viewer`` may see, which shadows the state's (a connection's temporary
     objects are its own, found before the database's, and go with its rollback);
     ``activities`` (a relation of every live collective's activities) behind
-    ``activities``."""
-    found = cursor.execute("SELECT current_database()").fetchone()
-    src = '"' + str(found[0] if found else "").replace('"', '""') + '".main.'
+    ``activities``. ``src``: the prefix of the views it filters (the state's own by
+    default; ``past_views``' for a query as of a moment)."""
+    src = src or _state_schema(cursor)
     limited = None if viewer.collectives is None else sorted(str(c) for c in viewer.collectives)
     cursor.execute(  # parameters: owner and agent are free text
         "CREATE TEMP TABLE pulse_principal AS "
@@ -487,6 +513,76 @@ def restrict(
         else:  # the query does not name it; should it all the same, it reads nothing
             select = "SELECT NULL AS unread WHERE false"
         cursor.execute(f"CREATE TEMP VIEW {name} AS {select}")
+
+
+def _state_schema(cursor: duckdb.DuckDBPyConnection) -> str:
+    """The state's own schema, catalog-qualified, as a prefix of a name."""
+    found = cursor.execute("SELECT current_database()").fetchone()
+    return '"' + str(found[0] if found else "").replace('"', '""') + '".main.'
+
+
+_PAST = "temp.main.pulse_asof_"  # the prefix of the tables and views as of a moment
+_ROW_TABLES = (
+    "collective_rows", "experience_rows", "application_rows", "relation_rows", "insight_rows",
+    "wisdom_rows", "token_rows",
+)  # fmt: skip
+_LOGGED_TABLES = ("audit_rows", "count_history", "undecodable")  # one row per sequence
+_VIEW = re.compile(r"CREATE OR REPLACE VIEW (\w+) AS\n(.*?);\n", re.DOTALL)
+
+
+def past_views(cursor: duckdb.DuckDBPyConnection, past: PastTables) -> str:
+    """Make a query's cursor read the state as of ``past.seq``: every base table as a
+    temporary view of its present rows but those changed since, and the past rows of
+    these (``projections.past``); the history cut at the sequence; every view of
+    ``projections.schema`` again over them. Returns their prefix (``restrict``'s
+    ``src``); an admin's query reads them by the usual names (temporary views of the
+    same names shadow the state's)."""
+    from projections.schema import VIEWS as STATEMENTS
+    from projections.store import TABLE_OF
+
+    src = _state_schema(cursor)
+    row_tables = list(TABLE_OF.values())
+    for table in row_tables:
+        parts = [f"SELECT * FROM {src}{table}"]
+        if table in past.gone:
+            key, keys = past.gone[table]
+            pulse_keys = {"k": np.array([k.hex for k in keys], dtype=object)}  # noqa: F841
+            cursor.execute(
+                f"CREATE TEMP TABLE pulse_gone_{table} AS SELECT k::UUID AS k FROM pulse_keys"
+            )
+            parts[0] += f" WHERE {key} NOT IN (SELECT k FROM temp.main.pulse_gone_{table})"
+        if table in past.rows:
+            pulse_staged, select = past.rows[table]  # noqa: F841 (read by DuckDB by name)
+            cursor.execute(f"CREATE TEMP TABLE pulse_over_{table} AS {select} FROM pulse_staged")
+            parts.append(f"SELECT * FROM temp.main.pulse_over_{table}")
+        cursor.execute(
+            f"CREATE TEMP VIEW pulse_asof_{table} AS {' UNION ALL BY NAME '.join(parts)}"
+        )
+    for table in _LOGGED_TABLES:
+        cursor.execute(
+            f"CREATE TEMP VIEW pulse_asof_{table} AS "
+            f"SELECT * FROM {src}{table} WHERE seq <= {int(past.seq)}"
+        )
+    views = _VIEW.findall(STATEMENTS)
+    names = {*row_tables, *_LOGGED_TABLES, *(name for name, _ in views)}
+
+    def past_name(match: re.Match[str]) -> str:
+        word, name = match.group(1), match.group(2)
+        return f"{word} {_PAST}{name}" if name in names else match.group(0)
+
+    for name, select in views:
+        rewritten = re.sub(r"\b(FROM|JOIN)\s+(\w+)\b", past_name, select)
+        cursor.execute(f"CREATE TEMP VIEW pulse_asof_{name} AS {rewritten}")
+    return _PAST
+
+
+def shadow_past(cursor: duckdb.DuckDBPyConnection) -> None:
+    """An admin's query as of a moment: the usual names read ``past_views``' views."""
+    from projections.schema import VIEWS as STATEMENTS
+    from projections.store import TABLE_OF
+
+    for name in [*TABLE_OF.values(), *_LOGGED_TABLES, *(n for n, _ in _VIEW.findall(STATEMENTS))]:
+        cursor.execute(f"CREATE TEMP VIEW {name} AS SELECT * FROM {_PAST}{name}")
 
 
 def _check_restricted(
@@ -589,8 +685,10 @@ class SqlQuery:
         seq: int,
         limits: SqlLimits,
         viewer: Principal | None = None,
+        past: PastTables | None = None,
     ) -> None:
         self._cursor, self.sql, self._activities = cursor, sql, activities
+        self.past = past  # None: the state now; else the tables as of a sequence
         self.limit, self.seq, self.limits = limit, seq, limits
         self.viewer = viewer  # None: every row (an admin, the local operator)
         self._lock = threading.Lock()
@@ -654,6 +752,9 @@ class SqlQuery:
             check_sandboxed(cursor, query)
             cursor.execute("SET enable_progress_bar = false")  # it would print to our stdout
             cursor.register("activities", _relation(cursor, _activity_columns(self._activities)))
+            if self.past is not None:
+                past_views(cursor, self.past)
+                shadow_past(cursor)
         else:
             if duckdb.extract_statements(self.sql)[0].type.name == "EXPLAIN":
                 raise Forbidden(
@@ -663,7 +764,8 @@ class SqlQuery:
             names = check_sandboxed(cursor, query, restricted=True)
             cursor.execute("SET enable_progress_bar = false")
             activities = _relation(cursor, _activity_columns(self._activities))
-            restrict(cursor, self.viewer, names, activities)
+            src = None if self.past is None else past_views(cursor, self.past)
+            restrict(cursor, self.viewer, names, activities, src)
         with self._lock:
             if self._stopped is not None:
                 raise self._stop_error()

@@ -67,6 +67,9 @@ class Row:
     MAXED: ClassVar[tuple[str, ...]] = ()  # G-counter entries: the largest value wins
     ANCHOR: ClassVar[tuple[str, ...]] = ()  # the smallest non-null wins; kept by a tombstone
     EARLIEST: ClassVar[tuple[str, ...]] = ()  # the smallest non-null wins; wiped by one
+    # grow-only sets, as sorted tuples: the union, cut to its largest UNION_MAX values
+    # (the largest k of a union is a join too); wiped by a tombstone
+    UNIONED: ClassVar[tuple[str, ...]] = ()
     _STAMPED: ClassVar[tuple[tuple[str, str], ...]] = ()  # (register, its stamp column)
 
     def __init_subclass__(cls) -> None:  # no super(): slots=True makes a new class
@@ -109,6 +112,13 @@ class Row:
             theirs = getattr(other, name)
             if theirs is not None and (getattr(self, name) is None or theirs < getattr(self, name)):
                 setattr(self, name, theirs)
+        for name in self.UNIONED:
+            theirs = getattr(other, name)
+            if theirs:
+                mine = getattr(self, name)
+                joined = tuple(sorted(set(mine or ()) | set(theirs)))[-UNION_MAX:]
+                if joined != mine:
+                    setattr(self, name, joined)
         if getattr(other, "deleted", False):
             self.deleted = True
         if getattr(self, "deleted", False):
@@ -125,6 +135,7 @@ class Row:
         return dataclasses.replace(self)
 
 
+UNION_MAX = 64  # values a grow-only set keeps (the largest)
 _KEPT = ("deleted", "strays")  # what a tombstone keeps besides its key and anchor
 
 
@@ -232,9 +243,13 @@ class ExperienceRow(Placed):
     CREATE = (
         "content", "embedding", "experience_type", "type_data",
         "source_agent", "source_task", "created_hlc", "visibility", "author_owner",
-        "author_agent",
+        "author_agent", "valid_from_ms",
     )  # fmt: skip
-    REGISTERS = ("importance", "confidence", "domain", "related_files", "archived")
+    REGISTERS = (
+        "importance", "confidence", "domain", "related_files", "archived", "valid_to",
+        "invalid_reason",
+    )  # fmt: skip
+    UNIONED = ("invalidations",)
 
     experience_id: UUID
     create_event: UUID | None = None
@@ -261,6 +276,14 @@ class ExperienceRow(Placed):
     author_owner: str | None = None  # the principal that created it
     author_agent: str | None = None
     create_seq: int | None = None  # the stream sequence of its first create (see Placed)
+    # validity: [valid_from_ms (None: its recording time), valid_to) in Unix ms; valid_to
+    # and its reason are set together by an invalidation (one stamp: one register)
+    valid_from_ms: int | None = None
+    valid_to: int | None = None
+    valid_to_stamp: Stamp = NO_STAMP
+    invalid_reason: str | None = None
+    invalid_reason_stamp: Stamp = NO_STAMP
+    invalidations: tuple[int, ...] | None = None  # the HLCs of its invalidations
     strays: dict[UUID | None, Placed] | None = None  # see Placed; never stored
 
 
@@ -389,13 +412,59 @@ class TokenRow(Row):
         self.secret_sha256 = None
 
 
+@dataclass(slots=True)
+class SessionRow(Placed):
+    """An agent's session in a collective (``sync.sessions``). Each of its fields is a
+    last-writer-wins register, so updates of different fields on different hosts all
+    stay; ``ended_hlc`` is one too (the HLC of the end, None while open). A session is
+    forgotten with its collective: a tombstone per session (``delete_collective``)."""
+
+    KEY = ("session_id",)
+    ANCHOR = ("collective_id",)
+    CREATE = ("agent_id", "created_hlc", "author_owner", "author_agent")
+    REGISTERS = ("summary", "todo", "changes", "bugs", "architecture", "ended_hlc")
+
+    session_id: UUID
+    create_event: UUID | None = None
+    collective_id: UUID | None = None
+    agent_id: str | None = None
+    created_hlc: int | None = None
+    summary: str | None = None
+    summary_stamp: Stamp = NO_STAMP
+    todo: str | None = None  # the items as JSON: [{"task", "priority", "note", "done"}, ...]
+    todo_stamp: Stamp = NO_STAMP
+    changes: tuple[str, ...] | None = None
+    changes_stamp: Stamp = NO_STAMP
+    bugs: tuple[str, ...] | None = None
+    bugs_stamp: Stamp = NO_STAMP
+    architecture: tuple[str, ...] | None = None
+    architecture_stamp: Stamp = NO_STAMP
+    ended_hlc: int | None = None
+    ended_hlc_stamp: Stamp = NO_STAMP
+    deleted: bool = False
+    author_owner: str | None = None  # the principal that started it
+    author_agent: str | None = None
+    create_seq: int | None = None  # the stream sequence of its first create (see Placed)
+    strays: dict[UUID | None, Placed] | None = None  # see Placed; never stored
+
+
+def todo_json(items: tuple[ev.TodoItem, ...]) -> str:
+    """A todo list as the row keeps it: JSON with every field, the same bytes on every
+    host (the wire omits defaults; a reader of the row should not have to know them)."""
+    return msgspec.json.encode(
+        [{"task": t.task, "priority": t.priority, "note": t.note, "done": t.done} for t in items]
+    ).decode()
+
+
 ROW_TYPES: tuple[type[Row], ...] = (
     CollectiveRow, ExperienceRow, ApplicationRow, RelationRow, InsightRow, WisdomRow, TokenRow,
+    SessionRow,
 )  # fmt: skip
 
 
 _STAMPED_EVENTS = (
     ev.ExperienceRecorded, ev.ExperienceUpdated, ev.ExperienceArchived, ev.ExperienceUnarchived,
+    ev.ExperienceInvalidated,
 )  # fmt: skip
 
 
@@ -425,6 +494,7 @@ def row_of(event: ev.Event) -> Row | None:
                 event.hlc, event.importance, s, event.confidence, s, event.domain, s,
                 event.related_files, s, visibility=event.visibility,
                 author_owner=event.author_owner, author_agent=event.author_agent,
+                valid_from_ms=event.valid_from_ms,
             )  # fmt: skip
         case ev.ExperienceUpdated():
             row = ExperienceRow(event.experience_id, collective_id=event.collective_id)
@@ -439,6 +509,13 @@ def row_of(event: ev.Event) -> Row | None:
             return ExperienceRow(
                 event.experience_id, collective_id=event.collective_id, archived=archived,
                 archived_stamp=s,
+            )  # fmt: skip
+        case ev.ExperienceInvalidated():
+            closed = event.valid_to_ms is not None  # (None: valid again)
+            return ExperienceRow(
+                event.experience_id, collective_id=event.collective_id,
+                valid_to=event.valid_to_ms, valid_to_stamp=s, invalid_reason=event.reason,
+                invalid_reason_stamp=s, invalidations=(event.hlc,) if closed else None,
             )  # fmt: skip
         case ev.ExperienceDeleted():
             return ExperienceRow(
@@ -480,6 +557,31 @@ def row_of(event: ev.Event) -> Row | None:
             )  # fmt: skip
         case ev.TokenRevoked():
             return TokenRow(event.token_id, deleted=True)
+        case ev.SessionStarted():
+            started = stamp_of(event)
+            return SessionRow(
+                event.session_id, event.event_id, event.collective_id, event.agent_id,
+                event.hlc, event.summary, started, author_owner=event.author_owner,
+                author_agent=event.author_agent,
+            )  # fmt: skip
+        case ev.SessionUpdated():
+            changed = stamp_of(event)
+            session = SessionRow(event.session_id, collective_id=event.collective_id)
+            if event.todo is not None:
+                session.todo, session.todo_stamp = todo_json(event.todo), changed
+            for name in ("summary", "changes", "bugs", "architecture"):
+                value = getattr(event, name)
+                if value is not None:
+                    setattr(session, name, value)
+                    setattr(session, f"{name}_stamp", changed)
+            return session
+        case ev.SessionEnded():
+            return SessionRow(
+                event.session_id, collective_id=event.collective_id, ended_hlc=event.hlc,
+                ended_hlc_stamp=stamp_of(event),
+            )  # fmt: skip
+        case ev.SessionDeleted():
+            return SessionRow(event.session_id, collective_id=event.collective_id, deleted=True)
     return None  # activities live in their own stream, not in the projection
 
 
@@ -498,6 +600,7 @@ RelationRow.key = _single_key("relation_id")  # type: ignore[method-assign]
 InsightRow.key = _single_key("insight_id")  # type: ignore[method-assign]
 WisdomRow.key = _single_key("wisdom_id")  # type: ignore[method-assign]
 TokenRow.key = _single_key("token_id")  # type: ignore[method-assign]
+SessionRow.key = _single_key("session_id")  # type: ignore[method-assign]
 
 
 def _application_key(self: ApplicationRow) -> tuple[Any, ...]:

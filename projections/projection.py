@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import msgspec
 import numpy as np
 
 from eventlog import events as ev
@@ -171,6 +172,12 @@ class Projection:
                     delta.add(row, owned=True)
                     if type(row) is not ApplicationRow:  # (a reinforcement: see _audited)
                         self.memory.unflushed_audit.append(_audited(entry.seq, event))
+                    else:
+                        self.memory.unflushed_counts.append(
+                            (entry.seq, row.experience_id, row.instance_id, row.collective_id,
+                             row.applications, row.last_hlc, event.author_owner,
+                             event.author_agent)
+                        )  # fmt: skip
             except Exception as exc:  # an event no rule can fold: keep it aside
                 log.warning("event at sequence %d kept aside: %s", entry.seq, exc)
                 self.memory.reject(
@@ -239,14 +246,17 @@ class Projection:
         if self.dirty:
             rows, forgotten, rejected = self.memory.take_dirty()
             audited, self.memory.unflushed_audit = self.memory.unflushed_audit, []
+            counted, self.memory.unflushed_counts = self.memory.unflushed_counts, []
             try:
                 self.store.write(
                     rows, vec_ids=self.memory.vec_ids, forgotten=forgotten, rejected=rejected,
                     last_seq=self._seq, count=self._unflushed, audited=audited,
+                    counted=counted,
                 )  # fmt: skip
             except BaseException:
                 self.memory.restore_dirty(rows, forgotten, rejected)
                 self.memory.unflushed_audit = audited + self.memory.unflushed_audit
+                self.memory.unflushed_counts = counted + self.memory.unflushed_counts
                 raise
             self.flushed_seq = self._seq
             self._unflushed = 0
@@ -533,10 +543,13 @@ def _fits_store(row: object) -> None:
         return
     for name in (
         "created_hlc",
+        "ended_hlc",
         "last_hlc",
         "applications",
         "source_experience_count",
         "expires_ms",
+        "valid_from_ms",
+        "valid_to",
     ):
         value = getattr(row, name, None)
         if value is not None and not 0 <= value <= _UBIGINT_MAX // 2:
@@ -645,15 +658,20 @@ async def _rebuild(
 
 def _audited(seq: int, event: ev.Event) -> Audited:
     """The audit's row of an event the fold took in (its values already fit the store:
-    ``_fits_store``, HLC included). Reinforcements are left out: they are most of a busy
-    log, an application count rather than a change of content, and counted per instance
-    in ``applications``; auditing them cost a rebuild 15% (``ops.bench.projection``)."""
+    ``_fits_store``, HLC included), with the event itself as JSON, its embedding left out
+    (the history ``projections.past`` folds back). Reinforcements are kept apart, in the
+    counts' history: they are most of a busy log, and a few numbers each."""
     tag, entity, key, in_collective = _AUDIT_OF[type(event)]
+    if hasattr(event, "embedding"):  # (held in the rows and vector files already)
+        event = msgspec.structs.replace(event, embedding=b"")
     return (
         seq, tag, event.collective_id if in_collective else None,  # type: ignore[union-attr]
         entity, getattr(event, key), event.author_owner, event.author_agent,
-        event.instance_id, event.hlc,
+        event.instance_id, event.hlc, _to_json(event).decode(),
     )  # fmt: skip
+
+
+_to_json = msgspec.json.Encoder().encode
 
 
 def _audit_of(event_type: type[ev.EventBase]) -> tuple[str, str, str, bool]:
@@ -664,7 +682,7 @@ def _audit_of(event_type: type[ev.EventBase]) -> tuple[str, str, str, bool]:
     entity = next(
         (
             e
-            for e in ("experience", "relation", "insight", "wisdom", "token")
+            for e in ("experience", "relation", "insight", "wisdom", "token", "session")
             if f"{e}_id" in fields
         ),
         "collective",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from typing import Any, Iterable, Literal, Sequence, TypeVar
 from uuid import UUID
 
@@ -16,7 +17,8 @@ import numpy as np
 import numpy.typing as npt
 
 from eventlog import events as ev
-from projections.fold import CollectiveRow, ExperienceRow, InsightRow, RelationRow
+from projections.fold import CollectiveRow, ExperienceRow, InsightRow, RelationRow, SessionRow
+from projections.past import Past
 from projections.projection import Projection
 from sync.access import Principal, TokenInfo, Viewer
 
@@ -31,10 +33,16 @@ class ExperienceFilter(msgspec.Struct, frozen=True, kw_only=True):
     since_ms: int | None = None  # recorded at or after (Unix ms)
     include_archived: bool = False
     viewer: Viewer | None = None  # what the caller may see (sync.access); None: all
+    # validity: by default only what is still true now (not invalidated, or invalidated
+    # with a time still ahead); ``include_invalid`` takes everything; ``valid_at_ms`` what
+    # was true at that moment (valid_from <= valid_at < valid_to)
+    include_invalid: bool = False
+    valid_at_ms: int | None = None
 
     @property
     def narrows(self) -> bool:
-        """True when it selects more than "live, and not archived unless asked"."""
+        """True when it selects more than "live, valid now, and not archived unless
+        asked" (whether "valid now" leaves anything out is the columns' to say)."""
         return any(
             v is not None
             for v in (
@@ -43,8 +51,19 @@ class ExperienceFilter(msgspec.Struct, frozen=True, kw_only=True):
                 self.min_importance,
                 self.min_confidence,
                 self.since_ms,
+                self.valid_at_ms,
             )
         )
+
+    def validity(self) -> tuple[int, bool] | None:
+        """(the moment an experience must be true at, whether its start counts too), or
+        None when validity does not matter. "Now" checks the end only: an experience
+        seen is one already recorded, whatever the clocks of the hosts say."""
+        if self.valid_at_ms is not None:
+            return self.valid_at_ms, True
+        if self.include_invalid:
+            return None
+        return int(time.time() * 1000), False
 
 
 ANY_LIVE = ExperienceFilter()  # the default: every live experience that is not archived
@@ -69,10 +88,38 @@ class Experience(msgspec.Struct, frozen=True, kw_only=True):
     visibility: str = "team"  # private, team or org (sync.access)
     author_owner: str | None = None  # the principal that created it
     author_agent: str | None = None
+    valid_from_ms: int = 0  # when it became true (its recording time unless told)
+    valid_to_ms: int | None = None  # when it stopped being true; None: it still is
+    invalid_reason: str | None = None  # why it stopped (with valid_to_ms)
+    invalidations: int = 0  # how often it was invalidated
+    unstable: bool = False  # invalidated UNSTABLE_COUNT times within UNSTABLE_WINDOW_MS
 
     @property
     def vector(self) -> npt.NDArray[np.float32]:
         return ev.unpack_vector(self.embedding)
+
+
+UNSTABLE_COUNT = 3  # invalidations ...
+UNSTABLE_WINDOW_MS = 30 * 86_400_000  # ... within this long mark an experience unstable
+
+
+def unstable(invalidations: Sequence[int] | None) -> bool:
+    """Whether UNSTABLE_COUNT of these invalidation HLCs fall within UNSTABLE_WINDOW_MS
+    (uniko's drift flag: a fact that keeps flipping is not one to lean on)."""
+    if not invalidations or len(invalidations) < UNSTABLE_COUNT:
+        return False
+    ms = sorted(ev.hlc_millis(h) for h in invalidations)
+    return any(
+        ms[i + UNSTABLE_COUNT - 1] - ms[i] <= UNSTABLE_WINDOW_MS
+        for i in range(len(ms) - UNSTABLE_COUNT + 1)
+    )
+
+
+def valid_from(row: ExperienceRow) -> int:
+    """When an experience became true (Unix ms): as told, else when it was recorded."""
+    if row.valid_from_ms is not None:
+        return row.valid_from_ms
+    return ev.hlc_millis(row.created_hlc or 0)
 
 
 class ScoredExperience(msgspec.Struct, frozen=True):
@@ -159,6 +206,9 @@ class CollectiveStats(msgspec.Struct, frozen=True, kw_only=True):
     insights: int
     applications: int
     dead_letters: int
+    invalid: int = 0  # experiences no longer true (now)
+    invalidations: int = 0  # invalidations of its experiences (each counts up to 64)
+    unstable: int = 0  # experiences invalidated often (see ``unstable``)
 
 
 class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
@@ -209,13 +259,28 @@ def _experience(p: Projection, row: ExperienceRow) -> Experience:
         visibility=row.visibility or "team",
         author_owner=row.author_owner,
         author_agent=row.author_agent,
+        valid_from_ms=valid_from(row),
+        valid_to_ms=row.valid_to,
+        invalid_reason=row.invalid_reason if row.valid_to is not None else None,
+        invalidations=len(row.invalidations or ()),
+        unstable=unstable(row.invalidations),
     )
+
+
+def _valid(row: ExperienceRow, validity: tuple[int, bool] | None) -> bool:
+    if validity is None:
+        return True
+    at, from_too = validity
+    if row.valid_to is not None and row.valid_to <= at:
+        return False
+    return not from_too or valid_from(row) <= at
 
 
 def _passes(row: ExperienceRow, flt: ExperienceFilter) -> bool:
     """Whether a live experience row passes a filter."""
     return (
-        (flt.include_archived or not row.archived)
+        _valid(row, flt.validity())
+        and (flt.include_archived or not row.archived)
         and (flt.domains is None or not set(flt.domains).isdisjoint(row.domain or ()))
         and (flt.experience_types is None or row.experience_type in flt.experience_types)
         and (flt.min_importance is None or (row.importance or 0.0) >= flt.min_importance)
@@ -295,6 +360,8 @@ class _Columns:
         # 100,000-row filter by author is a vector operation, not 100,000 string compares
         self.author = np.zeros(0, dtype=np.int32)
         self.authors: dict[tuple[str | None, str | None], int] = {}
+        self.valid_from = np.zeros(0, dtype=np.int64)
+        self.valid_to = np.zeros(0, dtype=np.int64)  # NO_END: still true
         self._domains: list[tuple[str, ...]] = []
         self._by_domain: dict[str, npt.NDArray[np.bool_]] = {}
 
@@ -320,10 +387,19 @@ class _Columns:
                 row = p.memory.live_experience(experience_id)
                 if row is not None and row.collective_id == collective_id:
                     rows.append(row)
-        self._append(p, rows)
+        self.append(p, rows)
         self.version = version
 
-    def _append(self, p: Projection, rows: list[ExperienceRow]) -> None:
+    def copy(self) -> _Columns:
+        """A copy that changes apart from this one (``projections.past``)."""
+        twin = _Columns.__new__(_Columns)
+        twin.__dict__.update(self.__dict__)
+        twin.alive = self.alive.copy()  # (the only array changed in place)
+        twin.index_of, twin.authors = dict(self.index_of), dict(self.authors)
+        twin._domains, twin._by_domain = list(self._domains), {}
+        return twin
+
+    def append(self, p: Projection | Past, rows: list[ExperienceRow]) -> None:
         vec_ids = p.memory.vec_ids
         rows = [r for r in rows if r.experience_id in vec_ids]
         if not rows:
@@ -353,6 +429,10 @@ class _Columns:
             [codes.setdefault((r.author_owner, r.author_agent), len(codes)) for r in rows],
             np.int32,
         )
+        self.valid_from = grown(self.valid_from, [valid_from(r) for r in rows], np.int64)
+        self.valid_to = grown(
+            self.valid_to, [NO_END if r.valid_to is None else r.valid_to for r in rows], np.int64
+        )
         self._domains.extend(r.domain or () for r in rows)
         self._by_domain.clear()
 
@@ -381,6 +461,20 @@ class _Columns:
     def any_org(self) -> bool:
         return bool(np.any(self.alive & (self.visibility == 2)))
 
+    def _valid(self, validity: tuple[int, bool] | None) -> npt.NDArray[np.bool_] | None:
+        if validity is None:
+            return None
+        at, from_too = validity
+        keep = self.valid_to > at
+        if from_too:
+            keep &= self.valid_from <= at
+        return keep
+
+    def invalid_any(self, flt: ExperienceFilter) -> bool:
+        """Whether the filter's validity leaves out a live row."""
+        valid = self._valid(flt.validity())
+        return valid is not None and bool(np.any(self.alive & ~valid))
+
     def select(self, flt: ExperienceFilter) -> npt.NDArray[np.int64]:
         """The vec_ids of the rows that pass ``flt``."""
         keep = self.alive.copy() if flt.include_archived else self.alive & ~self.archived
@@ -390,6 +484,9 @@ class _Columns:
                 keep &= (self.visibility != 0) | (self.author == self._code(viewer))
             else:
                 keep &= self.visibility == 2
+        valid = self._valid(flt.validity())
+        if valid is not None:
+            keep &= valid
         if flt.min_importance is not None:
             keep &= self.importance >= flt.min_importance
         if flt.min_confidence is not None:
@@ -408,9 +505,13 @@ class _Columns:
 
 
 VISIBILITY_CODE = {"private": 0, "team": 1, "org": 2}  # None (rows from before): team
+NO_END = np.iinfo(np.int64).max  # the valid_to of what is still true
 
 
-def _columns(p: Projection, collective_id: UUID) -> _Columns:
+def _columns(p: Projection | Past, collective_id: UUID) -> _Columns:
+    if isinstance(p, Past):
+        found: _Columns = p.columns(collective_id)
+        return found
     key = ("filter columns", collective_id)
     columns: _Columns | None = p.caches.get(key)
     if columns is None:
@@ -426,7 +527,10 @@ def _allowed(p: Projection, collective_id: UUID, flt: ExperienceFilter) -> npt.N
 
 def _narrows(p: Projection, collective_id: UUID, flt: ExperienceFilter) -> bool:
     """Whether a search must be restricted to the rows ``flt`` selects."""
-    return flt.narrows or _columns(p, collective_id).restricts(flt.viewer)
+    if flt.narrows:
+        return True
+    columns = _columns(p, collective_id)
+    return columns.restricts(flt.viewer) or columns.invalid_any(flt)
 
 
 def shows_anything(p: Projection, collective_id: UUID, viewer: Viewer) -> bool:
@@ -456,8 +560,10 @@ def similar_ids(
     vector = np.asarray(query, dtype=np.float32).reshape(1, -1)
     if vector.shape[1] != index.dim:
         raise ValueError(f"query: {vector.shape[1]} dimensions, the collective has {index.dim}")
-    allowed = _allowed(p, collective_id, flt) if _narrows(p, collective_id, flt) else None
-    hits = index.search(vector, k, include_archived=flt.include_archived, allowed=allowed)
+    past = isinstance(p, Past)  # (the index's archived flags are the present ones)
+    narrow = past or _narrows(p, collective_id, flt)
+    allowed = _allowed(p, collective_id, flt) if narrow else None
+    hits = index.search(vector, k, include_archived=flt.include_archived or past, allowed=allowed)
     keyed = [(index.keys[v], s) for v, s in hits if v in index.keys]
     keyed.sort(key=lambda hit: (-hit[1], hit[0]))  # equal scores in one order on every host
     return keyed
@@ -660,7 +766,7 @@ def similar_insights(
                 viewer is None or viewer.sees(row.visibility, row.author_owner, row.author_agent)
             ):
                 found.append(ScoredInsight(_insight(p, row, viewer), score))
-        if viewer is None or len(found) >= k or len(hits) < fetch:
+        if (viewer is None and not isinstance(p, Past)) or len(found) >= k or len(hits) < fetch:
             return found[:k]
         fetch *= 4
 
@@ -680,6 +786,7 @@ def collective_stats(
         return [r for r in rows if viewer.sees(r.visibility, r.author_owner, r.author_agent)]
 
     experiences = seen(memory.live_experiences_of(collective_id))
+    now = ANY_LIVE.validity()
     relations = seen(memory.live_relations_of(collective_id))
     if viewer is not None:  # a relation shows with both of its ends only
         relations = [
@@ -695,6 +802,9 @@ def collective_stats(
         insights=len(seen(memory.live_insights_of(collective_id))),
         applications=sum(memory.applications_of(e.experience_id)[0] for e in experiences),
         dead_letters=len(dead_letters(p, collective_id)) if viewer is None else 0,
+        invalid=sum(1 for e in experiences if not _valid(e, now)),
+        invalidations=sum(len(e.invalidations or ()) for e in experiences),
+        unstable=sum(1 for e in experiences if unstable(e.invalidations)),
     )
 
 
@@ -1088,3 +1198,102 @@ def deleted_access(p: Projection, experience_id: UUID) -> Access | None:
     collective = p.memory.collectives.get((collective_id,))
     owner = collective.owner_id if collective is not None else None
     return Access(collective_id, owner, visibility, author_owner, author_agent)
+
+
+# -- sessions (sync.sessions) -------------------------------------------------------------------
+
+
+class Todo(msgspec.Struct, frozen=True, kw_only=True):
+    """One item of a session's todo list."""
+
+    task: str
+    priority: ev.TodoPriority = "medium"
+    note: str = ""
+    done: bool = False
+
+
+class Session(msgspec.Struct, frozen=True, kw_only=True):
+    """An agent's session in a collective: what it did, has to do, broke and decided.
+    Each field is the last value written to it, on whichever host."""
+
+    session_id: UUID
+    collective_id: UUID
+    agent_id: str
+    summary: str
+    todo: tuple[Todo, ...]
+    changes: tuple[str, ...]
+    bugs: tuple[str, ...]
+    architecture: tuple[str, ...]
+    started_ms: int
+    updated_ms: int  # the latest write to it: its start, an update or its end
+    ended: bool
+    ended_ms: int | None  # when it ended (None: open)
+    author_owner: str | None  # the principal that started it
+    author_agent: str | None
+
+
+_todo_list = msgspec.json.Decoder(tuple[Todo, ...])
+
+
+def _session(row: SessionRow) -> Session:
+    latest = row.created_hlc or 0
+    for name in SessionRow.REGISTERS:
+        stamp = getattr(row, f"{name}_stamp")
+        if stamp:
+            latest = max(latest, int.from_bytes(stamp[:8], "big"))
+    return Session(
+        session_id=row.session_id, collective_id=row.collective_id,  # type: ignore[arg-type]
+        agent_id=row.agent_id or "", summary=row.summary or "",
+        todo=_todo_list.decode(row.todo) if row.todo else (),
+        changes=tuple(row.changes or ()), bugs=tuple(row.bugs or ()),
+        architecture=tuple(row.architecture or ()),
+        started_ms=ev.hlc_millis(row.created_hlc or 0), updated_ms=ev.hlc_millis(latest),
+        ended=row.ended_hlc is not None,
+        ended_ms=None if row.ended_hlc is None else ev.hlc_millis(row.ended_hlc),
+        author_owner=row.author_owner, author_agent=row.author_agent,
+    )  # fmt: skip
+
+
+def get_session(p: Projection, session_id: UUID) -> Session | None:
+    """A live session (ended or not), or None."""
+    row = p.memory.live_session(session_id)
+    return None if row is None else _session(row)
+
+
+def sessions_page(
+    p: Projection,
+    collective_id: UUID,
+    agent_id: str | None = None,
+    open_only: bool = False,
+    limit: int | None = None,
+    after: tuple[int, UUID] | None = None,
+) -> tuple[list[Session], tuple[int, UUID] | None]:
+    """Up to ``limit`` live sessions of a collective (of one agent; only the open ones),
+    oldest first by (start HLC, id), after the key ``after``; and the key of the last one
+    when more follow."""
+    rows = sorted(
+        ((r.created_hlc or 0, r.session_id), r)
+        for r in p.memory.live_sessions_of(collective_id)
+        if agent_id in (None, r.agent_id) and not (open_only and r.ended_hlc is not None)
+    )  # fmt: skip
+    taken, last = _take(rows, limit, after)
+    return [_session(r) for r in taken], last
+
+
+def latest_open_session(p: Projection, collective_id: UUID, agent_id: str) -> Session | None:
+    """The open session of an agent started last (by start HLC, then id), or None."""
+    found = max(
+        (
+            ((r.created_hlc or 0, r.session_id), r)
+            for r in p.memory.live_sessions_of(collective_id)
+            if r.agent_id == agent_id and r.ended_hlc is None
+        ),
+        default=None,
+        key=lambda keyed: keyed[0],
+    )
+    return None if found is None else _session(found[1])
+
+
+def session_ids_in_collective(p: Projection, collective_id: UUID) -> list[UUID]:
+    """Every session row of a collective, deleted ones too (what its delete tombstones)."""
+    return sorted(p.memory.sessions_of.get(collective_id, set()))

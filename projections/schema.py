@@ -12,15 +12,22 @@ Views (stable names, what queries and analysts read):
   collectives        live collectives
   experiences        live experiences: created, not deleted, collective live, valid
                      embedding; ``archived`` is a column, ``applications`` the G-counter
-                     total, ``last_reinforced`` the time of the last reinforcement
+                     total, ``last_reinforced`` the time of the last reinforcement;
+                     validity: ``valid_from``, ``valid_to`` (NULL: still true),
+                     ``invalid_reason``, ``valid`` (true now), ``invalidations``
   applications       per-instance application counts (the G-counter entries)
   relations          live relations: valid, both ends live, the winner of its triple
   insights           live insights;  insight_sources  their source experiences
   wisdom             live wisdom
   tokens             access tokens (sync.access), revoked ones flagged; never a secret
+  sessions           agents' live sessions (sync.sessions): summary, todo (JSON), changes,
+                     bugs, architecture notes, whether and when it ended
   audit              every folded event but reinforcements: sequence, time, type,
                      collective, entity, author and instance (forgetting an entity
                      forgets its history here too, all but its delete)
+  history            every change, reinforcements included: the audit's columns and
+                     ``change``, the event as JSON (embeddings left out); what ``as_of``
+                     reads fold back (``projections.past``)
   dead_letters       what breaks an invariant of the folded state, with the reason:
                      wrong embedding dimension, missing collective / endpoint / source,
                      self-relation, relation across collectives, a (source, target, type)
@@ -38,7 +45,7 @@ before its collective is simply not live yet, and becomes live when the collecti
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 MISPLACED = "collective_id: not the collective of the entity: "  # dead letter
 
@@ -59,7 +66,9 @@ CREATE TABLE IF NOT EXISTS experience_rows (
     domain VARCHAR[], domain_stamp BLOB, related_files VARCHAR[], related_files_stamp BLOB,
     archived BOOLEAN NOT NULL, archived_stamp BLOB, deleted BOOLEAN NOT NULL,
     vec_id BIGINT, updated_seq BIGINT, create_seq BIGINT,
-    visibility VARCHAR, author_owner VARCHAR, author_agent VARCHAR);
+    visibility VARCHAR, author_owner VARCHAR, author_agent VARCHAR,
+    valid_from_ms BIGINT, valid_to BIGINT, valid_to_stamp BLOB, invalid_reason VARCHAR,
+    invalid_reason_stamp BLOB, invalidations UBIGINT[]);
 CREATE TABLE IF NOT EXISTS application_rows (
     experience_id UUID, instance_id UUID, applications UBIGINT NOT NULL,
     last_hlc UBIGINT NOT NULL,
@@ -88,10 +97,20 @@ CREATE TABLE IF NOT EXISTS token_rows (
     scope VARCHAR, agent_id VARCHAR, collectives UUID[], expires_ms BIGINT,
     created_hlc UBIGINT, deleted BOOLEAN NOT NULL, author_owner VARCHAR,
     author_agent VARCHAR, updated_seq BIGINT);
+CREATE TABLE IF NOT EXISTS session_rows (
+    session_id UUID PRIMARY KEY, create_event UUID, collective_id UUID, agent_id VARCHAR,
+    created_hlc UBIGINT, summary VARCHAR, summary_stamp BLOB, todo VARCHAR, todo_stamp BLOB,
+    changes VARCHAR[], changes_stamp BLOB, bugs VARCHAR[], bugs_stamp BLOB,
+    architecture VARCHAR[], architecture_stamp BLOB, ended_hlc UBIGINT, ended_hlc_stamp BLOB,
+    deleted BOOLEAN NOT NULL, author_owner VARCHAR, author_agent VARCHAR,
+    create_seq BIGINT, updated_seq BIGINT);
 CREATE TABLE IF NOT EXISTS audit_rows (
     seq BIGINT NOT NULL, event_type VARCHAR, collective_id UUID, entity VARCHAR,
     entity_id UUID, author_owner VARCHAR, author_agent VARCHAR, instance_id UUID,
-    hlc UBIGINT);
+    hlc UBIGINT, change VARCHAR);
+CREATE TABLE IF NOT EXISTS count_history (
+    seq BIGINT NOT NULL, experience_id UUID, instance_id UUID, collective_id UUID,
+    applications UBIGINT, hlc UBIGINT, author_owner VARCHAR, author_agent VARCHAR);
 CREATE TABLE IF NOT EXISTS undecodable (
     seq BIGINT PRIMARY KEY, subject VARCHAR, reason VARCHAR, instance_id UUID);
 """
@@ -126,7 +145,11 @@ SELECT e.experience_id, e.collective_id, e.content, e.embedding, e.experience_ty
        epoch_ms((e.created_hlc >> 16)::BIGINT) AS timestamp, e.archived,
        coalesce(a.applications, 0)::UBIGINT AS applications,
        epoch_ms((a.last_hlc >> 16)::BIGINT) AS last_reinforced, e.vec_id,
-       coalesce(e.visibility, 'team') AS visibility, e.author_owner, e.author_agent
+       coalesce(e.visibility, 'team') AS visibility, e.author_owner, e.author_agent,
+       epoch_ms(coalesce(e.valid_from_ms, (e.created_hlc >> 16)::BIGINT)) AS valid_from,
+       epoch_ms(e.valid_to) AS valid_to, e.invalid_reason,
+       e.valid_to IS NULL OR e.valid_to > epoch_ms(get_current_timestamp()) AS valid,
+       len(coalesce(e.invalidations, []))::INTEGER AS invalidations
 FROM experience_rows e
 JOIN experience_checks k USING (experience_id)
 LEFT JOIN (SELECT experience_id, collective_id, sum(applications) AS applications,
@@ -211,6 +234,28 @@ SELECT seq, epoch_ms((hlc >> 16)::BIGINT) AS written_at, event_type, collective_
        entity_id, author_owner, author_agent, instance_id
 FROM audit_rows;
 
+CREATE OR REPLACE VIEW sessions AS
+SELECT s.session_id, s.collective_id, s.agent_id, coalesce(s.summary, '') AS summary,
+       CAST(coalesce(s.todo, '[]') AS JSON) AS todo,
+       coalesce(s.changes, []::VARCHAR[]) AS changes, coalesce(s.bugs, []::VARCHAR[]) AS bugs,
+       coalesce(s.architecture, []::VARCHAR[]) AS architecture,
+       s.ended_hlc IS NOT NULL AS ended,
+       epoch_ms((s.created_hlc >> 16)::BIGINT) AS started_at,
+       epoch_ms((s.ended_hlc >> 16)::BIGINT) AS ended_at, s.author_owner, s.author_agent
+FROM session_rows s JOIN collective_rows c USING (collective_id)
+WHERE s.create_event IS NOT NULL AND NOT s.deleted
+  AND c.create_event IS NOT NULL AND NOT c.deleted;
+
+CREATE OR REPLACE VIEW history AS
+SELECT seq, epoch_ms((hlc >> 16)::BIGINT) AS written_at, event_type, collective_id, entity,
+       entity_id, author_owner, author_agent, instance_id, change::JSON AS change
+FROM audit_rows
+UNION ALL
+SELECT seq, epoch_ms((hlc >> 16)::BIGINT), 'experience.reinforced', collective_id,
+       'experience', experience_id, author_owner, author_agent, instance_id,
+       json_object('applications', applications)
+FROM count_history;
+
 CREATE OR REPLACE VIEW dead_letters AS
 SELECT 'experience' AS entity, experience_id AS id, collective_id, problem AS reason,
        NULL::BIGINT AS seq, NULL::VARCHAR AS subject, NULL::UUID AS instance_id
@@ -238,6 +283,7 @@ DIGEST_QUERIES = {
     ),
     "wisdom_rows": "SELECT * EXCLUDE (updated_seq) FROM wisdom_rows ORDER BY 1",
     "token_rows": "SELECT * EXCLUDE (updated_seq) FROM token_rows ORDER BY 1",
+    "session_rows": "SELECT * EXCLUDE (updated_seq, create_seq) FROM session_rows ORDER BY 1",
     # (audit_rows is left out: it holds stream sequences, and what a host read of the
     # events a delete forgot until the tombstone reached it)
     # an event naming another collective than its entity's is reported when the entity's
@@ -251,6 +297,26 @@ DIGEST_QUERIES = {
 
 # from_version -> statements that bring the schema to from_version + 1
 MIGRATIONS: dict[int, list[str]] = {
+    # 6: validity (an experience's [valid_from, valid_to), why it stopped being true, and
+    # its invalidations); the history of every change (audit_rows.change, and the
+    # application counts' history). Rows from before are valid from their recording on.
+    5: [
+        "ALTER TABLE experience_rows ADD COLUMN IF NOT EXISTS valid_from_ms BIGINT",
+        "ALTER TABLE experience_rows ADD COLUMN IF NOT EXISTS valid_to BIGINT",
+        "ALTER TABLE experience_rows ADD COLUMN IF NOT EXISTS valid_to_stamp BLOB",
+        "ALTER TABLE experience_rows ADD COLUMN IF NOT EXISTS invalid_reason VARCHAR",
+        "ALTER TABLE experience_rows ADD COLUMN IF NOT EXISTS invalid_reason_stamp BLOB",
+        "ALTER TABLE experience_rows ADD COLUMN IF NOT EXISTS invalidations UBIGINT[]",
+        "UPDATE experience_rows SET valid_to_stamp = ''::BLOB, invalid_reason_stamp = ''::BLOB",
+        "ALTER TABLE audit_rows ADD COLUMN IF NOT EXISTS change VARCHAR",
+        # (count_history is made by TABLES) the history starts here: as_of reads before it
+        # need a rebuild (``projections.past``); the counts so far are its first entries
+        """INSERT OR REPLACE INTO meta SELECT 'history_from',
+               coalesce((SELECT seq FROM checkpoint WHERE id = 1), 0)::VARCHAR""",
+        """INSERT INTO count_history SELECT coalesce(updated_seq, 0), experience_id,
+               instance_id, collective_id, applications, last_hlc, NULL, NULL
+           FROM application_rows""",
+    ],
     # 5: who wrote what (author columns, the audit) and who may see it (visibility);
     # access tokens (token_rows, created by TABLES). Rows from before have no author and
     # are seen as "team" (the views coalesce)

@@ -38,6 +38,7 @@ from projections.fold import (
     InsightRow,
     RelationRow,
     Row,
+    SessionRow,
     TokenRow,
     WisdomRow,
 )
@@ -58,11 +59,15 @@ class Rejected:
     instance_id: UUID | None = None
 
 
-# One event in the audit (the ``audit`` view): seq, type, collective, entity, entity id,
-# author owner, author agent, instance, hlc
+# One event in the audit (the ``audit`` and ``history`` views): seq, type, collective,
+# entity, entity id, author owner, author agent, instance, hlc, the event as JSON (its
+# embedding left out: ``projections.past`` folds these back into rows as of a moment)
 Audited: TypeAlias = tuple[
-    int, str, UUID | None, str, UUID | None, str | None, str | None, UUID, int
+    int, str, UUID | None, str, UUID | None, str | None, str | None, UUID, int, str
 ]
+# One reinforcement in the counts' history: seq, experience, instance, collective named,
+# applications (the instance's total), hlc, author owner, author agent
+Counted: TypeAlias = tuple[int, UUID, UUID, UUID | None, int, int, str | None, str | None]
 
 
 @dataclass(slots=True)
@@ -114,7 +119,10 @@ class MemoryState:
         self.changes: dict[UUID | None, set[UUID] | None] = {}
         self.unflushed_rejected: list[Rejected] = []
         self.tokens: dict[tuple[Any, ...], TokenRow] = self.fold.rows[TokenRow]  # type: ignore[assignment]
+        self.sessions: dict[tuple[Any, ...], SessionRow] = self.fold.rows[SessionRow]  # type: ignore[assignment]
+        self.sessions_of: dict[UUID, set[UUID]] = {}  # collective -> session ids (deleted too)
         self.unflushed_audit: list[Audited] = []
+        self.unflushed_counts: list[Counted] = []
         # who could see the experiences deleted last while live here: (collective,
         # visibility, author owner, author agent), so a watch tells a delete only to
         # those who could see the experience (memory only, never stored: a tombstone keeps
@@ -234,6 +242,9 @@ class MemoryState:
         elif isinstance(row, InsightRow):
             if row.collective_id is not None:
                 self.insights_of.setdefault(row.collective_id, set()).add(row.insight_id)
+        elif isinstance(row, SessionRow):
+            if row.collective_id is not None:
+                self.sessions_of.setdefault(row.collective_id, set()).add(row.session_id)
 
     def _changed(self, collective_id: UUID | None, experience_id: UUID | None) -> None:
         """Note that an experience of a collective (None: the collective itself)
@@ -350,7 +361,12 @@ class MemoryState:
 
     def has_changes(self) -> bool:
         """Rows or counts changed since DuckDB was last written."""
-        return bool(self.forgotten_counts) or bool(self.unflushed_audit) or any(self.dirty.values())
+        return (
+            bool(self.forgotten_counts)
+            or bool(self.unflushed_audit)
+            or bool(self.unflushed_counts)
+            or any(self.dirty.values())
+        )
 
     def reject(self, rejected: Rejected) -> None:
         if rejected.seq not in self.rejected:
@@ -538,11 +554,29 @@ class MemoryState:
         for entry in self.applications.values():
             best = max(best, entry.last_hlc)
         for experience in self.experiences.values():
-            for name in ("importance", "confidence", "domain", "related_files", "archived"):
+            for name in ExperienceRow.REGISTERS:
                 stamp = getattr(experience, f"{name}_stamp")
                 if stamp:
                     best = max(best, int.from_bytes(stamp[:8], "big"))
+        for session in self.sessions.values():
+            best = max(best, session.created_hlc or 0)
+            for name in SessionRow.REGISTERS:
+                stamp = getattr(session, f"{name}_stamp")
+                if stamp:
+                    best = max(best, int.from_bytes(stamp[:8], "big"))
         return best
+
+    def live_session(self, session_id: UUID) -> SessionRow | None:
+        """A live session: created, not deleted, in a live collective (ended or not)."""
+        row = self.sessions.get((session_id,))
+        if row is None or row.create_event is None or row.deleted:
+            return None
+        if row.collective_id is None or self.live_collective(row.collective_id) is None:
+            return None
+        return row
+
+    def live_sessions_of(self, collective_id: UUID) -> Iterator[SessionRow]:
+        return _present(self.sessions_of.get(collective_id, ()), self.live_session)
 
 
 def _present(ids: Iterable[UUID], live: Callable[[UUID], R | None]) -> Iterator[R]:
@@ -560,16 +594,21 @@ _PLACED: dict[type, tuple[str, str]] = {
         t: ("experience_id", "experiences")
         for t in (
             ev.ExperienceRecorded, ev.ExperienceUpdated, ev.ExperienceArchived,
-            ev.ExperienceUnarchived, ev.ExperienceDeleted, ev.ExperienceReinforced,
+            ev.ExperienceUnarchived, ev.ExperienceInvalidated, ev.ExperienceDeleted,
+            ev.ExperienceReinforced,
         )
     },
     **{t: ("relation_id", "relations") for t in (ev.RelationStored, ev.RelationDeleted)},
     **{t: ("insight_id", "insights") for t in (ev.InsightStored, ev.InsightDeleted)},
+    **{
+        t: ("session_id", "sessions")
+        for t in (ev.SessionStarted, ev.SessionUpdated, ev.SessionEnded, ev.SessionDeleted)
+    },
 }  # fmt: skip
 
 _DELETES = (
     ev.CollectiveDeleted, ev.ExperienceDeleted, ev.RelationDeleted, ev.InsightDeleted,
-    ev.WisdomDeleted,
+    ev.WisdomDeleted, ev.SessionDeleted,
 )  # fmt: skip
 
 

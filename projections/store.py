@@ -30,10 +30,11 @@ from projections.fold import (
     InsightRow,
     RelationRow,
     Row,
+    SessionRow,
     TokenRow,
     WisdomRow,
 )
-from projections.state import Audited, Rejected
+from projections.state import Audited, Counted, Rejected
 
 TABLE_OF: dict[type[Row], str] = {
     CollectiveRow: "collective_rows",
@@ -43,6 +44,7 @@ TABLE_OF: dict[type[Row], str] = {
     InsightRow: "insight_rows",
     WisdomRow: "wisdom_rows",
     TokenRow: "token_rows",
+    SessionRow: "session_rows",
 }
 
 
@@ -159,6 +161,7 @@ class Store:
         last_seq: int,
         count: int,
         audited: Sequence[Audited] = (),
+        counted: Sequence[Counted] = (),
     ) -> None:
         """Write the rows the engine changed (already merged in memory) and move the
         checkpoint, in one transaction: one columnar insert per table, whatever the
@@ -168,11 +171,13 @@ class Store:
             for row_type, batch in rows.items():
                 if batch:
                     self._replace(row_type, batch, vec_ids, last_seq)
+            if counted:
+                self._counted(counted)
             if forgotten:
-                self.con.execute(
-                    "DELETE FROM application_rows "
-                    f"WHERE experience_id IN ({uuid_literals(forgotten)})"
-                )
+                for table in ("application_rows", "count_history"):
+                    self.con.execute(
+                        f"DELETE FROM {table} WHERE experience_id IN ({uuid_literals(forgotten)})"
+                    )
             for r in rejected:
                 self.con.execute(
                     "INSERT OR REPLACE INTO undecodable VALUES (?, ?, ?, ?)",
@@ -193,46 +198,72 @@ class Store:
     def _audit(self, audited: Sequence[Audited], rows: dict[type[Row], list[Row]]) -> None:
         """Add the batch's events to the audit; then forget the history of what the batch
         deleted (the log forgets it too), all but the deletes themselves."""
-        seq, event_type, collective, entity, entity_id, owner, agent, instance, hlc = zip(
+        seq, event_type, collective, entity, entity_id, owner, agent, instance, hlc, change = zip(
             *audited, strict=True
         )
-
-        def uuids(values: Sequence[UUID | None]) -> np.ndarray[Any, Any]:
-            return np.array([None if v is None else v.hex for v in values], dtype=object)
-
         staged_audit = {  # noqa: F841 (read by DuckDB by name)
             "seq": np.array(seq, dtype=np.int64), "event_type": np.array(event_type, dtype=object),
-            "collective_id": uuids(collective), "entity": np.array(entity, dtype=object),
-            "entity_id": uuids(entity_id), "author_owner": np.array(owner, dtype=object),
-            "author_agent": np.array(agent, dtype=object), "instance_id": uuids(instance),
-            "hlc": np.array(hlc, dtype=np.int64),
+            "collective_id": _uuids(collective), "entity": np.array(entity, dtype=object),
+            "entity_id": _uuids(entity_id), "author_owner": np.array(owner, dtype=object),
+            "author_agent": np.array(agent, dtype=object), "instance_id": _uuids(instance),
+            "hlc": np.array(hlc, dtype=np.int64), "change": np.array(change, dtype=object),
         }  # fmt: skip
         self.con.execute(
             "INSERT INTO audit_rows SELECT seq, event_type, collective_id::UUID, entity, "
-            "entity_id::UUID, author_owner, author_agent, instance_id::UUID, hlc::UBIGINT "
-            "FROM staged_audit"
+            "entity_id::UUID, author_owner, author_agent, instance_id::UUID, hlc::UBIGINT, "
+            "change FROM staged_audit"
         )  # (a sequence is applied once: the audit needs no key, and no index to keep up)
         gone = [
-            r.key()[0] for t in (ExperienceRow, RelationRow, InsightRow, WisdomRow)
+            r.key()[0] for t in TABLE_OF if t not in (CollectiveRow, ApplicationRow, TokenRow)
             for r in rows.get(t, ()) if getattr(r, "deleted", False)
         ]  # fmt: skip
+        # what the log keeps of a deleted entity is its latest tombstone and what came
+        # after it (the delete purged the rest), and of a deleted collective what came from
+        # its tombstone on: so does the history (``projections.past`` reads it)
         if gone:
             self.con.execute(
-                "DELETE FROM audit_rows WHERE event_type NOT LIKE '%.deleted' "
-                f"AND entity_id IN ({uuid_literals(gone)})"
+                f"DELETE FROM audit_rows WHERE entity_id IN ({uuid_literals(gone)}) "
+                "AND seq < (SELECT max(d.seq) FROM audit_rows d WHERE d.entity_id = "
+                "audit_rows.entity_id AND d.event_type LIKE '%.deleted')"
             )
         dropped = [r.key()[0] for r in rows.get(CollectiveRow, ()) if getattr(r, "deleted", False)]
         if dropped:
             self.con.execute(
-                "DELETE FROM audit_rows WHERE event_type NOT LIKE '%.deleted' "
-                f"AND collective_id IN ({uuid_literals(dropped)})"
+                f"DELETE FROM audit_rows WHERE collective_id IN ({uuid_literals(dropped)}) "
+                "AND seq < (SELECT max(d.seq) FROM audit_rows d WHERE d.collective_id = "
+                "audit_rows.collective_id AND d.event_type = 'collective.deleted')"
             )
+
+    def _counted(self, counted: Sequence[Counted]) -> None:
+        """Add a batch's reinforcements to the counts' history."""
+        seq, experience, instance, collective, applications, hlc, owner, agent = zip(
+            *counted, strict=True
+        )
+        staged_counts = {  # noqa: F841 (read by DuckDB by name)
+            "seq": np.array(seq, dtype=np.int64), "experience_id": _uuids(experience),
+            "instance_id": _uuids(instance), "collective_id": _uuids(collective),
+            "applications": np.array(applications, dtype=np.int64),
+            "hlc": np.array(hlc, dtype=np.int64), "author_owner": np.array(owner, dtype=object),
+            "author_agent": np.array(agent, dtype=object),
+        }  # fmt: skip
+        self.con.execute(
+            "INSERT INTO count_history SELECT seq, experience_id::UUID, instance_id::UUID, "
+            "collective_id::UUID, applications::UBIGINT, hlc::UBIGINT, author_owner, "
+            "author_agent FROM staged_counts"
+        )
 
     def _replace(
         self, row_type: type[Row], rows: list[Row], vec_ids: dict[UUID, int], seq: int
     ) -> None:
-        table = TABLE_OF[row_type]
-        types = self._types[table]
+        staged, select = self.staged(row_type, rows, vec_ids, seq)  # noqa: F841 (read by name)
+        self.con.execute(f"INSERT OR REPLACE INTO {TABLE_OF[row_type]} {select} FROM staged")
+
+    def staged(
+        self, row_type: type[Row], rows: Sequence[Row], vec_ids: dict[UUID, int], seq: int
+    ) -> tuple[dict[str, np.ndarray[Any, Any]], str]:
+        """Rows as columns DuckDB reads (a dict of arrays), and the SELECT clause that
+        casts them to the table's types (``... FROM <the dict's name>``)."""
+        types = self._types[TABLE_OF[row_type]]
         names = stored_columns(row_type)
         staged: dict[str, np.ndarray[Any, Any]] = {
             n: _column([getattr(r, n) for r in rows], types[n]) for n in names
@@ -240,8 +271,7 @@ class Store:
         if "vec_id" in types:
             staged["vec_id"] = np.array([vec_ids.get(r.key()[0]) for r in rows], dtype=object)
         staged["updated_seq"] = np.full(len(rows), seq, dtype=np.int64)
-        select = ", ".join(_cast(c, types[c]) for c in types)
-        self.con.execute(f"INSERT OR REPLACE INTO {table} SELECT {select} FROM staged")
+        return staged, "SELECT " + ", ".join(_cast(c, types[c]) for c in types)
 
     def vec_ids(self) -> dict[UUID, int]:
         """The local FAISS ids of experiences and insights."""
@@ -325,6 +355,10 @@ class Store:
                 for row in batch:
                     h.update(msgspec.msgpack.encode(row))
         return h.hexdigest()
+
+
+def _uuids(values: Sequence[UUID | None]) -> np.ndarray[Any, Any]:
+    return np.array([None if v is None else v.hex for v in values], dtype=object)
 
 
 def uuid_literals(ids: Any) -> str:

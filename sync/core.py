@@ -16,6 +16,8 @@ that landed after a concurrent delete.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import heapq
 import itertools
@@ -24,11 +26,12 @@ import logging
 import math
 import os
 import time
+import typing
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 from uuid import UUID
 
 import msgspec
@@ -49,7 +52,7 @@ from eventlog.errors import (
 from eventlog.ids import uuid7
 from eventlog.limits import CLOCK_AHEAD_MS
 from eventlog.log import EventLog, LogEntry, key_conflict
-from projections import queries
+from projections import past, queries
 from projections.engine import Applied, Engine
 from projections.projection import entity_of
 from sync import access, embedders, idempotency, models
@@ -61,6 +64,26 @@ from sync.watch import ExperienceWatch, change_of
 log = logging.getLogger("pulse.instance")
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+# the stream sequence the reads of the call in progress answer as of (None: now)
+_AS_OF: contextvars.ContextVar[int | None] = contextvars.ContextVar("pulse_as_of", default=None)
+
+
+def as_of_read(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """A read that takes ``as_of`` (a stream sequence, or a time: Unix ms as a string of
+    digits is a sequence, so a time is an ISO 8601 text or a ``datetime``): the method
+    runs with every ``_read`` answered from the state as of then (``projections.past``).
+    The method lists ``as_of`` in its signature (the HTTP API and the docs read it) and
+    leaves it to this wrapper."""
+
+    @functools.wraps(method)
+    async def read(self: InstanceCore, *args: Any, as_of: Any = None, **kwargs: Any) -> T:
+        async with self._at(as_of):
+            return await method(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    return typing.cast(Callable[P, Awaitable[T]], read)
+
 
 DELETES = (ev.CollectiveDeleted, ev.ExperienceDeleted, ev.RelationDeleted, ev.InsightDeleted,
            ev.WisdomDeleted)  # fmt: skip
@@ -83,10 +106,14 @@ class InstanceSettings:
     half_life_days: float = 30.0  # energy halves this long after the last reinforcement
     boost_every: float = 5.0  # this many applications halve the distance of importance to 1
     stale_after: float = 300.0  # seconds without a heartbeat before an agent is not active
+    # a search's score of an unstable experience (invalidated often) is multiplied by this
+    unstable_weight: float = 0.5
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.energy_weight) and 0 <= self.energy_weight <= 1):
             raise ValidationError(f"energy_weight: must be in [0, 1], got {self.energy_weight}")
+        if not (math.isfinite(self.unstable_weight) and 0 <= self.unstable_weight <= 1):
+            raise ValidationError(f"unstable_weight: must be in [0, 1], got {self.unstable_weight}")
         for name in ("half_life_days", "boost_every", "stale_after"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -357,10 +384,47 @@ class InstanceCore:
 
     async def _read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a read (``fn(projection, *args, **kwargs)``, e.g. a ``projections.queries``
-        function) on the engine thread and await it."""
+        function) on the engine thread and await it; as of a moment inside ``_at``."""
         if kwargs:
-            return await self.engine.run(functools.partial(fn, **kwargs), *args)
+            fn = functools.partial(fn, **kwargs)
+        as_of = _AS_OF.get()
+        if as_of is not None:
+            return await self.engine.run(past.read_as_of, as_of, fn, *args)
         return await self.engine.run(fn, *args)
+
+    @contextlib.asynccontextmanager
+    async def _at(self, as_of: Any) -> AsyncIterator[int | None]:
+        """Reads inside answer as of ``as_of`` (None: now); yields the sequence."""
+        seq = None if as_of is None else await self._as_of_seq(as_of)
+        if seq is None:
+            yield None
+            return
+        token = _AS_OF.set(seq)
+        try:
+            yield seq
+        finally:
+            _AS_OF.reset(token)
+
+    async def _as_of_seq(self, as_of: Any) -> int | None:
+        """The stream sequence of a moment (None: now). A sequence this host has not
+        applied yet is waited for; one past the end of the log is refused. A time is the
+        last sequence written at or before it (``projections.past.sequence_at``), once
+        this host has applied what the log holds."""
+        kind, value = models.as_of_value(as_of)
+        if kind == "seq":
+            if value > self._applied:
+                last = await self.log.last_seq()
+                if value > last:
+                    raise ValidationError(
+                        f"as_of: sequence {value} is past the end of the log (it holds "
+                        f"up to {last})"
+                    )
+                await self._wait_applied(value)
+            return value
+        if value >= wall_ms():
+            return None  # now, or a moment still to come: the state now
+        await self.sync()
+        return await self.engine.run(past.sequence_at, value)
 
     # -- the write path --------------------------------------------------------------------
 
@@ -506,6 +570,8 @@ class InstanceCore:
 
     async def _known_or_read(self, kind: str, key: UUID, fn: Callable[..., T]) -> T | None:
         """``fn(projection, key)``, remembered while nothing that could change it applies."""
+        if _AS_OF.get() is not None:  # (what is remembered is the present)
+            return await self._read(fn, key)
         found = self._known.get((kind, key))
         if found is None:
             generation = self._generation
@@ -600,6 +666,8 @@ class InstanceCore:
             min_confidence=model.min_confidence,
             since_ms=model.since_ms,
             include_archived=model.include_archived,
+            include_invalid=model.include_invalid,
+            valid_at_ms=model.valid_at,
         )
 
     @property

@@ -23,7 +23,7 @@ from eventlog.errors import Forbidden, NotFoundError, ValidationError
 from projections import queries
 from projections.projection import Projection
 from sync import embedders, idempotency, models
-from sync.core import InstanceCore, check_limit, check_vector, uuid_of
+from sync.core import InstanceCore, as_of_read, check_limit, check_vector, uuid_of
 from sync.idempotency import idempotent
 from sync.models import validated
 
@@ -76,7 +76,10 @@ class Collectives(InstanceCore):
         )  # fmt: skip
         return collective_id
 
-    async def get_collective(self, collective_id: UUID) -> queries.Collective | None:
+    @as_of_read
+    async def get_collective(
+        self, collective_id: UUID, *, as_of: models.AsOf = None
+    ) -> queries.Collective | None:
         """The collective, or None (also when the caller may see nothing of it)."""
         try:
             collective, _ = await self._readable(uuid_of("collective_id", collective_id))
@@ -84,12 +87,14 @@ class Collectives(InstanceCore):
             return None
         return collective
 
+    @as_of_read
     async def list_collectives(
         self,
         owner_id: str | None = None,
         *,
         limit: int = models.PAGE_DEFAULT,
         after: str | None = None,
+        as_of: models.AsOf = None,
     ) -> models.Page[queries.Collective]:
         """The live collectives, or those of one owner, oldest first: one page of at most
         ``limit`` (1..1000, default 100); the page's ``next`` is the cursor of the rest
@@ -102,7 +107,10 @@ class Collectives(InstanceCore):
         )
         return models.Page(found, None if last is None else models.cursor("collectives", last))
 
-    async def get_collective_stats(self, collective_id: UUID) -> queries.CollectiveStats:
+    @as_of_read
+    async def get_collective_stats(
+        self, collective_id: UUID, *, as_of: models.AsOf = None
+    ) -> queries.CollectiveStats:
         """Counts of the collective's live rows (those the caller may see)."""
         collective, viewer = await self._readable(uuid_of("collective_id", collective_id))
         stats = await self._read(queries.collective_stats, collective.collective_id, viewer)
@@ -128,18 +136,20 @@ class Experiences(InstanceCore):
         source_agent: str = "agent",
         source_task: str | None = None,
         visibility: ev.Visibility = "team",
+        valid_from: int | str | None = None,
         idempotency_key: str | None = None,
     ) -> UUID:
         """Record what an agent learned. ``embedding`` may be left out when the collective
         has an embedder (the content is embedded). ``visibility``: who may see it,
         "private" (its author), "team" (the collective's members) or "org" (everyone).
+        ``valid_from``: when it became true (Unix ms or ISO 8601; default: now).
         Returns the new experience's id once this host has applied it."""
         fields: dict[str, Any] = {
             "collective_id": collective_id, "content": content, "embedding": embedding,
             "embedder": embedder, "importance": importance, "confidence": confidence,
             "domain": list(domain), "related_files": list(related_files),
             "source_agent": source_agent, "source_task": source_task,
-            "visibility": visibility,
+            "visibility": visibility, "valid_from": valid_from,
         }  # fmt: skip
         if experience_type is not None:
             fields["experience_type"] = experience_type
@@ -226,7 +236,10 @@ class Experiences(InstanceCore):
         await self._write_many(events, atomic=True)  # fresh ids: a stored copy changes nothing
         return [e.experience_id for e in events]
 
-    async def get_experience(self, experience_id: UUID) -> queries.Experience | None:
+    @as_of_read
+    async def get_experience(
+        self, experience_id: UUID, *, as_of: models.AsOf = None
+    ) -> queries.Experience | None:
         """The experience (archived ones too), or None (also when the caller may not see it)."""
         key = uuid_of("experience_id", experience_id)
         if not self._me().admin:
@@ -236,14 +249,28 @@ class Experiences(InstanceCore):
                 return None
         return await self._read(queries.get_experience, key)
 
+    @as_of_read
     async def get_recent_experiences(
-        self, collective_id: UUID, limit: int = 20, flt: Any = None, *, offset: int = 0
+        self,
+        collective_id: UUID,
+        limit: int = 20,
+        flt: Any = None,
+        *,
+        offset: int = 0,
+        as_of: models.AsOf = None,
     ) -> list[queries.Experience]:
         """The newest experiences of a collective (filtered), newest first."""
         return await self._page(collective_id, limit, offset, flt, newest_first=True)
 
+    @as_of_read
     async def list_experiences(
-        self, collective_id: UUID, *, limit: int = 100, offset: int = 0, flt: Any = None
+        self,
+        collective_id: UUID,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        flt: Any = None,
+        as_of: models.AsOf = None,
     ) -> list[queries.Experience]:
         """One page of a collective's experiences, oldest first (stable paging by offset)."""
         return await self._page(collective_id, limit, offset, flt, newest_first=False)
@@ -279,6 +306,54 @@ class Experiences(InstanceCore):
                 related_files=None if spec.related_files is None else tuple(spec.related_files),
             )
         )  # fmt: skip
+
+    @idempotent
+    async def invalidate_experience(
+        self,
+        experience_id: UUID,
+        reason: str,
+        at: int | str | None = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> queries.Experience:
+        """Say that an experience stopped being true ``at`` (Unix ms or ISO 8601; default:
+        now), and why: closes its validity interval. Searches and context leave it out
+        from then on unless asked (``include_invalid``, or ``valid_at`` a moment before).
+        Last writer wins on the end and its reason; every invalidation is remembered, and
+        one invalidated often is marked ``unstable``. Returns the experience as it is now."""
+        spec = validated(models.InvalidationIn, experience_id=experience_id, reason=reason, at=at)
+        collective_id = await self._entity("experience", spec.experience_id, write=True)
+        assert collective_id is not None
+        common = self._common()
+        at_ms = spec.at if spec.at is not None else ev.hlc_millis(common["hlc"])
+        await self._write(
+            ev.ExperienceInvalidated(
+                **common, experience_id=spec.experience_id, collective_id=collective_id,
+                reason=spec.reason, valid_to_ms=at_ms,
+            )
+        )  # fmt: skip
+        found = await self._read(queries.get_experience, spec.experience_id)
+        assert found is not None
+        return found
+
+    @idempotent
+    async def revalidate_experience(
+        self, experience_id: UUID, reason: str, *, idempotency_key: str | None = None
+    ) -> queries.Experience:
+        """Say that an invalidated experience is true again, and why (its interval is
+        open-ended again; the invalidations stay counted)."""
+        spec = validated(models.InvalidationIn, experience_id=experience_id, reason=reason)
+        collective_id = await self._entity("experience", spec.experience_id, write=True)
+        assert collective_id is not None
+        await self._write(
+            ev.ExperienceInvalidated(
+                **self._common(), experience_id=spec.experience_id,
+                collective_id=collective_id, reason=spec.reason, valid_to_ms=None,
+            )
+        )  # fmt: skip
+        found = await self._read(queries.get_experience, spec.experience_id)
+        assert found is not None
+        return found
 
     @idempotent
     async def archive_experience(
@@ -380,7 +455,7 @@ def _recorded(
         importance=spec.importance, confidence=spec.confidence,
         source_agent=spec.source_agent, domain=tuple(spec.domain),
         related_files=tuple(spec.related_files), source_task=spec.source_task,
-        visibility=spec.visibility,
+        visibility=spec.visibility, valid_from_ms=spec.valid_from,
     )  # fmt: skip
 
 

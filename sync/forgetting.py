@@ -28,8 +28,9 @@ class Forgetting(InstanceCore):
         self, collective_id: UUID, *, idempotency_key: str | None = None
     ) -> None:
         """Delete a collective and forget everything in it: a tombstone for the collective
-        and one for every experience, relation and insight in it, then everything before
-        the collective's tombstone is purged from the stream (and its agents' activities).
+        and one for every experience, relation, insight and session in it, then everything
+        before the collective's tombstone is purged from the stream (and its agents'
+        activities).
         Every host wipes those rows and drops them from its indexes; the stream keeps the
         tombstones only. Repeating it is harmless (and finishes forgetting if an earlier
         call was interrupted). Admins only (and the local operator): it forgets memories
@@ -51,6 +52,10 @@ class Forgetting(InstanceCore):
             for entity in ("experience", "relation", "insight")
             for key in await self._read(queries.ids_in_collective, entity, cid)
         ]  # after the collective's tombstone, so the purge below keeps them
+        tombstones += [
+            ev.SessionDeleted(**self._common(), collective_id=cid, session_id=key)
+            for key in await self._read(queries.session_ids_in_collective, cid)
+        ]  # (and one for every session of its agents)
         for start in range(0, len(tombstones), BATCH_MAX):
             await self._write_many(tombstones[start : start + BATCH_MAX], atomic=True)
         await self.log.purge(f"{subjects.PREFIX}.c.{cid}.>", before_seq=seq)

@@ -13,7 +13,7 @@ The API is assembled from parts along the seams of the domain, each its own modu
 ``sync.core`` (replication, read-your-writes, the write path), ``sync.experiences``
 (collectives and experiences, batch writes), ``sync.recall`` (search and context),
 ``sync.links`` (relations and insights), ``sync.forgetting`` (deletes that forget),
-``sync.presence`` (activities),
+``sync.presence`` (activities), ``sync.sessions`` (agents' sessions),
 ``sync.wisdom``, ``sync.watch`` (changes as they are applied), ``sync.tokens`` (access
 tokens). This class only opens, closes and answers about the state as a whole. Every
 call acts for a principal (``sync.access``): the one given to ``open``, or the one of
@@ -40,7 +40,7 @@ from pathlib import Path
 from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
 from eventlog.errors import NotFoundError, Unauthorized, ValidationError
 from eventlog.log import EventLog
-from projections import analytics, queries
+from projections import analytics, past, queries
 from projections.analytics import SqlResult
 from projections.engine import Engine
 from projections.projection import ProjectionSettings, state_dir
@@ -52,6 +52,7 @@ from sync.forgetting import Forgetting
 from sync.links import Links
 from sync.presence import Activity
 from sync.recall import Context, Recall
+from sync.sessions import ResumedSession, Sessions
 from sync.tokens import NewToken, Token, Tokens
 from sync.watch import ExperienceChange, ExperienceWatch
 from sync.wisdom import WisdomPart
@@ -65,6 +66,7 @@ __all__ = [
     "NewToken",
     "Principal",
     "PulseDB",
+    "ResumedSession",
     "Token",
 ]
 
@@ -73,8 +75,9 @@ _log = logging.getLogger(__name__)
 
 
 class PulseDB(
-    Collectives, Experiences, Recall, Links, WisdomPart, Forgetting, Tokens, InstanceCore
-):
+    Collectives, Experiences, Sessions, Recall, Links, WisdomPart, Forgetting, Tokens,
+    InstanceCore,
+):  # fmt: skip
     """One instance; see the module docstring. Use ``await PulseDB.open(...)``."""
 
     @classmethod
@@ -277,12 +280,12 @@ class PulseDB(
         found, last = await self._read(queries.dead_letters_page, limit, key)
         return models.Page(found, None if last is None else models.cursor("dead_letters", last))
 
-    async def sql(self, query: str, *, limit: int = 10_000) -> SqlResult:
+    async def sql(self, query: str, *, limit: int = 10_000, as_of: models.AsOf = None) -> SqlResult:
         """Run one read-only SQL query over the current state (DuckDB).
 
         The views are the analysts' contract: collectives, experiences, applications,
-        relations, insights, insight_sources, wisdom, tokens, audit, dead_letters, and
-        activities (the latest activity of every agent, read from the activity stream for
+        relations, insights, insight_sources, wisdom, tokens, audit, dead_letters, sessions,
+        and activities (the latest activity of every agent, read from the activity stream for
         this query). Anything but a query is refused: the state changes only through
         events. DuckDB is flushed first; ``SqlResult.seq`` is the stream sequence the
         answer reflects. The query runs on its own thread, so a long one holds up neither
@@ -300,6 +303,10 @@ class PulseDB(
         QueryOutOfMemory). The answer stops at ``limit`` rows or ``$PULSE_SQL_MAX_BYTES``
         of JSON (16 MiB), whichever comes first: ``truncated`` and ``truncated_by`` say
         so. Cancelling the awaiting task interrupts the query.
+
+        ``as_of`` (a stream sequence, or a time): every table and view as it was then
+        (``projections.past``; ``SqlResult.seq`` is that sequence); the activities are
+        the present ones.
         """
         if not isinstance(query, str) or not query.strip():
             raise ValidationError("query: give one SQL query")
@@ -308,10 +315,19 @@ class PulseDB(
         me = self._me()
         live = {c.collective_id for c in await self._read(queries.list_collectives)}
         activities = [a for a in await self._activities(None) if a.collective_id in live]
+        at = None if as_of is None else await self._as_of_seq(as_of)
         cursor, seq = await self.engine.cursor()
+        tables = None
+        if at is not None:
+            try:
+                tables = await self.engine.run(past.sql_tables, at)
+            except BaseException:
+                cursor.close()
+                raise
+            seq = min(seq, at)
         run = analytics.SqlQuery(  # not an admin: the views filtered for it, in SQL
             cursor, query, activities, limit, seq, self.engine.limits(),
-            viewer=None if me.admin else me,
+            viewer=None if me.admin else me, past=tables,
         )  # fmt: skip
         return await analytics.run_async(run)  # cancelling the caller interrupts it
 

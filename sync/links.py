@@ -15,9 +15,11 @@ from eventlog import events as ev
 from eventlog.errors import ConflictError, NotFoundError, ValidationError
 from projections import queries
 from sync import models
-from sync.core import InstanceCore, uuid_of
+from sync.core import InstanceCore, as_of_read, uuid_of
 from sync.idempotency import idempotent
 from sync.models import validated
+
+INVALIDATING = ("Supersedes", "Contradicts")  # relation types that may close their target
 
 
 class Links(InstanceCore):
@@ -33,12 +35,14 @@ class Links(InstanceCore):
         strength: float = 0.5,
         metadata: str | None = None,
         visibility: ev.Visibility = "team",
+        invalidate: bool = False,
         idempotency_key: str | None = None,
     ) -> UUID:
         """Link two experiences of one collective. A (source, target, type) triple is
         unique: storing it again raises ``ConflictError`` naming the existing relation.
         (Two hosts racing on one triple both succeed; the fold keeps the smaller id and
-        lists the other under dead_letters.)"""
+        lists the other under dead_letters.) ``invalidate`` (Supersedes and Contradicts
+        only): the target stops being true now, in the same append as the relation."""
         spec = validated(
             models.RelationIn, source_id=source_id, target_id=target_id,
             relation_type=relation_type, strength=strength, metadata=metadata,
@@ -70,17 +74,31 @@ class Links(InstanceCore):
                 f"relation: ({spec.source_id}, {spec.target_id}, {spec.relation_type}) "
                 f"already exists {which}; a triple is unique"
             )
-        relation_id = self._new_id()
-        await self._write(
-            ev.RelationStored(
-                **self._common(), relation_id=relation_id,
-                collective_id=source_collective, source_id=spec.source_id,
-                target_id=spec.target_id, relation_type=spec.relation_type,
-                strength=spec.strength, metadata=spec.metadata, visibility=spec.visibility,
+        if invalidate and spec.relation_type not in INVALIDATING:
+            raise ValidationError(
+                f"invalidate: only a {' or '.join(INVALIDATING)} relation invalidates its "
+                f"target, got {spec.relation_type}"
             )
+        relation_id = self._new_id()
+        stored = ev.RelationStored(
+            **self._common(), relation_id=relation_id,
+            collective_id=source_collective, source_id=spec.source_id,
+            target_id=spec.target_id, relation_type=spec.relation_type,
+            strength=spec.strength, metadata=spec.metadata, visibility=spec.visibility,
         )  # fmt: skip
+        if not invalidate:
+            await self._write(stored)
+            return relation_id
+        common = self._common()
+        closed = ev.ExperienceInvalidated(
+            **common, experience_id=spec.target_id, collective_id=source_collective,
+            reason=f"{spec.relation_type} by experience {spec.source_id}",
+            valid_to_ms=ev.hlc_millis(common["hlc"]),
+        )  # fmt: skip
+        await self._write_many([stored, closed], atomic=True)
         return relation_id
 
+    @as_of_read
     async def get_related_experiences(
         self,
         experience_id: UUID,
@@ -90,6 +108,7 @@ class Links(InstanceCore):
         min_strength: float | None = None,
         limit: int = models.PAGE_DEFAULT,
         after: str | None = None,
+        as_of: models.AsOf = None,
     ) -> models.Page[queries.RelatedExperience]:
         """Experiences linked to this one (outgoing, incoming or both), optionally only
         some relation types and at least some strength: one page of at most ``limit``
@@ -175,7 +194,10 @@ class Links(InstanceCore):
         )  # fmt: skip
         return insight_id
 
-    async def get_insight(self, insight_id: UUID) -> queries.Insight | None:
+    @as_of_read
+    async def get_insight(
+        self, insight_id: UUID, *, as_of: models.AsOf = None
+    ) -> queries.Insight | None:
         """The insight, or None (also when the caller may not see it); its sources the
         caller may not see are left out."""
         key = uuid_of("insight_id", insight_id)
@@ -188,6 +210,7 @@ class Links(InstanceCore):
             return None
         return await self._read(queries.get_insight, key, viewer)
 
+    @as_of_read
     async def get_insights(
         self,
         collective_id: UUID,
@@ -195,6 +218,7 @@ class Links(InstanceCore):
         k: int = 10,
         *,
         embedder: str | None = None,
+        as_of: models.AsOf = None,
     ) -> list[queries.ScoredInsight]:
         """The k insights nearest to ``query`` (a vector, or text with an embedder)."""
         text, vector = (query, None) if isinstance(query, str) else (None, query)

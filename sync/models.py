@@ -48,10 +48,17 @@ from eventlog.limits import INSIGHT_MAX_BYTES as INSIGHT_MAX_BYTES
 from eventlog.limits import METADATA_MAX_BYTES as METADATA_MAX_BYTES
 from eventlog.limits import NAME_MAX as NAME_MAX
 from eventlog.limits import PATTERN_MAX as PATTERN_MAX
+from eventlog.limits import REASON_MAX_BYTES as REASON_MAX_BYTES
+from eventlog.limits import SESSION_NOTE_MAX_BYTES as SESSION_NOTE_MAX_BYTES
+from eventlog.limits import SESSION_NOTES_MAX as SESSION_NOTES_MAX
+from eventlog.limits import SESSION_SUMMARY_MAX_BYTES as SESSION_SUMMARY_MAX_BYTES
+from eventlog.limits import SESSION_TODO_MAX as SESSION_TODO_MAX
 from eventlog.limits import SOURCE_EXPERIENCE_COUNT_MAX as SOURCE_EXPERIENCE_COUNT_MAX
 from eventlog.limits import SOURCE_TASK_MAX as SOURCE_TASK_MAX
 from eventlog.limits import SOURCES_MAX as SOURCES_MAX
 from eventlog.limits import TASK_MAX_BYTES as TASK_MAX_BYTES
+from eventlog.limits import TODO_NOTE_MAX_BYTES as TODO_NOTE_MAX_BYTES
+from eventlog.limits import TODO_TASK_MAX_BYTES as TODO_TASK_MAX_BYTES
 from eventlog.limits import TYPE_TEXT_MAX as TYPE_TEXT_MAX
 from eventlog.limits import WORKING_ON_ITEM_MAX as WORKING_ON_ITEM_MAX
 from eventlog.limits import WORKING_ON_MAX as WORKING_ON_MAX
@@ -62,6 +69,65 @@ PAGE_MAX = 1000
 CONTEXT_ITEMS_MAX = 300  # k + recent + insights of one get_context_candidates
 
 Vector = npt.NDArray[np.float32]
+MOMENT_MAX = 2**47 - 1  # Unix ms: the wall-clock part of any HLC (the year 6429)
+
+
+def moment_ms(value: Any) -> Any:
+    """A moment as Unix milliseconds: an int (ms), or an ISO 8601 time ("2026-11-30",
+    "2026-11-30T09:00:00Z"; without a zone it is UTC), or a ``datetime``."""
+    import datetime as dt
+
+    if isinstance(value, bool):
+        raise ValueError("must be Unix milliseconds or an ISO 8601 time, got a bool")
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lstrip("-").isdigit():
+            return int(text)
+        try:
+            value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(
+                f"must be Unix milliseconds or an ISO 8601 time (2026-11-30T09:00:00Z), "
+                f"got {value!r:.60}"
+            ) from None
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        value = dt.datetime(value.year, value.month, value.day)
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return int(value.timestamp() * 1000)
+    return value
+
+
+Moment = Annotated[int, BeforeValidator(moment_ms), Field(ge=0, le=MOMENT_MAX)]
+
+
+def as_of_value(value: Any) -> tuple[Literal["seq", "ms"], int]:
+    """What ``as_of`` names: ("seq", a stream sequence) for an integer (or a string of
+    digits), ("ms", Unix ms) for an ISO 8601 time or a ``datetime``."""
+    number: int | None
+    if isinstance(value, int) and not isinstance(value, bool):
+        kind: Literal["seq", "ms"] = "seq"
+        number = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        kind, number = "seq", int(value)
+    else:
+        try:
+            kind, number = "ms", moment_ms(value)
+        except ValueError:
+            number = None
+        if not isinstance(number, int) or isinstance(value, (int, float)):
+            raise ValidationError(
+                "as_of: must be a stream sequence (an integer >= 0) or a time (ISO 8601, "
+                f"e.g. 2026-11-30T09:00:00Z), got {value!r:.60}"
+            )
+    assert number is not None
+    if not 0 <= number <= (MOMENT_MAX if kind == "ms" else 2**63 - 1):
+        raise ValidationError(f"as_of: must be >= 0, got {number}")
+    return kind, number
+
+
+AsOf = int | str | None  # as_of: a stream sequence, or a time (ISO 8601); None: now
 
 
 def _vector(value: Any) -> Vector:
@@ -265,6 +331,7 @@ class ExperienceItemIn(_Input):
         Annotated[str, StringConstraints(min_length=1, max_length=SOURCE_TASK_MAX)] | None
     ) = None
     visibility: ev.Visibility = "team"  # private (its author), team (members), org (all)
+    valid_from: Moment | None = None  # when it became true; None: when it is recorded
 
 
 class ExperienceIn(ExperienceItemIn):
@@ -293,6 +360,14 @@ class ExperiencesIn(_Input):
 
 IMMUTABLE = ("content", "embedding", "timestamp", "experience_type", "collective_id",
              "source_agent", "source_task")  # fmt: skip
+
+
+class InvalidationIn(_Input):
+    """Why and when an experience stopped being true (``invalidate_experience``)."""
+
+    experience_id: UUID
+    reason: Annotated[str, _utf8_limit(REASON_MAX_BYTES)]
+    at: Moment | None = None  # None: now
 
 
 class ExperienceUpdateIn(_Input):
@@ -328,6 +403,7 @@ class RelationIn(_Input):
     strength: Score = 0.5
     metadata: Annotated[str, _utf8_limit(METADATA_MAX_BYTES, allow_empty=True)] | None = None
     visibility: ev.Visibility = "team"
+    invalidate: bool = False  # Supersedes / Contradicts: the target stops being true
 
     @model_validator(mode="after")
     def _not_self(self) -> RelationIn:
@@ -410,6 +486,10 @@ class FilterIn(_Input):
     min_confidence: Score | None = None
     since_ms: Annotated[int, Field(ge=0, le=2**47)] | None = None
     include_archived: bool = False
+    # validity: by default what is still true now; include_invalid takes everything,
+    # valid_at (Unix ms or ISO 8601) what was true at that moment
+    include_invalid: bool = False
+    valid_at: Moment | None = None
 
 
 class SearchIn(_Input):
@@ -436,6 +516,7 @@ class ContextIn(SearchIn):
     insights: Annotated[int, Field(ge=0, le=K_MAX)] = 5
     relations: bool = True
     active_agents: bool = True
+    as_of: int | str | None = None  # a stream sequence or a time (ISO 8601); None: now
 
     @model_validator(mode="after")
     def _bounded(self) -> ContextIn:
@@ -567,3 +648,63 @@ def _short(value: Any) -> bool:
     if isinstance(value, float) and not math.isfinite(value):
         return True
     return isinstance(value, (int, float, bool)) or (isinstance(value, str) and len(value) <= 40)
+
+
+# -- sessions (sync.sessions) ------------------------------------------------------------------
+
+
+def _builtins(value: Any) -> Any:
+    """Accept msgspec Structs (``eventlog.events.TodoItem``, ``projections.queries.Todo``)
+    as well as dicts."""
+    import msgspec
+
+    return msgspec.to_builtins(value) if isinstance(value, msgspec.Struct) else value
+
+
+class TodoIn(_Input):
+    """One item of a session's todo list."""
+
+    task: Annotated[str, _utf8_limit(TODO_TASK_MAX_BYTES)]
+    priority: ev.TodoPriority = "medium"
+    note: Annotated[str, _utf8_limit(TODO_NOTE_MAX_BYTES, allow_empty=True)] = ""
+    done: bool = False
+
+
+Summary = Annotated[str, _utf8_limit(SESSION_SUMMARY_MAX_BYTES, allow_empty=True)]
+Notes = Annotated[
+    list[Annotated[str, _utf8_limit(SESSION_NOTE_MAX_BYTES)]],
+    Field(max_length=SESSION_NOTES_MAX),
+]
+TodoList = Annotated[
+    list[Annotated[TodoIn, BeforeValidator(_builtins)]], Field(max_length=SESSION_TODO_MAX)
+]
+SESSION_FIELDS = ("summary", "todo", "changes", "bugs", "architecture")
+
+
+class SessionIn(_Input):
+    """A session to start (``start_session``)."""
+
+    collective_id: UUID
+    agent_id: Name
+    summary: Summary = ""
+
+
+class SessionUpdateIn(_Input):
+    """What an update of a session replaces: the fields given (each field is replaced as
+    a whole, a last-writer-wins register; the others stay as they are)."""
+
+    summary: Summary | None = None
+    todo: TodoList | None = None
+    changes: Notes | None = None  # what changed, one short note each
+    bugs: Notes | None = None  # known bugs, one short note each
+    architecture: Notes | None = None  # architecture notes, one each
+
+    @property
+    def given(self) -> bool:
+        return any(getattr(self, name) is not None for name in SESSION_FIELDS)
+
+
+class SessionChangeIn(SessionUpdateIn):
+    """A session and what to replace in it (``update_session``, ``end_session``)."""
+
+    session_id: UUID

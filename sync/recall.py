@@ -21,7 +21,7 @@ import numpy.typing as npt
 from eventlog.errors import ValidationError
 from projections import queries
 from sync import models
-from sync.core import InstanceCore, check_limit
+from sync.core import InstanceCore, as_of_read, check_limit
 from sync.models import validated
 from sync.presence import Activity, Presence
 
@@ -40,6 +40,7 @@ class Context(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Recall(Presence, InstanceCore):
+    @as_of_read
     async def search_similar(
         self,
         collective_id: UUID,
@@ -49,6 +50,7 @@ class Recall(Presence, InstanceCore):
         *,
         embedder: str | None = None,
         energy_weight: float | None = None,
+        as_of: models.AsOf = None,
     ) -> list[queries.ScoredExperience]:
         """The k experiences nearest in meaning to ``query`` (a vector, or a text when the
         collective has an embedder), filtered, weighted by energy."""
@@ -75,17 +77,20 @@ class Recall(Presence, InstanceCore):
     def _weighted(
         self, hits: list[queries.ScoredExperience], weight: float | None, k: int
     ) -> list[queries.ScoredExperience]:
-        """Order by relevance weighted by energy: relevance x (1 - w + w x energy)."""
+        """Order by relevance weighted by energy: relevance x (1 - w + w x energy), and
+        by ``unstable_weight`` for an experience invalidated often."""
         w = self.settings.energy_weight if weight is None else weight
+        shaky = self.settings.unstable_weight
         now = int(time.time() * 1000)
         out = []
         for hit in hits:
             e = queries.energy_of(hit.experience, now, **self._energy_settings)
-            out.append(queries.ScoredExperience(hit.experience, hit.score * (1 - w + w * e),
-                                                hit.score, e))  # fmt: skip
+            score = hit.score * (1 - w + w * e) * (shaky if hit.experience.unstable else 1.0)
+            out.append(queries.ScoredExperience(hit.experience, score, hit.score, e))
         out.sort(key=lambda h: -h.score)
         return out[:k]
 
+    @as_of_read
     async def search_text(
         self,
         collective_id: UUID,
@@ -94,6 +99,7 @@ class Recall(Presence, InstanceCore):
         flt: Any = None,
         *,
         energy_weight: float | None = None,
+        as_of: models.AsOf = None,
     ) -> list[queries.ScoredExperience]:
         """BM25 full-text matches of ``text``, filtered, weighted by energy."""
         spec = validated(
@@ -109,6 +115,7 @@ class Recall(Presence, InstanceCore):
         )  # fmt: skip
         return self._weighted(hits, spec.energy_weight, spec.k)
 
+    @as_of_read
     async def search_hybrid(
         self,
         collective_id: UUID,
@@ -121,6 +128,7 @@ class Recall(Presence, InstanceCore):
         vector_weight: float = 1.0,
         text_weight: float = 1.0,
         energy_weight: float | None = None,
+        as_of: models.AsOf = None,
     ) -> list[queries.ScoredExperience]:
         """Meaning and words together: the vector and BM25 rankings fused by Reciprocal
         Rank Fusion (score = sum of weight / (60 + rank)), then weighted by energy.
@@ -151,8 +159,15 @@ class Recall(Presence, InstanceCore):
         )  # fmt: skip
         return self._weighted(hits, spec.energy_weight, spec.k)
 
+    @as_of_read
     async def list_cold_experiences(
-        self, collective_id: UUID, threshold: float = 0.1, limit: int = 100, flt: Any = None
+        self,
+        collective_id: UUID,
+        threshold: float = 0.1,
+        limit: int = 100,
+        flt: Any = None,
+        *,
+        as_of: models.AsOf = None,
     ) -> list[queries.ScoredExperience]:
         """Experiences whose energy (see ``projections.queries.energy``) is below
         ``threshold``, coldest first: candidates to archive or forget."""
@@ -176,27 +191,32 @@ class Recall(Presence, InstanceCore):
             spec = request
         else:
             spec = validated(models.ContextIn, **{**(request or {}), **fields})
-        collective, viewer = await self._readable(spec.collective_id)
-        cid = collective.collective_id
-        flt = self._filter(spec.filter, viewer)
-        q: npt.NDArray[np.float32] | None = None
-        if spec.embedding is not None or spec.text:
-            q = await self._vector(collective, spec.text, spec.embedding, spec.embedder, query=True)
-        hybrid = bool(spec.similar and q is not None and spec.text and spec.text.strip())
-        pool = max(4 * spec.k, 50) if hybrid else self._pool(spec.k, spec.energy_weight)
-        found = await self._read(
-            _context, cid, spec.text or "", q, flt, pool, hybrid, spec.similar, spec.recent,
-            spec.insights, spec.vector_weight, spec.text_weight, viewer,
-        )  # fmt: skip
-        similar = self._weighted(found[0], spec.energy_weight, spec.k)
-        recent, insights = found[1], found[2]
-        relations: list[queries.Relation] = []
-        if spec.relations:
-            ids = {h.experience.experience_id for h in similar} | {e.experience_id for e in recent}
-            relations = await self._read(
-                queries.relations_among, sorted(ids), queries.CONTEXT_RELATIONS_MAX, viewer
-            )
-        agents = await self.get_active_agents(cid) if spec.active_agents else []
+        async with self._at(spec.as_of):
+            collective, viewer = await self._readable(spec.collective_id)
+            cid = collective.collective_id
+            flt = self._filter(spec.filter, viewer)
+            q: npt.NDArray[np.float32] | None = None
+            if spec.embedding is not None or spec.text:
+                q = await self._vector(
+                    collective, spec.text, spec.embedding, spec.embedder, query=True
+                )
+            hybrid = bool(spec.similar and q is not None and spec.text and spec.text.strip())
+            pool = max(4 * spec.k, 50) if hybrid else self._pool(spec.k, spec.energy_weight)
+            found = await self._read(
+                _context, cid, spec.text or "", q, flt, pool, hybrid, spec.similar, spec.recent,
+                spec.insights, spec.vector_weight, spec.text_weight, viewer,
+            )  # fmt: skip
+            similar = self._weighted(found[0], spec.energy_weight, spec.k)
+            recent, insights = found[1], found[2]
+            relations: list[queries.Relation] = []
+            if spec.relations:
+                ids = {h.experience.experience_id for h in similar} | {
+                    e.experience_id for e in recent
+                }
+                relations = await self._read(
+                    queries.relations_among, sorted(ids), queries.CONTEXT_RELATIONS_MAX, viewer
+                )
+            agents = await self.get_active_agents(cid) if spec.active_agents else []
         return Context(
             collective_id=cid, similar=similar, recent=recent, insights=insights,
             relations=relations, active_agents=agents,

@@ -14,13 +14,14 @@ from eventlog import events as ev
 from eventlog.errors import PulseError
 from eventlog.log import LogEntry
 
-ChangeKind = Literal["created", "updated", "archived", "unarchived", "deleted"]
+ChangeKind = Literal["created", "updated", "archived", "unarchived", "invalidated", "deleted"]
 CHANGE_OF: dict[type, ChangeKind] = {
     ev.ExperienceRecorded: "created",
     ev.ExperienceUpdated: "updated",
     ev.ExperienceReinforced: "updated",
     ev.ExperienceArchived: "archived",
     ev.ExperienceUnarchived: "unarchived",
+    ev.ExperienceInvalidated: "invalidated",
     ev.ExperienceDeleted: "deleted",
 }
 

@@ -13,7 +13,7 @@ from eventlog.errors import Forbidden, NotFoundError, ValidationError
 from eventlog.ids import uuid7
 from projections import queries
 from sync import models
-from sync.core import InstanceCore, check_limit, check_text
+from sync.core import InstanceCore, as_of_read, check_limit, check_text
 from sync.idempotency import idempotent
 from sync.models import validated
 
@@ -81,11 +81,14 @@ class WisdomPart(InstanceCore):
         )  # fmt: skip
         return wisdom_id
 
+    @as_of_read
     async def get_wisdom(
         self,
         owner_id: str,
         query: Sequence[float] | npt.NDArray[np.float32] | None = None,
         k: int = 10,
+        *,
+        as_of: models.AsOf = None,
     ) -> list[queries.ScoredWisdom]:
         """An owner's wisdom (what the caller may see of it): nearest to ``query`` first,
         or all (oldest first, score 1)."""

@@ -26,6 +26,7 @@ RELATION = UUID("01930c4e-2b2a-7d40-8a11-0000000000f0")
 INSIGHT = UUID("01930c4e-2b2a-7d40-8a11-0000000000d0")
 WISDOM = UUID("01930c4e-2b2a-7d40-8a11-0000000000b0")
 TOKEN = UUID("01930c4e-2b2a-7d40-8a11-0000000000a1")
+SESSION = UUID("01930c4e-2b2a-7d40-8a11-0000000000a5")
 HLC = ev.pack_hlc(1_732_000_000_000, 7)
 VECTOR = ev.pack_vector([0.25, -1.5, 3.0, 0.0])
 
@@ -91,6 +92,12 @@ SAMPLES: dict[str, ev.EventBase] = {
     "experience.archived": ev.ExperienceArchived(**common, **exp),  # type: ignore[arg-type]
     "experience.unarchived": ev.ExperienceUnarchived(**common, **exp),  # type: ignore[arg-type]
     "experience.deleted": ev.ExperienceDeleted(**common, **exp),  # type: ignore[arg-type]
+    "experience.invalidated": ev.ExperienceInvalidated(
+        **common,
+        **exp,
+        reason="superseded by v2",
+        valid_to_ms=1_732_000_000_500,  # type: ignore[arg-type]
+    ),
     "experience.reinforced": ev.ExperienceReinforced(**common, **exp, applications=3),  # type: ignore[arg-type]
     "relation.stored": ev.RelationStored(
         **common,
@@ -157,6 +164,27 @@ SAMPLES: dict[str, ev.EventBase] = {
         expires_ms=1_760_000_000_000,
     ),
     "token.revoked": ev.TokenRevoked(**common, token_id=TOKEN, author_owner="owner-1"),  # type: ignore[arg-type]
+    "session.started": ev.SessionStarted(
+        **{**common, "author_owner": "owner-1", "author_agent": "agent-7"},  # type: ignore[arg-type]
+        session_id=SESSION,
+        collective_id=COLLECTIVE,
+        agent_id="agent-7",
+        summary="hardening the publisher",
+    ),
+    "session.updated": ev.SessionUpdated(
+        **common,  # type: ignore[arg-type]
+        session_id=SESSION,
+        collective_id=COLLECTIVE,
+        todo=(
+            ev.TodoItem(task="retry on timeout", priority="high", note="same id", done=True),
+            ev.TodoItem(task="dedup by message id"),
+        ),
+        changes=("eventlog/jetstream.py: retries",),
+        bugs=("acks lost on failover",),
+        architecture=(),
+    ),
+    "session.ended": ev.SessionEnded(**common, session_id=SESSION, collective_id=COLLECTIVE),  # type: ignore[arg-type]
+    "session.deleted": ev.SessionDeleted(**common, session_id=SESSION, collective_id=COLLECTIVE),  # type: ignore[arg-type]
     # an event written by a principal, with a visibility other than the default
     "experience.recorded.authored": ev.ExperienceRecorded(
         **{**common, "author_owner": "owner-1", "author_agent": "agent-7"},  # type: ignore[arg-type]

@@ -62,13 +62,14 @@ EVENTS = st.one_of(
     ),
     st.builds(lambda c, i: ev.CollectiveDeleted(**c, collective_id=i), common(), cid),
     st.builds(
-        lambda c, e, col, d, imp, conf, dom, text, kind, vis: ev.ExperienceRecorded(
+        lambda c, e, col, d, imp, conf, dom, text, kind, vis, since: ev.ExperienceRecorded(
             **c, experience_id=e, collective_id=col, content=text, embedding=vector(d),
             experience_type=kind, importance=imp, confidence=conf, source_agent="agent", domain=dom,
-            visibility=vis,
+            visibility=vis, valid_from_ms=since,
         ),
         common(), eid, cid, dims, small_floats, small_floats, tags, st.sampled_from(["alpha", "beta"]),
         st.sampled_from([ev.Generic(), ev.Fact(statement="s", source="t")]), visibility,
+        st.none() | st.integers(0, 5),
     ),
     st.builds(
         lambda c, e, col, imp, conf, dom: ev.ExperienceUpdated(
@@ -79,6 +80,12 @@ EVENTS = st.one_of(
     st.builds(lambda c, e, col: ev.ExperienceArchived(**c, experience_id=e, collective_id=col), common(), eid, cid),
     st.builds(lambda c, e, col: ev.ExperienceUnarchived(**c, experience_id=e, collective_id=col), common(), eid, cid),
     st.builds(lambda c, e, col: ev.ExperienceDeleted(**c, experience_id=e, collective_id=col), common(), eid, cid),
+    st.builds(  # closes the validity interval, or (None) opens it again
+        lambda c, e, col, reason, at: ev.ExperienceInvalidated(
+            **c, experience_id=e, collective_id=col, reason=reason, valid_to_ms=at
+        ),
+        common(), eid, cid, st.sampled_from(["stale", "wrong"]), st.none() | st.integers(0, 3),
+    ),
     st.builds(
         lambda c, e, col, n: ev.ExperienceReinforced(**c, experience_id=e, collective_id=col, applications=n),
         common(), eid, cid, st.integers(1, 4),
@@ -194,10 +201,13 @@ ENTITIES = [
     ),
     Entity(
         fold.ExperienceRow, "experience_id", ev.ExperienceRecorded,
-        ev.ExperienceDeleted, (ev.ExperienceUpdated, ev.ExperienceArchived, ev.ExperienceUnarchived), "collective_id",
+        ev.ExperienceDeleted,
+        (ev.ExperienceUpdated, ev.ExperienceArchived, ev.ExperienceUnarchived, ev.ExperienceInvalidated),
+        "collective_id",
         lambda e: {
             "content": e.content, "embedding": e.embedding, **experience_type(e.experience_type),
             "source_agent": e.source_agent, "source_task": e.source_task, **shown(e),
+            "valid_from_ms": e.valid_from_ms,
         },
     ),
     Entity(
@@ -250,6 +260,17 @@ def experience_registers(group: list[ev.Event]) -> dict[str, Any]:
         if isinstance(e, (ev.ExperienceArchived, ev.ExperienceUnarchived))
     ]
     columns["archived"], columns["archived_stamp"] = last_write(toggles, default=False)
+    # an invalidation writes the end of the validity interval and its reason together;
+    # every one that closes it is remembered by its HLC (the 64 latest)
+    closing = [e for e in group if isinstance(e, ev.ExperienceInvalidated)]
+    columns["valid_to"], columns["valid_to_stamp"] = last_write(
+        [(e, e.valid_to_ms) for e in closing]
+    )
+    columns["invalid_reason"], columns["invalid_reason_stamp"] = last_write(
+        [(e, e.reason) for e in closing]
+    )
+    times = sorted({e.hlc for e in closing if e.valid_to_ms is not None})[-64:]
+    columns["invalidations"] = tuple(times) or None
     return columns
 
 

@@ -383,6 +383,20 @@ class Ctx:
         )
         return agent
 
+    async def session(self, agent: str = "alice-bot") -> str:
+        """A session of ``agent`` in the place's scratch collective, started by alice
+        (sessions are the members': never bob's or the limited token's to see)."""
+        made = await self.w.call(
+            "alice",
+            "start_session",
+            collective_id=self.at.scratch,
+            agent_id=agent,
+            summary=f"{TEAM_MARK} nats alpha session",
+        )
+        session_id: str = made["session_id"]
+        self.w.hide(session_id)
+        return session_id
+
     async def token(self) -> str:
         made = await self.w.call("admin", "create_token", owner_id="carol", scope="read")
         self.w.hide(made["token"], from_=tuple(self.w.hidden))
@@ -666,6 +680,36 @@ async def revoked(w: World, args: dict[str, Any], answer: Any) -> None:
     assert [t["revoked"] for t in listed if t["token_id"] == args["token_id"]] == [True]
 
 
+def session_now(**fields: Any) -> Check:
+    """A session (the answer, or in it): what it holds now, started by alice."""
+
+    async def check(w: World, args: dict[str, Any], answer: Any) -> None:
+        session_id = answer.get("session", answer)["session_id"]
+        found = (await as_op(w, "get_session", session_id=session_id)).json()
+        assert {k: found[k] for k in fields} == fields, found
+        assert found["author_owner"] == "alice"
+
+    return check
+
+
+def sessions_of(n: int = 0) -> Check:
+    """A page listing ``n`` sessions, of the agent the arguments name."""
+
+    def check(_: World, args: dict[str, Any], answer: Any) -> None:
+        assert [s["agent_id"] for s in answer["items"]] == [args["agent_id"]] * n, answer
+
+    return check
+
+
+def nothing(_: World, __: dict[str, Any], answer: Any) -> None:
+    assert answer is None or answer == {"session": None}, answer
+
+
+def resumed(_: World, args: dict[str, Any], answer: Any) -> None:
+    assert answer["session"]["agent_id"] == args.get("agent_id", args.get("agent")), answer
+    assert answer["context_by"] == "summary" and "similar" in answer["context"]
+
+
 def uuids(n: int) -> Check:
     def check(_: World, __: dict[str, Any], answer: Any) -> None:
         assert isinstance(answer, list) and len(answer) == n
@@ -787,6 +831,14 @@ CASES: dict[str, Case] = {
         lambda c: _one("experience_id", c.experience()), experience_now(archived=True)
     ),
     "unarchive_experience": writes(lambda c: _archived(c), experience_now(archived=False)),
+    "invalidate_experience": writes(
+        lambda c: _one("experience_id", c.experience(), reason="stale", at=1_700_000_000_000),
+        experience_now(valid_to_ms=1_700_000_000_000, invalid_reason="stale"),
+    ),
+    "revalidate_experience": writes(
+        lambda c: _one("experience_id", c.experience(), reason="true again"),
+        experience_now(valid_to_ms=None),
+    ),
     "reinforce_experience": writes(
         lambda c: _one("experience_id", c.experience()), applications(1)
     ),
@@ -881,6 +933,44 @@ CASES: dict[str, Case] = {
         agents(),  # activities are the members' only
         agents("alice-bot"),
     ),
+    # -- sessions: the members' (no visibility), an agent's token for its own sessions
+    "start_session": speaks(
+        writes(
+            static(
+                lambda c: {
+                    "collective_id": c.at.scratch,
+                    "agent_id": fresh("bot"),
+                    "summary": f"{TEAM_MARK} started",
+                }
+            ),
+            session_now(summary=f"{TEAM_MARK} started", ended=False),
+        )
+    ),
+    "update_session": Case(
+        lambda c: _one("session_id", c.session(), bugs=["a bug"]),
+        {"bob": NF, "bob@shared": NF, "reader": FB, "limited": NF, "agent": FB},
+        session_now(bugs=["a bug"], ended=False),
+    ),
+    "end_session": Case(
+        lambda c: _one("session_id", c.session(), changes=["a change"]),
+        {"bob": NF, "bob@shared": NF, "reader": FB, "limited": NF, "agent": FB},
+        session_now(changes=["a change"], ended=True),
+    ),
+    "get_session": Case(
+        lambda c: _one("session_id", c.session()),
+        {"bob": NF, "bob@shared": NF, "limited": NF, "reader": session_now(ended=False)},
+        session_now(ended=False),
+    ),
+    "list_sessions": Case(
+        lambda c: _agent_session(c),
+        {"bob": NF, "bob@shared": sessions_of(), "limited": NF, "reader": sessions_of(1)},
+        sessions_of(1),
+    ),
+    "resume_session": Case(
+        lambda c: _agent_session(c),
+        {"bob": NF, "bob@shared": nothing, "limited": NF, "reader": resumed},
+        resumed,
+    ),
     # -- wisdom: an owner's, "team" is every principal of the owner (a limited one too)
     "store_wisdom": Case(
         static(
@@ -966,6 +1056,13 @@ async def _pair(c: Ctx, **more: Any) -> dict[str, Any]:
 async def _distilled(c: Ctx, where: str, **more: Any) -> dict[str, Any]:
     """An insight's arguments: into the place's scratch collective, from a fresh source."""
     return {where: c.at.scratch, "source_experiences": [await c.experience()], **more}
+
+
+async def _agent_session(c: Ctx) -> dict[str, Any]:
+    """A fresh agent with one session in the place's scratch collective."""
+    agent = fresh("session-bot")
+    await c.session(agent)
+    return {"collective_id": c.at.scratch, "agent_id": agent}
 
 
 async def _agent_in_scratch(c: Ctx) -> dict[str, Any]:
@@ -1168,6 +1265,10 @@ MCP_CASES: dict[str, Case] = {
         lambda w, a, answer: applications(1)(w, a, answer["applications"]),
     ),
     "relate": writes(lambda c: _pair(c, relation_type="RelatedTo"), has_key("relation_id")),
+    "invalidate": writes(
+        lambda c: _one("experience_id", c.experience(), reason="stale"),
+        lambda w, a, answer: experience_now(invalid_reason="stale")(w, a, None),
+    ),
     "insights:search": reads(
         static(lambda c: {"collective": c.at.collective, "action": "search", "text": SEARCH}),
         mcp_insights("io"),
@@ -1213,7 +1314,50 @@ MCP_CASES: dict[str, Case] = {
         mcp_agents(),
         mcp_agents("alice-bot"),
     ),
+    "session:start": speaks(
+        writes(
+            static(
+                lambda c: {
+                    "collective": c.at.scratch,
+                    "action": "start",
+                    "agent": fresh("mcp-bot"),
+                    "summary": f"{TEAM_MARK} via mcp",
+                    "todo": [{"task": "first"}],
+                }
+            ),
+            session_now(summary=f"{TEAM_MARK} via mcp", ended=False),
+        )
+    ),
+    "session:update": Case(
+        lambda c: _mcp_session(c, "update", architecture=["a note"]),
+        {"bob": NF, "bob@shared": NF, "reader": FB, "limited": NF, "agent": FB},
+        session_now(architecture=["a note"], ended=False),
+    ),
+    "session:end": Case(
+        lambda c: _mcp_session(c, "end", summary=f"{TEAM_MARK} ended"),
+        {"bob": NF, "bob@shared": NF, "reader": FB, "limited": NF, "agent": FB},
+        session_now(summary=f"{TEAM_MARK} ended", ended=True),
+    ),
+    "session:get": Case(
+        lambda c: _mcp_session(c, "get"),
+        {"bob": NF, "bob@shared": NF, "limited": NF, "reader": session_now(ended=False)},
+        session_now(ended=False),
+    ),
+    "session:resume": Case(
+        lambda c: _mcp_resume(c),
+        {"bob": NF, "bob@shared": nothing, "limited": NF, "reader": resumed},
+        resumed,
+    ),
 }
+
+
+async def _mcp_session(c: Ctx, action: str, **more: Any) -> dict[str, Any]:
+    return {"action": action, "session_id": await c.session(), **more}
+
+
+async def _mcp_resume(c: Ctx) -> dict[str, Any]:
+    made = await _agent_session(c)
+    return {"action": "resume", "collective": made["collective_id"], "agent": made["agent_id"]}
 
 
 async def mcp_call(w: World, who: str, tool: str, args: dict[str, Any]) -> tuple[bool, str]:

@@ -136,6 +136,18 @@ OUT_OF_RANGE: list[tuple[str, dict[str, Any], str]] = [
     ("wisdom.stored", {"source_experience_count": 2**32 + 1}, "source_experience_count: must be in 0..2**32, got 4294967297"),
     ("wisdom.stored", {"applicable_domains": ("d",) * 51}, "applicable_domains: must hold 0..50 items, got 51"),
     ("wisdom.deleted", {"owner_id": ""}, "owner_id: must be 1..256 characters, got 0"),
+    # sessions
+    ("session.started", {"agent_id": ""}, "agent_id: must be 1..256 characters, got 0"),
+    ("session.started", {"agent_id": "a" * 257}, "agent_id: must be 1..256 characters, got 257"),
+    ("session.started", {"summary": "s" * (8 * KB + 1)}, "summary: must be 0..8192 bytes of UTF-8, got 8193"),
+    ("session.updated", {"summary": "€" * 2731}, "summary: must be 0..8192 bytes of UTF-8, got 8193"),
+    ("session.updated", {"todo": (ev.TodoItem(task="t"),) * 101}, "todo: must hold 0..100 items, got 101"),
+    ("session.updated", {"todo": (ev.TodoItem(task=""),)}, "todo[0].task: must be 1..1024 bytes of UTF-8, got 0"),
+    ("session.updated", {"todo": (ev.TodoItem(task="t" * 1025),)}, "todo[0].task: must be 1..1024 bytes of UTF-8, got 1025"),
+    ("session.updated", {"todo": (ev.TodoItem(task="t", note="n" * 1025),)}, "todo[0].note: must be 0..1024 bytes of UTF-8, got 1025"),
+    ("session.updated", {"changes": ("c",) * 101}, "changes: must hold 0..100 items, got 101"),
+    ("session.updated", {"bugs": ("ok", "")}, "bugs[1]: must be 1..1024 bytes of UTF-8, got 0"),
+    ("session.updated", {"architecture": ("a" * 1025,)}, "architecture[0]: must be 1..1024 bytes of UTF-8, got 1025"),
 ]  # fmt: skip
 
 
@@ -177,6 +189,8 @@ AT_THE_LIMIT: list[tuple[str, dict[str, Any]]] = [
     ("activity.heartbeat", {"started_ms": 2**47 - 1, "agent_id": "a" * 256}),
     ("wisdom.stored", {"pattern": "p" * 10_000, "source_collectives": ids(100)}),
     ("wisdom.stored", {"source_experience_count": 2**32, "applicable_domains": ("d",) * 50}),
+    ("session.started", {"agent_id": "a" * 256, "summary": "s" * (8 * KB)}),
+    ("session.updated", {"summary": "", "todo": (ev.TodoItem(task="t" * KB, note="n" * KB),) * 100, "changes": ("c" * KB,) * 100, "bugs": (), "architecture": ("😀" * 256,) * 100}),
 ]  # fmt: skip
 
 
@@ -201,6 +215,8 @@ INT_FIELDS = [
     ("activity.heartbeat", "started_ms"),
     ("wisdom.stored", "source_experience_count"),
     ("token.created", "expires_ms"),
+    (RECORDED, "valid_from_ms"),
+    ("experience.invalidated", "valid_to_ms"),
 ]
 SCORE_FIELDS = [
     (RECORDED, "importance"),

@@ -23,10 +23,10 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_second() -> None:
 
 
 def test_readme_python_examples_run(tmp_path: Path) -> None:
-    log_example, instance_example, api_example, owners_example = re.findall(
+    log_example, instance_example, api_example, owners_example, time_example = re.findall(
         r"```python\n(.*?)```", README, re.DOTALL
     )
-    for example in (log_example, instance_example, api_example, owners_example):
+    for example in (log_example, instance_example, api_example, owners_example, time_example):
         result = subprocess.run(
             [sys.executable, "-c", example],
             capture_output=True, text=True, timeout=120, cwd=tmp_path,
@@ -41,8 +41,8 @@ def test_readme_python_examples_run(tmp_path: Path) -> None:
             similar, relations, agents = result.stdout.splitlines()
             assert "retry NATS publishes" in similar and "slow fsync" in similar
             assert relations == "[('Elaborates', 0.9)]" and agents == "['agent-7']"
-        if example is owners_example:  # the output the README shows after the example
-            shown = README[README.index(owners_example) :].split("```text\n", 1)[1]
+        if example in (owners_example, time_example):  # the output shown after it
+            shown = README[README.index(example) :].split("```text\n", 1)[1]
             assert result.stdout == shown.split("```", 1)[0]
     assert (tmp_path / ".pulse-mine" / "state").exists()  # the instance example's data dir
 

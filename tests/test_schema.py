@@ -76,7 +76,7 @@ def test_a_version_1_database_is_migrated_on_open(tmp_path: Path) -> None:
     version = store.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     store.close()
     assert "collective_id" in columns and "instance_id" in kept_aside
-    assert version == (str(schema.SCHEMA_VERSION),) == ("5",)
+    assert version == (str(schema.SCHEMA_VERSION),) == ("6",)
 
 
 def as_version_4(con: Any) -> None:
@@ -201,3 +201,59 @@ def test_a_database_held_by_another_process_is_reported(tmp_path: Path) -> None:
             Store(tmp_path / "state.duckdb")
     finally:
         holder.communicate("", timeout=10)
+
+
+def test_a_version_5_database_keeps_history_from_its_upgrade_on(tmp_path: Path) -> None:
+    """Before version 6 no history was kept: reads as of a moment before the upgrade are
+    refused by name (a rebuild keeps all of it), the counts so far seed the counts'
+    history, and an entity whose older events were not kept is refused, never guessed."""
+    import pytest
+
+    from eventlog import events as ev
+    from eventlog.errors import ValidationError
+    from eventlog.log import LogEntry
+    from projections import past, queries
+    from projections.projection import Projection
+    from tests import factories as f
+
+    cid = f.uuid7()
+    old, other = f.experience(cid, "an old lesson"), f.experience(cid, "another")
+    reinforced = ev.ExperienceReinforced(
+        **f.common(), experience_id=other.experience_id, collective_id=cid, applications=2
+    )  # type: ignore[arg-type]
+    projection = Projection(tmp_path)
+    projection.apply(
+        [LogEntry(i, "pulse.test", e) for i, e in enumerate([f.collective(cid), old, other,
+                                                             reinforced], start=1)]
+    )  # fmt: skip
+    projection.flush()
+    con = projection.store.con
+    for view in ("experiences", "history", "dead_letters", "relations", "insight_sources",
+                 "insights", "applications", "audit"):  # fmt: skip
+        con.execute(f"DROP VIEW IF EXISTS {view}")
+    for column in ("valid_from_ms", "valid_to", "valid_to_stamp", "invalid_reason",
+                   "invalid_reason_stamp", "invalidations"):  # fmt: skip
+        con.execute(f"ALTER TABLE experience_rows DROP COLUMN {column}")
+    con.execute("ALTER TABLE audit_rows DROP COLUMN change")
+    con.execute("DROP TABLE count_history")
+    con.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+    projection.close()
+
+    migrated = Projection(tmp_path)
+    assert past.history_from(migrated) == 4
+    again = ev.ExperienceReinforced(
+        **f.common(), experience_id=other.experience_id, collective_id=cid, applications=3
+    )  # type: ignore[arg-type]
+    touched = ev.ExperienceUpdated(
+        **f.common(), experience_id=old.experience_id, collective_id=cid, importance=0.9
+    )  # type: ignore[arg-type]
+    migrated.apply([LogEntry(5, "pulse.test", again)])
+    with pytest.raises(ValidationError, match="as_of: this host keeps the history from sequence 4"):
+        past.past(migrated, 3)
+    then = past.past(migrated, 4)
+    assert queries.total_applications(then, other.experience_id) == 2  # type: ignore[arg-type]
+    assert queries.total_applications(migrated, other.experience_id) == 3
+    migrated.apply([LogEntry(6, "pulse.test", touched)])
+    with pytest.raises(ValidationError, match="needs the history of an entity"):
+        past.past(migrated, 5)  # the old lesson changed since, and its create was not kept
+    migrated.close()

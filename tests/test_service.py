@@ -404,7 +404,10 @@ async def test_rebuild_refuses_while_the_service_runs_and_leaves_its_state(
 async def _remember_and_recall(session: ClientSession) -> None:
     await session.initialize()
     tools = {t.name: t for t in (await session.list_tools()).tools}
-    assert set(tools) == {"remember", "recall", "reinforce", "relate", "insights", "activity"}
+    assert set(tools) == {
+        "remember", "recall", "reinforce", "relate", "invalidate", "insights", "activity",
+        "session",
+    }  # fmt: skip
     remember = tools["remember"].inputSchema["properties"]
     assert remember["content"]["maxLength"] == 100 * 1024
     assert remember["importance"]["maximum"] == 1.0

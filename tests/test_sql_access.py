@@ -546,7 +546,7 @@ async def test_every_way_around_the_views_is_refused(world: World) -> None:
     names = await db.sql("SELECT table_name FROM information_schema.tables")
     every = sorted({r[0] for r in names.rows} - {
         "experiences", "applications", "relations", "insights", "insight_sources", "wisdom",
-        "collectives", "audit", "tokens", "dead_letters", "activities",
+        "collectives", "audit", "history", "tokens", "dead_letters", "activities", "sessions",
     })  # fmt: skip
     assert {"experience_rows", "meta", "relation_checks"} <= set(every)
     cases = REFUSED + [(f"SELECT count(*) FROM {name}", name) for name in every]

@@ -1,0 +1,381 @@
+"""Time and truth: validity intervals, and reads ``as_of`` a moment.
+
+The exactness test writes a random history through the public API on a real NATS
+server (records, updates, archives, invalidations, reinforcements, relations that
+supersede, insights, wisdom, deletes that forget, a collective deleted), then for
+random sequences S compares what the host answers ``as_of=S`` with what a fresh host
+that replayed only the events 1..S answers now, read for read."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import numpy as np
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from eventlog import EmbeddedNats, NotFoundError, ValidationError
+from projections import analytics, queries
+from projections.engine import Engine
+from projections.projection import ProjectionSettings
+from sync import PulseDB
+
+DIM = 4
+WORDS = ["cache", "queue", "index", "schema", "token", "retry"]
+SQL = [  # the analysts' views, as of a moment
+    "SELECT experience_id, importance, archived, applications, valid_from, valid_to, "
+    "invalid_reason, invalidations, content FROM experiences ORDER BY experience_id",
+    "SELECT relation_id, source_id, target_id, relation_type FROM relations ORDER BY 1",
+    "SELECT insight_id, source_experiences FROM insights ORDER BY 1",
+    "SELECT collective_id, name FROM collectives ORDER BY 1",
+    "SELECT experience_id, instance_id, applications FROM applications ORDER BY 1, 2",
+    "SELECT wisdom_id, pattern FROM wisdom ORDER BY 1",
+    "SELECT seq, event_type, entity_id, change FROM history ORDER BY seq, event_type",
+    "SELECT count(*) FROM experience_rows",
+]
+
+
+@pytest.fixture
+async def db(tmp_path: Path, nats_server: EmbeddedNats) -> AsyncIterator[PulseDB]:
+    instance = await PulseDB.open(tmp_path / "db", nats_server.url)
+    yield instance
+    await instance.close()
+
+
+def unit(rng: random.Random) -> list[float]:
+    v = np.array([rng.gauss(0, 1) for _ in range(DIM)], dtype=np.float32)
+    return list(v / np.linalg.norm(v))
+
+
+async def random_history(db: PulseDB, rng: random.Random, steps: int) -> dict[str, Any]:
+    """Writes through the public API; returns what was made (ids, collectives)."""
+    collectives = [await db.create_collective("ana", f"c{i}", DIM) for i in range(2)]
+    made: dict[str, Any] = {"collectives": collectives, "experiences": [], "insights": []}
+    live: list[tuple[UUID, UUID]] = []  # (experience, collective)
+    for _ in range(steps):
+        roll = rng.random()
+        if roll < 0.3 or len(live) < 3:
+            cid = rng.choice(collectives)
+            words = " ".join(rng.sample(WORDS, 2))
+            since = None if rng.random() < 0.7 else 1_700_000_000_000 + rng.randrange(10**9)
+            e = await db.record_experience(
+                cid, f"note about {words}", unit(rng), importance=rng.choice([0.2, 0.5, 0.9]),
+                domain=rng.sample(["a", "b"], rng.randrange(3)), valid_from=since,
+            )  # fmt: skip
+            live.append((e, cid))
+            made["experiences"].append(e)
+            continue
+        e, cid = rng.choice(live)
+        if roll < 0.4:
+            await db.update_experience(e, importance=rng.choice([0.1, 0.6, 1.0]))
+        elif roll < 0.47:
+            await db.archive_experience(e)
+        elif roll < 0.52:
+            await db.unarchive_experience(e)
+        elif roll < 0.62:
+            await db.reinforce_experience(e)
+        elif roll < 0.7:
+            at = None if rng.random() < 0.5 else 1_700_000_000_000 + rng.randrange(10**9)
+            await db.invalidate_experience(e, rng.choice(["stale", "wrong"]), at=at)
+        elif roll < 0.73:
+            await db.revalidate_experience(e, "true again")
+        elif roll < 0.83:
+            others = [x for x, c in live if c == cid and x != e]
+            if others:
+                kind = rng.choice(["Supersedes", "Supports", "Contradicts"])
+                try:
+                    await db.store_relation(
+                        e,
+                        rng.choice(others),
+                        kind,
+                        invalidate=kind != "Supports" and rng.random() < 0.5,
+                    )
+                except Exception as exc:  # a triple taken twice: refused, nothing written
+                    assert "already exists" in str(exc)
+        elif roll < 0.88:
+            sources = [x for x, c in live if c == cid][:2]
+            made["insights"].append(
+                await db.store_insight(
+                    cid, f"insight on {rng.choice(WORDS)}", unit(rng), source_experiences=sources
+                )
+            )
+        elif roll < 0.92:
+            await db.store_wisdom("ana", "CodingStyle", f"pattern {rng.randrange(9)}", unit(rng))
+        else:
+            await db.delete_experience(e)
+            live.remove((e, cid))
+    if rng.random() < 0.5:  # a collective deleted: everything in it is forgotten
+        await db.delete_collective(collectives[1])
+    return made
+
+
+async def fresh_host(db: PulseDB, directory: Path, upto: int) -> Engine:
+    """A projection that replayed only the log's events 1..upto (as a new host would)."""
+    engine = await Engine.start(directory, ProjectionSettings())
+    async for batch in db.log.read(1):
+        await engine.apply([e for e in batch if e.seq <= upto])
+    return engine
+
+
+def shape(items: Any) -> Any:
+    """Results made comparable: search hits as (id, relevance), structs as they are."""
+    if isinstance(items, list):
+        return [shape(i) for i in items]
+    if isinstance(items, queries.ScoredExperience):
+        return (items.experience, round(items.relevance or items.score, 5))
+    if isinstance(items, queries.ScoredInsight):
+        return (items.insight, round(items.score, 5))
+    return items
+
+
+async def answers_as_of(db: PulseDB, made: dict[str, Any], s: int, probe: list[float]) -> Any:
+    """Every read of the public API, as of ``s``."""
+    everything = {"include_invalid": True, "include_archived": True}
+    out: dict[str, Any] = {}
+    out["collectives"] = list(await db.list_collectives(as_of=s))
+    for cid in made["collectives"]:
+        try:
+            out[("list", cid)] = await db.list_experiences(cid, limit=1000, flt=everything, as_of=s)
+            out[("recent", cid)] = await db.get_recent_experiences(cid, limit=5, as_of=s)
+            out[("stats", cid)] = await db.get_collective_stats(cid, as_of=s)
+            out[("similar", cid)] = shape(
+                await db.search_similar(cid, probe, k=50, flt=everything, energy_weight=0, as_of=s)
+            )
+            out[("valid now", cid)] = shape(
+                await db.search_similar(cid, probe, k=50, energy_weight=0, as_of=s)
+            )
+            for word in WORDS[:3]:
+                hits = await db.search_text(cid, word, k=100, flt=everything, as_of=s)
+                out[("text", cid, word)] = sorted(h.experience.experience_id for h in hits)
+            out[("insights", cid)] = shape(await db.get_insights(cid, probe, k=50, as_of=s))
+        except NotFoundError:
+            out[("absent", cid)] = True
+    for e in made["experiences"]:
+        out[("get", e)] = await db.get_experience(e, as_of=s)
+        try:
+            out[("related", e)] = list(await db.get_related_experiences(e, as_of=s))
+        except NotFoundError:
+            out[("related", e)] = None
+    out["wisdom"] = await db.get_wisdom("ana", as_of=s)
+    for query in SQL:
+        out[query] = (await db.sql(query, as_of=s)).rows
+    return out
+
+
+async def answers_of(engine: Engine, made: dict[str, Any], probe: list[float]) -> Any:
+    """The same reads, of a projection as it is (the queries the API runs)."""
+    everything = queries.ExperienceFilter(include_invalid=True, include_archived=True)
+    now = queries.ANY_LIVE
+    out: dict[str, Any] = {}
+    found, _ = await engine.run(queries.collectives_page, None, None, None, None)
+    out["collectives"] = found
+    for cid in made["collectives"]:
+        if await engine.run(queries.get_collective, cid) is None:
+            out[("absent", cid)] = True
+            continue
+        out[("list", cid)] = await engine.run(
+            lambda p, c=cid: queries.recent_experiences(p, c, 1000, everything, newest_first=False)
+        )
+        out[("recent", cid)] = await engine.run(queries.recent_experiences, cid, 5, now)
+        out[("stats", cid)] = await engine.run(queries.collective_stats, cid)
+        out[("similar", cid)] = shape(
+            await engine.run(queries.similar_experiences, cid, probe, 50, everything)
+        )
+        out[("valid now", cid)] = shape(
+            await engine.run(queries.similar_experiences, cid, probe, 50, now)
+        )
+        for word in WORDS[:3]:
+            hits = await engine.run(queries.search_text, cid, word, 100, everything)
+            out[("text", cid, word)] = sorted(h.experience.experience_id for h in hits)
+        out[("insights", cid)] = shape(await engine.run(queries.similar_insights, cid, probe, 50))
+    for e in made["experiences"]:
+        out[("get", e)] = await engine.run(queries.get_experience, e)
+        if await engine.run(queries.get_experience, e) is None:
+            out[("related", e)] = None
+        else:
+            out[("related", e)] = await engine.run(queries.related_experiences, e)
+    wisdom = await engine.run(queries.wisdom_of, "ana")
+    out["wisdom"] = [queries.ScoredWisdom(w, 1.0) for w in wisdom][:10]
+    cursor, _ = await engine.cursor()
+    try:
+        for query in SQL:
+            out[query] = [
+                [analytics.cell(v) for v in row] for row in cursor.execute(query).fetchall()
+            ]
+    finally:
+        cursor.close()
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_as_of_a_sequence_is_what_a_host_that_replayed_up_to_it_answers(
+    db: PulseDB, tmp_path: Path, seed: int
+) -> None:
+    rng = random.Random(seed)
+    made = await random_history(db, rng, steps=80)
+    last = await db.sync()
+    probe = unit(rng)
+    moments = sorted({0, 1, last, *rng.sample(range(1, last), 8)})
+    for s in moments:
+        engine = await fresh_host(db, tmp_path / f"fresh-{s}", s)
+        try:
+            expected = await answers_of(engine, made, probe)
+        finally:
+            await engine.close()
+        got = await answers_as_of(db, made, s, probe)
+        assert got.keys() == expected.keys(), s
+        for key in expected:
+            assert got[key] == expected[key], (s, key)
+
+
+async def test_a_fact_that_stopped_being_true(db: PulseDB) -> None:
+    cid = await db.create_collective("ana", "api", DIM)
+    old = await db.record_experience(cid, "the billing API is v1", [1, 0, 0, 0])
+    before = await db.sync()
+    new = await db.record_experience(cid, "the billing API is v2; v1 is retired", [1, 0.1, 0, 0])
+    await db.store_relation(new, old, "Supersedes", invalidate=True)
+
+    now = [h.experience.experience_id for h in await db.search_similar(cid, [1, 0, 0, 0])]
+    assert now == [new]  # the superseded one is left out ...
+    everything = await db.search_similar(cid, [1, 0, 0, 0], flt={"include_invalid": True})
+    assert {h.experience.experience_id for h in everything} == {old, new}  # ... unless asked
+    closed = await db.get_experience(old)
+    assert closed is not None and closed.valid_to_ms is not None
+    assert closed.invalid_reason == f"Supersedes by experience {new}"
+    then = await db.search_similar(cid, [1, 0, 0, 0], as_of=before)
+    assert [h.experience.experience_id for h in then] == [old]  # what it believed then
+    was = await db.get_experience(old, as_of=before)
+    assert was is not None and was.valid_to_ms is None
+    assert (await db.get_collective_stats(cid)).invalid == 1
+    assert (await db.get_collective_stats(cid, as_of=before)).invalid == 0
+    at_then = await db.search_similar(
+        cid, [1, 0, 0, 0], flt={"valid_at": closed.valid_to_ms - 1, "include_invalid": False}
+    )
+    assert {h.experience.experience_id for h in at_then} == {old, new}
+
+
+async def test_flipping_often_marks_an_experience_unstable_and_weighs_it_down(
+    db: PulseDB,
+) -> None:
+    cid = await db.create_collective("ana", "prefs", DIM)
+    shaky = await db.record_experience(cid, "tabs, not spaces", [1, 0, 0, 0])
+    steady = await db.record_experience(cid, "spaces, not tabs", [1, 0, 0, 0])
+    for _ in range(3):
+        await db.invalidate_experience(shaky, "changed our mind")
+        await db.revalidate_experience(shaky, "changed it back")
+    found = await db.get_experience(shaky)
+    assert found is not None and found.invalidations == 3 and found.unstable
+    assert found.valid_to_ms is None  # true again
+    hits = await db.search_similar(cid, [1, 0, 0, 0], energy_weight=0)
+    assert [h.experience.experience_id for h in hits] == [steady, shaky]
+    assert hits[1].score == pytest.approx(hits[1].relevance * db.settings.unstable_weight)
+    stats = await db.get_collective_stats(cid)
+    assert (stats.invalidations, stats.unstable, stats.invalid) == (3, 1, 0)
+
+
+async def test_bad_validity_and_as_of_input_is_refused_by_name(db: PulseDB) -> None:
+    cid = await db.create_collective("ana", "c", DIM)
+    e = await db.record_experience(cid, "x", [1, 0, 0, 0])
+    before = await db.get_experience(e)
+    with pytest.raises(ValidationError, match="reason"):
+        await db.invalidate_experience(e, "")
+    with pytest.raises(ValidationError, match="at"):
+        await db.invalidate_experience(e, "why", at="not a time")
+    with pytest.raises(ValidationError, match="invalidate: only a Supersedes or Contradicts"):
+        other = await db.record_experience(cid, "y", [0, 1, 0, 0])
+        await db.store_relation(other, e, "Supports", invalidate=True)
+    assert await db.get_experience(e) == before
+    with pytest.raises(ValidationError, match="as_of: sequence 999999 is past the end"):
+        await db.get_experience(e, as_of=999_999)
+    with pytest.raises(ValidationError, match="as_of: must be a stream sequence"):
+        await db.get_experience(e, as_of="yesterday-ish")
+    with pytest.raises(ValidationError, match="as_of: must be >= 0"):
+        await db.get_experience(e, as_of=-3)
+    assert await db.get_experience(e, as_of="2020-01-01T00:00:00Z") is None  # before it was
+
+
+async def test_sql_as_of_for_a_member_sees_its_own_then_and_the_history(db: PulseDB) -> None:
+    from sync.access import Principal
+
+    cid = await db.create_collective("ana", "c", DIM)
+    mine = await db.record_experience(cid, "mine", [1, 0, 0, 0], visibility="private")
+    before = await db.sync()
+    await db.update_experience(mine, importance=0.9)
+    await db.record_experience(cid, "later", [0, 1, 0, 0])
+    member = Principal("ana", "a1", scope="read")
+    with db.acting_as(member):
+        then = await db.sql("SELECT content, importance FROM experiences", as_of=before)
+        now = await db.sql("SELECT content, importance FROM experiences ORDER BY content")
+        changes = await db.sql(
+            "SELECT seq, event_type FROM history WHERE entity = 'experience' ORDER BY seq",
+            as_of=before,
+        )
+    assert then.rows == [] and then.seq == before  # private to its author (local), then too
+    assert [r[0] for r in now.rows] == ["later"]
+    everything = await db.sql("SELECT content, importance FROM experiences", as_of=before)
+    assert everything.rows == [["mine", 0.5]]
+    history = await db.sql(
+        "SELECT event_type, change->>'importance' FROM history "
+        f"WHERE entity_id = '{mine}' ORDER BY seq"
+    )
+    assert history.rows == [["experience.recorded", "0.5"], ["experience.updated", "0.9"]]
+    assert changes.rows == []  # what it may not see, it sees no history of
+
+
+async def test_validity_and_as_of_over_http(tmp_path: Path) -> None:
+    from tests.test_service import call, start, stop
+
+    service = start(tmp_path / "served")
+    try:
+        async with service.client() as client:
+            schema = (await client.get("/openapi.json")).json()["components"]["schemas"]
+            assert "as_of" in schema["search_text_request"]["properties"]
+            assert "reason" in schema["invalidate_experience_request"]["required"]
+            cid = await call(client, "create_collective", owner_id="me", name="api",
+                             embedder="hash")  # fmt: skip
+            v1 = await call(client, "record_experience", collective_id=cid,
+                            content="the billing API is v1")  # fmt: skip
+            before = await call(client, "sync")
+            closed = await call(client, "invalidate_experience", experience_id=v1,
+                                reason="v2 shipped")  # fmt: skip
+            assert closed["invalid_reason"] == "v2 shipped" and closed["valid_to_ms"]
+            now = await call(client, "search_text", collective_id=cid, text="billing")
+            then = await call(client, "search_text", collective_id=cid, text="billing",
+                              as_of=before)  # fmt: skip
+            assert now == [] and [h["experience"]["experience_id"] for h in then] == [v1]
+            rows = await call(client, "sql", query="SELECT count(*) FROM experiences "
+                              "WHERE valid", as_of=before)  # fmt: skip
+            assert rows["rows"] == [[1]] and rows["seq"] == before
+            bad = await client.post("/v1/get_experience", json={"experience_id": v1,
+                                    "as_of": "soon-ish"})  # fmt: skip
+            assert bad.status_code == 422 and "as_of: must be" in bad.json()["message"]
+        async with (
+            streamable_http_client(f"{service.url}/mcp") as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+
+            async def recall(**more: Any) -> list[str]:
+                found = await session.call_tool(
+                    "recall", {"collective": "api", "query": "billing", "mode": "text", **more}
+                )
+                assert not found.isError, found.content
+                hits = json.loads(found.content[0].text)["results"]  # type: ignore[union-attr]
+                return [h["experience"]["experience_id"] for h in hits]
+
+            assert await recall() == []
+            assert await recall(as_of=before) == [v1]
+            assert await recall(include_invalid=True) == [v1]
+            back = await session.call_tool(
+                "invalidate", {"experience_id": v1, "reason": "v1 is back", "true_again": True}
+            )
+            assert not back.isError, back.content
+            assert await recall() == [v1]
+    finally:
+        stop(service)
