@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m ops.bench.sync
 	$(VENV)/bin/python -m ops.bench.service
 	$(VENV)/bin/python -m ops.bench.engine
+	$(VENV)/bin/python -m ops.bench.as_of
 
 clean:
 	rm -rf $(VENV) .pulse .pytest_cache .hypothesis

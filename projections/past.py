@@ -27,7 +27,7 @@ Everything here runs on the engine thread (``projections.engine``), as queries d
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from uuid import UUID
@@ -111,7 +111,7 @@ class PastMemory(MemoryState):
         counters: dict[tuple[UUID, UUID | None], GCounter | None],
         last_reinforced: dict[tuple[UUID, UUID | None], int | None],
         seq: int,
-        hlc_bound: int,
+        hlc_bound: Callable[[], int],
     ) -> None:
         tables = {t: Overlay(base.fold.rows[t], rows.get(t, {})) for t in ROW_TYPES}
         self.fold = FoldState(rows=tables)  # type: ignore[arg-type]
@@ -131,15 +131,18 @@ class PastMemory(MemoryState):
         self.forgotten_counts, self.unflushed_rejected = set(), []
         self.unflushed_audit, self.unflushed_counts = [], []
         self.next_vec_id = base.next_vec_id
-        self.hlc_bound = hlc_bound  # the largest HLC of an event up to the sequence
+        self._hlc_bound = hlc_bound  # the largest HLC of an event up to the sequence
+        self._bound: int | None = None
 
     def experiences_in_order(
         self, collective_id: UUID, *, newest_first: bool
     ) -> Iterator[ExperienceRow]:
         """As ``MemoryState``'s, past the experiences made since: none recorded by then
         has a later HLC than the latest event by then, so the order is cut there."""
+        if self._bound is None:  # (a scan of the history: only when a read needs it)
+            self._bound = self._hlc_bound()
         order = self.order.get(collective_id, [])
-        cut = bisect.bisect_right(order, (self.hlc_bound, _LAST_UUID))
+        cut = bisect.bisect_right(order, (self._bound, _LAST_UUID))
         positions = range(cut - 1, -1, -1) if newest_first else range(cut)
         for at in positions:
             row = self.live_experience(order[at][1])
@@ -316,12 +319,15 @@ def _past(p: Projection, as_of: int) -> Past:
         held = last.get((experience_id, named))
         last[(experience_id, named)] = max(int(hlc), held or 0)
     count_rows = [ApplicationRow(e, i, int(n), int(h), c) for e, i, c, n, h in entries]
-    found = con.execute(
-        "SELECT max(hlc) FROM (SELECT hlc FROM audit_rows WHERE seq <= $s "
-        "UNION ALL SELECT hlc FROM count_history WHERE seq <= $s)",
-        {"s": as_of},
-    ).fetchone()
-    bound = int(found[0]) if found and found[0] is not None else -1
+
+    def bound() -> int:
+        found = p.store.con.execute(
+            "SELECT max(hlc) FROM (SELECT hlc FROM audit_rows WHERE seq <= $s "
+            "UNION ALL SELECT hlc FROM count_history WHERE seq <= $s)",
+            {"s": as_of},
+        ).fetchone()
+        return int(found[0]) if found and found[0] is not None else -1
+
     memory = PastMemory(base, rows, counters, last, as_of, bound)
     return Past(p, as_of, memory, (changed, count_rows))
 

@@ -362,6 +362,7 @@ class _Columns:
         self.authors: dict[tuple[str | None, str | None], int] = {}
         self.valid_from = np.zeros(0, dtype=np.int64)
         self.valid_to = np.zeros(0, dtype=np.int64)  # NO_END: still true
+        self.ends = 0  # slots (live or not) with an end: none, no validity filter needed
         self._domains: list[tuple[str, ...]] = []
         self._by_domain: dict[str, npt.NDArray[np.bool_]] = {}
 
@@ -433,6 +434,7 @@ class _Columns:
         self.valid_to = grown(
             self.valid_to, [NO_END if r.valid_to is None else r.valid_to for r in rows], np.int64
         )
+        self.ends += sum(1 for r in rows if r.valid_to is not None)
         self._domains.extend(r.domain or () for r in rows)
         self._by_domain.clear()
 
@@ -472,6 +474,8 @@ class _Columns:
 
     def invalid_any(self, flt: ExperienceFilter) -> bool:
         """Whether the filter's validity leaves out a live row."""
+        if self.ends == 0 and flt.valid_at_ms is None:  # (the commonest case: a pass saved)
+            return False
         valid = self._valid(flt.validity())
         return valid is not None and bool(np.any(self.alive & ~valid))
 

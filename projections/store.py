@@ -239,9 +239,10 @@ class Store:
         seq, experience, instance, collective, applications, hlc, owner, agent = zip(
             *counted, strict=True
         )
+        hexes: dict[UUID | None, str | None] = {None: None}  # the same few ids, again and again
         staged_counts = {  # noqa: F841 (read by DuckDB by name)
-            "seq": np.array(seq, dtype=np.int64), "experience_id": _uuids(experience),
-            "instance_id": _uuids(instance), "collective_id": _uuids(collective),
+            "seq": np.array(seq, dtype=np.int64), "experience_id": _uuids(experience, hexes),
+            "instance_id": _uuids(instance, hexes), "collective_id": _uuids(collective, hexes),
             "applications": np.array(applications, dtype=np.int64),
             "hlc": np.array(hlc, dtype=np.int64), "author_owner": np.array(owner, dtype=object),
             "author_agent": np.array(agent, dtype=object),
@@ -357,8 +358,17 @@ class Store:
         return h.hexdigest()
 
 
-def _uuids(values: Sequence[UUID | None]) -> np.ndarray[Any, Any]:
-    return np.array([None if v is None else v.hex for v in values], dtype=object)
+def _uuids(
+    values: Sequence[UUID | None], hexes: dict[UUID | None, str | None] | None = None
+) -> np.ndarray[Any, Any]:
+    """UUIDs as 32 hex digits, for DuckDB to cast (``hexes``: a memo of those seen)."""
+    if hexes is None:
+        return np.array([None if v is None else v.hex for v in values], dtype=object)
+    known = hexes.get
+    return np.array(
+        [known(v) or (None if v is None else hexes.setdefault(v, v.hex)) for v in values],
+        dtype=object,
+    )
 
 
 def uuid_literals(ids: Any) -> str:
