@@ -169,6 +169,8 @@ def derived_model(name: str, method: Callable[..., Any]) -> type[pydantic.BaseMo
             annotation = models.FilterIn | None
         if param.name == "idempotency_key":
             annotation = models.IdempotencyKey | None
+        if param.name == "as_of":  # (get_type_hints drops its validator)
+            annotation = models.AsOf
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[param.name] = (annotation, default)
     base = models.ExperienceUpdateIn if name == "update_experience" else models._Input

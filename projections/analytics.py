@@ -428,8 +428,11 @@ FILTERED_VIEWS: dict[str, str] = {
         "OR (a.entity = 'collective' "
         "AND a.collective_id IN (SELECT collective_id FROM temp.main.pulse_members))"
     ),
-    "history": (  # as the audit
-        "SELECT a.* FROM {src}history a WHERE "
+    "history": (  # as the audit; an insight's change names the sources it may see only
+        "SELECT a.* REPLACE (CASE WHEN a.event_type = 'insight.stored' THEN "
+        "json_merge_patch(a.change, json_object('source_experiences', (SELECT "
+        "to_json(i.source_experiences) FROM temp.main.insights i WHERE i.insight_id = "
+        "a.entity_id))) ELSE a.change END AS change) FROM {src}history a WHERE "
         "(a.entity = 'experience' AND EXISTS (SELECT 1 FROM temp.main.experiences x "
         "WHERE x.experience_id = a.entity_id AND x.collective_id = a.collective_id)) "
         "OR (a.entity = 'relation' AND EXISTS (SELECT 1 FROM temp.main.relations x "
@@ -458,6 +461,7 @@ _BARRIER = " LIMIT 9223372036854775807"
 
 
 _HELPERS = ("pulse_principal", "pulse_members", "pulse_all_activities")  # restrict's tables
+_OURS = "pulse_"  # the prefix of every temporary object a query's cursor is given
 
 
 def _needs(names: Iterable[str]) -> list[str]:
@@ -572,6 +576,9 @@ def past_views(cursor: duckdb.DuckDBPyConnection, past: PastTables) -> str:
 
     for name, select in views:
         rewritten = re.sub(r"\b(FROM|JOIN)\s+(\w+)\b", past_name, select)
+        rewritten = rewritten.replace(  # "true now" is true then
+            "epoch_ms(get_current_timestamp())", str(int(past.moment_ms))
+        )
         cursor.execute(f"CREATE TEMP VIEW pulse_asof_{name} AS {rewritten}")
     return _PAST
 
@@ -616,9 +623,11 @@ def _check_restricted(
             known = {str(r[0]).lower() for r in found} | set(_HELPERS)
         return known
 
-    # a CTE named like a table would name the table where the CTE is out of scope
+    # a CTE named like a table would name the table where the CTE is out of scope; so
+    # would one named like the temporary objects made after this check (``restrict``'s,
+    # ``past_views``': every one of them is named pulse_...)
     for cte in sorted(ctes - set(FILTERED_VIEWS)):
-        if cte in catalog_names():
+        if cte in catalog_names() or cte.startswith(_OURS):
             raise Forbidden(
                 f"query: a CTE may not be named {cte!r}, the name of a table of the database "
                 "(a token without the admin scope reads the views only); rename it"

@@ -134,15 +134,20 @@ class PastMemory(MemoryState):
         self._hlc_bound = hlc_bound  # the largest HLC of an event up to the sequence
         self._bound: int | None = None
 
+    def hlc_bound(self) -> int:
+        """The largest HLC of an event up to the sequence (-1: none); a scan of the
+        history, made when a read first needs it."""
+        if self._bound is None:
+            self._bound = self._hlc_bound()
+        return self._bound
+
     def experiences_in_order(
         self, collective_id: UUID, *, newest_first: bool
     ) -> Iterator[ExperienceRow]:
         """As ``MemoryState``'s, past the experiences made since: none recorded by then
         has a later HLC than the latest event by then, so the order is cut there."""
-        if self._bound is None:  # (a scan of the history: only when a read needs it)
-            self._bound = self._hlc_bound()
         order = self.order.get(collective_id, [])
-        cut = bisect.bisect_right(order, (self._bound, _LAST_UUID))
+        cut = bisect.bisect_right(order, (self.hlc_bound(), _LAST_UUID))
         positions = range(cut - 1, -1, -1) if newest_first else range(cut)
         for at in positions:
             row = self.live_experience(order[at][1])
@@ -155,26 +160,23 @@ class Past:
     (which take it where they take a ``Projection``): the past memory, the present
     indexes. Made by ``past``; read-only."""
 
-    def __init__(
-        self,
-        base: Projection,
-        as_of: int,
-        memory: PastMemory,
-        counts: tuple[list[UUID], list[ApplicationRow]] = ([], []),
-    ) -> None:
+    def __init__(self, base: Projection, as_of: int, memory: PastMemory) -> None:
         self.base, self.as_of, self.memory = base, as_of, memory
+        self.built_at = base.seq  # the present it is the past of (``_refresh``)
         # the experiences whose counts changed since, and their count rows as of then
-        self.counts_changed, self.count_rows = counts
+        self.counts_changed: set[UUID] = set()
+        self.count_rows: dict[tuple[UUID, UUID, UUID | None], ApplicationRow] = {}
         self.vectors, self.text, self.settings = base.vectors, base.text, base.settings
         self.caches: dict[Any, Any] = {}
-        self.changed_experiences = [
-            k[0]
-            for k in memory.fold.rows[ExperienceRow].over  # type: ignore[attr-defined]
-        ]
+        self.changed_experiences: list[UUID] = []
 
     @property
     def seq(self) -> int:
         return self.as_of
+
+    def moment_ms(self) -> int:
+        """The time of the moment (Unix ms): of the latest event up to it, by its clock."""
+        return ev.hlc_millis(max(self.memory.hlc_bound(), 0))
 
     def live_dimension(self, collective_id: UUID) -> int | None:
         return self.memory.collective_dimension(collective_id)
@@ -200,26 +202,39 @@ class Past:
                 if row is not None and row.collective_id == collective_id:
                     rows.append(row)
             found.append(self, rows)
+            found.earliest_end = None
         return found
 
 
 def past(p: Projection, as_of: int) -> Projection | Past:
-    """The projection as of a stream sequence (itself when nothing was applied since)."""
+    """The projection as of a stream sequence (itself when nothing was applied since).
+
+    A past state is kept (the last ``PASTS_KEPT``); when events applied since it was
+    made, only the entities they changed are folded again, so reading one moment again
+    and again on a busy host costs what changed in between, not the whole way back."""
     if as_of >= p.seq:
         return p
-    key = ("past", as_of, p.seq)
+    key = ("past", as_of)
     found: Past | None = p.caches.get(key)
-    if found is None:  # (one made before an event was applied since is stale)
+    if found is None:
         kept = [k for k in p.caches if k[0] == "past"]
-        for old in kept[: max(0, len(kept) + 1 - PASTS_KEPT)] + [k for k in kept if k[2] != p.seq]:
+        for old in kept[: max(0, len(kept) + 1 - PASTS_KEPT)]:
             p.caches.pop(old, None)
         found = p.caches[key] = _past(p, as_of)
+    elif found.built_at != p.seq:
+        _refresh(p, found)
     return found
 
 
 def read_as_of(p: Projection, as_of: int | None, fn: Any, *args: Any, **kwargs: Any) -> Any:
     """``fn(projection, ...)`` as of a sequence (None: now): what the API's reads run."""
     return fn(p if as_of is None else past(p, as_of), *args, **kwargs)
+
+
+def moment_of(p: Projection, as_of: int) -> int | None:
+    """The time of a sequence (Unix ms, the clock of its latest event); None: now."""
+    found = past(p, as_of)
+    return found.moment_ms() if isinstance(found, Past) else None
 
 
 def history_from(p: Projection) -> int:
@@ -251,21 +266,48 @@ def _past(p: Projection, as_of: int) -> Past:
             "keep all of it"
         )
     p.flush()  # the history of everything applied is in DuckDB
-    con = p.store.con
-    base = p.memory
-    key_of = {t.KEY[0].removesuffix("_id"): t for t in ROW_TYPES if len(t.KEY) == 1}
+
+    def bound() -> int:
+        found = p.store.con.execute(
+            "SELECT max(hlc) FROM (SELECT hlc FROM audit_rows WHERE seq <= $s "
+            "UNION ALL SELECT hlc FROM count_history WHERE seq <= $s)",
+            {"s": as_of},
+        ).fetchone()
+        return int(found[0]) if found and found[0] is not None else -1
+
     rows: dict[type[Row], dict[tuple[Any, ...], Row | None]] = {t: {} for t in ROW_TYPES}
+    memory = PastMemory(p.memory, rows, {}, {}, as_of, bound)
+    found = Past(p, as_of, memory)
+    _fold_changed(p, found, as_of)
+    return found
+
+
+def _refresh(p: Projection, found: Past) -> None:
+    """Bring a past state up to what the projection applied since it was made: the
+    entities changed since are folded again as of its moment (one deleted since is
+    absent now, its history forgotten with it)."""
+    p.flush()
+    _fold_changed(p, found, found.built_at)
+
+
+def _fold_changed(p: Projection, found: Past, since: int) -> None:
+    """Fold the entities with an event after ``since`` again, as of ``found.as_of``,
+    from the history, into ``found``'s overlay."""
+    con, base, as_of = p.store.con, p.memory, found.as_of
+    memory = found.memory
+    key_of = {t.KEY[0].removesuffix("_id"): t for t in ROW_TYPES if len(t.KEY) == 1}
+    tables = memory.fold.rows
     for entity, entity_id in con.execute(
-        "SELECT DISTINCT entity, entity_id FROM audit_rows WHERE seq > $s", {"s": as_of}
+        "SELECT DISTINCT entity, entity_id FROM audit_rows WHERE seq > $s", {"s": since}
     ).fetchall():
         row_type = key_of.get(entity)
-        if row_type is not None:
-            rows[row_type][(entity_id,)] = None  # absent, unless its history says more
+        if row_type is not None:  # absent, unless its history says more
+            tables[row_type].over[(entity_id,)] = None  # type: ignore[attr-defined]
     folded = FoldState()
     for seq, change in con.execute(
-        "SELECT seq, change FROM audit_rows WHERE seq <= $s AND entity_id IN "
+        "SELECT seq, change FROM audit_rows WHERE seq <= $a AND entity_id IN "
         "(SELECT entity_id FROM audit_rows WHERE seq > $s) ORDER BY seq",
-        {"s": as_of},
+        {"a": as_of, "s": since},
     ).fetchall():
         if change is None:  # written before the history kept the events themselves
             raise ValidationError(
@@ -273,15 +315,14 @@ def _past(p: Projection, as_of: int) -> Past:
                 f"before Pulse kept it (sequence {seq}); `pulse rebuild` replays the log "
                 "to keep all of it"
             )
-        event = _decode(change)
-        row = row_of(event)
+        row = row_of(_decode(change))
         if row is None:
             continue
         if isinstance(row, Placed) and row.create_event is not None:
             row.create_seq = seq  # as the projection stamped it (see fold.Placed)
         folded.add(row, owned=True)
     for row_type, table in folded.rows.items():
-        wanted = rows[row_type]
+        wanted = tables[row_type].over  # type: ignore[attr-defined]
         for key, row in table.items():
             if key not in wanted:
                 continue  # (an event about another entity than the one it was filed under)
@@ -289,14 +330,20 @@ def _past(p: Projection, as_of: int) -> Past:
                 now = base.fold.rows[row_type].get(key)  # (the history holds no vectors)
                 row.embedding = getattr(now, "embedding", None)
             wanted[key] = row
-    counters: dict[tuple[UUID, UUID | None], GCounter | None] = {}
-    last: dict[tuple[UUID, UUID | None], int | None] = {}
     changed = [
         r[0]
         for r in con.execute(
-            "SELECT DISTINCT experience_id FROM count_history WHERE seq > $s", {"s": as_of}
+            "SELECT DISTINCT experience_id FROM count_history WHERE seq > $s", {"s": since}
         ).fetchall()
     ]
+    counters = memory.counters.over  # type: ignore[attr-defined]
+    last = memory.last_reinforced.over  # type: ignore[attr-defined]
+    again = set(changed)  # (what an earlier fold held of them goes: forgotten since?)
+    for held in (counters, last):
+        for named_key in [k for k in held if k[0] in again]:
+            held[named_key] = None
+    found.count_rows = {k: r for k, r in found.count_rows.items() if k[0] not in again}
+    found.counts_changed |= again
     for experience_id in changed:
         for _instance, named in base.counted.get(experience_id, ()):
             counters[(experience_id, named)] = None
@@ -304,9 +351,9 @@ def _past(p: Projection, as_of: int) -> Past:
     entries = (
         con.execute(
             "SELECT experience_id, instance_id, collective_id, max(applications), max(hlc) "
-            "FROM count_history WHERE seq <= $s AND experience_id IN "
+            "FROM count_history WHERE seq <= $a AND experience_id IN "
             "(SELECT experience_id FROM count_history WHERE seq > $s) GROUP BY ALL",
-            {"s": as_of},
+            {"a": as_of, "s": since},
         ).fetchall()
         if changed
         else []
@@ -318,18 +365,12 @@ def _past(p: Projection, as_of: int) -> Past:
         counter.merge_entry(instance_id, int(applications))
         held = last.get((experience_id, named))
         last[(experience_id, named)] = max(int(hlc), held or 0)
-    count_rows = [ApplicationRow(e, i, int(n), int(h), c) for e, i, c, n, h in entries]
-
-    def bound() -> int:
-        found = p.store.con.execute(
-            "SELECT max(hlc) FROM (SELECT hlc FROM audit_rows WHERE seq <= $s "
-            "UNION ALL SELECT hlc FROM count_history WHERE seq <= $s)",
-            {"s": as_of},
-        ).fetchone()
-        return int(found[0]) if found and found[0] is not None else -1
-
-    memory = PastMemory(base, rows, counters, last, as_of, bound)
-    return Past(p, as_of, memory, (changed, count_rows))
+        found.count_rows[(experience_id, instance_id, named)] = ApplicationRow(
+            experience_id, instance_id, int(applications), int(hlc), named
+        )
+    found.built_at = p.seq
+    found.caches.clear()  # (the filter columns follow the present's, which moved)
+    found.changed_experiences = [k[0] for k in tables[ExperienceRow].over]  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,12 +380,14 @@ class PastTables:
     rows are not the past ones, and the past rows (staged for DuckDB) to read instead."""
 
     seq: int
+    moment_ms: int  # its time: the "now" of the views' ``valid``
     gone: dict[str, tuple[str, list[UUID]]]  # table -> (key column, keys)
     rows: dict[str, tuple[dict[str, Any], str]]  # table -> (staged columns, their SELECT)
 
 
-def sql_tables(p: Projection, as_of: int) -> PastTables | None:
-    """The base tables as of a sequence, for SQL (None: the present ones)."""
+def sql_tables(p: Projection, as_of: int, moment_ms: int | None = None) -> PastTables | None:
+    """The base tables as of a sequence, for SQL (None: the present ones); ``moment_ms``:
+    its time (default: the clock of its latest event)."""
     from projections.store import TABLE_OF
 
     found = past(p, as_of)
@@ -354,7 +397,8 @@ def sql_tables(p: Projection, as_of: int) -> PastTables | None:
     staged: dict[str, tuple[dict[str, Any], str]] = {}
     for row_type, table in TABLE_OF.items():
         if row_type is ApplicationRow:
-            key, keys, rows = "experience_id", found.counts_changed, list(found.count_rows)
+            key, keys = "experience_id", list(found.counts_changed)
+            rows = list(found.count_rows.values())
         else:
             over = found.memory.fold.rows[row_type].over  # type: ignore[attr-defined]
             key, keys = row_type.KEY[0], [k[0] for k in over]
@@ -363,4 +407,5 @@ def sql_tables(p: Projection, as_of: int) -> PastTables | None:
             gone[table] = (key, keys)
         if rows:
             staged[table] = p.store.staged(row_type, rows, p.memory.vec_ids, 0)
-    return PastTables(as_of, gone, staged)
+    moment = found.moment_ms() if moment_ms is None else moment_ms
+    return PastTables(as_of, moment, gone, staged)

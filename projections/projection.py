@@ -664,6 +664,8 @@ def _audited(seq: int, event: ev.Event) -> Audited:
     tag, entity, key, in_collective = _AUDIT_OF[type(event)]
     if hasattr(event, "embedding"):  # (held in the rows and vector files already)
         event = msgspec.structs.replace(event, embedding=b"")
+    elif isinstance(event, ev.TokenCreated):  # (a revocation wipes it from the token's row)
+        event = msgspec.structs.replace(event, secret_sha256="")
     return (
         seq, tag, event.collective_id if in_collective else None,  # type: ignore[union-attr]
         entity, getattr(event, key), event.author_owner, event.author_agent,

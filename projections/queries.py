@@ -38,6 +38,7 @@ class ExperienceFilter(msgspec.Struct, frozen=True, kw_only=True):
     # was true at that moment (valid_from <= valid_at < valid_to)
     include_invalid: bool = False
     valid_at_ms: int | None = None
+    at_ms: int | None = None  # the "now" of "true now" (a read as of a moment: that moment)
 
     @property
     def narrows(self) -> bool:
@@ -63,7 +64,7 @@ class ExperienceFilter(msgspec.Struct, frozen=True, kw_only=True):
             return self.valid_at_ms, True
         if self.include_invalid:
             return None
-        return int(time.time() * 1000), False
+        return (int(time.time() * 1000) if self.at_ms is None else self.at_ms), False
 
 
 ANY_LIVE = ExperienceFilter()  # the default: every live experience that is not archived
@@ -362,7 +363,7 @@ class _Columns:
         self.authors: dict[tuple[str | None, str | None], int] = {}
         self.valid_from = np.zeros(0, dtype=np.int64)
         self.valid_to = np.zeros(0, dtype=np.int64)  # NO_END: still true
-        self.ends = 0  # slots (live or not) with an end: none, no validity filter needed
+        self.earliest_end: int | None = None  # of the live rows (NO_END: none); None: unknown
         self._domains: list[tuple[str, ...]] = []
         self._by_domain: dict[str, npt.NDArray[np.bool_]] = {}
 
@@ -371,6 +372,7 @@ class _Columns:
         if version == self.version:
             return
         changed = p.memory.take_changes(collective_id)
+        self.earliest_end = None
         dead = len(self.alive) - int(np.count_nonzero(self.alive))
         if (
             changed is None
@@ -434,7 +436,7 @@ class _Columns:
         self.valid_to = grown(
             self.valid_to, [NO_END if r.valid_to is None else r.valid_to for r in rows], np.int64
         )
-        self.ends += sum(1 for r in rows if r.valid_to is not None)
+        self.earliest_end = None
         self._domains.extend(r.domain or () for r in rows)
         self._by_domain.clear()
 
@@ -474,9 +476,15 @@ class _Columns:
 
     def invalid_any(self, flt: ExperienceFilter) -> bool:
         """Whether the filter's validity leaves out a live row."""
-        if self.ends == 0 and flt.valid_at_ms is None:  # (the commonest case: a pass saved)
+        validity = flt.validity()
+        if validity is None:
             return False
-        valid = self._valid(flt.validity())
+        if not validity[1]:  # "true now": the earliest end of a live row says (kept)
+            if self.earliest_end is None:
+                ends = self.valid_to[self.alive]
+                self.earliest_end = int(ends.min()) if len(ends) else int(NO_END)
+            return self.earliest_end <= validity[0]
+        valid = self._valid(validity)
         return valid is not None and bool(np.any(self.alive & ~valid))
 
     def select(self, flt: ExperienceFilter) -> npt.NDArray[np.int64]:
@@ -776,7 +784,7 @@ def similar_insights(
 
 
 def collective_stats(
-    p: Projection, collective_id: UUID, viewer: Viewer | None = None
+    p: Projection, collective_id: UUID, viewer: Viewer | None = None, at_ms: int | None = None
 ) -> CollectiveStats | None:
     """Counts of a collective; with a ``viewer``, of what it may see only (and no dead
     letters: they are for admins)."""
@@ -790,7 +798,7 @@ def collective_stats(
         return [r for r in rows if viewer.sees(r.visibility, r.author_owner, r.author_agent)]
 
     experiences = seen(memory.live_experiences_of(collective_id))
-    now = ANY_LIVE.validity()
+    now = ExperienceFilter(at_ms=at_ms).validity()  # ("invalid": no longer true then)
     relations = seen(memory.live_relations_of(collective_id))
     if viewer is not None:  # a relation shows with both of its ends only
         relations = [

@@ -232,7 +232,7 @@ FROM token_rows WHERE create_event IS NOT NULL OR deleted;
 CREATE OR REPLACE VIEW audit AS
 SELECT seq, epoch_ms((hlc >> 16)::BIGINT) AS written_at, event_type, collective_id, entity,
        entity_id, author_owner, author_agent, instance_id
-FROM audit_rows;
+FROM audit_rows WHERE event_type IS NOT NULL;
 
 CREATE OR REPLACE VIEW sessions AS
 SELECT s.session_id, s.collective_id, s.agent_id, coalesce(s.summary, '') AS summary,
@@ -249,7 +249,7 @@ WHERE s.create_event IS NOT NULL AND NOT s.deleted
 CREATE OR REPLACE VIEW history AS
 SELECT seq, epoch_ms((hlc >> 16)::BIGINT) AS written_at, event_type, collective_id, entity,
        entity_id, author_owner, author_agent, instance_id, change::JSON AS change
-FROM audit_rows
+FROM audit_rows WHERE event_type IS NOT NULL
 UNION ALL
 SELECT seq, epoch_ms((hlc >> 16)::BIGINT), 'experience.reinforced', collective_id,
        'experience', experience_id, author_owner, author_agent, instance_id,
@@ -316,6 +316,22 @@ MIGRATIONS: dict[int, list[str]] = {
         """INSERT INTO count_history SELECT coalesce(updated_seq, 0), experience_id,
                instance_id, collective_id, applications, last_hlc, NULL, NULL
            FROM application_rows""",
+        # an entity from before the audit (schema 4) has no history at all: a row of
+        # sequence 0 without an event says so, and a read as of a moment that needs its
+        # history is refused by name instead of taking it for absent
+        *(
+            f"""INSERT INTO audit_rows (seq, collective_id, entity, entity_id)
+                SELECT 0, {collective}, '{entity}', {entity}_id FROM {entity}_rows r
+                WHERE NOT EXISTS (SELECT 1 FROM audit_rows a WHERE a.entity_id = r.{entity}_id)"""
+            for entity, collective in (
+                ("collective", "collective_id"),
+                ("experience", "collective_id"),
+                ("relation", "collective_id"),
+                ("insight", "collective_id"),
+                ("wisdom", "NULL"),
+                ("token", "NULL"),
+            )
+        ),  # fmt: skip
     ],
     # 5: who wrote what (author columns, the audit) and who may see it (visibility);
     # access tokens (token_rows, created by TABLES). Rows from before have no author and

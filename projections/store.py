@@ -226,6 +226,13 @@ class Store:
                 "AND seq < (SELECT max(d.seq) FROM audit_rows d WHERE d.entity_id = "
                 "audit_rows.entity_id AND d.event_type LIKE '%.deleted')"
             )
+        # and a write that landed after its collective's delete: its writer purged it
+        # from the log (``sync.core``), without a tombstone of its own
+        self.con.execute(
+            "DELETE FROM audit_rows WHERE seq >= ? AND event_type NOT LIKE '%.deleted' "
+            "AND collective_id IN (SELECT collective_id FROM collective_rows WHERE deleted)",
+            [min(seq)],
+        )
         dropped = [r.key()[0] for r in rows.get(CollectiveRow, ()) if getattr(r, "deleted", False)]
         if dropped:
             self.con.execute(

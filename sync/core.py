@@ -68,6 +68,10 @@ P = ParamSpec("P")
 
 # the stream sequence the reads of the call in progress answer as of (None: now)
 _AS_OF: contextvars.ContextVar[int | None] = contextvars.ContextVar("pulse_as_of", default=None)
+# ... and its time (Unix ms): what "true now" means in them
+_AS_OF_MS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "pulse_as_of_ms", default=None
+)
 
 
 def as_of_read(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
@@ -399,11 +403,14 @@ class InstanceCore:
         if seq is None:
             yield None
             return
-        token = _AS_OF.set(seq)
+        kind, value = models.as_of_value(as_of)
+        ms = value if kind == "ms" else await self.engine.run(past.moment_of, seq)
+        token, token_ms = _AS_OF.set(seq), _AS_OF_MS.set(ms)
         try:
             yield seq
         finally:
             _AS_OF.reset(token)
+            _AS_OF_MS.reset(token_ms)
 
     async def _as_of_seq(self, as_of: Any) -> int | None:
         """The stream sequence of a moment (None: now). A sequence this host has not
@@ -647,7 +654,15 @@ class InstanceCore:
     def _filter(self, flt: Any, viewer: Viewer | None = None) -> queries.ExperienceFilter:
         """The filter of a read, and with ``viewer`` what the caller may see."""
         found = self._given_filter(flt)
+        moment = _AS_OF_MS.get()
+        if moment is not None and found.at_ms is None:  # as of a moment: "true then"
+            found = msgspec.structs.replace(found, at_ms=moment)
         return found if viewer is None else msgspec.structs.replace(found, viewer=viewer)
+
+    @staticmethod
+    def _moment() -> int | None:
+        """The time of the moment the reads in progress answer as of (None: now)."""
+        return _AS_OF_MS.get()
 
     def _given_filter(self, flt: Any) -> queries.ExperienceFilter:
         if flt is None:

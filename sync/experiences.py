@@ -113,7 +113,9 @@ class Collectives(InstanceCore):
     ) -> queries.CollectiveStats:
         """Counts of the collective's live rows (those the caller may see)."""
         collective, viewer = await self._readable(uuid_of("collective_id", collective_id))
-        stats = await self._read(queries.collective_stats, collective.collective_id, viewer)
+        stats = await self._read(
+            queries.collective_stats, collective.collective_id, viewer, self._moment()
+        )
         if stats is None:
             raise NotFoundError(f"collective_id: no collective {collective_id}")
         return stats

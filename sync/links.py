@@ -19,7 +19,8 @@ from sync.core import InstanceCore, as_of_read, uuid_of
 from sync.idempotency import idempotent
 from sync.models import validated
 
-INVALIDATING = ("Supersedes", "Contradicts")  # relation types that may close their target
+# relation types that may close their target, and what the target is said to be
+INVALIDATING = {"Supersedes": "superseded", "Contradicts": "contradicted"}
 
 
 class Links(InstanceCore):
@@ -46,7 +47,7 @@ class Links(InstanceCore):
         spec = validated(
             models.RelationIn, source_id=source_id, target_id=target_id,
             relation_type=relation_type, strength=strength, metadata=metadata,
-            visibility=visibility,
+            visibility=visibility, invalidate=invalidate,
         )  # fmt: skip
         source_collective = await self._entity(
             "experience", spec.source_id, write=False, field="source_id"
@@ -74,7 +75,7 @@ class Links(InstanceCore):
                 f"relation: ({spec.source_id}, {spec.target_id}, {spec.relation_type}) "
                 f"already exists {which}; a triple is unique"
             )
-        if invalidate and spec.relation_type not in INVALIDATING:
+        if spec.invalidate and spec.relation_type not in INVALIDATING:
             raise ValidationError(
                 f"invalidate: only a {' or '.join(INVALIDATING)} relation invalidates its "
                 f"target, got {spec.relation_type}"
@@ -86,13 +87,14 @@ class Links(InstanceCore):
             target_id=spec.target_id, relation_type=spec.relation_type,
             strength=spec.strength, metadata=spec.metadata, visibility=spec.visibility,
         )  # fmt: skip
-        if not invalidate:
+        if not spec.invalidate:
             await self._write(stored)
             return relation_id
         common = self._common()
         closed = ev.ExperienceInvalidated(
             **common, experience_id=spec.target_id, collective_id=source_collective,
-            reason=f"{spec.relation_type} by experience {spec.source_id}",
+            reason=f"{INVALIDATING[spec.relation_type]} by another experience (a "
+            f"{spec.relation_type} relation)",  # (no id: the reader may not see it)
             valid_to_ms=ev.hlc_millis(common["hlc"]),
         )  # fmt: skip
         await self._write_many([stored, closed], atomic=True)

@@ -13,6 +13,7 @@ import base64
 import binascii
 import json
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 from uuid import UUID
@@ -81,7 +82,7 @@ def moment_ms(value: Any) -> Any:
         raise ValueError("must be Unix milliseconds or an ISO 8601 time, got a bool")
     if isinstance(value, str):
         text = value.strip()
-        if text.lstrip("-").isdigit():
+        if re.fullmatch(r"-?[0-9]+", text):
             return int(text)
         try:
             value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -109,7 +110,7 @@ def as_of_value(value: Any) -> tuple[Literal["seq", "ms"], int]:
     if isinstance(value, int) and not isinstance(value, bool):
         kind: Literal["seq", "ms"] = "seq"
         number = value
-    elif isinstance(value, str) and value.strip().isdigit():
+    elif isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
         kind, number = "seq", int(value)
     else:
         try:
@@ -127,7 +128,17 @@ def as_of_value(value: Any) -> tuple[Literal["seq", "ms"], int]:
     return kind, number
 
 
-AsOf = int | str | None  # as_of: a stream sequence, or a time (ISO 8601); None: now
+def _as_of_input(value: Any) -> Any:
+    """``as_of`` as given: an integer or a text (a bool or a float is not one)."""
+    if isinstance(value, (bool, float)):
+        raise ValueError(
+            f"must be a stream sequence (an integer) or an ISO 8601 time, got {value!r}"
+        )
+    return value
+
+
+# as_of: a stream sequence, or a time (ISO 8601); None: now
+AsOf = Annotated[int | str | None, BeforeValidator(_as_of_input)]
 
 
 def _vector(value: Any) -> Vector:
@@ -516,7 +527,7 @@ class ContextIn(SearchIn):
     insights: Annotated[int, Field(ge=0, le=K_MAX)] = 5
     relations: bool = True
     active_agents: bool = True
-    as_of: int | str | None = None  # a stream sequence or a time (ISO 8601); None: now
+    as_of: AsOf = None  # a stream sequence or a time (ISO 8601); None: now
 
     @model_validator(mode="after")
     def _bounded(self) -> ContextIn:

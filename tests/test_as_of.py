@@ -21,6 +21,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from eventlog import EmbeddedNats, NotFoundError, ValidationError
+from eventlog import events as ev
 from projections import analytics, queries
 from projections.engine import Engine
 from projections.projection import ProjectionSettings
@@ -115,12 +116,17 @@ async def random_history(db: PulseDB, rng: random.Random, steps: int) -> dict[st
     return made
 
 
-async def fresh_host(db: PulseDB, directory: Path, upto: int) -> Engine:
-    """A projection that replayed only the log's events 1..upto (as a new host would)."""
+async def fresh_host(db: PulseDB, directory: Path, upto: int) -> tuple[Engine, int | None]:
+    """A projection that replayed only the log's events 1..upto (as a new host would),
+    and the time of that moment: the clock of the latest of those events (what "true
+    now" means as of it)."""
     engine = await Engine.start(directory, ProjectionSettings())
+    latest = None
     async for batch in db.log.read(1):
-        await engine.apply([e for e in batch if e.seq <= upto])
-    return engine
+        taken = [e for e in batch if e.seq <= upto]
+        await engine.apply(taken)
+        latest = max([latest or 0, *(e.event.hlc for e in taken if e.event is not None)])
+    return engine, None if not latest else ev.hlc_millis(latest)
 
 
 def shape(items: Any) -> Any:
@@ -168,10 +174,13 @@ async def answers_as_of(db: PulseDB, made: dict[str, Any], s: int, probe: list[f
     return out
 
 
-async def answers_of(engine: Engine, made: dict[str, Any], probe: list[float]) -> Any:
-    """The same reads, of a projection as it is (the queries the API runs)."""
+async def answers_of(
+    engine: Engine, made: dict[str, Any], probe: list[float], moment: int | None
+) -> Any:
+    """The same reads, of a projection as it is (the queries the API runs), "true now"
+    meaning true at ``moment``."""
     everything = queries.ExperienceFilter(include_invalid=True, include_archived=True)
-    now = queries.ANY_LIVE
+    now = queries.ExperienceFilter(at_ms=moment)
     out: dict[str, Any] = {}
     found, _ = await engine.run(queries.collectives_page, None, None, None, None)
     out["collectives"] = found
@@ -183,7 +192,7 @@ async def answers_of(engine: Engine, made: dict[str, Any], probe: list[float]) -
             lambda p, c=cid: queries.recent_experiences(p, c, 1000, everything, newest_first=False)
         )
         out[("recent", cid)] = await engine.run(queries.recent_experiences, cid, 5, now)
-        out[("stats", cid)] = await engine.run(queries.collective_stats, cid)
+        out[("stats", cid)] = await engine.run(queries.collective_stats, cid, None, moment)
         out[("similar", cid)] = shape(
             await engine.run(queries.similar_experiences, cid, probe, 50, everything)
         )
@@ -223,15 +232,26 @@ async def test_as_of_a_sequence_is_what_a_host_that_replayed_up_to_it_answers(
     probe = unit(rng)
     moments = sorted({0, 1, last, *rng.sample(range(1, last), 8)})
     for s in moments:
-        engine = await fresh_host(db, tmp_path / f"fresh-{s}", s)
+        engine, moment = await fresh_host(db, tmp_path / f"fresh-{s}", s)
         try:
-            expected = await answers_of(engine, made, probe)
+            expected = await answers_of(engine, made, probe, moment if s < last else None)
         finally:
             await engine.close()
         got = await answers_as_of(db, made, s, probe)
         assert got.keys() == expected.keys(), s
         for key in expected:
             assert got[key] == expected[key], (s, key)
+        # the present moves on (the past state kept for s is brought up to it, not made
+        # again): what was true as of s stays what it was
+        e = rng.choice(made["experiences"])
+        if await db.get_experience(e) is not None:
+            await db.reinforce_experience(e)
+            await db.update_experience(e, importance=rng.choice([0.3, 0.7]))
+        cid = await db.create_collective("ana", f"later-{s}", DIM)
+        await db.record_experience(cid, "note about cache", unit(rng))
+        again = await answers_as_of(db, made, s, probe)
+        for key in expected:
+            assert again[key] == expected[key], ("after writes", s, key)
 
 
 async def test_a_fact_that_stopped_being_true(db: PulseDB) -> None:
@@ -247,7 +267,7 @@ async def test_a_fact_that_stopped_being_true(db: PulseDB) -> None:
     assert {h.experience.experience_id for h in everything} == {old, new}  # ... unless asked
     closed = await db.get_experience(old)
     assert closed is not None and closed.valid_to_ms is not None
-    assert closed.invalid_reason == f"Supersedes by experience {new}"
+    assert closed.invalid_reason == "superseded by another experience (a Supersedes relation)"
     then = await db.search_similar(cid, [1, 0, 0, 0], as_of=before)
     assert [h.experience.experience_id for h in then] == [old]  # what it believed then
     was = await db.get_experience(old, as_of=before)
@@ -355,6 +375,9 @@ async def test_validity_and_as_of_over_http(tmp_path: Path) -> None:
             bad = await client.post("/v1/get_experience", json={"experience_id": v1,
                                     "as_of": "soon-ish"})  # fmt: skip
             assert bad.status_code == 422 and "as_of: must be" in bad.json()["message"]
+            flag = await client.post("/v1/get_experience", json={"experience_id": v1,
+                                     "as_of": True})  # fmt: skip
+            assert flag.status_code == 422 and "as_of" in flag.json()["message"]
         async with (
             streamable_http_client(f"{service.url}/mcp") as (read, write, _),
             ClientSession(read, write) as session,
@@ -379,3 +402,67 @@ async def test_validity_and_as_of_over_http(tmp_path: Path) -> None:
             assert await recall() == [v1]
     finally:
         stop(service)
+
+
+async def test_a_restricted_query_as_of_a_moment_cannot_reach_the_past_tables(
+    db: PulseDB,
+) -> None:
+    """The temporary views of a query as of a moment are made after the query is checked:
+    a CTE named like one of them (out of its scope, the name would reach the unfiltered
+    view) is refused, as one named like a table is."""
+    from eventlog.errors import Forbidden
+    from sync.access import Principal
+
+    bobs = await db.create_collective("bob", "bob's", DIM)
+    secret = await db.record_experience(bobs, "BOB SECRET", [1, 0, 0, 0], visibility="private")
+    mine = await db.create_collective("alice", "alice's", DIM)
+    seen = await db.record_experience(mine, "alice's", [1, 0, 0, 0])
+    hidden = await db.record_experience(mine, "mine only", [0, 0, 1, 0], visibility="private")
+    insight = await db.store_insight(
+        mine, "distilled", [1, 0, 0, 0], source_experiences=[seen, hidden]
+    )
+    at = await db.sync()
+    await db.record_experience(mine, "later", [0, 1, 0, 0])  # (so the query reads the past)
+    reader = Principal("alice", "a1", scope="read")
+    tries = [
+        f"SELECT x.* FROM (WITH {name} AS (SELECT 1) SELECT 1) y, {name} x"
+        for name in ("pulse_asof_experience_rows", "pulse_over_token_rows", "pulse_asof_history")
+    ]
+    with db.acting_as(reader):
+        for query in tries:
+            with pytest.raises(Forbidden, match="a CTE may not be named"):
+                await db.sql(query, as_of=at)
+        found = await db.sql("SELECT content FROM experiences", as_of=at)
+        changes = await db.sql("SELECT entity_id FROM history", as_of=at)
+        sources = await db.sql(
+            "SELECT change->>'source_experiences' FROM history WHERE event_type = 'insight.stored'"
+        )
+    assert found.rows == [["alice's"]]
+    assert sources.rows == [[f'["{seen}"]']]  # the source it may not see is left out
+    assert str(secret) not in {r[0] for r in changes.rows} and str(insight) in {
+        r[0] for r in changes.rows
+    }
+
+
+async def test_as_of_a_moment_true_means_true_then(db: PulseDB) -> None:
+    """A fact said to stop being true later (``at`` ahead) was true at every moment
+    before that: as of such a moment it is found, though it is not true now."""
+    import time
+
+    from tests.conftest import eventually
+
+    cid = await db.create_collective("ana", "plans", DIM)
+    e = await db.record_experience(cid, "the v1 endpoint serves", [1, 0, 0, 0])
+    ends = int(time.time() * 1000) + 200
+    await db.invalidate_experience(e, "v1 retires", at=ends)
+    then = await db.sync()
+    await eventually(lambda: time.time() * 1000 > ends + 5, what="the end to pass")
+    await db.record_experience(cid, "unrelated", [0, 1, 0, 0])  # (then is in the past now)
+    now = await db.search_similar(cid, [1, 0, 0, 0])
+    assert e not in [h.experience.experience_id for h in now]
+    found = await db.search_similar(cid, [1, 0, 0, 0], as_of=then)
+    assert [h.experience.experience_id for h in found] == [e]
+    assert (await db.get_collective_stats(cid, as_of=then)).invalid == 0
+    assert (await db.get_collective_stats(cid)).invalid == 1
+    valid = await db.sql("SELECT valid FROM experiences WHERE content LIKE 'the v1%'", as_of=then)
+    assert valid.rows == [[True]]
