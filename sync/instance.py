@@ -321,9 +321,7 @@ class PulseDB(
         tables = None
         if at is not None:
             try:
-                tables = await self.engine.run(
-                    past.sql_tables, at, value if kind == "ms" else None
-                )
+                tables = await self.engine.run(past.sql_tables, at, value if kind == "ms" else None)
             except BaseException:
                 cursor.close()
                 raise
