@@ -393,6 +393,10 @@ def sql_tables(p: Projection, as_of: int, moment_ms: int | None = None) -> PastT
     found = past(p, as_of)
     if not isinstance(found, Past):
         return None
+    moment = found.moment_ms() if moment_ms is None else moment_ms
+    held: PastTables | None = found.caches.get(("sql", moment))  # (until it is refreshed)
+    if held is not None:
+        return held
     gone: dict[str, tuple[str, list[UUID]]] = {}
     staged: dict[str, tuple[dict[str, Any], str]] = {}
     for row_type, table in TABLE_OF.items():
@@ -407,5 +411,5 @@ def sql_tables(p: Projection, as_of: int, moment_ms: int | None = None) -> PastT
             gone[table] = (key, keys)
         if rows:
             staged[table] = p.store.staged(row_type, rows, p.memory.vec_ids, 0)
-    moment = found.moment_ms() if moment_ms is None else moment_ms
-    return PastTables(as_of, moment, gone, staged)
+    made = found.caches[("sql", moment)] = PastTables(as_of, moment, gone, staged)
+    return made
