@@ -57,37 +57,29 @@ def command(
     return register
 
 
-class Keyed:
-    """An instance whose write methods are called with ``idempotency_key`` (a write
-    command's ``--idempotency-key``: the same command repeated with the same key, say
-    after a timeout, is stored once)."""
+class Passing:
+    """An instance whose methods that take the argument ``name`` are called with
+    ``value``: ``idempotency_key`` for a write command's ``--idempotency-key`` (the same
+    command repeated with the same key, say after a timeout, is stored once), ``as_of``
+    for a read command's ``--as-of`` (it answers as of that moment)."""
 
-    def __init__(self, db: Any, key: str) -> None:
-        self._db, self._key = db, key
-
-    def __getattr__(self, name: str) -> Any:
-        found = getattr(self._db, name)
-        method = getattr(PulseDB, name, None)
-        if callable(method) and "idempotency_key" in inspect.signature(method).parameters:
-            return functools.partial(found, idempotency_key=self._key)
-        return found
-
-
-class AsOf:
-    """An instance whose reads answer as of a moment (a read command's ``--as-of``):
-    every method that takes ``as_of`` is called with it."""
-
-    def __init__(self, db: Any, moment: int | str) -> None:
-        self._db, self._moment = db, moment
+    def __init__(self, db: Any, name: str, value: Any) -> None:
+        self._db, self._name, self._value = db, name, value
 
     def __getattr__(self, name: str) -> Any:
         found = getattr(self._db, name)
         method = getattr(PulseDB, name, None)
         if callable(method) and (
-            "as_of" in inspect.signature(method).parameters or name == "get_context_candidates"
+            self._name in inspect.signature(method).parameters
+            or (name == "get_context_candidates" and self._name == "as_of")  # (its fields)
         ):
-            return functools.partial(found, as_of=self._moment)
+            return functools.partial(found, **{self._name: self._value})
         return found
+
+
+def as_of_db(db: Any, moment: int | str | None) -> Any:
+    """The instance, answering as of ``moment`` when there is one."""
+    return db if moment is None else Passing(db, "as_of", moment)
 
 
 GROUPS = {
@@ -1384,8 +1376,11 @@ def execute(cmd: Command, args: argparse.Namespace) -> int:
     async def go() -> int:
         db = await open_instance(args)
         key = getattr(args, "idempotency_key", None)
-        moment = getattr(args, "as_of", None)
-        given = Keyed(db, key) if key else AsOf(db, moment) if moment is not None else db
+        given = (
+            Passing(db, "idempotency_key", key)
+            if key
+            else as_of_db(db, getattr(args, "as_of", None))
+        )
         try:
             result, text = await cmd.run(given, args)  # type: ignore[arg-type]
         finally:

@@ -365,6 +365,22 @@ def _sees(t: str) -> str:
     )
 
 
+# Which events of the audit and the history a principal sees: those about what it sees
+# now, and about its own collectives
+_AUDITED = (
+    "(a.entity = 'experience' AND EXISTS (SELECT 1 FROM temp.main.experiences x "
+    "WHERE x.experience_id = a.entity_id AND x.collective_id = a.collective_id)) "
+    "OR (a.entity = 'relation' AND EXISTS (SELECT 1 FROM temp.main.relations x "
+    "WHERE x.relation_id = a.entity_id AND x.collective_id = a.collective_id)) "
+    "OR (a.entity = 'insight' AND EXISTS (SELECT 1 FROM temp.main.insights x "
+    "WHERE x.insight_id = a.entity_id AND x.collective_id = a.collective_id)) "
+    "OR (a.entity = 'wisdom' AND a.entity_id IN (SELECT wisdom_id FROM temp.main.wisdom)) "
+    "OR (a.entity = 'session' AND EXISTS (SELECT 1 FROM temp.main.sessions x "
+    "WHERE x.session_id = a.entity_id AND x.collective_id = a.collective_id)) "
+    "OR (a.entity = 'collective' "
+    "AND a.collective_id IN (SELECT collective_id FROM temp.main.pulse_members))"
+)
+
 # Each filtered view, in an order that defines a view before the views that read it:
 # ``{src}`` is the state's own schema, catalog-qualified (inside a temporary view,
 # ``main.x`` names the temporary schema's ``x``). They name each other as ``temp.main.x``.
@@ -414,36 +430,12 @@ FILTERED_VIEWS: dict[str, str] = {
         "SELECT s.* FROM {src}sessions s "
         "WHERE s.collective_id IN (SELECT collective_id FROM temp.main.pulse_members)"
     ),
-    "audit": (  # events about what it sees now, and about its own collectives
-        "SELECT a.* FROM {src}audit a WHERE "
-        "(a.entity = 'experience' AND EXISTS (SELECT 1 FROM temp.main.experiences x "
-        "WHERE x.experience_id = a.entity_id AND x.collective_id = a.collective_id)) "
-        "OR (a.entity = 'relation' AND EXISTS (SELECT 1 FROM temp.main.relations x "
-        "WHERE x.relation_id = a.entity_id AND x.collective_id = a.collective_id)) "
-        "OR (a.entity = 'insight' AND EXISTS (SELECT 1 FROM temp.main.insights x "
-        "WHERE x.insight_id = a.entity_id AND x.collective_id = a.collective_id)) "
-        "OR (a.entity = 'wisdom' AND a.entity_id IN (SELECT wisdom_id FROM temp.main.wisdom)) "
-        "OR (a.entity = 'session' AND EXISTS (SELECT 1 FROM temp.main.sessions x "
-        "WHERE x.session_id = a.entity_id AND x.collective_id = a.collective_id)) "
-        "OR (a.entity = 'collective' "
-        "AND a.collective_id IN (SELECT collective_id FROM temp.main.pulse_members))"
-    ),
+    "audit": f"SELECT a.* FROM {{src}}audit a WHERE {_AUDITED}",  # what it sees now
     "history": (  # as the audit; an insight's change names the sources it may see only
         "SELECT a.* REPLACE (CASE WHEN a.event_type = 'insight.stored' THEN "
         "json_merge_patch(a.change, json_object('source_experiences', (SELECT "
         "to_json(i.source_experiences) FROM temp.main.insights i WHERE i.insight_id = "
-        "a.entity_id))) ELSE a.change END AS change) FROM {src}history a WHERE "
-        "(a.entity = 'experience' AND EXISTS (SELECT 1 FROM temp.main.experiences x "
-        "WHERE x.experience_id = a.entity_id AND x.collective_id = a.collective_id)) "
-        "OR (a.entity = 'relation' AND EXISTS (SELECT 1 FROM temp.main.relations x "
-        "WHERE x.relation_id = a.entity_id AND x.collective_id = a.collective_id)) "
-        "OR (a.entity = 'insight' AND EXISTS (SELECT 1 FROM temp.main.insights x "
-        "WHERE x.insight_id = a.entity_id AND x.collective_id = a.collective_id)) "
-        "OR (a.entity = 'wisdom' AND a.entity_id IN (SELECT wisdom_id FROM temp.main.wisdom)) "
-        "OR (a.entity = 'session' AND EXISTS (SELECT 1 FROM temp.main.sessions x "
-        "WHERE x.session_id = a.entity_id AND x.collective_id = a.collective_id)) "
-        "OR (a.entity = 'collective' "
-        "AND a.collective_id IN (SELECT collective_id FROM temp.main.pulse_members))"
+        f"a.entity_id))) ELSE a.change END AS change) FROM {{src}}history a WHERE {_AUDITED}"
     ),
     "tokens": "SELECT * FROM {src}tokens WHERE false",  # admins only
     "dead_letters": "SELECT * FROM {src}dead_letters WHERE false",  # admins only

@@ -114,23 +114,17 @@ class PastMemory(MemoryState):
         hlc_bound: Callable[[], int],
     ) -> None:
         tables = {t: Overlay(base.fold.rows[t], rows.get(t, {})) for t in ROW_TYPES}
+        by_table = {id(base.fold.rows[t]): tables[t] for t in ROW_TYPES}
+        for name, value in vars(base).items():  # its tables overlaid, the rest shared
+            setattr(self, name, by_table.get(id(value), value))
         self.fold = FoldState(rows=tables)  # type: ignore[arg-type]
-        for name, table in vars(base).items():  # the tables by their names
-            if isinstance(table, dict):
-                for row_type in ROW_TYPES:
-                    if table is base.fold.rows[row_type]:
-                        setattr(self, name, tables[row_type])
         self.counters = Overlay(base.counters, counters)  # type: ignore[assignment]
         self.last_reinforced = Overlay(base.last_reinforced, last_reinforced)  # type: ignore[assignment]
-        for name, value in vars(base).items():  # the derived indexes: the present's
-            if not hasattr(self, name):
-                setattr(self, name, value)
         self.rejected = {s: r for s, r in base.rejected.items() if s <= seq}
         self.versions, self.changes = {}, {}
         self.dirty = {t: set() for t in ROW_TYPES}
         self.forgotten_counts, self.unflushed_rejected = set(), []
         self.unflushed_audit, self.unflushed_counts = [], []
-        self.next_vec_id = base.next_vec_id
         self._hlc_bound = hlc_bound  # the largest HLC of an event up to the sequence
         self._bound: int | None = None
 

@@ -277,10 +277,11 @@ def _valid(row: ExperienceRow, validity: tuple[int, bool] | None) -> bool:
     return not from_too or valid_from(row) <= at
 
 
-def _passes(row: ExperienceRow, flt: ExperienceFilter) -> bool:
-    """Whether a live experience row passes a filter."""
+def _passes(row: ExperienceRow, flt: ExperienceFilter, validity: tuple[int, bool] | None) -> bool:
+    """Whether a live experience row passes a filter (``validity``: the filter's, taken
+    once per query, ``ExperienceFilter.validity``)."""
     return (
-        _valid(row, flt.validity())
+        _valid(row, validity)
         and (flt.include_archived or not row.archived)
         and (flt.domains is None or not set(flt.domains).isdisjoint(row.domain or ()))
         and (flt.experience_types is None or row.experience_type in flt.experience_types)
@@ -324,9 +325,9 @@ def recent_experiences(
     if p.live_dimension(collective_id) is None:
         return []
     picked: list[Experience] = []
-    skipped = 0
+    skipped, validity = 0, flt.validity()
     for row in p.memory.experiences_in_order(collective_id, newest_first=newest_first):
-        if not _passes(row, flt):
+        if not _passes(row, flt, validity):
             continue
         if skipped < offset:
             skipped += 1
@@ -615,11 +616,12 @@ def hybrid_experiences(
     by_text = _text_hits(p, collective_id, text, pool) if text.strip() else []
     fused: dict[UUID, float] = {}
     rows: dict[UUID, ExperienceRow] = {}
+    validity = flt.validity()
     for weight, ranking in ((vector_weight, by_vector), (text_weight, by_text)):
         rank = 0
         for experience_id, _ in ranking:
             row = rows.get(experience_id) or p.memory.live_experience(experience_id)
-            if row is None or row.collective_id != collective_id or not _passes(row, flt):
+            if row is None or row.collective_id != collective_id or not _passes(row, flt, validity):
                 continue
             rows[experience_id] = row
             rank += 1
@@ -650,13 +652,17 @@ def search_text(
     p.sync_indexes()
     if k <= 0 or not text.strip():
         return []
-    fetch = k
+    fetch, validity = k, flt.validity()
     while True:  # ask tantivy for more until enough pass the filter, or it has no more
         hits = _text_hits(p, collective_id, text, fetch)
         result: list[ScoredExperience] = []
         for experience_id, score in hits:
             row = p.memory.live_experience(experience_id)
-            if row is not None and row.collective_id == collective_id and _passes(row, flt):
+            if (
+                row is not None
+                and row.collective_id == collective_id
+                and _passes(row, flt, validity)
+            ):
                 if flt.viewer is not None:
                     score = 1.0 / (RANK_SCORE_K + len(result) + 1)
                 result.append(ScoredExperience(_experience(p, row), score))
@@ -1027,7 +1033,8 @@ def cold_experiences(
     """Experiences whose energy is below ``threshold``, coldest first (score = energy)."""
     if p.live_dimension(collective_id) is None or limit <= 0:
         return []
-    rows = [r for r in p.memory.live_experiences_of(collective_id) if _passes(r, flt)]
+    validity = flt.validity()
+    rows = [r for r in p.memory.live_experiences_of(collective_id) if _passes(r, flt, validity)]
     if not rows:
         return []
     rows.sort(key=lambda r: r.experience_id)

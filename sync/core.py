@@ -399,12 +399,13 @@ class InstanceCore:
     @contextlib.asynccontextmanager
     async def _at(self, as_of: Any) -> AsyncIterator[int | None]:
         """Reads inside answer as of ``as_of`` (None: now); yields the sequence."""
-        seq = None if as_of is None else await self._as_of_seq(as_of)
-        if seq is None:
+        found = None if as_of is None else await self._as_of_seq(as_of)
+        if found is None:
             yield None
             return
-        kind, value = models.as_of_value(as_of)
-        ms = value if kind == "ms" else await self.engine.run(past.moment_of, seq)
+        seq, ms = found
+        if ms is None:  # a sequence: the time of its latest event
+            ms = await self.engine.run(past.moment_of, seq)
         token, token_ms = _AS_OF.set(seq), _AS_OF_MS.set(ms)
         try:
             yield seq
@@ -412,11 +413,12 @@ class InstanceCore:
             _AS_OF.reset(token)
             _AS_OF_MS.reset(token_ms)
 
-    async def _as_of_seq(self, as_of: Any) -> int | None:
-        """The stream sequence of a moment (None: now). A sequence this host has not
-        applied yet is waited for; one past the end of the log is refused. A time is the
-        last sequence written at or before it (``projections.past.sequence_at``), once
-        this host has applied what the log holds."""
+    async def _as_of_seq(self, as_of: Any) -> tuple[int, int | None] | None:
+        """The stream sequence of a moment, and its time when a time was given (None:
+        now). A sequence this host has not applied yet is waited for; one past the end
+        of the log is refused. A time is the last sequence written at or before it
+        (``projections.past.sequence_at``), once this host has applied what the log
+        holds."""
         kind, value = models.as_of_value(as_of)
         if kind == "seq":
             if value > self._applied:
@@ -427,11 +429,11 @@ class InstanceCore:
                         f"up to {last})"
                     )
                 await self._wait_applied(value)
-            return value
+            return value, None
         if value >= wall_ms():
             return None  # now, or a moment still to come: the state now
         await self.sync()
-        return await self.engine.run(past.sequence_at, value)
+        return await self.engine.run(past.sequence_at, value), value
 
     # -- the write path --------------------------------------------------------------------
 

@@ -324,19 +324,7 @@ class Experiences(InstanceCore):
         Last writer wins on the end and its reason; every invalidation is remembered, and
         one invalidated often is marked ``unstable``. Returns the experience as it is now."""
         spec = validated(models.InvalidationIn, experience_id=experience_id, reason=reason, at=at)
-        collective_id = await self._entity("experience", spec.experience_id, write=True)
-        assert collective_id is not None
-        common = self._common()
-        at_ms = spec.at if spec.at is not None else ev.hlc_millis(common["hlc"])
-        await self._write(
-            ev.ExperienceInvalidated(
-                **common, experience_id=spec.experience_id, collective_id=collective_id,
-                reason=spec.reason, valid_to_ms=at_ms,
-            )
-        )  # fmt: skip
-        found = await self._read(queries.get_experience, spec.experience_id)
-        assert found is not None
-        return found
+        return await self._invalidation(spec, closes=True)
 
     @idempotent
     async def revalidate_experience(
@@ -345,12 +333,21 @@ class Experiences(InstanceCore):
         """Say that an invalidated experience is true again, and why (its interval is
         open-ended again; the invalidations stay counted)."""
         spec = validated(models.InvalidationIn, experience_id=experience_id, reason=reason)
+        return await self._invalidation(spec, closes=False)
+
+    async def _invalidation(
+        self, spec: models.InvalidationIn, *, closes: bool
+    ) -> queries.Experience:
+        """Write an experience's new end (``closes``: at ``spec.at``, default now; else
+        none) and its reason; returns the experience as it is then."""
         collective_id = await self._entity("experience", spec.experience_id, write=True)
         assert collective_id is not None
+        common = self._common()
+        end = (spec.at if spec.at is not None else ev.hlc_millis(common["hlc"])) if closes else None
         await self._write(
             ev.ExperienceInvalidated(
-                **self._common(), experience_id=spec.experience_id,
-                collective_id=collective_id, reason=spec.reason, valid_to_ms=None,
+                **common, experience_id=spec.experience_id, collective_id=collective_id,
+                reason=spec.reason, valid_to_ms=end,
             )
         )  # fmt: skip
         found = await self._read(queries.get_experience, spec.experience_id)

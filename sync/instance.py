@@ -315,13 +315,13 @@ class PulseDB(
         me = self._me()
         live = {c.collective_id for c in await self._read(queries.list_collectives)}
         activities = [a for a in await self._activities(None) if a.collective_id in live]
-        at = None if as_of is None else await self._as_of_seq(as_of)
-        kind, value = models.as_of_value(as_of) if at is not None else ("seq", 0)
+        moment = None if as_of is None else await self._as_of_seq(as_of)
         cursor, seq = await self.engine.cursor()
         tables = None
-        if at is not None:
+        if moment is not None:
+            at, ms = moment
             try:
-                tables = await self.engine.run(past.sql_tables, at, value if kind == "ms" else None)
+                tables = await self.engine.run(past.sql_tables, at, ms)
             except BaseException:
                 cursor.close()
                 raise

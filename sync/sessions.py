@@ -31,6 +31,13 @@ from sync.models import validated
 from sync.recall import Context, Recall
 
 
+def _ended(found: queries.Session) -> ConflictError:
+    return ConflictError(
+        f"session_id: session {found.session_id} has ended; it takes no more changes "
+        "(start a new session)"
+    )
+
+
 class ResumedSession(msgspec.Struct, frozen=True, kw_only=True):
     """What ``resume_session`` returns: the session, and the context to resume it with.
     ``context_by``: "summary" (what is similar to its summary, as
@@ -92,10 +99,7 @@ class Sessions(Recall, InstanceCore):
             )
         found = await self._session_for(session_id, write=True)
         if found.ended:
-            raise ConflictError(
-                f"session_id: session {found.session_id} has ended; it takes no more changes "
-                "(start a new session)"
-            )
+            raise _ended(found)
         await self._write(self._updated(found, spec))
         return await self._written(found.session_id)
 
@@ -118,10 +122,7 @@ class Sessions(Recall, InstanceCore):
         found = await self._session_for(session_id, write=True)
         if found.ended:
             if spec.given:
-                raise ConflictError(
-                    f"session_id: session {found.session_id} has ended; it takes no more "
-                    "changes (start a new session)"
-                )
+                raise _ended(found)
             return found
         ended = ev.SessionEnded(
             **self._common(), session_id=found.session_id, collective_id=found.collective_id

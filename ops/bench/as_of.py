@@ -20,7 +20,7 @@ Moments: ``recent`` (100 events before the end), ``middle`` (half way) and ``old
   time of a rebuild"); for ``recent``, target build_ms <= 50 ("milliseconds").
 - per read (get, recent 20, similar k=10, text k=10, stats, SQL count of the
   experiences view): p50 as of the moment once built, beside p50 of the same read now,
-  in alternating blocks; ratio = as of / now.
+  in alternating blocks (``ops.bench.projection.alternate``); ratio = as of / now.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from eventlog import events as ev
 from eventlog.ids import uuid7
 from eventlog.log import LogEntry
 from eventlog.subjects import subject_for
+from ops.bench.projection import alternate, pct
 from projections import analytics, past, queries
 from projections.projection import Projection, ProjectionSettings
 
@@ -133,21 +134,10 @@ def fill(directory: Path, events: list[ev.Event], upto: int) -> tuple[Projection
     return p, time.perf_counter() - started
 
 
-def p50(samples: list[float]) -> float:
-    return round(float(np.percentile(samples, 50)) * 1000, 3)
-
-
-def alternate(
-    count: int, a: Callable[[int], object], b: Callable[[int], object]
-) -> tuple[list[float], list[float]]:
-    out: tuple[list[float], list[float]] = ([], [])
-    for block in range(0, count, 20):
-        for side, action in ((0, a), (1, b)) if block % 40 == 0 else ((1, b), (0, a)):
-            for i in range(block, min(count, block + 20)):
-                started = time.perf_counter()
-                action(i)
-                out[side].append(time.perf_counter() - started)
-    return out
+def _beside(samples: list[list[float]]) -> dict[str, float]:
+    """p50 of a read now and as of a moment (milliseconds), and their ratio."""
+    now, then = pct(samples[0], 50), pct(samples[1], 50)
+    return {"now_p50_ms": now, "as_of_p50_ms": then, "ratio": round(then / max(now, 1e-6), 2)}
 
 
 def _getter(known: list[Any]) -> Callable[[Any, int], object]:
@@ -210,17 +200,11 @@ def main(options: argparse.Namespace) -> None:
             figures: dict[str, Any] = {}
             for name, read in reads.items():
                 count = options.reads if name not in ("stats",) else 20
-                now_s, then_s = alternate(count, _now(p, read), _then(p, seq, read))
-                figures[name] = {
-                    "now_p50_ms": p50(now_s), "as_of_p50_ms": p50(then_s),
-                    "ratio": round(p50(then_s) / max(p50(now_s), 1e-6), 2),
-                }  # fmt: skip
+                figures[name] = _beside(alternate(count, [_now(p, read), _then(p, seq, read)]))
             query = "SELECT count(*), sum(applications) FROM experiences"
-            now_s, then_s = alternate(10, _sql(p, query, None), _sql(p, query, seq))
-            figures["sql_count"] = {
-                "now_p50_ms": p50(now_s), "as_of_p50_ms": p50(then_s),
-                "ratio": round(p50(then_s) / max(p50(now_s), 1e-6), 2),
-            }  # fmt: skip
+            figures["sql_count"] = _beside(
+                alternate(10, [_sql(p, query, None), _sql(p, query, seq)])
+            )
             # the present moves on by 100 updates; the past state kept for the moment is
             # brought up to it (the entities they changed folded again), not made again
             extra = [
