@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from types import EllipsisType
 from typing import Any, Iterable, Literal, Sequence, TypeVar
 from uuid import UUID
 
@@ -277,9 +278,15 @@ def _valid(row: ExperienceRow, validity: tuple[int, bool] | None) -> bool:
     return not from_too or valid_from(row) <= at
 
 
-def _passes(row: ExperienceRow, flt: ExperienceFilter, validity: tuple[int, bool] | None) -> bool:
-    """Whether a live experience row passes a filter (``validity``: the filter's, taken
-    once per query, ``ExperienceFilter.validity``)."""
+def _passes(
+    row: ExperienceRow,
+    flt: ExperienceFilter,
+    validity: tuple[int, bool] | None | EllipsisType = ...,
+) -> bool:
+    """Whether a live experience row passes a filter (``validity``: the filter's
+    ``ExperienceFilter.validity``, which a query over many rows takes once)."""
+    if validity is ...:
+        validity = flt.validity()
     return (
         _valid(row, validity)
         and (flt.include_archived or not row.archived)
