@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
+import anyio
 from mcp.server.fastmcp import FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
 from mcp.server.lowlevel.server import request_ctx
@@ -31,6 +32,25 @@ from sync import access, models
 from sync.access import Principal
 
 log = logging.getLogger("pulse.mcp")
+
+
+class _ClientWentAway(logging.Filter):
+    """The MCP SDK's streamable HTTP transport logs a whole traceback at ERROR each time a
+    client closes its session (its stream of server messages finds its reader closed:
+    ``anyio.ClosedResourceError``). That is how every agent's session ends, not an
+    error: such a record is kept out of the log, so the log grows with what goes wrong,
+    not with the number of clients."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, anyio.ClosedResourceError)
+
+
+def _quiet_disconnects() -> None:
+    sdk = logging.getLogger("mcp.server.streamable_http")
+    if not any(isinstance(f, _ClientWentAway) for f in sdk.filters):
+        sdk.addFilter(_ClientWentAway())
+
 
 INSTRUCTIONS = """Pulse is the shared memory of a collective of agents. Before a task,
 `recall` what others learned (mode "context" also returns insights, relations and who is
@@ -162,6 +182,7 @@ class _ServedOverHttp:
 def build_mcp(db: Any, **settings: Any) -> FastMCP:
     """The MCP server over ``db`` (a PulseDB or a RemotePulseDB)."""
     mcp = FastMCP("pulse", instructions=INSTRUCTIONS, log_level="WARNING", **settings)
+    _quiet_disconnects()
     served = _ServedOverHttp(mcp)
     guard = functools.partial(guarded, over_http=served.get)
 

@@ -21,6 +21,7 @@ from ops.cli import COMMANDS, build_parser
 from ops.cluster import free_port
 from ops.commands import REGISTRY
 from tests import factories as f
+from tests.test_service import drain
 
 PULSE = str(Path(sys.executable).parent / "pulse")
 
@@ -56,10 +57,13 @@ def running_pulse(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, 
     lines = [process.stdout.readline() for _ in range(6)]
     match = re.search(r"NATS\s+(nats://127\.0\.0\.1:\d+)", "".join(lines))
     assert match, f"`pulse up` printed {lines!r}"
+    logs = drain(process.stderr, [])  # (stdout is a few lines: the test reads its end)
     yield process, match.group(1), data_dir
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
-        process.communicate(timeout=20)
+        process.wait(timeout=20)
+    logs.join(timeout=10)
+    process.stdout.close()
 
 
 def _leaves(
@@ -133,7 +137,9 @@ async def test_up_serves_the_log_and_tail_prints_events(
     )
 
     process.send_signal(signal.SIGTERM)
-    out, _ = process.communicate(timeout=20)
+    process.wait(timeout=20)
+    with process.stdout:  # type: ignore[union-attr]
+        out = process.stdout.read()  # type: ignore[union-attr]
     assert process.returncode == 0 and "Pulse stopped." in out
     assert not (data_dir / "nats" / "server.json").exists()
 

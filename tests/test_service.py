@@ -10,7 +10,8 @@ import re
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,9 @@ class Service:
     process: subprocess.Popen[str]
     token: str | None = None
     banner: str = ""  # what `pulse up` printed before it served
+    printed: list[str] = field(default_factory=list)  # its stdout after the banner
+    logged: list[str] = field(default_factory=list)  # its stderr
+    drains: list[threading.Thread] = field(default_factory=list)
 
     def client(self, token: str | None = None) -> httpx.AsyncClient:
         given = token or self.token
@@ -60,13 +64,32 @@ def start(data_dir: Path, *args: str, env: dict[str, str] | None = None) -> Serv
     banner = "".join(lines)
     match = re.search(r"HTTP\s+http://[\d.]+:(\d+)", banner)  # (a --host 0.0.0.0 too)
     assert match, lines
-    return Service(f"http://127.0.0.1:{match.group(1)}", data_dir, process, banner=banner)
+    service = Service(f"http://127.0.0.1:{match.group(1)}", data_dir, process, banner=banner)
+    service.drains = [drain(process.stdout, service.printed), drain(process.stderr, service.logged)]
+    return service
+
+
+def drain(pipe: Any, into: list[str]) -> threading.Thread:
+    """Read ``pipe`` to its end into ``into``, on a thread. A server's pipes must be read
+    while it runs: once one holds 64 KiB unread, its next write blocks the server's event
+    loop, and every request hangs (CI saw exactly that, from MCP disconnect tracebacks)."""
+
+    def read() -> None:
+        with pipe:
+            into.extend(pipe)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader
 
 
 def stop(service: Service) -> str:
+    """Stop the server (SIGTERM); what it printed on stdout after its banner."""
     service.process.send_signal(signal.SIGTERM)
-    out, _ = service.process.communicate(timeout=30)
-    return out
+    service.process.wait(timeout=30)
+    for reader in service.drains:
+        reader.join(timeout=10)
+    return "".join(service.printed)
 
 
 async def call(client: httpx.AsyncClient, method: str, **body: Any) -> Any:
@@ -452,6 +475,18 @@ async def test_mcp_over_streamable_http(service: Service) -> None:
         ClientSession(read, write) as session,
     ):
         await _remember_and_recall(session)
+    for _ in range(3):  # clients that come and go, as agents do
+        async with (
+            streamable_http_client(f"{service.url}/mcp") as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            assert (await session.list_tools()).tools
+    stop(service)
+    # A client closing its session is no error: the server's log stays free of tracebacks
+    # (the MCP SDK logs one per disconnect; a log that grows per client fills a disk, or a
+    # pipe nobody reads, which once hung a whole server under test).
+    assert "Traceback" not in "".join(service.logged), "".join(service.logged)[-2000:]
 
 
 async def test_mcp_over_stdio_with_and_without_a_running_service(tmp_path: Path) -> None:
