@@ -18,6 +18,11 @@ class NotFoundError(PulseError, LookupError):
     """A referenced entity does not exist (or was deleted)."""
 
 
+class NotFollowed(NotFoundError):
+    """The collective exists, but this host does not follow it (it follows only some
+    collectives: ``projections.scope``); the message names what it follows."""
+
+
 class ConflictError(PulseError):
     """An optimistic-concurrency check failed: the subject moved on since it was read.
 

@@ -42,8 +42,10 @@ from eventlog.ids import uuid7
 from eventlog.log import (
     EXPECTED_LAST_SUBJECT_SEQ,
     HDR_IDEMPOTENCY,
+    ConsumerState,
     EventLog,
     LogEntry,
+    StreamState,
     key_conflict,
 )
 from eventlog.reader import ack_position, read_in_child
@@ -518,7 +520,42 @@ class JetStreamLog(EventLog):
             for entry in batch:
                 yield entry
 
-    async def last_seq(self) -> int:
+    async def stream_state(self) -> StreamState:
+        name = self.settings.name
+        try:
+            info = await self._retry(lambda: self.admin.stream_info(name), self.read_timeout)
+            readers = await self._retry(lambda: self.admin.consumers_info(name), self.read_timeout)
+        except nats.js.errors.NotFoundError as exc:
+            raise LogUnavailable(f"stream {name} does not exist; `pulse up` creates it") from exc
+        consumers = tuple(
+            ConsumerState(
+                name=str(c.name),
+                filters=tuple(
+                    c.config.filter_subjects
+                    or ([c.config.filter_subject] if c.config.filter_subject else [])
+                ),
+                delivered_seq=int(c.delivered.stream_seq if c.delivered else 0),
+                pending=int(c.num_pending or 0),
+            )
+            for c in readers
+        )
+        sources = tuple(
+            {"name": src.name, "lag": int(src.lag or 0), "active_ns": int(src.active or 0)}
+            for src in (info.sources or [])
+        )
+        state, config = info.state, info.config
+        return StreamState(
+            name=name, messages=int(state.messages), bytes=int(state.bytes),
+            first_seq=int(state.first_seq), last_seq=int(state.last_seq),
+            replicas=int(config.num_replicas or 1),
+            leader=info.cluster.leader if info.cluster else None,
+            consumers=consumers, sources=sources,
+        )  # fmt: skip
+
+    async def last_seq(self, subjects: Sequence[str] | None = None) -> int:
+        if subjects is not None:  # the last message on each filter (wildcards work)
+            found = await asyncio.gather(*(self._last_on(s) for s in subjects))
+            return max(found, default=0)
         try:
             info = await self._retry(
                 lambda: self.admin.stream_info(self.settings.name), self.read_timeout
@@ -528,6 +565,15 @@ class JetStreamLog(EventLog):
                 f"stream {self.settings.name} does not exist; `pulse up` creates it"
             ) from exc
         return int(info.state.last_seq)
+
+    async def _last_on(self, subjects: str) -> int:
+        try:
+            msg = await self._retry(
+                lambda: self.admin.get_last_msg(self.settings.name, subjects), self.read_timeout
+            )
+        except nats.js.errors.NotFoundError:
+            return 0
+        return int(msg.seq)
 
     async def last_subject_seq(self, subject: str) -> int:
         stream = self._stream_of(subject)

@@ -50,8 +50,37 @@ class LogEntry:
     stored_ms: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumerState:
+    """A reader of the stream, as the log tracks it (``pulse status``)."""
+
+    name: str
+    filters: tuple[str, ...]  # the subjects it reads (empty: all)
+    delivered_seq: int  # the last stream sequence it delivered
+    pending: int  # messages on its subjects not delivered yet
+
+
+@dataclass(frozen=True, slots=True)
+class StreamState:
+    """The main stream, as the log reports it (``pulse status``)."""
+
+    name: str
+    messages: int
+    bytes: int
+    first_seq: int
+    last_seq: int
+    replicas: int
+    leader: str | None  # the server leading it (a cluster), None when not known
+    consumers: tuple[ConsumerState, ...] = ()
+    sources: tuple[dict[str, object], ...] = ()  # streams it sources (name, lag, active)
+
+
 class EventLog(abc.ABC):
     """An append-only, idempotent, subject-addressed log of Pulse events."""
+
+    @abc.abstractmethod
+    async def stream_state(self) -> StreamState:
+        """The main stream's state: messages, sequences, replicas, its readers."""
 
     @abc.abstractmethod
     async def append(self, event: Event, *, expected_last_subject_seq: int | None = None) -> int:
@@ -98,8 +127,9 @@ class EventLog(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def last_seq(self) -> int:
-        """The sequence of the last message in the main stream (0 when empty)."""
+    async def last_seq(self, subjects: Sequence[str] | None = None) -> int:
+        """The sequence of the last message in the main stream (0 when empty); with
+        ``subjects`` (filters, wildcards allowed), of the last one on any of them."""
 
     @abc.abstractmethod
     async def last_subject_seq(self, subject: str) -> int:

@@ -17,7 +17,7 @@ from uuid import UUID
 from eventlog.codec import HDR_MSG_ID, decode_event, encode_event
 from eventlog.errors import ConflictError, DecodeError, LogUnavailable, ValidationError
 from eventlog.events import Event
-from eventlog.log import HDR_IDEMPOTENCY, EventLog, LogEntry, key_conflict
+from eventlog.log import HDR_IDEMPOTENCY, EventLog, LogEntry, StreamState, key_conflict
 from eventlog.streams import StreamSettings
 from eventlog.subjects import PREFIX, is_activity_subject, subject_matches
 
@@ -172,9 +172,23 @@ class MemoryLog(EventLog):
                 )
             self._check_open()
 
-    async def last_seq(self) -> int:
+    async def stream_state(self) -> StreamState:
         self._check_open()
-        return self._main.last_seq
+        held = self._main.messages
+        return StreamState(
+            name=self.settings.name, messages=len(held),
+            bytes=sum(len(m.payload) for m in held), first_seq=held[0].seq if held else 0,
+            last_seq=self._main.last_seq, replicas=1, leader=None,
+        )  # fmt: skip
+
+    async def last_seq(self, subjects: Sequence[str] | None = None) -> int:
+        self._check_open()
+        if subjects is None:
+            return self._main.last_seq
+        for stored in reversed(self._main.messages):
+            if _selected(stored.subject, subjects):
+                return stored.seq
+        return 0
 
     async def last_subject_seq(self, subject: str) -> int:
         self._check_open()

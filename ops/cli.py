@@ -31,6 +31,7 @@ from ops.progress import ProgressBar
 from ops.remote import running_service, service_file
 from projections.engine import Engine
 from projections.projection import ProjectionSettings, rebuild, state_dir, state_link
+from projections.scope import Scope
 from projections.store import StateInUse
 from sync import PulseDB, access
 
@@ -109,6 +110,14 @@ def cmd_up(args: argparse.Namespace) -> int:
       pulse --nats-url nats://10.0.0.5:4222,nats://10.0.0.6:4222 --replicas 3 up
       pulse --nats-url tls://h1:4222,tls://h2:4222,tls://h3:4222 --nats-creds \\
         nats-conf/client-credentials.json --nats-ca nats-conf/ca.pem --replicas 3 up
+      pulse --nats-url nats://10.0.0.5:4222 up --follow team-api,owner:acme
+
+    --follow C1,C2 makes a host that reads only those collectives (ids, names, or
+    owner:<owner id> for all of an owner's, now and later), plus all wisdom and access
+    tokens: its memory and catch-up time grow with what it follows. The data directory
+    remembers it; give more later to follow more (caught up without replaying the
+    others), never fewer. A request about another collective is refused, naming what
+    the host follows.
     """
     token = args.token or os.environ.get("PULSE_TOKEN") or None
     if token is not None and access.token_id_of(token) is not None:
@@ -140,7 +149,9 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
 
     async with open_log(args) as (log, server):
         bar = ProgressBar("catching up")
-        db = await PulseDB.attach(args.data_dir, log, owns_log=False, progress=bar)
+        db = await PulseDB.attach(
+            args.data_dir, log, owns_log=False, progress=bar, collectives=args.follow
+        )
         bar.finish()
         try:
             if not is_loopback(args.host) and not token and not db.tokens_required:
@@ -205,6 +216,8 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
                 print(f"  creds    {creds}  (user and password NATS asks of every client; 0600)")
             print(f"  streams  {log.settings.name} ({last} events), {log.settings.activity_name}")
             print(f"  state    {Path(args.data_dir) / 'state'} (sequence {db.applied_seq})")
+            if db.following is not None:
+                print(f"  follows  {', '.join(db.following)} ({len(db.followed())} collectives)")
             print(f"  HTTP     {url}  (API /v1, OpenAPI {url}/docs, MCP {url}/mcp)")
             print(f"  access   {_access(bool(token), db.tokens_required)}")
             print(f"Point other hosts here with {connect} (a copy of the file). Ctrl-C stops."
@@ -346,10 +359,14 @@ def cmd_catch_up(args: argparse.Namespace) -> int:
     async def run() -> int:
         async with open_log(args) as (log, _server):
             settings = ProjectionSettings(checkpoint_events=args.checkpoint_every)
-            engine = await Engine.start(state_dir(args.data_dir), settings)
+            state = state_dir(args.data_dir)
+            scope = Scope.load(state)  # a host that follows some collectives: those
+            engine = await Engine.start(state, settings)
             try:
                 bar = ProgressBar("applying")
-                applied = await engine.catch_up(log, progress=bar)
+                applied = await engine.catch_up(
+                    log, progress=bar, subjects=None if scope is None else scope.filters()
+                )
                 bar.finish()
                 seq, total = await engine.checkpoint()
                 digest = await engine.digest()
@@ -553,6 +570,12 @@ def build_parser() -> argparse.ArgumentParser:
                 help="let the embedded server fsync periodically instead of before every ack",
             )
             sub.add_argument("--host", default="127.0.0.1", help="listen here (127.0.0.1)")
+            sub.add_argument(
+                "--follow",
+                metavar="C1,C2",
+                help="follow only these collectives (ids, names, owner:<owner id>); "
+                "default: what the data directory followed before, every collective at first",
+            )
             sub.add_argument(
                 "--port", type=int, default=8765, help="HTTP port (default 8765; 0: any free)"
             )

@@ -1331,6 +1331,56 @@ async def sql(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     return records, text
 
 
+@command("status")
+async def status(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """The state of this host and of the log it follows.
+
+    The stream (messages, sequences, replicas, the server leading it, the streams it
+    sources, and its readers: each consumer's position and what it has pending), this
+    host (the sequence it applied, how far behind the log it is, the engine's backlog,
+    dead letters), and on a host that follows some collectives (`pulse up --follow`),
+    each of them with the last sequence of its events and the host's lag. Admins only.
+    While `pulse up` serves the data directory, it answers.
+
+    example:
+      pulse status
+      pulse status --json
+    """
+    found = await db.status()
+    record = to_json(found)
+    stream = found.stream
+    lines = [
+        f"stream    {stream.name}: {stream.messages:,} messages ({stream.bytes:,} bytes), "
+        f"sequences {stream.first_seq:,}..{stream.last_seq:,}, replicas {stream.replicas}"
+        + (f", leader {stream.leader}" if stream.leader else ""),
+    ]
+    for source in stream.sources:
+        lines.append(f"  source  {source['name']}: lag {source['lag']}")
+    lines.append(f"readers   {len(stream.consumers)} consumers")
+    for c in stream.consumers:
+        what = ", ".join(c.filters[:3]) + (" ..." if len(c.filters) > 3 else "") or "everything"
+        lines.append(f"  {c.name}  at {c.delivered_seq:,}, {c.pending:,} pending ({what})")
+    lines.append(
+        f"host      instance {found.instance_id}: applied {found.applied_seq:,} of "
+        f"{found.last_seq:,} (lag {found.lag:,}, backlog {found.backlog:,}), "
+        f"{found.events_applied:,} events since it opened, {found.dead_letters:,} dead letters"
+        + ("" if found.replicating else "; REPLICATION STOPPED (see its log)")
+    )
+    if found.following is None:
+        lines.append("follows   every collective")
+    else:
+        lines.append(
+            f"follows   {', '.join(found.following)} ({len(found.collectives)} collectives)"
+        )
+        for followed in found.collectives:
+            state = "catching up" if followed.catching_up else f"lag {followed.lag:,}"
+            lines.append(
+                f"  {followed.name or '?'}  {followed.collective_id}  last "
+                f"{followed.last_seq:,}, {state}"
+            )
+    return record, "\n".join(lines)
+
+
 @command("export", setup=lambda p: p.add_argument("directory", type=Path, help="where to write"))
 async def export(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """Write every table of the current state as Parquet files, one per view.

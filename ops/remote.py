@@ -24,6 +24,7 @@ from eventlog.errors import (
     ConflictError,
     Forbidden,
     LogUnavailable,
+    NotFollowed,
     NotFoundError,
     PulseError,
     QueryOutOfMemory,
@@ -45,6 +46,7 @@ ERRORS: dict[str, type[PulseError]] = {
     cls.__name__: cls
     for cls in (
         ValidationError,
+        NotFollowed,
         NotFoundError,
         ConflictError,
         LogUnavailable,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import gc
 import logging
 import queue
@@ -34,12 +35,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+from uuid import UUID
 
 import duckdb
 
 from eventlog.errors import PulseError
 from eventlog.limits import check_ranges
 from eventlog.log import EventLog, LogEntry
+from eventlog.subjects import collective_filter
 from projections.analytics import SqlLimits, sandbox
 from projections.projection import Progress, Projection, ProjectionSettings
 
@@ -166,11 +169,18 @@ class Engine:
 
     # -- conveniences over run --------------------------------------------------------------
 
-    async def catch_up(self, log_: EventLog, *, progress: Progress | None = None) -> int:
-        """Apply everything the log holds past what is applied; returns how many events.
-        Reading the next batch overlaps with applying the previous one."""
+    async def catch_up(
+        self,
+        log_: EventLog,
+        *,
+        progress: Progress | None = None,
+        subjects: Sequence[str] | None = None,
+    ) -> int:
+        """Apply everything the log holds past what is applied (on ``subjects`` only, when
+        given: a host that follows some collectives); returns how many events. Reading
+        the next batch overlaps with applying the previous one."""
         start = self.seq
-        end = await log_.last_seq()
+        end = await log_.last_seq(subjects)
         applied = 0
         pending: collections.deque[tuple[asyncio.Future[int], int]] = collections.deque()
 
@@ -191,8 +201,14 @@ class Engine:
             gc.disable()
         try:
             # a log that can read a long stretch in a second process does (JetStream)
-            read = getattr(log_, "read_bulk", log_.read)
-            async for batch in read(start + 1, batch_size=self.settings.batch_size):
+            if subjects is None:
+                read = getattr(log_, "read_bulk", log_.read)
+                batches = read(start + 1, batch_size=self.settings.batch_size)
+            else:
+                batches = log_.read(
+                    start + 1, batch_size=self.settings.batch_size, subjects=subjects
+                )
+            async for batch in batches:
                 pending.append((asyncio.ensure_future(self.apply(batch, bulk=True)), len(batch)))
                 if len(pending) > 2:
                     await settle()
@@ -211,8 +227,30 @@ class Engine:
         """Write DuckDB up to what is applied; returns the sequence it reflects."""
         return await self.run(Projection.flush)
 
-    async def digest(self) -> str:
-        return await self.run(Projection.digest)
+    async def digest(self, collective_id: UUID | None = None) -> str:
+        return await self.run(Projection.digest, collective_id)
+
+    async def backfill(
+        self, log_: EventLog, collective_id: UUID, up_to: int, *, restart: bool = False
+    ) -> int:
+        """Fold a collective's events up to sequence ``up_to``, from before what is
+        applied: a collective this host starts to follow (``projections.scope``).
+        ``restart``: an earlier backfill of it did not finish (the history rows it wrote
+        go first). Returns how many events."""
+        if restart:
+            await self.run(Projection.drop_history, collective_id, up_to)
+        subjects = collective_filter([collective_id], wisdom=False)
+        done = 0
+        if up_to < 1:
+            return 0
+        reading = log_.read(1, batch_size=self.settings.batch_size, subjects=subjects)
+        async with contextlib.aclosing(reading) as batches:
+            async for batch in batches:
+                done += await self.run(Projection.backfill, [e for e in batch if e.seq <= up_to])
+                if batch and batch[-1].seq >= up_to:
+                    break
+        await self.run(Projection.flush)
+        return done
 
     async def checkpoint(self) -> tuple[int, int]:
         """(sequence applied and flushed, events applied in all)."""

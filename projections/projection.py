@@ -52,6 +52,7 @@ from projections.fold import (
     Placed,
     row_of,
 )
+from projections.scope import Scope
 from projections.state import Audited, MemoryState, Rejected, Touched
 from projections.store import StateInUse, Store
 from projections.text import TextIndex
@@ -150,6 +151,26 @@ class Projection:
         fresh = [e for e in entries if e.seq > self._seq]
         if not fresh:
             return Touched.nothing()
+        touched = self._fold(fresh)
+        self._seq = fresh[-1].seq
+        return touched
+
+    def backfill(self, entries: Sequence[LogEntry]) -> int:
+        """Fold entries from before what is applied: the past events of a collective this
+        host starts following (``projections.scope``); the applied sequence stays. The
+        fold is order-free, so they land as if they had come in their turn. Returns how
+        many were folded."""
+        self._check_owner()
+        if not entries:
+            return 0
+        self._fold(list(entries))
+        for key in [k for k in self.caches if k[0] == "past"]:
+            self.caches.pop(key)  # the history before them changed: pasts are made again
+        self.sync_indexes()
+        return len(entries)
+
+    def _fold(self, fresh: list[LogEntry]) -> Touched:
+        """Fold entries into memory (the indexes follow at ``sync_indexes``)."""
         delta = FoldState()
         for entry in fresh:
             if entry.event is None:
@@ -199,7 +220,6 @@ class Projection:
         pending.experiences |= touched.experiences
         pending.insights |= touched.insights
         pending.collectives |= touched.collectives
-        self._seq = fresh[-1].seq
         self._unflushed += len(fresh)
         self.unindexed_events += len(fresh)
         return touched
@@ -479,10 +499,16 @@ class Projection:
         """The embedding dimension of a live collective; None if it is not live."""
         return self.memory.collective_dimension(collective_id)
 
-    def digest(self) -> str:
-        """The hash of the logical state (DuckDB is flushed first)."""
+    def digest(self, collective_id: UUID | None = None) -> str:
+        """The hash of the logical state, or of one collective's (DuckDB is flushed first)."""
         self.flush()
-        return self.store.digest()
+        return self.store.digest(collective_id)
+
+    def drop_history(self, collective_id: UUID, up_to: int) -> None:
+        """Before a backfill runs again: the history rows the unfinished one wrote."""
+        self._check_owner()
+        self.flush()
+        self.store.drop_history(collective_id, up_to)
 
     def close(self) -> None:
         self.save()
@@ -641,9 +667,16 @@ async def _rebuild(
             shutil.rmtree(orphan, ignore_errors=True)
     target = _fresh_dir(data_dir)
     try:
+        # a host that follows some collectives rebuilds those (projections.scope)
+        scope = Scope.load(old) if old is not None else None
+        if scope is not None:
+            scope.collectives = dict.fromkeys(scope.collectives, 0)
+            scope.save(target)
         engine = await Engine.start(target, settings)
         try:
-            await engine.catch_up(log, progress=progress)
+            await engine.catch_up(
+                log, progress=progress, subjects=None if scope is None else scope.filters()
+            )
             digest = await engine.digest()
         finally:
             await engine.close()

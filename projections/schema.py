@@ -295,6 +295,18 @@ DIGEST_QUERIES = {
     ),
 }
 
+# The digest of one collective: its rows of the tables that hold collectives' rows (the
+# same queries, narrowed), so a host that follows some collectives can be compared, one
+# collective at a time, with one that follows them all.
+DIGEST_BY_COLLECTIVE = {
+    name: query.replace(" ORDER BY", " WHERE collective_id = $cid ORDER BY", 1)
+    for name, query in DIGEST_QUERIES.items()
+    if name not in ("wisdom_rows", "token_rows", "undecodable")
+}
+DIGEST_BY_COLLECTIVE["undecodable"] = DIGEST_QUERIES["undecodable"].replace(
+    " ORDER BY", " AND starts_with(subject, $prefix) ORDER BY", 1
+)
+
 # from_version -> statements that bring the schema to from_version + 1
 MIGRATIONS: dict[int, list[str]] = {
     # 6: validity (an experience's [valid_from, valid_to), why it stopped being true, and

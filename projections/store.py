@@ -353,12 +353,29 @@ class Store:
                 found[row_id] = embedding
         return found
 
-    def digest(self) -> str:
-        """SHA-256 of the logical state: every base table's rows, sorted, local columns out."""
+    def drop_history(self, collective_id: UUID, up_to: int) -> None:
+        """Remove a collective's history rows up to a sequence: what an unfinished backfill
+        wrote (``projections.scope``), before it runs again."""
+        with self.con.cursor() as cur:
+            for table in ("audit_rows", "count_history"):
+                cur.execute(
+                    f"DELETE FROM {table} WHERE collective_id = ? AND seq <= ?",
+                    [collective_id, up_to],
+                )
+
+    def digest(self, collective_id: UUID | None = None) -> str:
+        """SHA-256 of the logical state: every base table's rows, sorted, local columns out;
+        with ``collective_id``, that collective's rows only."""
         h = hashlib.sha256()
-        for name, query in schema.DIGEST_QUERIES.items():
+        queries = schema.DIGEST_QUERIES if collective_id is None else schema.DIGEST_BY_COLLECTIVE
+        for name, query in queries.items():
             h.update(name.encode())
-            result = self.con.execute(query)
+            params: dict[str, Any] = {}
+            if collective_id is not None:
+                params = {"cid": collective_id} if "$cid" in query else {}
+                if "$prefix" in query:
+                    params = {"prefix": f"pulse.c.{collective_id}."}
+            result = self.con.execute(query, params) if params else self.con.execute(query)
             while batch := result.fetchmany(10_000):
                 for row in batch:
                     h.update(msgspec.msgpack.encode(row))

@@ -45,6 +45,7 @@ from eventlog.errors import (
     ConflictError,
     Forbidden,
     LogUnavailable,
+    NotFollowed,
     NotFoundError,
     PulseError,
     ValidationError,
@@ -55,6 +56,7 @@ from eventlog.log import EventLog, LogEntry, key_conflict
 from projections import past, queries
 from projections.engine import Applied, Engine
 from projections.projection import entity_of
+from projections.scope import Scope
 from sync import access, embedders, idempotency, models
 from sync.access import Principal, Viewer
 from sync.hlc import MAX_AHEAD_MS, HybridClock, wall_ms
@@ -183,6 +185,15 @@ class InstanceCore:
         self.access = access.Registry()
         self._tokens_stale = False
         self._token_reader: asyncio.Task[None] | None = None
+        # what this host follows (None: every collective; ``sync.following``), the
+        # directory of collectives it resolves references with, and the last sequence the
+        # replication loop handed to the engine
+        self.scope: Scope | None = None
+        self._directory: Any = None  # a sync.following.Directory on a partial host
+        self._directory_task: asyncio.Task[None] | None = None
+        self._follow_lock = asyncio.Lock()
+        self._submitted_seq = engine.seq
+        self.backfilled = 0  # events of collectives followed later, read since open
         engine.subscribe(self._on_applied)
         (data_dir / "identity.json").write_text(
             json.dumps(
@@ -206,16 +217,37 @@ class InstanceCore:
 
     # -- replication -----------------------------------------------------------------------
 
+    def _filters(self) -> list[str] | None:
+        """The subjects this host reads (None: all of them)."""
+        return None if self.scope is None else self.scope.filters()
+
+    def _start_replication(self) -> None:
+        self._loop_task = asyncio.create_task(self._replicate(), name="pulse-replication")
+
+    async def _stop_replication(self) -> None:
+        if self._loop_task is not None:
+            for _ in range(40):  # cancel until it takes (see eventlog.jetstream)
+                self._loop_task.cancel()
+                done, _ = await asyncio.wait({self._loop_task}, timeout=0.25)
+                if done:
+                    break
+            self._loop_task = None
+
+    def _forget_known(self) -> None:
+        """Drop the remembered reference checks (what they answered may have changed)."""
+        self._known.clear()
+        self._generation += 1
+
     async def _replicate(self) -> None:
         try:
-            submitted = self.engine.seq
-            async for entry in self.log.tail(self.engine.seq + 1):
+            tail = self.log.tail(self.engine.seq + 1, subjects=self._filters())
+            async for entry in tail:
                 if entry.stored_ms is not None and entry.stored_ms > self._log_ms:
                     self._log_ms = entry.stored_ms  # (the writer's own events come back too)
                 if entry.seq <= self.engine.seq:
                     continue  # a writer here handed it over already: no need to wake the engine
                 self.engine.submit((entry,))
-                submitted = entry.seq
+                self._submitted_seq = submitted = entry.seq
                 if self.engine.backlog > BACKLOG_LIMIT:  # let the engine catch its breath
                     await self._wait_applied(submitted - BACKLOG_LIMIT // 2, timeout=600)
             raise LogUnavailable("the log tail ended")
@@ -250,8 +282,7 @@ class InstanceCore:
             if latest < event.hlc <= trusted:  # the clock takes in none further ahead
                 latest = event.hlc
             if isinstance(event, (*DELETES, ev.CollectiveCreated)):
-                self._known.clear()
-                self._generation += 1
+                self._forget_known()
             elif isinstance(event, (ev.TokenCreated, ev.TokenRevoked)):
                 self._tokens_stale = True
             if self._watchers:
@@ -333,7 +364,9 @@ class InstanceCore:
             return await self._collective_of(key, field)  # (remembered: the hot path)
         facts = await self._read(queries.access_of, entity, key)
         if facts is None:
-            raise NotFoundError(f"{field}: no {entity} {entity_id}")
+            if entity == "wisdom":  # (every host holds every wisdom)
+                raise NotFoundError(f"{field}: no {entity} {entity_id}")
+            raise self._missing(f"{field}: no {entity} {entity_id}")
         if entity == "wisdom":
             member = me.admin or facts.owner_id == me.owner
             visible = me.sees_wisdom(
@@ -376,7 +409,7 @@ class InstanceCore:
     async def sync(self, timeout: float = 60.0) -> int:
         """Wait until the local state has applied everything the stream holds now (and
         the access tokens here are read again from it)."""
-        target = await self.log.last_seq()
+        target = await self.log.last_seq(self._filters())
         await self._wait_applied(target, timeout)
         if self._token_reader is not None:
             await asyncio.shield(self._token_reader)
@@ -428,7 +461,12 @@ class InstanceCore:
                         f"as_of: sequence {value} is past the end of the log (it holds "
                         f"up to {last})"
                     )
-                await self._wait_applied(value)
+                # (a host that follows some collectives waits for the last of their
+                # events up to there: it never applies the others)
+                if self.scope is not None:
+                    await self._wait_applied(min(value, await self.log.last_seq(self._filters())))
+                else:
+                    await self._wait_applied(value)
             return value, None
         if value >= wall_ms():
             return None  # now, or a moment still to come: the state now
@@ -595,6 +633,16 @@ class InstanceCore:
         key = uuid_of("collective_id", collective_id)
         found = await self._known_or_read("collective", key, queries.get_collective)
         if found is None:
+            if self.scope is not None:  # (sync.following)
+                if key in self._directory.collectives:
+                    raise NotFollowed(
+                        f"collective_id: collective {collective_id} is not followed by this "
+                        f"host (it follows {self.scope.describe()})"
+                    )
+                raise NotFoundError(
+                    f"collective_id: no collective {collective_id} among those this host "
+                    f"follows ({self.scope.describe()})"
+                )
             raise NotFoundError(f"collective_id: no collective {collective_id}")
         return found
 
@@ -603,8 +651,21 @@ class InstanceCore:
         key = uuid_of(field, experience_id)
         found = await self._known_or_read("experience", key, queries.live_collective_of)
         if found is None:
-            raise NotFoundError(f"{field}: no experience {experience_id}")
+            raise self._missing(f"{field}: no experience {experience_id}")
         return found
+
+    async def _admit_collective(self, collective_id: UUID, owner_id: str, name: str) -> None:
+        """Before this host creates a collective (``sync.following`` refuses one outside
+        what it follows)."""
+
+    def _missing(self, message: str) -> NotFoundError:
+        """What is not found here; on a host that follows some collectives, the message
+        says which (what it looked for may be in another)."""
+        if self.scope is None:
+            return NotFoundError(message)
+        return NotFoundError(
+            f"{message} in the collectives this host follows ({self.scope.describe()})"
+        )
 
     async def _vector(
         self,

@@ -19,7 +19,7 @@ import numpy.typing as npt
 import pydantic
 
 from eventlog import events as ev
-from eventlog.errors import Forbidden, NotFoundError, ValidationError
+from eventlog.errors import Forbidden, NotFollowed, NotFoundError, ValidationError
 from projections import queries
 from projections.projection import Projection
 from sync import embedders, idempotency, models
@@ -68,6 +68,7 @@ class Collectives(InstanceCore):
             embedders.embedder(spec.embedder, dimension)  # refuses a dimension it cannot make
         assert dimension is not None
         collective_id = self._new_id()
+        await self._admit_collective(collective_id, spec.owner_id, spec.name)
         await self._write(
             ev.CollectiveCreated(
                 **self._common(), collective_id=collective_id, owner_id=spec.owner_id,
@@ -83,6 +84,8 @@ class Collectives(InstanceCore):
         """The collective, or None (also when the caller may see nothing of it)."""
         try:
             collective, _ = await self._readable(uuid_of("collective_id", collective_id))
+        except NotFollowed:
+            raise  # (it exists: this host does not follow it, and says so)
         except NotFoundError:
             return None
         return collective

@@ -36,18 +36,23 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from uuid import UUID
+
+import msgspec
 
 from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
 from eventlog.errors import NotFoundError, Unauthorized, ValidationError
-from eventlog.log import EventLog
+from eventlog.log import EventLog, StreamState
+from eventlog.subjects import collective_filter
 from projections import analytics, past, queries
 from projections.analytics import SqlResult
 from projections.engine import Engine
 from projections.projection import ProjectionSettings, state_dir
 from sync import access, models
 from sync.access import Principal
-from sync.core import InstanceCore, InstanceSettings, check_rows_limit
+from sync.core import InstanceCore, InstanceSettings, check_rows_limit, uuid_of
 from sync.experiences import Collectives, Experiences
+from sync.following import Following, open_scope
 from sync.forgetting import Forgetting
 from sync.links import Links
 from sync.presence import Activity
@@ -62,6 +67,7 @@ __all__ = [
     "Context",
     "ExperienceChange",
     "ExperienceWatch",
+    "HostStatus",
     "InstanceSettings",
     "NewToken",
     "Principal",
@@ -74,9 +80,37 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 
+class CollectiveStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """A collective a host follows, in ``PulseDB.status``: the last sequence of its
+    events in the log, and how many sequences the host is behind it (0: caught up);
+    ``catching_up``: its earlier events are still being read (followed just now)."""
+
+    collective_id: UUID
+    name: str | None
+    last_seq: int
+    lag: int
+    catching_up: bool
+
+
+class HostStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``PulseDB.status`` answers (``pulse status``)."""
+
+    instance_id: UUID
+    applied_seq: int  # the last stream sequence this host applied
+    events_applied: int  # since it opened
+    backlog: int  # entries handed to the engine, not applied yet
+    last_seq: int  # the last sequence in the log on what it reads
+    lag: int  # last_seq - applied_seq
+    following: tuple[str, ...] | None  # None: every collective
+    collectives: tuple[CollectiveStatus, ...]  # those it follows (partial hosts)
+    dead_letters: int
+    stream: StreamState
+    replicating: bool  # False: the replication loop stopped (see the log)
+
+
 class PulseDB(
     Collectives, Experiences, Sessions, Recall, Links, WisdomPart, Forgetting, Tokens,
-    InstanceCore,
+    Following, InstanceCore,
 ):  # fmt: skip
     """One instance; see the module docstring. Use ``await PulseDB.open(...)``."""
 
@@ -94,8 +128,12 @@ class PulseDB(
         nats_credentials: str | os.PathLike[str] | None = None,
         nats_ca: str | os.PathLike[str] | None = None,
         principal: Principal | str | None = None,
+        collectives: Sequence[str | UUID] | str | None = None,
     ) -> PulseDB:
         """Open (or create) an instance on ``data_dir``; embedded NATS unless ``nats_url``.
+        ``collectives``: follow only these (ids, names, ``owner:<owner id>``; see
+        ``sync.following``); None: what the data directory followed before (every
+        collective, for a new one).
         With ``nats_url``: ``nats_credentials`` (a credentials file, default
         ``$PULSE_NATS_CREDS``) and ``nats_ca`` (the servers' CA, default ``$PULSE_NATS_CA``).
         ``principal``: who every call acts for (a ``Principal``, or an access token:
@@ -130,7 +168,7 @@ class PulseDB(
         try:
             return await cls.attach(
                 directory, jetstream, projection_settings, server=server, settings=settings,
-                progress=progress, principal=principal,
+                progress=progress, principal=principal, collectives=collectives,
             )  # fmt: skip
         except BaseException:
             await jetstream.close()
@@ -150,14 +188,19 @@ class PulseDB(
         settings: InstanceSettings | None = None,
         progress: Callable[[int, int], None] | None = None,
         principal: Principal | str | None = None,
+        collectives: Sequence[str | UUID] | str | None = None,
     ) -> PulseDB:
         """An instance on an already open log (any backend; ``MemoryLog`` in simulations).
-        When it closes, it closes the log if it ``owns_log``, and stops ``server``."""
+        When it closes, it closes the log if it ``owns_log``, and stops ``server``.
+        ``collectives``: as ``open``."""
         directory = Path(data_dir)
-        engine = await Engine.start(await asyncio.to_thread(state_dir, directory),
-                                    projection_settings)  # fmt: skip
+        state = await asyncio.to_thread(state_dir, directory)
+        engine = await Engine.start(state, projection_settings)
         try:
-            await engine.catch_up(log, progress=progress)
+            scope, known, unfinished = await open_scope(state, collectives, log, engine)
+            await engine.catch_up(
+                log, progress=progress, subjects=None if scope is None else scope.filters()
+            )
             max_hlc = await engine.run(queries.max_hlc)
         except BaseException:
             await engine.close()
@@ -166,8 +209,16 @@ class PulseDB(
             directory, log, engine, server, max_hlc=max_hlc, settings=settings,
         )  # fmt: skip
         db._owns_log = owns_log
-        db._loop_task = asyncio.create_task(db._replicate(), name="pulse-replication")
+        db.scope, db._directory = scope, known
+        db._start_replication()
         try:
+            if scope is not None:  # the collectives it starts following, or did not finish
+                pending = set(scope.pending())
+                await db._backfill(pending & unfinished, restart=True)
+                await db._backfill(pending - unfinished)
+                db._directory_task = asyncio.create_task(
+                    db._watch_directory(), name="pulse-directory"
+                )
             await db._load_tokens()
             if principal is not None:
                 db.principal = db._principal_from(principal)
@@ -188,12 +239,10 @@ class PulseDB(
         if self._closed:
             return
         self._closed = True
-        if self._loop_task is not None:
-            for _ in range(40):  # cancel until it takes (see eventlog.jetstream)
-                self._loop_task.cancel()
-                done, _ = await asyncio.wait({self._loop_task}, timeout=0.25)
-                if done:
-                    break
+        if self._directory_task is not None:
+            self._directory_task.cancel()
+            await asyncio.wait({self._directory_task}, timeout=5)
+        await self._stop_replication()
         self._wake_all()
         for watch in list(self._watchers):
             watch.end()
@@ -263,9 +312,47 @@ class PulseDB(
 
         return ExperienceWatch(self._watchers, admit=admit)
 
-    async def digest(self) -> str:
-        """A hash of the logical state: equal on hosts that applied the same events."""
-        return await self.engine.digest()
+    async def digest(self, collective_id: UUID | None = None) -> str:
+        """A hash of the logical state: equal on hosts that applied the same events. With
+        ``collective_id``, of that collective's rows only: equal on every host that
+        follows it, whatever else each follows (``sync.following``)."""
+        if collective_id is not None:
+            collective_id = uuid_of("collective_id", collective_id)
+            if self.scope is not None and collective_id not in self.scope.collectives:
+                raise self._not_followed("collective_id", "collective", collective_id)
+        return await self.engine.digest(collective_id)
+
+    async def status(self) -> HostStatus:
+        """This host and the log: the stream (messages, sequences, replicas, its readers),
+        what the host applied and how far behind it is, each collective it follows
+        (partial hosts: the last sequence of its events in the log, and its lag), and
+        the dead letters it keeps. Admins only."""
+        self._me().need_admin("reading the status")
+        stream = await self.log.stream_state()
+        filters = self._filters()
+        last = stream.last_seq if filters is None else await self.log.last_seq(filters)
+        applied = self._applied
+        collectives = []
+        if self.scope is not None:
+            names = {c.collective_id: c.name for c in await self._read(queries.list_collectives)}
+            for cid in self.followed():
+                at = await self.log.last_seq(collective_filter([cid], wisdom=False))
+                backfill = self.scope.collectives.get(cid, 0)
+                known = self._directory.collectives.get(cid) if self._directory else None
+                collectives.append(
+                    CollectiveStatus(
+                        collective_id=cid, name=names.get(cid) or (known[1] if known else None),
+                        last_seq=at, lag=max(0, at - applied),
+                        catching_up=backfill > 0,
+                    )
+                )  # fmt: skip
+        return HostStatus(
+            instance_id=self.instance_id, applied_seq=applied, events_applied=self.events_applied,
+            backlog=self.engine.backlog, last_seq=last, lag=max(0, last - applied),
+            following=self.following, collectives=tuple(collectives),
+            dead_letters=len(await self._read(queries.dead_letters)), stream=stream,
+            replicating=self._failure is None,
+        )  # fmt: skip
 
     async def dead_letters(
         self, *, limit: int = models.PAGE_DEFAULT, after: str | None = None

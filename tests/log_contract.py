@@ -256,6 +256,22 @@ class LogContract:
 
     # -- activities ------------------------------------------------------------------------
 
+    async def test_the_last_sequence_on_some_subjects_and_the_stream_state(
+        self, log: EventLog
+    ) -> None:
+        one, two = uuid7(), uuid7()
+        await log.append(f.collective(one))
+        await log.append(f.collective(two))
+        await log.append(f.experience(one))
+        await log.append(f.experience(two))
+        assert await log.last_seq(collective_filter([one], wisdom=False)) == 3
+        assert await log.last_seq(collective_filter([two], wisdom=False)) == 4
+        assert await log.last_seq(["pulse.c.*.collective.*"]) == 2  # wildcards
+        assert await log.last_seq(collective_filter([uuid7()])) == 0  # nothing there
+        state = await log.stream_state()
+        assert (state.messages, state.first_seq, state.last_seq) == (4, 1, 4)
+        assert state.replicas == 1 and state.bytes > 0
+
     async def test_activities_keep_the_last_message_per_agent(self, log: EventLog) -> None:
         cid, other = uuid7(), uuid7()
         await log.append(f.collective(cid))

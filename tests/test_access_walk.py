@@ -564,6 +564,15 @@ def a_digest(_: World, __: dict[str, Any], answer: Any) -> None:
     assert isinstance(answer, str) and re.fullmatch(r"[0-9a-f]{16,128}", answer), answer
 
 
+def a_status(_: World, __: dict[str, Any], answer: Any) -> None:
+    assert answer["following"] is None and answer["stream"]["name"] == "PULSE", answer
+    assert answer["applied_seq"] <= answer["last_seq"] == answer["stream"]["last_seq"]
+
+
+def follows_all(_: World, __: dict[str, Any], answer: Any) -> None:
+    assert answer == [], answer
+
+
 def a_seq(_: World, __: dict[str, Any], answer: Any) -> None:
     assert isinstance(answer, int) and answer > 0
 
@@ -1034,6 +1043,9 @@ CASES: dict[str, Case] = {
     "list_tokens": admin_only(static(lambda c: {}), token_list),
     "revoke_token": admin_only(lambda c: _one("token_id", c.token()), revoked),
     "dead_letters": admin_only(static(lambda c: {}), a_page),
+    # (the walk's host follows every collective: following more changes nothing there)
+    "follow": admin_only(static(lambda c: {"collectives": ["team"]}), follows_all),
+    "status": admin_only(static(lambda c: {}), a_status),
 }
 
 

@@ -1,0 +1,224 @@
+"""Hosts that follow only some collectives (partial replication).
+
+``PulseDB.open(..., collectives=[...])`` (``pulse up --follow C1,C2``) makes a host that
+reads only those collectives' subjects from the log, plus every wisdom and access-token
+event: its memory, disk and catch-up time grow with what it follows, not with the whole
+organisation. A reference is a collective id, a collective name (of any owner), or
+``owner:<owner id>`` (every collective of that owner, now and later). What the host
+follows is kept in its state (``projections.scope``), so it follows the same after a
+restart without being told again; more references may be given later (the new
+collectives are caught up without replaying the others), but none taken away: a host
+does not forget what it holds on request (start one on a new data directory instead).
+
+To resolve names and owners, and to hear of collectives created later that its references
+match, a partial host reads the log's *directory*: the subject of every collective's own
+events (``projections.scope.DIRECTORY_SUBJECT``), one create (and maybe one delete) per
+collective. What it learns there stays out of its projection: its state and digest cover
+only what it follows. A request about a collective it does not follow is a
+``NotFollowed`` error that names what it follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from uuid import UUID
+
+from eventlog import events as ev
+from eventlog.errors import NotFollowed, PulseError, ValidationError
+from eventlog.log import EventLog, LogEntry
+from projections.engine import Engine
+from projections.scope import DIRECTORY_SUBJECT, OWNER, Scope, matches, parse_refs
+from sync.core import InstanceCore
+
+log = logging.getLogger(__name__)
+
+
+class Directory:
+    """Every collective the log names (id -> owner, name), read from the directory subject."""
+
+    def __init__(self) -> None:
+        self.collectives: dict[UUID, tuple[str, str]] = {}
+        self.seq = 0  # the last directory entry read
+
+    def take(self, entry: LogEntry) -> UUID | None:
+        """Learn from one entry; the id of a collective it announces."""
+        self.seq = max(self.seq, entry.seq)
+        event = entry.event
+        if isinstance(event, ev.CollectiveCreated):
+            self.collectives[event.collective_id] = (event.owner_id, event.name)
+            return event.collective_id
+        return None
+
+    def matching(self, refs: Sequence[str]) -> set[UUID]:
+        """The collectives the references stand for, among those known."""
+        found = {UUID(r) for r in refs if _is_id(r)}  # an id stands for itself, known or not
+        for cid, (owner, name) in self.collectives.items():
+            if matches(tuple(refs), cid, owner, name):
+                found.add(cid)
+        return found
+
+    async def read(self, log_: EventLog) -> None:
+        """Everything the directory holds now."""
+        async for batch in log_.read(self.seq + 1, subjects=[DIRECTORY_SUBJECT]):
+            for entry in batch:
+                self.take(entry)
+
+
+def _is_id(ref: str) -> bool:
+    try:
+        UUID(ref)
+    except ValueError:
+        return False
+    return True
+
+
+async def open_scope(
+    state: Path, given: object, log_: EventLog, engine: Engine
+) -> tuple[Scope | None, Directory | None, set[UUID]]:
+    """The scope a host opens with (None: it follows every collective), the directory it
+    resolved it with, and the collectives whose earlier backfill did not finish. Refuses
+    what would make the state lie: a state built following every collective told to
+    follow some, or a scope told to drop collectives it holds."""
+    kept = await asyncio.to_thread(Scope.load, state)
+    if given is None and kept is None:
+        return None, None, set()
+    directory = Directory()
+    await directory.read(log_)
+    if given is None:
+        assert kept is not None
+        scope, refs = kept, kept.refs
+    else:
+        refs = parse_refs(given)
+        if kept is None:
+            if engine.seq > 0:
+                raise ValidationError(
+                    "collectives: this data directory's state follows every collective; a "
+                    "host that follows some starts on a new data directory"
+                )
+            scope = Scope(refs)
+        else:
+            dropped = [r for r in kept.refs if r not in refs]
+            if dropped:
+                raise ValidationError(
+                    f"collectives: this host follows {kept.describe()}; it cannot stop "
+                    f"following {', '.join(dropped)} (give them too, or start on a new data "
+                    "directory)"
+                )
+            scope = kept
+            scope.refs = refs
+    unfinished = set(scope.pending())
+    for cid in directory.matching(scope.refs):
+        scope.collectives.setdefault(cid, engine.seq)  # new: backfilled up to here
+    missing = [
+        r for r in scope.refs
+        if not r.startswith(OWNER) and not _is_id(r) and not directory.matching([r])
+    ]  # fmt: skip
+    if missing:
+        log.warning("no collective is named %s yet: followed once one is", ", ".join(missing))
+    await asyncio.to_thread(scope.save, state)
+    return scope, directory, unfinished
+
+
+class Following(InstanceCore):
+    """The part of the API that follows collectives (see the module docstring)."""
+
+    @property
+    def following(self) -> tuple[str, ...] | None:
+        """The references this host follows (None: every collective)."""
+        return None if self.scope is None else self.scope.refs
+
+    def followed(self) -> list[UUID]:
+        """The collectives this host follows now (empty on a host that follows all)."""
+        return [] if self.scope is None else sorted(self.scope.collectives, key=str)
+
+    async def follow(self, collectives: Sequence[str | UUID]) -> list[UUID]:
+        """Follow more collectives (ids, names, ``owner:<owner id>``): each one new is
+        caught up from the log (its own subjects only) while the host goes on. Returns
+        every collective followed now (empty: the host follows every collective, and
+        this changes nothing). Admins only."""
+        self._me().need_admin("following collectives")
+        refs = parse_refs(collectives if isinstance(collectives, str) else list(collectives))
+        if self.scope is None:
+            return []
+        assert self._directory is not None
+        await self._directory.read(self.log)
+        self.scope.refs = tuple(dict.fromkeys((*self.scope.refs, *refs)))
+        await self._follow_ids(self._directory.matching(refs))
+        return self.followed()
+
+    # -- the machinery ------------------------------------------------------------------------
+
+    async def _follow_ids(self, ids: set[UUID]) -> None:
+        """Start following collectives: the tail goes on from what is applied with their
+        subjects added, and their events up to there are backfilled."""
+        assert self.scope is not None
+        async with self._follow_lock:
+            new = ids - set(self.scope.collectives)
+            state = self.engine.directory
+            if not new:
+                await asyncio.to_thread(self.scope.save, state)
+                return
+            await self._stop_replication()
+            await self._wait_applied(self._submitted_seq, timeout=600)
+            at = self.engine.seq
+            for cid in new:
+                self.scope.collectives[cid] = at
+            await asyncio.to_thread(self.scope.save, state)
+            self._start_replication()
+            await self._backfill(new)
+
+    async def _backfill(self, ids: set[UUID], *, restart: bool = False) -> None:
+        assert self.scope is not None
+        state = self.engine.directory
+        for cid in sorted(ids, key=str):
+            up_to = self.scope.collectives.get(cid, 0)
+            count = await self.engine.backfill(self.log, cid, up_to, restart=restart)
+            self.backfilled += count
+            self.scope.collectives[cid] = 0
+            await asyncio.to_thread(self.scope.save, state)
+            log.info("following collective %s: %d earlier events caught up", cid, count)
+        self._forget_known()
+
+    async def _watch_directory(self) -> None:
+        """Hear of collectives created later; follow those the references match."""
+        assert self.scope is not None and self._directory is not None
+        directory = self._directory
+        try:
+            async with contextlib.aclosing(
+                self.log.tail(directory.seq + 1, subjects=[DIRECTORY_SUBJECT])
+            ) as entries:
+                async for entry in entries:
+                    cid = directory.take(entry)
+                    if cid is None or cid in self.scope.collectives:
+                        continue
+                    owner, name = directory.collectives[cid]
+                    if matches(self.scope.refs, cid, owner, name):
+                        await self._follow_ids({cid})
+        except asyncio.CancelledError:
+            raise
+        except PulseError as exc:  # the replication loop reports the log's state
+            log.warning("the directory watch stopped: %s", exc)
+
+    async def _admit_collective(self, collective_id: UUID, owner_id: str, name: str) -> None:
+        """Before this host creates a collective: one its references stand for is
+        followed first (so it reads its own write); any other is refused."""
+        if self.scope is None:
+            return
+        if not matches(self.scope.refs, collective_id, owner_id, name):
+            raise ValidationError(
+                f"name: this host follows only {self.scope.describe()}; a collective it "
+                f"creates must be one of those (follow {name!r} or {OWNER}{owner_id} first, "
+                "or create it on a host that follows it)"
+            )
+        await self._follow_ids({collective_id})
+
+    def _not_followed(self, field: str, what: str, given: object) -> NotFollowed:
+        assert self.scope is not None
+        return NotFollowed(
+            f"{field}: {what} {given} is not followed by this host (it follows "
+            f"{self.scope.describe()})"
+        )
