@@ -6,8 +6,23 @@
     body      msgpack map of the tagged struct; UUIDs as 16-byte bin, embeddings as
               raw little-endian float32 bin
 
-Older schema versions are upcast on read: ``UPCASTERS[v]`` turns a raw body of version
-``v`` (a plain dict) into version ``v + 1``; the chain runs up to ``SCHEMA_VERSION``.
+Schema versions. Every message says which version wrote its body; this Pulse writes
+``SCHEMA_VERSION`` and reads every version up to it:
+
+- an older body is upcast on read: ``UPCASTERS[v]`` turns a raw body of version ``v`` (a
+  plain dict) into version ``v + 1``; the chain runs up to ``SCHEMA_VERSION``;
+- a newer body is refused (``DecodeError``: "written with schema N, this Pulse reads up to
+  M: upgrade Pulse"), never half read: a host keeps it as a dead letter, goes on with the
+  rest, and reads it once upgraded (see the README, "Upgrades").
+
+So any change to what a release writes, a new field (even with a default), a new event
+type or experience variant, a changed one, bumps ``SCHEMA_VERSION`` and registers the
+upcaster of the version before it (``lambda body: body`` when old bodies read as they are)
+here, at import: every process reads with them, ``eventlog.reader``'s child too. An added
+field without a bump would be dropped in silence by older hosts (the decoder ignores
+fields it does not know), and their state would differ for good. ``SCHEMA_VERSION`` and
+``UPCASTERS`` are read at each call, so a test can stand in for the next release by
+setting both (``tests/test_upgrade.py``).
 
 A message on the log is input from another host, so reading one is checking it: the body
 must be a well-typed event, every value in range (``eventlog.limits.check_ranges``: the
@@ -27,7 +42,7 @@ from uuid import UUID
 import msgspec
 
 from eventlog.errors import DecodeError
-from eventlog.events import Event, EventBase, event_type_name
+from eventlog.events import EVENT_TYPES, EXPERIENCE_TYPES, Event, EventBase, event_type_name
 from eventlog.limits import check_clock, check_ranges
 from eventlog.subjects import PREFIX, subject_for
 
@@ -53,6 +68,18 @@ class _Writer(msgspec.Struct):
 
 
 _writer_decoder = msgspec.msgpack.Decoder(_Writer)
+
+
+class _Tags(msgspec.Struct):
+    """Just the tags of a body (every other field ignored): for naming an unknown one."""
+
+    type: Any = None
+    experience_type: Any = None
+
+
+_tags_decoder = msgspec.msgpack.Decoder(_Tags)
+_EVENT_TAGS = frozenset(str(t.__struct_config__.tag) for t in EVENT_TYPES)
+_KIND_TAGS = frozenset(str(t.__struct_config__.tag) for t in EXPERIENCE_TYPES)
 _PULSE_SUBJECT = f"{PREFIX}."
 
 
@@ -135,6 +162,9 @@ def decode_event(
         event = _decoder.decode(payload) if version == SCHEMA_VERSION else _upcast(payload, version)
     except _Unreadable as exc:
         raise _refusal(str(exc), payload, subject, seq) from exc.__cause__
+    except msgspec.ValidationError as exc:
+        reason = (version == SCHEMA_VERSION and _unknown_tag(payload)) or str(exc)
+        raise _refusal(reason, payload, subject, seq) from exc
     except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         raise _refusal(str(exc), payload, subject, seq) from exc
     try:
@@ -156,6 +186,29 @@ def decode_event(
     return event
 
 
+def _unknown_tag(payload: bytes) -> str | None:
+    """Why a well-formed body of this version is not an event, when its event type or
+    experience variant is one this Pulse does not know (a newer one that added it without
+    a new schema version, or not Pulse); None for any other reason."""
+    try:
+        tags = _tags_decoder.decode(payload)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    what = None
+    if isinstance(tags.type, str) and tags.type not in _EVENT_TAGS:
+        what = f"event type {tags.type!r}"
+    elif isinstance(tags.experience_type, dict):
+        kind = tags.experience_type.get("kind")
+        if isinstance(kind, str) and kind not in _KIND_TAGS:
+            what = f"experience type {kind!r}"
+    if what is None:
+        return None
+    return (
+        f"{what} is unknown to this Pulse (schema {SCHEMA_VERSION}): "
+        "upgrade Pulse if a newer one wrote it"
+    )
+
+
 class _Unreadable(Exception):
     """An old body that cannot be upcast (the reason is the message)."""
 
@@ -171,9 +224,13 @@ def _upcast(payload: bytes, version: int) -> Event:
         except Exception as exc:  # an upcaster that failed on a malformed old body
             raise _Unreadable(f"upcasting failed: {exc!r}") from exc
     try:
-        return _decoder.decode(_encoder.encode(body))
-    except msgspec.EncodeError as exc:  # an upcaster that returned what is not a body
-        raise _Unreadable(f"upcasting failed: {exc!r}") from exc
+        upcast = _encoder.encode(body)
+    except Exception as exc:  # an upcaster that returned what is not a body (TypeError,
+        raise _Unreadable(f"upcasting failed: {exc!r}") from exc  # OverflowError, ...)
+    try:
+        return _decoder.decode(upcast)
+    except msgspec.ValidationError as exc:
+        raise _Unreadable(_unknown_tag(upcast) or str(exc)) from exc
 
 
 def _refusal(

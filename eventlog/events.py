@@ -4,7 +4,11 @@ Rules that keep old logs readable:
 - never change or remove a field of a shipped event; only add fields *with defaults*;
 - structs are encoded with ``omit_defaults``, so adding a defaulted field leaves the
   bytes of older events unchanged (the golden vectors in ``tests/golden`` check this);
-- anything else is a new schema version with an upcaster in ``eventlog.codec``.
+- every change to what a release writes (a new field too, a new event type or variant)
+  bumps ``eventlog.codec.SCHEMA_VERSION``, with an upcaster from the version before (the
+  identity when old bodies read as they are): an older host then keeps the new events
+  aside until it is upgraded, rather than folding them without what it does not know
+  (msgspec would silently drop a field it does not know).
 
 Timestamps are hybrid-logical-clock values packed in one int (see ``pack_hlc``); a
 creation time is the wall-clock part of its create event's HLC. Embeddings travel as

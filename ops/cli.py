@@ -24,6 +24,7 @@ from eventlog.errors import Forbidden, Unauthorized
 from eventlog.events import Event, event_type_name, unpack_vector
 from eventlog.log import LogEntry
 from eventlog.subjects import collective_filter
+from ops.backup import cmd_backup, cmd_restore, setup_backup, setup_restore
 from ops.commands import GROUPS, REGISTRY, Command, execute, open_instance
 from ops.demo import run_demo
 from ops.natsconf import cmd_nats_config, setup_nats_config
@@ -509,6 +510,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "digest": cmd_digest,
     "demo": cmd_demo,
     "nats-config": cmd_nats_config,
+    "backup": cmd_backup,
+    "restore": cmd_restore,
 }
 
 
@@ -586,6 +589,10 @@ def build_parser() -> argparse.ArgumentParser:
             )
         if name == "nats-config":
             setup_nats_config(sub)
+        if name == "backup":
+            setup_backup(sub)
+        if name == "restore":
+            setup_restore(sub)
         if name == "demo":
             sub.add_argument("--dir", type=Path, help="keep the demo's data here")
             sub.add_argument("--experiences", type=_positive, default=5, help="default 5")

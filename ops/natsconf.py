@@ -1,4 +1,5 @@
-"""Configuration for a NATS cluster of your own, with TLS and credentials: `pulse nats-config`.
+"""Configuration for a NATS cluster of your own (TLS, credentials) and for deploying it
+with Pulse on systemd hosts: `pulse nats-config`.
 
 For the hosts given, ``write_cluster`` writes into one directory:
 
@@ -10,6 +11,20 @@ For the hosts given, ``write_cluster`` writes into one directory:
     <node>/server-key.pem      its private key (0600);  <node>/ca.pem  a copy of the CA
     leaf-<name>/nats.conf      a leaf node's configuration (0600), with <leaf>/ca.pem
 
+With ``--systemd`` (a ``Layout``), each host's directory also holds what installs it
+(``ops.deploy.systemd``; ops/deploy/README.md walks an operator through it):
+
+    <host>/pulse-nats.service  nats-server -c <install dir>/nats.conf, hardened
+    <host>/pulse.service       pulse --replicas 3 up, reading <host>/pulse.env
+    <host>/pulse.env           PULSE_DATA_DIR, PULSE_NATS_URL (every node), _CREDS, _CA
+    <host>/client-credentials.json, ca.pem   what pulse.env points at (0600)
+    <host>/install.sh          run as root on the host: users, files, owners, services
+
+A host is given as ``--hosts a,b,c`` (same ports everywhere) or one ``--node
+name=a,host=10.0.0.5,client=4222,...`` each; ``check_hosts`` refuses a list that does
+not fit together (a name twice, a port out of range, two services on one host and
+port), naming the host and the field, before anything is written.
+
 Every node requires TLS and the client user and password on its client port, TLS (both
 ways: each node shows its certificate to the others) and the route user and password on
 its cluster port, and TLS and the leaf user and password on its leaf-node port; its
@@ -19,8 +34,8 @@ credentials; it runs no JetStream of its own: it carries core NATS traffic betwe
 host and the cluster (tests/test_nats_auth.py checks that), while Pulse hosts connect to
 the cluster nodes themselves (the cluster's JetStream API is not reached through such a
 leaf node; a leaf with a JetStream domain of its own and sourced streams is not what
-Pulse does today). JetStream stores under ``<install dir>/store`` with
-``sync_interval: always``, like Pulse's embedded server.
+Pulse does today). JetStream stores under ``<install dir>/store`` (with ``--systemd``,
+/var/lib/pulse-nats) with ``sync_interval: always``, like Pulse's embedded server.
 
 Passwords are in clear in the configurations (nats-server also takes bcrypt hashes for
 client passwords, but a route's password must be in clear in the other nodes' route
@@ -36,6 +51,7 @@ import datetime
 import ipaddress
 import json
 import os
+import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,8 +65,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from eventlog.embedded import NatsCredentials, write_private
 from eventlog.errors import ValidationError
 from eventlog.streams import DEFAULT_MAX_MSG_SIZE
+from ops.deploy import systemd
+from ops.deploy.systemd import AppHost, Layout, check_host
 
 CLIENT_USER, ROUTE_USER, LEAF_USER = "pulse", "route", "leaf"
+PORTS = {"client": "client_port", "cluster": "cluster_port", "leaf": "leaf_port",
+         "monitor": "monitor_port"}  # a node's ports: --node field -> Node field  # fmt: skip
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 
 
 @dataclass(frozen=True)
@@ -87,6 +108,8 @@ class Written:
     nodes: dict[str, Path] = field(default_factory=dict)  # name -> nats.conf
     leaves: dict[str, Path] = field(default_factory=dict)
     urls: list[str] = field(default_factory=list)  # tls://host:client_port of every node
+    hosts: dict[str, Path] = field(default_factory=dict)  # with a layout: name -> install.sh
+    replicas: int = 1  # what `pulse up --replicas` should say on this cluster
 
 
 def _hostport(host: str, port: int) -> str:
@@ -301,6 +324,63 @@ def _secrets(out: Path) -> dict[str, NatsCredentials]:
     return made
 
 
+def check_hosts(
+    nodes: Sequence[Node],
+    apps: Sequence[AppHost] = (),
+    *,
+    leaves: Sequence[Leaf] = (),
+    replicas: int | None = None,
+    min_port: int = 1,
+) -> None:
+    """Names, hosts and ports of a deployment fit together, or a ``ValidationError``
+    naming the host and the field: distinct names, ports in range, and no two services
+    on one host and port."""
+    if len(nodes) < 1:
+        raise ValidationError(
+            "hosts: give at least one host (three for a cluster that survives a node down)"
+        )
+    names = [n.name for n in nodes] + [f"leaf-{leaf.name}" for leaf in leaves]
+    for name in names + [a.name for a in apps]:
+        if not _NAME.fullmatch(name):
+            raise ValidationError(
+                f"hosts: {name!r} is not a host name (letters, digits, . _ : -): it names "
+                "the host's directory"
+            )
+    for name in names:
+        if names.count(name) > 1:
+            raise ValidationError(f"hosts: {name} appears twice")
+    app_names = [a.name for a in apps]
+    for name in app_names:
+        if app_names.count(name) > 1:
+            raise ValidationError(f"app-host: {name} appears twice")
+    hosts = {n.name: n.host for n in nodes}
+    taken: dict[tuple[str, int], str] = {}
+
+    def take(name: str, host: str, field_: str, port: int) -> None:
+        what = "node" if name in hosts else "app-host"
+        if not min_port <= port <= 65535:
+            low = " (the services get no privilege to bind a lower one)" if min_port > 1 else ""
+            raise ValidationError(
+                f"{what} {name}: {field_}: must be a port {min_port}..65535{low}, got {port}"
+            )
+        if (host, port) in taken:
+            raise ValidationError(
+                f"{what} {name}: {field_}: {_hostport(host, port)} is also {taken[host, port]}"
+            )
+        taken[host, port] = f"{name}'s {field_} port"
+
+    for node in nodes:
+        check_host(f"node {node.name}: host", node.host)
+        for field_, attribute in PORTS.items():
+            take(node.name, node.host, field_, getattr(node, attribute))
+    for app in apps:  # (an app host that is no node: its name is its host)
+        take(app.name, hosts.get(app.name, app.name), "http", app.http_port)
+    if replicas is not None and not 1 <= replicas <= min(5, len(nodes)):
+        raise ValidationError(
+            f"replicas: must be 1..{min(5, len(nodes))} on {len(nodes)} node(s), got {replicas}"
+        )
+
+
 def write_cluster(
     out: str | os.PathLike[str],
     nodes: Sequence[Node],
@@ -310,42 +390,56 @@ def write_cluster(
     install_dir: str | None = None,
     store_dir: str | None = None,
     days: int = 825,
+    layout: Layout | None = None,
+    apps: Sequence[AppHost] | None = None,
+    replicas: int | None = None,
 ) -> Written:
     """Write the CA, the credentials and every node's and leaf's files under ``out``
     (see the module docstring). ``install_dir``: where a node's files will be on its host
     (default: its directory under ``out``, absolute); ``store_dir``: JetStream's store
-    there (default ``<install_dir>/store``)."""
-    if len(nodes) < 1:
+    there (default ``<install_dir>/store``); both may hold ``{name}``, the node's name.
+
+    With a ``layout`` (its install and store directories replace those two), each host's
+    directory also gets systemd units, pulse.env and install.sh (``ops.deploy.systemd``):
+    every node is an app host (running `pulse up`) unless ``apps`` says which are; an app
+    host that is no node gets a directory of its own. ``replicas`` (default 3 on three
+    nodes or more, else 1) is what `pulse up --replicas` says in the units."""
+    if apps is None:
+        apps = [AppHost(n.name) for n in nodes] if layout is not None else []
+    check_hosts(nodes, apps, leaves=leaves, replicas=replicas,
+                min_port=1024 if layout is not None else 1)  # fmt: skip
+    if layout is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", cluster_name):
         raise ValidationError(
-            "hosts: give at least one host (three for a cluster that survives a node down)"
+            f"cluster-name: {cluster_name!r} must be letters, digits, _ and - (no spaces)"
         )
-    names = [n.name for n in nodes] + [f"leaf-{leaf.name}" for leaf in leaves]
-    for name in names:
-        if names.count(name) > 1:
-            raise ValidationError(f"hosts: {name} appears twice")
-        if not name or "/" in name or name.startswith("."):
-            raise ValidationError(f"hosts: {name!r} cannot name a directory")
     if days < 1:
         raise ValidationError(f"days: must be >= 1, got {days}")
+    if replicas is None:
+        replicas = 3 if len(nodes) >= 3 else 1
+    layouts = {h: layout.on(h) for h in [n.name for n in nodes] + [a.name for a in apps]
+               } if layout is not None else {}  # fmt: skip
     root = Path(out).absolute()
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     ca, ca_key = _load_or_make_ca(root, days)
     keys = _secrets(root)
     creds = root / "client-credentials.json"
     keys["client"].save(creds)
-    written = Written(root, root / "ca.pem", creds)
+    written = Written(root, root / "ca.pem", creds, replicas=replicas)
     for node in nodes:
         here = root / node.name
         here.mkdir(exist_ok=True)
-        directory = install_dir or str(here)
+        if layout is not None:
+            directory, store = layouts[node.name].install_dir, layouts[node.name].store_dir
+        else:
+            directory = (install_dir or str(here)).replace("{name}", node.name)
+            store = (store_dir or f"{directory}/store").replace("{name}", node.name)
         cert, key = _server_cert(node.host, ca, ca_key, days)
         (here / "server-cert.pem").write_bytes(cert)
         write_private(here / "server-key.pem", key.decode())
         shutil.copyfile(root / "ca.pem", here / "ca.pem")
         conf = node_config(
-            node, nodes, keys, directory=directory, store_dir=store_dir or f"{directory}/store",
-            cluster_name=cluster_name,
-        )  # fmt: skip
+            node, nodes, keys, directory=directory, store_dir=store, cluster_name=cluster_name
+        )
         write_private(here / "nats.conf", conf)
         written.nodes[node.name] = here / "nats.conf"
         written.urls.append(f"tls://{_hostport(node.host, node.client_port)}")
@@ -356,16 +450,132 @@ def write_cluster(
         conf = leaf_config(leaf, nodes, keys, directory=install_dir or str(here))
         write_private(here / "nats.conf", conf)
         written.leaves[leaf.name] = here / "nats.conf"
+    if layout is not None:
+        _write_services(written, nodes, apps, layouts, cluster_name)
     return written
+
+
+def _write_services(
+    written: Written,
+    nodes: Sequence[Node],
+    apps: Sequence[AppHost],
+    layouts: dict[str, Layout],
+    cluster_name: str,
+) -> None:
+    """Each host's systemd units, pulse.env and install.sh, next to its node's files."""
+    by_name = {n.name: n for n in nodes}
+    app_of = {a.name: a for a in apps}
+    for name in dict.fromkeys([*by_name, *app_of]):  # nodes first, in order
+        here, lay = written.out / name, layouts[name]
+        here.mkdir(exist_ok=True)
+        node, app = by_name.get(name), app_of.get(name)
+        for stale in (systemd.NATS_UNIT, systemd.PULSE_UNIT, systemd.PULSE_ENV):
+            (here / stale).unlink(missing_ok=True)  # a rerun with other app hosts
+        if node is not None:
+            unit = systemd.nats_unit(name, cluster_name, lay)
+            (here / systemd.NATS_UNIT).write_text(unit)
+        if app is not None:
+            shutil.copyfile(written.ca, here / "ca.pem")
+            NatsCredentials.load(written.client_credentials).save(here / "client-credentials.json")
+            (here / systemd.PULSE_ENV).write_text(systemd.pulse_env(app, lay, written.urls))
+            unit = systemd.pulse_unit(
+                app, lay, replicas=written.replicas, cluster_name=cluster_name,
+                with_node=node is not None,
+            )  # fmt: skip
+            (here / systemd.PULSE_UNIT).write_text(unit)
+        script = systemd.install_script(
+            name, node.host if node else name, lay, node=node is not None, app=app is not None
+        )
+        (here / systemd.INSTALL).write_text(script)
+        (here / systemd.INSTALL).chmod(0o755)
+        written.hosts[name] = here / systemd.INSTALL
 
 
 # -- the command ------------------------------------------------------------------------------
 
+NODE_FIELDS = ("name", "host", *PORTS, "http")
+APP_FIELDS = ("name", "http")
+_SYSTEMD_ONLY = ("app_host", "pulse_config_dir", "pulse_data_dir", "unit_dir", "pulse_user",
+                 "nats_user", "pulse_bin", "nats_server_bin", "http_host")  # fmt: skip
+
+
+def parse_spec(spec: str, what: str, number: int, fields: Sequence[str]) -> dict[str, str]:
+    """The fields of ``--node name=n1,host=10.0.0.5,client=4222`` (``what`` is "node"),
+    or a ``ValidationError`` naming the host (or its place) and the field."""
+    pieces = [piece.strip() for piece in spec.split(",")]
+    named = [p.partition("=")[2].strip() for p in pieces if p.partition("=")[0].strip() == "name"]
+    label = f"{what} {named[0]}" if named and named[0] else f"{what} #{number}"
+    values: dict[str, str] = {}
+    for piece in pieces:
+        key, equals, value = (part.strip() for part in piece.partition("="))
+        if not equals or not key:
+            raise ValidationError(
+                f"{label}: {piece!r} is not FIELD=VALUE (fields: {', '.join(fields)})"
+            )
+        if key not in fields:
+            raise ValidationError(f"{label}: unknown field {key!r} (fields: {', '.join(fields)})")
+        if key in values:
+            raise ValidationError(f"{label}: {key}: given twice")
+        if not value:
+            raise ValidationError(f"{label}: {key}: empty")
+        values[key] = value
+    if "name" not in values:
+        raise ValidationError(f"{label}: name: missing (as in --{what} name=n1,...)")
+    return values
+
+
+def _port(label: str, field_: str, value: str) -> int:
+    try:
+        return int(value)  # (its range: check_hosts)
+    except ValueError:
+        raise ValidationError(f"{label}: {field_}: {value!r} is not a port number") from None
+
+
+def hosts_of(args: argparse.Namespace) -> tuple[list[Node], list[AppHost]]:
+    """The nodes and app hosts of `pulse nats-config`'s options."""
+    default: dict[str, int] = {f: getattr(args, f"{f}_port") for f in PORTS}
+    http_port = args.http_port or 8765
+    nodes, apps = [], []
+    if args.hosts is not None:
+        for host in [h.strip() for h in args.hosts.split(",") if h.strip()]:
+            ports = {PORTS[f]: port for f, port in default.items()}
+            nodes.append(Node(host, host, listen=args.listen, **ports))
+            apps.append(AppHost(host, http_port))
+    for number, spec in enumerate(args.node or [], 1):
+        values = parse_spec(spec, "node", number, NODE_FIELDS)
+        label = f"node {values['name']}"
+        ports = {
+            PORTS[f]: _port(label, f, values[f]) if f in values else port
+            for f, port in default.items()
+        }
+        if "http" in values and not args.systemd:
+            raise ValidationError(f"{label}: http: only with --systemd (pulse up's port)")
+        name = values["name"]
+        nodes.append(Node(name, values.get("host", name), listen=args.listen, **ports))
+        apps.append(
+            AppHost(name, _port(label, "http", values["http"]) if "http" in values else http_port)
+        )
+    for number, spec in enumerate(args.app_host or [], 1):
+        values = parse_spec(spec, "app-host", number, APP_FIELDS)
+        label = f"app-host {values['name']}"
+        port = _port(label, "http", values["http"]) if "http" in values else http_port
+        apps.append(AppHost(values["name"], port))
+    return nodes, apps
+
 
 def setup_nats_config(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--hosts", required=True, help="the cluster's hosts, comma-separated (names or IPs)"
-    )
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--hosts", metavar="HOSTS",
+        help="the cluster's hosts, comma-separated (names or IPs; each also names its node), "
+        "all with the same ports",
+    )  # fmt: skip
+    which.add_argument(
+        "--node", action="append", metavar="SPEC",
+        help="a node, repeatable: name=NAME[,host=HOST][,client=PORT][,cluster=PORT]"
+        "[,leaf=PORT][,monitor=PORT][,http=PORT] (host: NAME; ports: the options below; "
+        "http: pulse up's port on it, with --systemd)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, required=True, help="write everything into this directory")
     p.add_argument(
         "--leaf", action="append", default=[], metavar="NAME",
@@ -374,11 +584,13 @@ def setup_nats_config(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster-name", default="pulse", help="default: pulse")
     p.add_argument(
         "--install-dir", metavar="DIR",
-        help="where each node's files will be on its host (default: its directory under --out)",
+        help="where each node's files will be on its host (default: its directory under "
+        "--out; with --systemd /etc/pulse-nats); {name} stands for the node's name",
     )  # fmt: skip
     p.add_argument(
-        "--store-dir", metavar="DIR", help="JetStream store (default: <install dir>/store)"
-    )
+        "--store-dir", metavar="DIR",
+        help="JetStream store (default: <install dir>/store; with --systemd /var/lib/pulse-nats)",
+    )  # fmt: skip
     p.add_argument("--listen", default="0.0.0.0", help="address the nodes listen on (0.0.0.0)")
     p.add_argument("--client-port", type=int, default=4222, help="default 4222")
     p.add_argument("--cluster-port", type=int, default=6222, help="default 6222")
@@ -386,12 +598,49 @@ def setup_nats_config(p: argparse.ArgumentParser) -> None:
     p.add_argument("--monitor-port", type=int, default=8222, help="loopback only; default 8222")
     p.add_argument("--days", type=int, default=825, help="certificates' lifetime (825 days)")
     p.add_argument(
+        "--replicas", type=int, metavar="N",
+        help="stream replicas pulse up asks for (default: 3 on three nodes or more, else 1)",
+    )  # fmt: skip
+    p.add_argument(
         "--json", action="store_true", help="print what was written as one JSON document"
+    )
+    s = p.add_argument_group(
+        "deployment (--systemd)",
+        "systemd units, pulse.env and install.sh per host; paths may hold {name}",
+    )
+    s.add_argument(
+        "--systemd", action="store_true",
+        help="also write, per host, systemd units for nats-server and pulse up, pulse.env "
+        "and install.sh (run it there as root)",
+    )  # fmt: skip
+    s.add_argument(
+        "--app-host", action="append", metavar="SPEC",
+        help="a host that runs pulse up but no node, repeatable: name=NAME[,http=PORT] "
+        "(every node runs pulse up too)",
+    )  # fmt: skip
+    layout = Layout()
+    for option, dest, metavar, text in [
+        ("--pulse-config-dir", "pulse_config_dir", "DIR", "pulse.env, client credentials, CA"),
+        ("--pulse-data-dir", "pulse_data_dir", "DIR", "pulse up's data directory"),
+        ("--unit-dir", "unit_dir", "DIR", "where install.sh puts the units"),
+        ("--pulse-user", "pulse_user", "USER", "system user running pulse up"),
+        ("--nats-user", "nats_user", "USER", "system user running nats-server"),
+        ("--pulse-bin", "pulse_bin", "PATH", "the pulse command"),
+        ("--nats-server-bin", "nats_server_bin", "PATH", "nats-server 2.12 or later: the "
+         "nats-server-bin package, a Pulse dependency, installs it next to pulse (Debian 12's "
+         "own is 2.9, too old)"),
+        ("--http-host", "http_host", "HOST", "pulse up serves its API here; beyond loopback "
+         "it needs a token: see pulse.env"),
+    ]:  # fmt: skip
+        s.add_argument(option, dest=dest, metavar=metavar,
+                       help=f"{text} (default {getattr(layout, dest)})")  # fmt: skip
+    s.add_argument(
+        "--http-port", type=int, metavar="PORT", help="pulse up's port (default 8765; or http=)"
     )
 
 
 def cmd_nats_config(args: argparse.Namespace) -> int:
-    """Write TLS and credentials configuration for a NATS cluster (and leaf nodes).
+    """Write a NATS cluster's TLS and credentials, and with --systemd a whole deployment.
 
     For the hosts given: a private CA, a certificate per host, each node's nats.conf
     (client port with TLS and a user and password, cluster routes with TLS both ways and
@@ -404,21 +653,46 @@ def cmd_nats_config(args: argparse.Namespace) -> int:
     its files) and run `nats-server -c nats.conf` there; then point Pulse at the cluster
     with the URLs, the credentials file and the CA it prints.
 
+    With --systemd, <out>/<host>/ holds all that host needs: its node's files,
+    pulse-nats.service (nats-server), pulse.service (pulse --replicas 3 up), pulse.env
+    (PULSE_DATA_DIR, PULSE_NATS_URL of every node, PULSE_NATS_CREDS, PULSE_NATS_CA) and
+    install.sh. Copy the directory to the host and run `sh install.sh` there as root: it
+    makes the users (pulse-nats, pulse), puts the files in place (/etc/pulse-nats,
+    /etc/pulse, /var/lib/pulse-nats, /var/lib/pulse, /etc/systemd/system) and starts
+    both services. Pulse and nats-server are expected in /opt/pulse/bin (a virtualenv
+    with pulse-memory, whose nats-server-bin dependency installs nats-server there).
+    ops/deploy/README.md walks through it.
+
     example:
       pulse nats-config --hosts n1.example.org,n2.example.org,n3.example.org --out nats-conf
       pulse nats-config --hosts 10.0.0.5,10.0.0.6,10.0.0.7 --out nats-conf \\
         --install-dir /etc/pulse-nats --leaf laptop-1
+      pulse nats-config --systemd --hosts n1.example.org,n2.example.org,n3.example.org \\
+        --out deploy
+      pulse nats-config --systemd --out deploy --node name=a,host=10.0.0.5 \\
+        --node name=b,host=10.0.0.6 --node name=c,host=10.0.0.7,client=4333 \\
+        --app-host name=agents-1 --pulse-data-dir /srv/pulse
     """
-    hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
-    nodes = [
-        Node(host, host, args.client_port, args.cluster_port, args.leaf_port, args.monitor_port,
-             args.listen)
-        for host in hosts
-    ]  # fmt: skip
+    given = {d: getattr(args, d) for d in _SYSTEMD_ONLY if getattr(args, d) is not None}
+    if args.http_port is not None:
+        given["http_port"] = args.http_port
+    if not args.systemd and given:
+        option = next(iter(given)).replace("_", "-")
+        raise ValidationError(f"{option}: only with --systemd")
+    nodes, apps = hosts_of(args)
     leaves = [Leaf(name) for name in args.leaf]
+    layout = None
+    if args.systemd:
+        fields = {k: v for k, v in given.items() if k not in ("app_host", "http_port")}
+        if args.install_dir:
+            fields["install_dir"] = args.install_dir
+        if args.store_dir:
+            fields["store_dir"] = args.store_dir
+        layout = Layout(**fields)
     written = write_cluster(
         args.out, nodes, leaves=leaves, cluster_name=args.cluster_name,
         install_dir=args.install_dir, store_dir=args.store_dir, days=args.days,
+        layout=layout, apps=apps if layout is not None else None, replicas=args.replicas,
     )  # fmt: skip
     out = args.out
     if args.json:
@@ -427,6 +701,8 @@ def cmd_nats_config(args: argparse.Namespace) -> int:
             "client_credentials": str(written.client_credentials),
             "nodes": {k: str(v) for k, v in written.nodes.items()},
             "leaves": {k: str(v) for k, v in written.leaves.items()},
+            "hosts": {k: str(v.parent) for k, v in written.hosts.items()},
+            "replicas": written.replicas,
         }  # fmt: skip
         print(json.dumps(document))
         return 0
@@ -438,6 +714,16 @@ def cmd_nats_config(args: argparse.Namespace) -> int:
     print(f"  {out / 'ca-key.pem'}  the CA's key (0600): keep it offline; reruns reuse it")
     print(f"  {out / 'secrets.json'}  every password (0600); reruns reuse them")
     print(f"  {out / 'client-credentials.json'}  what Pulse hosts present (0600)")
+    if layout is not None:
+        hosts = {n.name: n.host for n in nodes}
+        for name in written.hosts:
+            runs = ["nats-server"] if name in hosts else []
+            runs += ["pulse up"] if any(a.name == name for a in apps) else []
+            print(f"  {out / name}/  copy to {hosts.get(name, name)}; there, as root: "
+                  f"sh install.sh  ({' and '.join(runs)})")  # fmt: skip
+        print(f"Each runs `pulse --replicas {written.replicas} up` (pulse.service) with "
+              f"{layout.pulse_config_dir}/pulse.env; see ops/deploy/README.md")  # fmt: skip
+        return 0
     where = args.install_dir or "its directory"
     for node in nodes:
         print(f"  {out / node.name}/  copy to {node.host} ({where}); run: nats-server -c nats.conf")
@@ -446,5 +732,5 @@ def cmd_nats_config(args: argparse.Namespace) -> int:
               f"nats://127.0.0.1:{leaf.client_port} with the same credentials")  # fmt: skip
     print("Connect Pulse (the credentials and the CA copied to each Pulse host):")
     print(f"  pulse --nats-url {','.join(written.urls)} --nats-creds {written.client_credentials} "
-          f"--nats-ca {written.ca} --replicas {3 if len(nodes) >= 3 else 1} up")  # fmt: skip
+          f"--nats-ca {written.ca} --replicas {written.replicas} up")  # fmt: skip
     return 0

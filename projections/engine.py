@@ -221,7 +221,33 @@ class Engine:
                 if collecting:
                     gc.enable()
         await self.run(_out_of_the_collectors_sight, 2)
+        await self.readmit(log_)
         return applied
+
+    async def readmit(self, log_: EventLog) -> int:
+        """After an upgrade, read every message kept aside again, each by its sequence
+        (the log still holds it), and fold what now reads (``Projection.readmit``);
+        returns how many now apply. Nothing is read unless this Pulse reads a newer wire
+        schema than the one that kept them aside."""
+        due = await self.run(Projection.readmit_due)
+        if not due:
+            return 0
+        entries: list[LogEntry] = []
+        gone: list[int] = []
+        for seq, subject in due:
+            found: LogEntry | None = None
+            reading = log_.read(seq, batch_size=1, subjects=[subject])
+            async with contextlib.aclosing(reading) as batches:
+                async for batch in batches:
+                    found = batch[0] if batch else None
+                    break
+            if found is not None and found.seq == seq:
+                entries.append(found)
+            else:
+                gone.append(seq)
+        readable = await self.run(Projection.readmit, entries, gone)
+        log.info("read %d dead letters again after an upgrade: %d now apply", len(due), readable)
+        return readable
 
     async def flush(self) -> int:
         """Write DuckDB up to what is applied; returns the sequence it reflects."""

@@ -18,6 +18,12 @@ An event that cannot be applied (unreadable, a value out of range, anything that
 folding it raise) is kept aside as a dead letter with its sequence, subject, reason
 and writer; the rest of its batch applies. One bad event never stops a host.
 
+A message kept aside because a newer Pulse wrote it is not lost: once this host runs a
+Pulse that reads a newer wire schema than the one that kept it aside (an upgrade), the
+engine reads every dead letter again by its sequence (``readmit_due``, ``readmit``) and
+what now reads is folded, in any order as always; the wire schema is recorded in
+``meta``.
+
 A ``Projection`` is not thread-safe: ``projections.engine.Engine`` owns it on one thread.
 """
 
@@ -40,6 +46,7 @@ from uuid import UUID
 import msgspec
 import numpy as np
 
+from eventlog import codec
 from eventlog import events as ev
 from eventlog.ids import uuid7
 from eventlog.log import EventLog, LogEntry
@@ -52,6 +59,7 @@ from projections.fold import (
     Placed,
     row_of,
 )
+from projections.schema import MISPLACED
 from projections.scope import Scope
 from projections.state import Audited, MemoryState, Rejected, Touched
 from projections.store import StateInUse, Store
@@ -90,8 +98,11 @@ class Projection:
         self._owner = threading.get_ident()  # the one thread that may change it
         self.store = Store(self.dir / "state.duckdb")
         self._seq = self.store.checkpoint()[0]
+        if self._seq == 0:  # what it keeps aside from now on, this Pulse kept aside
+            self.store.set_wire_schema(codec.SCHEMA_VERSION)
         self.flushed_seq = self._seq
         self._unflushed = 0  # events applied in memory since the last DuckDB write
+        self._readmitted: set[int] = set()  # dead letters no longer, not yet so in DuckDB
         self.memory = MemoryState()
         self.memory.load(
             (
@@ -140,6 +151,7 @@ class Projection:
         return (
             self.flushed_seq != self._seq
             or bool(self.memory.unflushed_rejected)
+            or bool(self._readmitted)
             or self.memory.has_changes()
         )
 
@@ -168,6 +180,46 @@ class Projection:
             self.caches.pop(key)  # the history before them changed: pasts are made again
         self.sync_indexes()
         return len(entries)
+
+    def readmit_due(self) -> list[tuple[int, str]]:
+        """The dead letters to read again (sequence, subject): the messages kept aside
+        unread or unapplied, when this Pulse reads a newer wire schema than the one that
+        kept them aside (it was upgraded); none otherwise. (Events kept aside for naming
+        another collective than their entity's were folded: they stay as they are.) With
+        none to read, the version is recorded."""
+        self._check_owner()
+        due = sorted(
+            (r.seq, r.subject)
+            for r in self.memory.rejected.values()
+            if not r.reason.startswith(MISPLACED)
+        )
+        if due and self.store.wire_schema() < codec.SCHEMA_VERSION:
+            return due
+        if self.store.wire_schema() != codec.SCHEMA_VERSION:
+            self.store.set_wire_schema(codec.SCHEMA_VERSION)
+        return []
+
+    def readmit(self, entries: Sequence[LogEntry], gone: Sequence[int]) -> int:
+        """Fold again the dead letters ``readmit_due`` named, as read again from the log
+        (``entries``; ``gone``: those the log no longer holds, forgotten since: no host
+        reading the log now would see them). The fold is order-free, so what reads now
+        lands as if it had come in its turn; what still cannot be read or applied is
+        kept aside again, with today's reason (as a host of this version reading the log
+        from the start has it). Written to DuckDB with the version; returns how many
+        now apply."""
+        self._check_owner()
+        memory = self.memory
+        again = [e for e in entries if e.seq in memory.rejected]
+        dropped = {e.seq for e in again} | {s for s in gone if s in memory.rejected}
+        for seq in dropped:
+            del memory.rejected[seq]
+        memory.unflushed_rejected = [r for r in memory.unflushed_rejected if r.seq not in dropped]
+        self._readmitted |= dropped
+        if again:
+            self._fold(again)
+        self.flush()
+        self.store.set_wire_schema(codec.SCHEMA_VERSION)
+        return sum(1 for e in again if e.seq not in memory.rejected)
 
     def _fold(self, fresh: list[LogEntry]) -> Touched:
         """Fold entries into memory (the indexes follow at ``sync_indexes``)."""
@@ -271,13 +323,14 @@ class Projection:
                 self.store.write(
                     rows, vec_ids=self.memory.vec_ids, forgotten=forgotten, rejected=rejected,
                     last_seq=self._seq, count=self._unflushed, audited=audited,
-                    counted=counted,
+                    counted=counted, readmitted=self._readmitted,
                 )  # fmt: skip
             except BaseException:
                 self.memory.restore_dirty(rows, forgotten, rejected)
                 self.memory.unflushed_audit = audited + self.memory.unflushed_audit
                 self.memory.unflushed_counts = counted + self.memory.unflushed_counts
                 raise
+            self._readmitted = set()
             self.flushed_seq = self._seq
             self._unflushed = 0
         self.last_flush = time.monotonic()

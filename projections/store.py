@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -162,12 +162,19 @@ class Store:
         count: int,
         audited: Sequence[Audited] = (),
         counted: Sequence[Counted] = (),
+        readmitted: Collection[int] = (),
     ) -> None:
         """Write the rows the engine changed (already merged in memory) and move the
         checkpoint, in one transaction: one columnar insert per table, whatever the
-        number of events behind them."""
+        number of events behind them. ``readmitted``: sequences no longer kept aside
+        (``Projection.readmit``; those of ``rejected`` are kept aside again)."""
         self.con.begin()
         try:
+            if readmitted:
+                self.con.execute(
+                    "DELETE FROM undecodable WHERE seq IN "
+                    f"({', '.join(str(int(s)) for s in sorted(readmitted))})"
+                )
             for row_type, batch in rows.items():
                 if batch:
                     self._replace(row_type, batch, vec_ids, last_seq)
@@ -290,6 +297,15 @@ class Store:
             ).fetchall():
                 found[row_id] = int(vec_id)
         return found
+
+    def wire_schema(self) -> int:
+        """The wire schema version (``eventlog.codec.SCHEMA_VERSION``) of the Pulse that
+        kept aside the messages held here (1 before it was recorded: the only one then)."""
+        found = self.con.execute("SELECT value FROM meta WHERE key = 'wire_schema'").fetchone()
+        return int(found[0]) if found else 1
+
+    def set_wire_schema(self, version: int) -> None:
+        self.con.execute("INSERT OR REPLACE INTO meta VALUES ('wire_schema', ?)", [str(version)])
 
     def rejected(self) -> list[Rejected]:
         return [

@@ -88,7 +88,8 @@ def test_every_command_has_help_with_an_example() -> None:
         ("reinforce",), ("search",), ("context",), ("relate",), ("related",), ("sql",),
         ("rebuild",), ("digest",), ("tail",), ("export",), ("up",), ("demo",),
         ("insight", "add"), ("activity", "start"), ("activity", "list"), ("token", "create"),
-        ("token", "list"), ("token", "revoke"),
+        ("token", "list"), ("token", "revoke"), ("backup",), ("restore",), ("status",),
+        ("nats-config",),
     ]:  # fmt: skip
         assert path in leaves, f"`pulse {' '.join(path)}` is missing"
     for path, sub in leaves.items():

@@ -178,12 +178,25 @@ def test_arbitrary_bytes_raise_only_decode_error(payload: bytes) -> None:
         assert "subject pulse.c.x.experience.y, stream sequence 9" in str(exc)
 
 
+def _with_kind(kind: str) -> bytes:
+    """A recorded experience whose experience type is the variant ``kind``."""
+    body = msgspec.msgpack.decode(golden_path("experience.recorded.Fact").read_bytes())
+    body["experience_type"] = {"kind": kind, "hunch": "maybe"}
+    return msgspec.msgpack.encode(body)
+
+
 @pytest.mark.parametrize(
     ("payload", "headers", "reason"),
     [
         (b"\xc1", HEADERS, "malformed"),
         (golden_path("relation.stored").read_bytes()[:-7], HEADERS, "truncated|malformed"),
-        (msgspec.msgpack.encode({"type": "experience.teleported"}), HEADERS, "Invalid value"),
+        (
+            msgspec.msgpack.encode({"type": "experience.teleported"}),
+            HEADERS,
+            "event type 'experience.teleported' is unknown to this Pulse "
+            rf"\(schema {SCHEMA_VERSION}\): upgrade Pulse",
+        ),
+        (_with_kind("Hunch"), HEADERS, "experience type 'Hunch' is unknown to this Pulse"),
         (msgspec.msgpack.encode({"type": "collective.deleted"}), HEADERS, "missing required field"),
         (golden_path("collective.deleted").read_bytes(), {}, "no Pulse-Schema header"),
         (golden_path("collective.deleted").read_bytes(), {HDR_SCHEMA: "v1"}, "not a number"),
@@ -193,6 +206,7 @@ def test_arbitrary_bytes_raise_only_decode_error(payload: bytes) -> None:
         "garbage",
         "truncated",
         "unknown-type",
+        "unknown-experience-type",
         "missing-field",
         "no-header",
         "bad-header",
@@ -262,3 +276,52 @@ def test_adding_a_defaulted_field_leaves_old_bytes_readable() -> None:
     assert msgspec.msgpack.Encoder(uuid_format="bytes").encode(new) == encode_body(old)
     as_new = msgspec.msgpack.decode(encode_body(old), type=CollectiveCreatedV2)
     assert as_new.retention_days == 0 and as_new.embedding_dimension == 4
+
+
+# -- versions: what an older and a newer Pulse make of each other's bodies -------------------
+
+GOLDEN_SCHEMA = 1  # the version that wrote the vectors in tests/golden
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_golden_vectors_read_as_the_version_that_wrote_them(name: str) -> None:
+    """The vectors say the version they were written with, as a message on the log does:
+    whatever ``SCHEMA_VERSION`` is now, they read (through the upcasters) as their sample."""
+    frozen = golden_path(name).read_bytes()
+    assert decode_event(frozen, {HDR_SCHEMA: str(GOLDEN_SCHEMA)}) == SAMPLES[name]
+
+
+def test_every_older_version_has_an_upcaster() -> None:
+    """A release that bumps the version registers the step from the one before (at import
+    of the codec, so every process has it)."""
+    assert [v for v in range(GOLDEN_SCHEMA, SCHEMA_VERSION) if v not in UPCASTERS] == []
+
+
+def test_a_field_this_pulse_does_not_know_is_ignored() -> None:
+    """msgspec skips fields it does not know: an older Pulse would fold a newer body
+    without its new field, which is why a new field needs a new schema version."""
+    body = msgspec.msgpack.decode(golden_path("collective.created").read_bytes())
+    body["retention_days"] = 30
+    assert decode_event(msgspec.msgpack.encode(body), HEADERS) == SAMPLES["collective.created"]
+
+
+def test_an_unknown_type_is_named_after_upcasting_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(UPCASTERS, 0, lambda body: body)
+    with pytest.raises(DecodeError, match="experience type 'Hunch' is unknown"):
+        decode_event(_with_kind("Hunch"), {HDR_SCHEMA: "0"})
+
+
+@pytest.mark.parametrize(
+    "made",
+    [{"type": "collective.deleted", "hlc": 2**70}, {"a": object()}, {"a": 1j}, None, []],
+    ids=["overflow", "object", "complex", "none", "list"],
+)
+def test_an_upcaster_that_makes_no_body_is_a_decode_error(
+    monkeypatch: pytest.MonkeyPatch, made: Any
+) -> None:
+    """Even a broken upcaster never makes decoding raise anything but DecodeError (a
+    consumer sets the message aside and goes on)."""
+    monkeypatch.setitem(UPCASTERS, 0, lambda body: made)
+    old = golden_path("collective.deleted").read_bytes()
+    with pytest.raises(DecodeError, match="stream sequence 3"):
+        decode_event(old, {HDR_SCHEMA: "0"}, subject="pulse.c.x", seq=3)

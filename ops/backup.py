@@ -1,0 +1,674 @@
+"""`pulse backup` and `pulse restore`: a JetStream snapshot of the event stream plus the
+NATS credentials, and its restore into a deployment that has no such stream.
+
+A backup is a directory, or the same files in one uncompressed ``.tar`` (the snapshot is
+compressed already):
+
+    manifest.json     what this is: the stream, its sequences and message count, when,
+                      which Pulse (event and state schemas), and the size and SHA-256 of
+                      every other file; written last
+    stream.json       the stream's JetStream configuration and state at the snapshot
+    stream.snapshot   the snapshot's bytes, as the server sent them (opaque here)
+    credentials.json  the user and password NATS asks of clients: the embedded server's
+                      <data dir>/nats/credentials.json, or the --nats-creds file (if any)
+
+Every file is mode 0600 and the directory 0700 (the snapshot holds every memory, the
+credentials the password). Only the main stream (``PULSE``) is backed up: the activity
+stream holds presence, the last heartbeat of each agent, expiring within the hour; a
+restored deployment starts with nobody active, and its hosts create that stream.
+
+A restore checks the whole backup (manifest, sizes, checksums, schema) before it touches
+anything, creates the stream through JetStream's restore API (``eventlog.snapshots``),
+and checks the restored stream holds the snapshot's messages; if anything fails the
+stream is deleted again. It never replaces an existing stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import tarfile
+import urllib.parse
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import msgspec
+from nats.aio.client import Client as NATS
+
+from eventlog import SCHEMA_VERSION as EVENT_SCHEMA
+from eventlog import EmbeddedNats, JetStreamLog, StreamSettings, ValidationError
+from eventlog.embedded import NatsCredentials
+from eventlog.errors import NotFoundError
+from eventlog.snapshots import SnapshotError, StreamExists, restore_stream, snapshot_stream
+from ops.progress import ProgressBar
+from ops.remote import running_service
+from projections.schema import SCHEMA_VERSION as STATE_SCHEMA
+
+FORMAT = "pulse-backup"
+FORMAT_VERSION = 1
+MANIFEST, STREAM, SNAPSHOT, CREDENTIALS = (
+    "manifest.json", "stream.json", "stream.snapshot", "credentials.json"
+)  # fmt: skip
+_FILES = (STREAM, SNAPSHOT, CREDENTIALS)  # what a manifest may list
+_BLOCK = 1024 * 1024
+
+
+class FileEntry(msgspec.Struct, frozen=True):
+    size: int
+    sha256: str
+
+
+class Manifest(msgspec.Struct, frozen=True, kw_only=True):
+    """``manifest.json``. Later versions only add fields with defaults."""
+
+    format: str
+    format_version: int
+    created: str  # ISO 8601, UTC
+    pulse_version: str
+    event_schema: int  # eventlog.codec.SCHEMA_VERSION of the Pulse that took it
+    state_schema: int  # projections.schema.SCHEMA_VERSION, likewise
+    stream: str
+    first_seq: int
+    last_seq: int
+    messages: int
+    bytes: int  # bytes the stream stored (the snapshot is smaller: compressed)
+    nats_server: str  # the version of the server that took the snapshot
+    source: str  # "embedded server of <data dir>", or the NATS URL(s), without passwords
+    credentials: str | None  # where credentials.json came from; None: no credentials
+    files: dict[str, FileEntry]
+
+
+_encoder = msgspec.json.Encoder()
+_manifest_decoder = msgspec.json.Decoder(Manifest)
+
+
+def _pulse_version() -> str:
+    try:
+        return importlib.metadata.version("pulse-memory")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+# -- connecting ---------------------------------------------------------------------------
+
+
+def _hosts(urls: str) -> str:
+    """The NATS URLs of --nats-url fit for a message (no user or password)."""
+    parts = [urllib.parse.urlsplit(u.strip()) for u in urls.split(",") if u.strip()]
+    return ", ".join(f"{p.scheme}://{p.netloc.rpartition('@')[2]}" for p in parts)
+
+
+@contextlib.asynccontextmanager
+async def _connected(args: argparse.Namespace) -> AsyncIterator[tuple[NATS, EmbeddedNats | None]]:
+    """A NATS connection to the deployment: --nats-url, else the embedded server of
+    --data-dir (reused if `pulse up` runs it, else started for the while). Unlike the
+    other commands, it creates no stream."""
+    server: EmbeddedNats | None = None
+    credentials = tls_ca = None
+    if args.nats_url:
+        urls = [u.strip() for u in args.nats_url.split(",") if u.strip()]
+        credentials, tls_ca = args.nats_creds, args.nats_ca
+    else:
+        server = EmbeddedNats(args.data_dir)
+        urls = [await asyncio.to_thread(server.start)]  # waits for readiness: off the loop
+    try:
+        log = await JetStreamLog.connect(
+            urls, create_streams=False, credentials=credentials, tls_ca=tls_ca
+        )
+        try:
+            yield log.nc, server
+        finally:
+            await log.close()
+    finally:
+        if server is not None:
+            await asyncio.to_thread(server.stop)
+
+
+def _where(args: argparse.Namespace) -> str:
+    if args.nats_url:
+        return _hosts(args.nats_url)
+    return f"embedded server of {Path(args.data_dir).resolve()}"
+
+
+# -- taking a backup ----------------------------------------------------------------------
+
+
+class _HashingFile:
+    """A file being written (mode 0600) and the SHA-256 and size of what went in."""
+
+    def __init__(self, path: Path) -> None:
+        self.out = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self.out.write(data)
+        self.hash.update(data)
+        self.size += len(data)
+
+    def close(self) -> FileEntry:
+        self.out.flush()
+        os.fsync(self.out.fileno())
+        self.out.close()
+        return FileEntry(self.size, self.hash.hexdigest())
+
+
+def _write_file(path: Path, data: bytes) -> FileEntry:
+    out = _HashingFile(path)
+    try:
+        out.write(data)
+    finally:
+        entry = out.close()
+    return entry
+
+
+def _check_destination(destination: Path) -> None:
+    if destination.is_dir() and any(destination.iterdir()):
+        raise ValidationError(
+            f"destination: {destination} is a directory that is not empty; a backup never "
+            "overwrites anything: give a new path (a directory, or a file ending in .tar)"
+        )
+    if destination.exists() and not destination.is_dir():
+        raise ValidationError(
+            f"destination: {destination} exists; a backup never overwrites anything: give a "
+            "new path (a directory, or a file ending in .tar)"
+        )
+    if not destination.parent.is_dir():
+        raise ValidationError(
+            f"destination: the directory {destination.parent} does not exist; create it first"
+        )
+
+
+async def take_backup(
+    nc: NATS,
+    destination: Path,
+    *,
+    stream: str,
+    credentials: tuple[bytes, str] | None,
+    source: str,
+    progress: ProgressBar | None = None,
+) -> Manifest:
+    """Snapshot ``stream`` into ``destination`` (a directory, or one ``.tar`` file), with
+    ``credentials`` (the file's bytes and where they came from). Written beside the
+    destination and renamed into place when complete: a failed backup leaves nothing."""
+    _check_destination(destination)
+    staging = destination.parent / f".{destination.name}.staging-{os.getpid()}"
+    staging.mkdir(mode=0o700)
+    try:
+        files: dict[str, FileEntry] = {}
+        out = _HashingFile(staging / SNAPSHOT)
+        try:
+            snapshot = await snapshot_stream(nc, stream, out.write, progress=progress)
+        finally:
+            files[SNAPSHOT] = out.close()
+            if progress is not None:
+                progress.finish()
+        files[STREAM] = _write_file(
+            staging / STREAM,
+            _encoder.encode({"config": snapshot.config, "state": snapshot.state}),
+        )
+        if credentials is not None:
+            files[CREDENTIALS] = _write_file(staging / CREDENTIALS, credentials[0])
+        state = snapshot.state
+        manifest = Manifest(
+            format=FORMAT,
+            format_version=FORMAT_VERSION,
+            created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            pulse_version=_pulse_version(),
+            event_schema=EVENT_SCHEMA,
+            state_schema=STATE_SCHEMA,
+            stream=stream,
+            first_seq=int(state.get("first_seq") or 0),
+            last_seq=int(state.get("last_seq") or 0),
+            messages=int(state.get("messages") or 0),
+            bytes=int(state.get("bytes") or 0),
+            nats_server=str(nc.connected_server_version),
+            source=source,
+            credentials=credentials[1] if credentials else None,
+            files=files,
+        )
+        _write_file(staging / MANIFEST, msgspec.json.format(_encoder.encode(manifest)) + b"\n")
+        if destination.suffix == ".tar":
+            _archive(staging, destination)
+            shutil.rmtree(staging)
+        else:
+            _sync_directory(staging)
+            os.rename(staging, destination)  # (an empty directory there is replaced)
+        _sync_directory(destination.parent)
+        return manifest
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _archive(staging: Path, destination: Path) -> None:
+    """The staging directory's files as one tar (mode 0600), the manifest first."""
+    partial = destination.with_name(f".{destination.name}.partial-{os.getpid()}")
+    try:
+        with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as raw:
+            with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for name in (MANIFEST, STREAM, CREDENTIALS, SNAPSHOT):
+                    if (staging / name).exists():
+                        info = tar.gettarinfo(str(staging / name), arcname=name)
+                        info.uid = info.gid = 0
+                        info.uname = info.gname = ""
+                        with open(staging / name, "rb") as data:
+                            tar.addfile(info, data)
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(partial, destination)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
+
+
+def _sync_directory(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _credentials_of(args: argparse.Namespace) -> tuple[bytes, str] | None:
+    """The credentials file the deployment's clients use, and where it came from."""
+    if args.nats_url:
+        if not args.nats_creds:
+            return None
+        NatsCredentials.load(args.nats_creds)  # a usable file, or an error naming it
+        return Path(args.nats_creds).read_bytes(), f"--nats-creds {args.nats_creds}"
+    path = Path(args.data_dir) / "nats" / "credentials.json"
+    if not path.exists():  # a server of a Pulse from before credentials
+        return None
+    NatsCredentials.load(path)
+    return path.read_bytes(), f"{path} (embedded server)"
+
+
+def setup_backup(p: argparse.ArgumentParser) -> None:
+    """Add the options of `pulse backup` to its parser."""
+    p.add_argument(
+        "destination",
+        type=Path,
+        help="where to write it: a new (or empty) directory, or a file ending in .tar",
+    )
+    p.add_argument("--json", action="store_true", help="print the manifest as one JSON object")
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    """Back up the event stream (a JetStream snapshot) and the NATS credentials.
+
+    Takes a snapshot of the PULSE stream through the JetStream API while the deployment
+    keeps running (`pulse up` need not stop), and writes it with the credentials NATS
+    asks of clients (the embedded server's <data dir>/nats/credentials.json, or the
+    --nats-creds file) and a manifest (stream, sequences, event count, time, schema
+    versions, SHA-256 of every file) to DESTINATION: a new directory, or one .tar file
+    if the name ends in .tar. Every file is mode 0600. Nothing is written unless the
+    backup completes. The activity stream (presence, expiring within the hour) is left
+    out. Restore it with `pulse restore`; the projections are not needed: a host
+    rebuilds them from the stream.
+
+    example:
+      pulse backup backups/2026-11-30
+      pulse --data-dir /srv/pulse backup /backups/pulse-2026-11-30.tar --json
+      pulse --nats-url tls://h1:4222 --nats-creds nats-conf/client-credentials.json \\
+        --nats-ca nats-conf/ca.pem backup /backups/pulse.tar
+    """
+    destination = Path(args.destination)
+    _check_destination(destination)
+    if not args.nats_url and not (Path(args.data_dir) / "nats").is_dir():
+        raise ValidationError(
+            f"data dir: {args.data_dir} holds no embedded NATS server (no nats/ in it): "
+            "nothing to back up; give the deployment's --data-dir, or --nats-url"
+        )
+    credentials = _credentials_of(args)
+    stream = StreamSettings().name
+
+    async def run() -> Manifest:
+        async with _connected(args) as (nc, _server):
+            try:
+                return await take_backup(
+                    nc, destination, stream=stream, credentials=credentials,
+                    source=_where(args), progress=ProgressBar("backing up", unit="bytes"),
+                )  # fmt: skip
+            except NotFoundError:
+                raise NotFoundError(
+                    f"stream: {stream} does not exist on the {_where(args)}: nothing to back "
+                    "up (`pulse up` creates it)"
+                ) from None
+
+    manifest = asyncio.run(run())
+    if args.json:
+        print(msgspec.json.encode(manifest).decode(), flush=True)
+    else:
+        print(
+            f"backed up stream {manifest.stream} ({manifest.messages:,} events, sequences "
+            f"{manifest.first_seq}..{manifest.last_seq}) to {destination}: "
+            f"{manifest.files[SNAPSHOT].size:,} bytes of snapshot; credentials: "
+            f"{manifest.credentials or 'none (the server asks for none)'}",
+            flush=True,
+        )
+    return 0
+
+
+# -- reading and checking a backup ---------------------------------------------------------
+
+
+class _BackupFiles:
+    """The files of a backup, a directory or a .tar, read in place (never extracted)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tar: tarfile.TarFile | None = None
+        if path.is_dir():
+            return
+        if not path.exists():
+            raise ValidationError(
+                f"backup: {path} does not exist; give the directory or .tar file that "
+                "`pulse backup` wrote"
+            )
+        try:
+            self.tar = tarfile.open(path, mode="r:")
+            self.members = {m.name: m for m in self.tar.getmembers()}
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise ValidationError(
+                f"backup: {path} is not a complete backup archive ({exc}); it is damaged or "
+                "truncated: use another backup"
+            ) from None
+
+    def has(self, name: str) -> bool:
+        if self.tar is None:
+            return (self.path / name).is_file()
+        member = self.members.get(name)
+        return member is not None and member.isfile()
+
+    @contextlib.contextmanager
+    def open(self, name: str) -> Iterator[IO[bytes]]:
+        if self.tar is None:
+            with open(self.path / name, "rb") as data:
+                yield data
+            return
+        member = self.tar.extractfile(self.members[name])
+        assert member is not None  # (a regular file: checked by has)
+        with member:
+            yield member
+
+    def read(self, name: str) -> bytes:
+        with self.open(name) as data:
+            return data.read()
+
+    def close(self) -> None:
+        if self.tar is not None:
+            self.tar.close()
+
+
+@dataclass
+class CheckedBackup:
+    """A backup whose every file matched its manifest."""
+
+    path: Path
+    manifest: Manifest
+    config: dict[str, Any]
+    state: dict[str, Any]
+    credentials: NatsCredentials | None
+    files: _BackupFiles
+
+
+def _damaged(path: Path, what: str) -> ValidationError:
+    return ValidationError(f"backup: {path}: {what}; the backup is damaged: use another one")
+
+
+def check_backup(path: Path) -> CheckedBackup:
+    """Open ``path`` and check it whole: the manifest, then the size and SHA-256 of every
+    file it lists, the stream's description and the schema versions. ``ValidationError``
+    saying what is wrong, and nothing else done, if anything is."""
+    files = _BackupFiles(path)
+    try:
+        if not files.has(MANIFEST):
+            raise ValidationError(
+                f"backup: {path} has no {MANIFEST}: not a Pulse backup, or an incomplete one"
+            )
+        try:
+            manifest = _manifest_decoder.decode(files.read(MANIFEST))
+        except (msgspec.DecodeError, tarfile.TarError, OSError, EOFError) as exc:
+            raise _damaged(path, f"{MANIFEST} is unreadable ({exc})") from None
+        if manifest.format != FORMAT:
+            raise ValidationError(
+                f"backup: {path}: {MANIFEST} is of format {manifest.format!r}, not "
+                f"{FORMAT!r}: not a backup of `pulse backup`"
+            )
+        if manifest.format_version > FORMAT_VERSION:
+            raise ValidationError(
+                f"backup: {path}: {MANIFEST} says {manifest.format} version "
+                f"{manifest.format_version}; this Pulse reads {FORMAT} up to version "
+                f"{FORMAT_VERSION}: upgrade Pulse"
+            )
+        if manifest.event_schema > EVENT_SCHEMA:
+            raise ValidationError(
+                f"backup: {path} holds events of schema {manifest.event_schema}; this Pulse "
+                f"reads up to {EVENT_SCHEMA}: upgrade Pulse, then restore"
+            )
+        for name in (STREAM, SNAPSHOT):
+            if name not in manifest.files:
+                raise _damaged(path, f"{MANIFEST} lists no {name}")
+        for name, entry in manifest.files.items():
+            if name not in _FILES:
+                raise _damaged(path, f"{MANIFEST} lists an unknown file {name!r}")
+            _check_file(files, path, name, entry)
+        try:
+            described = json.loads(files.read(STREAM))
+            config, state = dict(described["config"]), dict(described["state"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise _damaged(path, f"{STREAM} is not a stream description ({exc})") from None
+        if config.get("name") != manifest.stream or state.get("last_seq") != manifest.last_seq:
+            raise _damaged(path, f"{STREAM} does not describe the stream of {MANIFEST}")
+        credentials = None
+        if CREDENTIALS in manifest.files:
+            try:
+                found = json.loads(files.read(CREDENTIALS))
+                credentials = NatsCredentials(str(found["user"]), str(found["password"]))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise _damaged(path, f"{CREDENTIALS} is unreadable ({exc})") from None
+        return CheckedBackup(path, manifest, config, state, credentials, files)
+    except BaseException:
+        files.close()
+        raise
+
+
+def _check_file(files: _BackupFiles, path: Path, name: str, entry: FileEntry) -> None:
+    if not files.has(name):
+        where = " (a truncated archive?)" if files.tar is not None else ""
+        raise _damaged(path, f"{name} is missing{where}")
+    digest, size = hashlib.sha256(), 0
+    try:
+        with files.open(name) as data:
+            while block := data.read(_BLOCK):
+                digest.update(block)
+                size += len(block)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise _damaged(path, f"{name} cannot be read whole ({exc})") from None
+    if size != entry.size:
+        raise _damaged(
+            path, f"{name} has {size:,} bytes, the manifest says {entry.size:,} (truncated?)"
+        )
+    if digest.hexdigest() != entry.sha256:
+        raise _damaged(path, f"{name} does not match its SHA-256 in the manifest")
+
+
+# -- restoring -----------------------------------------------------------------------------
+
+
+async def restore_backup(
+    nc: NATS,
+    backup: CheckedBackup,
+    *,
+    replicas: int = 1,
+    progress: ProgressBar | None = None,
+) -> dict[str, Any]:
+    """Create the backup's stream on the server of ``nc`` (``replicas`` copies); the
+    restored stream's state. ``StreamExists`` if it exists (left alone); on any failure
+    the stream is deleted again (``eventlog.snapshots.restore_stream``)."""
+    config = dict(backup.config, num_replicas=replicas)
+    entry = backup.manifest.files[SNAPSHOT]
+    try:
+        with backup.files.open(SNAPSHOT) as data:
+            checked = _CheckedReader(data, entry, backup.path)
+            return await restore_stream(
+                nc, config, backup.state, checked.read, entry.size, progress=progress
+            )
+    finally:
+        if progress is not None:
+            progress.finish()
+
+
+class _CheckedReader:
+    """The snapshot as it is sent, checked against the manifest again on its last read,
+    before the server is told to commit: a file that changed since ``check_backup``
+    read it fails the restore (and nothing is restored)."""
+
+    def __init__(self, data: IO[bytes], entry: FileEntry, path: Path) -> None:
+        self.data, self.entry, self.path = data, entry, path
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int) -> bytes:
+        block = self.data.read(n)
+        self.hash.update(block)
+        self.size += len(block)
+        if self.size >= self.entry.size and self.hash.hexdigest() != self.entry.sha256:
+            raise SnapshotError(
+                f"backup: {self.path}: {SNAPSHOT} changed while it was being restored"
+            )
+        return block
+
+
+def setup_restore(p: argparse.ArgumentParser) -> None:
+    """Add the options of `pulse restore` to its parser."""
+    p.add_argument(
+        "backup", type=Path, help="what `pulse backup` wrote: its directory or its .tar file"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    """Restore a backup of `pulse backup` into a deployment that has no event stream.
+
+    Checks the whole backup first (manifest, sizes, SHA-256 of every file, schema
+    versions) and refuses a damaged or truncated one, touching nothing. Then creates
+    the stream from the snapshot through the JetStream API and checks it holds the
+    backup's events; if anything fails, the stream is removed again. With the embedded
+    server (no --nats-url), a data directory without NATS credentials gets the backup's
+    (<data dir>/nats/credentials.json, 0600), so hosts that had a copy of them connect
+    as before; one with credentials of its own keeps them. --replicas sets the restored
+    stream's replicas (1 by default; 3 on a cluster).
+
+    It refuses if the stream exists, whatever it holds: a restore never overwrites or
+    merges. Restore into a fresh data directory, or a NATS server without the stream
+    (to replace one on purpose, delete it first: nats stream rm PULSE). Then run
+    `pulse rebuild` (or `pulse up`) on the restored data directory: its state is built
+    from the stream and reaches the digest the backed-up deployment had.
+
+    example:
+      pulse restore backups/2026-11-30 && pulse rebuild    # into ./.pulse, fresh
+      pulse --data-dir /srv/pulse-restored restore /backups/pulse-2026-11-30.tar
+      pulse --data-dir /srv/pulse-restored rebuild
+      pulse --nats-url tls://h1:4222,tls://h2:4222,tls://h3:4222 --replicas 3 \\
+        --nats-creds nats-conf/client-credentials.json --nats-ca nats-conf/ca.pem \\
+        restore backups/2026-11-30 --json
+    """
+    backup = check_backup(Path(args.backup))  # before anything is touched
+    try:
+        credentials, installed = _install_credentials(args, backup)
+        try:
+            state = asyncio.run(_restore(args, backup))
+        except BaseException:
+            if installed is not None:  # the restore did not happen: take them back
+                for written in (installed, installed.with_name("nats.conf")):  # (its copy)
+                    with contextlib.suppress(OSError):
+                        written.unlink()
+            raise
+    finally:
+        backup.files.close()
+    manifest = backup.manifest
+    target = args.data_dir if not args.nats_url else _hosts(args.nats_url)
+    record = {
+        "stream": manifest.stream,
+        "messages": int(state.get("messages") or 0),
+        "first_seq": int(state.get("first_seq") or 0),
+        "last_seq": int(state.get("last_seq") or 0),
+        "credentials": credentials,
+        "next": (
+            f"pulse --data-dir {args.data_dir} rebuild"
+            if not args.nats_url
+            else "pulse rebuild on every host of the deployment"
+        ),
+    }
+    if args.json:
+        print(json.dumps(record), flush=True)
+    else:
+        print(
+            f"restored stream {manifest.stream} ({record['messages']:,} events, sequences "
+            f"{record['first_seq']}..{record['last_seq']}) from {args.backup} into {target}\n"
+            f"credentials: {credentials}\n"
+            f"next: {record['next']} (builds the state from the stream)",
+            flush=True,
+        )
+    return 0
+
+
+def _install_credentials(
+    args: argparse.Namespace, backup: CheckedBackup
+) -> tuple[str, Path | None]:
+    """Give a data directory without NATS credentials the backup's, before its embedded
+    server starts; what was done, and the file written (None: nothing written)."""
+    if args.nats_url:
+        kept = f" (the backup's are in {backup.path})" if backup.credentials else ""
+        return f"those of --nats-creds, untouched{kept}", None
+    target = Path(args.data_dir) / "nats" / "credentials.json"
+    if backup.credentials is None:
+        return "none in the backup; the data directory's own", None
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        backup.credentials.save(target)
+        return f"restored into {target} (0600)", target
+    if NatsCredentials.load(target) == backup.credentials:
+        return f"{target}, the same as the backup's", None
+    return (
+        f"kept {target}, which differs from the backup's: hosts connect with a copy of "
+        "it (PULSE_NATS_CREDS)"
+    ), None
+
+
+async def _restore(args: argparse.Namespace, backup: CheckedBackup) -> dict[str, Any]:
+    async with _connected(args) as (nc, server):
+        try:
+            return await restore_backup(
+                nc, backup, replicas=args.replicas, progress=ProgressBar("restoring", unit="bytes")
+            )
+        except StreamExists as exc:
+            service = running_service(args.data_dir) if server is not None else None
+            held = (
+                f" (`pulse up` serves this data directory, pid {service.get('pid')})"
+                if service
+                else ""
+            )
+            raise StreamExists(
+                f"stream: {exc.stream} exists already on the {_where(args)}{held}; a restore "
+                "never overwrites or merges into a stream: restore into a fresh data directory "
+                f"(pulse --data-dir NEW restore {args.backup}) or a NATS server without it, "
+                f"or delete it first on purpose (nats stream rm {exc.stream}) and then "
+                "rebuild every host (pulse rebuild)",
+                stream=exc.stream,
+            ) from None
+        except SnapshotError as exc:
+            raise SnapshotError(f"{exc}; nothing was restored") from None
