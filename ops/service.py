@@ -252,7 +252,7 @@ class Metrics:
         ]
         if stream_seq is not None:
             lines += [
-                "# HELP pulse_stream_sequence Last sequence of the stream.",
+                "# HELP pulse_stream_sequence Last sequence of what this host reads.",
                 "# TYPE pulse_stream_sequence gauge",
                 f"pulse_stream_sequence {stream_seq}",
                 "# HELP pulse_replication_lag_events Stream events not yet applied here.",
@@ -626,7 +626,9 @@ def create_app(
     async def prometheus() -> Response:
         """Prometheus metrics: requests, latencies, events applied, replication lag."""
         try:
-            stream_seq: int | None = await asyncio.wait_for(db.log.last_seq(), 5)
+            stream_seq: int | None = await asyncio.wait_for(
+                db.log.last_seq(db.subjects_read()), 5
+            )
         except (PulseError, TimeoutError):
             stream_seq = None
         return Response(metrics.render(db, stream_seq), media_type="text/plain; version=0.0.4")
@@ -692,7 +694,9 @@ class StreamHead:
         if self._value is not None and time.monotonic() - self._at < self._max_age:
             return self._value
         if self._asking is None:
-            self._asking = asyncio.ensure_future(asyncio.wait_for(self._db.log.last_seq(), 5))
+            self._asking = asyncio.ensure_future(
+                asyncio.wait_for(self._db.log.last_seq(self._db.subjects_read()), 5)
+            )
         asking = self._asking
         try:
             value = await asyncio.shield(asking)

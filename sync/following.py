@@ -131,6 +131,11 @@ class Following(InstanceCore):
         """The references this host follows (None: every collective)."""
         return None if self.scope is None else self.scope.refs
 
+    def subjects_read(self) -> list[str] | None:
+        """The subjects this host reads from the log (None: all of them): what its lag
+        is measured against (``/health``, ``/metrics``)."""
+        return self._filters()
+
     def followed(self) -> list[UUID]:
         """The collectives this host follows now (empty on a host that follows all)."""
         return [] if self.scope is None else sorted(self.scope.collectives, key=str)

@@ -187,11 +187,15 @@ async def test_pulse_up_follow_names_its_scope(tmp_path: Path, nats_server: Embe
     full = await PulseDB.open(tmp_path / "full", nats_server.url)
     alpha = await full.create_collective("acme", "alpha", embedder="hash")
     gamma = await full.create_collective("zeta", "gamma", embedder="hash")
+    await full.record_experience(gamma, "the last event in the log is not alpha's")
     await full.close()
     service = start(tmp_path / "host", "--follow", "alpha", env=_env(nats_server))
     try:
         assert "follows  alpha (1 collectives)" in service.banner
         async with httpx.AsyncClient(base_url=service.url, timeout=30) as client:
+            # its lag is measured on what it reads (the log's last event is gamma's)
+            health = (await client.get("/health")).json()
+            assert health["lag"] == 0 and health["stream_seq"] == health["applied_seq"] == 1
             ok = await client.post("/v1/get_collective", json={"collective_id": str(alpha)})
             assert ok.status_code == 200 and ok.json()["name"] == "alpha"
             refused = await client.post("/v1/get_collective", json={"collective_id": str(gamma)})
