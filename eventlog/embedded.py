@@ -32,6 +32,16 @@ says who holds the directory. The server gets SIGTERM when its owner dies (Linux
 ``PR_SET_PDEATHSIG``), so a crashed owner leaves no stray server behind. A server left
 running by a crashed owner is adopted only if it takes the data directory's credentials;
 one that does not (started by a Pulse from before credentials) is stopped and replaced.
+
+Leaf options (edge hosts, ``eventlog.leaf``). ``leaf_of=URL`` runs the server as a leaf
+node of a hub: its own JetStream ``domain`` (kept in ``nats/leaf.json`` with the URL,
+0600), its clients in an account of their own (``PULSE``: a reload then keeps them
+connected; a plain ``authorization`` block drops every client on each reload), and a
+remote to the hub bound to that account that denies ``pulse.>`` both ways (events cross
+as stream sources only). ``set_leaf_link(False/True)`` disables or enables the remote
+and reloads (SIGHUP). ``leaf_listen=PORT`` with ``leaf_credentials`` makes a hub: a
+``leafnodes`` port and the JetStream domain ``hub`` (a hub keeps its ``authorization``
+block, so its existing store stays where it is).
 """
 
 from __future__ import annotations
@@ -66,6 +76,8 @@ class EmbeddedNatsError(PulseError):
 
 
 _URL_SAFE = re.compile(r"[A-Za-z0-9._~-]+")
+_DOMAIN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+LEAF_ACCOUNT = "PULSE"  # a leaf's clients and its link to the hub (see config_text)
 
 
 def write_private(path: str | os.PathLike[str], text: str) -> None:
@@ -193,7 +205,18 @@ class EmbeddedNats:
         max_payload: int = DEFAULT_MAX_MSG_SIZE,
         ready_timeout: float = 15.0,
         server_name: str = "pulse-embedded",
+        domain: str | None = None,
+        leaf_of: str | None = None,
+        leaf_ca: str | os.PathLike[str] | None = None,
+        leaf_listen: int | None = None,
+        leaf_credentials: NatsCredentials | None = None,
     ) -> None:
+        """``domain``: the server's JetStream domain (a leaf's own is kept in
+        ``nats/leaf.json``, generated on its first start). ``leaf_of``: run as a leaf
+        node of that hub (``nats-leaf://user:password@hub:7422``; see ``Leaf options``
+        in the module docstring), ``leaf_ca``: the CA of the hub's leafnode TLS.
+        ``leaf_listen``: a hub: accept leaf nodes on that port, presenting
+        ``leaf_credentials`` (domain ``hub`` unless ``domain``)."""
         self.data_dir = Path(data_dir)
         self.dir = self.data_dir / "nats"
         self.host = host
@@ -210,6 +233,31 @@ class EmbeddedNats:
         self.owned = False
         self._process: subprocess.Popen[bytes] | None = None
         self._lock: IO[str] | None = None
+        if leaf_of is not None and leaf_listen is not None:
+            raise ValidationError(
+                "leaf_of: a leaf node cannot also accept leaf nodes (leaf_listen)"
+            )
+        if leaf_of is not None and not leaf_of.startswith(("nats-leaf://", "nats://", "tls://")):
+            raise ValidationError(
+                f"leaf_of: {leaf_of!r} is not a leafnode URL; give the hub's leafnode port "
+                "with its leaf credentials, e.g. nats-leaf://leaf:PASSWORD@hub.example:7422"
+            )
+        if leaf_listen is not None and leaf_credentials is None:
+            raise ValidationError("leaf_credentials: a hub's leafnode port needs credentials")
+        for name, value in (("domain", domain),):
+            if value is not None and not _DOMAIN.fullmatch(value):
+                raise ValidationError(
+                    f"{name}: {value!r} must be letters, digits, '-' or '_' (a JetStream domain)"
+                )
+        self.leaf_of = leaf_of
+        self.leaf_ca = os.fspath(leaf_ca) if leaf_ca is not None else None
+        self.leaf_listen = leaf_listen
+        self.leaf_credentials = leaf_credentials
+        self.leaf_enabled = True  # the remote to the hub (a leaf); see set_leaf_link
+        self.domain = domain or ("hub" if leaf_listen is not None else None)
+        if leaf_of is not None:
+            self.domain = self._leaf_domain(domain)
+            self.server_name = self.domain  # unique across the hub's leaf nodes
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -288,10 +336,86 @@ class EmbeddedNats:
         self.plain_url, self.monitor_url = plain_url, monitor_url
         self.url = self.credentials.in_url(plain_url) if self.credentials else plain_url
 
+    def _leaf_domain(self, given: str | None) -> str:
+        """A leaf's JetStream domain: ``given``, else the one it had, else a new one. It
+        is kept in ``nats/leaf.json`` (0600) with the hub's URL (``remembered_leaf``): the
+        hub sources this leaf by its domain, and the store belongs to the leaf's account."""
+        found = self.remembered_leaf(self.data_dir) or {}
+        domain = given or str(found.get("domain") or f"edge-{secrets.token_hex(4)}")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        record = {"domain": domain, "leaf_of": self.leaf_of, "leaf_ca": self.leaf_ca}
+        write_private(self.dir / "leaf.json", json.dumps(record) + "\n")
+        return domain
+
+    @staticmethod
+    def remembered_leaf(data_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+        """What a leaf's data directory remembers (``domain``, ``leaf_of``, ``leaf_ca``),
+        or None for a data directory that never was a leaf's."""
+        with contextlib.suppress(OSError, ValueError):
+            found = json.loads((Path(data_dir) / "nats" / "leaf.json").read_text())
+            if isinstance(found, dict) and found.get("leaf_of"):
+                return found
+        return None
+
+    def set_leaf_link(self, enabled: bool) -> None:
+        """Enable or disable a leaf's link to its hub: rewrite the configuration with the
+        remote ``disabled`` or not and reload the server (SIGHUP). Clients stay connected
+        (they belong to an account of their own, which a reload keeps)."""
+        if self.leaf_of is None:
+            raise ValidationError("leaf_of: this server is not a leaf node")
+        if not self.owned:
+            raise EmbeddedNatsError("only the process that owns the server can reload it")
+        self.leaf_enabled = enabled
+        write_private(self.dir / "nats.conf", self.config_text())
+        os.kill(self.pid, signal.SIGHUP)
+
+    def _leaf_lines(self) -> list[str]:
+        """The ``leafnodes`` block (and a leaf's account): see the module docstring."""
+        if self.leaf_listen is not None and self.leaf_credentials is not None:
+            return [
+                "leafnodes {",
+                f"  listen: {json.dumps(f'{self.host}:{self.leaf_listen}')}",
+                "  authorization {",
+                f"    user: {json.dumps(self.leaf_credentials.user)}",
+                f"    password: {json.dumps(self.leaf_credentials.password)}",
+                "  }",
+                "}",
+            ]
+        if self.leaf_of is None:
+            return []
+        tls = [f"      tls {{ ca_file: {json.dumps(self.leaf_ca)} }}"] if self.leaf_ca else []
+        return [
+            "leafnodes {",
+            "  reconnect: 1",
+            "  remotes: [",
+            "    {",
+            f"      urls: [{json.dumps(self.leaf_of)}]",
+            f"      account: {LEAF_ACCOUNT}",
+            '      deny_exports: ["pulse.>"]',  # events cross only as stream sources
+            '      deny_imports: ["pulse.>"]',
+            f"      disabled: {'false' if self.leaf_enabled else 'true'}",
+            *tls,
+            "    }",
+            "  ]",
+            "}",
+        ]
+
     def config_text(self) -> str:
         store = str(self.dir / "store")
         auth = []
-        if self.credentials is not None:
+        if self.credentials is not None and self.leaf_of is not None:
+            # an account of their own: a reload (set_leaf_link) keeps the clients connected
+            # (with a plain authorization block, every reload drops them all)
+            auth = [
+                "accounts {",
+                f"  {LEAF_ACCOUNT} {{",
+                "    jetstream: enabled",
+                f"    users: [{{user: {json.dumps(self.credentials.user)}, "
+                f"password: {json.dumps(self.credentials.password)}}}]",
+                "  }",
+                "}",
+            ]
+        elif self.credentials is not None:
             auth = [
                 "authorization {",
                 f"  user: {json.dumps(self.credentials.user)}",
@@ -309,8 +433,10 @@ class EmbeddedNats:
                 "jetstream {",
                 f"  store_dir: {json.dumps(store)}",
                 f"  sync_interval: {'always' if self.sync_always else '2m'}",
+                *([f"  domain: {self.domain}"] if self.domain else []),
                 "}",
                 *auth,
+                *self._leaf_lines(),
                 "",
             ]
         )

@@ -158,6 +158,12 @@ class EventLog(abc.ABC):
         anything written after it stay; ``None`` removes them all. Activity subjects are
         purged from the activity stream."""
 
+    async def purge_copy(self, subject: str, *, before_seq: int) -> None:
+        """Forget this host's own copy of what another host's delete forgot (the
+        tombstone at ``before_seq``). A log shared by every host has none: the deleting
+        host purged it. A leaf's streams are its own (``eventlog.leaf``)."""
+        return None
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Release connections; the log's contents stay."""

@@ -103,7 +103,9 @@ async def ensure_streams(
         except JsNotFound:
             await js.add_stream(config)
             continue
-        if update:
+        if update:  # keeping the sources added since (the leaf nodes': eventlog.leaf)
+            if info.config.sources and not config.sources:
+                config = dataclasses.replace(config, sources=info.config.sources)
             await js.update_stream(config)
             continue
         held = list(info.config.subjects or [])

@@ -20,8 +20,11 @@ import duckdb
 import msgspec
 
 from eventlog import EmbeddedNats, JetStreamLog, PulseError, StreamSettings, ValidationError
+from eventlog.embedded import NatsCredentials
 from eventlog.errors import Forbidden, Unauthorized
 from eventlog.events import Event, event_type_name, unpack_vector
+from eventlog.jetstream import _without_password
+from eventlog.leaf import LeafLog
 from eventlog.log import LogEntry
 from eventlog.subjects import collective_filter
 from ops.backup import cmd_backup, cmd_restore, setup_backup, setup_restore
@@ -54,8 +57,32 @@ async def open_log(
         urls = [u.strip() for u in args.nats_url.split(",") if u.strip()]
         credentials, tls_ca = args.nats_creds, args.nats_ca
     else:
-        server = EmbeddedNats(args.data_dir, sync_always=not getattr(args, "no_sync", False))
+        leaf_of = getattr(args, "leaf_of", None)
+        remembered = EmbeddedNats.remembered_leaf(args.data_dir)
+        if leaf_of is None and remembered is not None:  # a leaf's data directory stays one
+            leaf_of = str(remembered["leaf_of"])
+        leaf_ca = getattr(args, "leaf_ca", None) or (remembered or {}).get("leaf_ca")
+        listen = getattr(args, "leaf_listen", None)
+        server = EmbeddedNats(
+            args.data_dir, sync_always=not getattr(args, "no_sync", False),
+            leaf_of=leaf_of, leaf_ca=leaf_ca, leaf_listen=listen,
+            leaf_credentials=None if listen is None else _leaf_credentials(args.data_dir),
+        )  # fmt: skip
         urls = [await asyncio.to_thread(server.start)]  # waits for readiness: off the loop
+        if leaf_of is not None:
+            try:
+                leaf = await LeafLog.open_leaf(
+                    server, settings, hub_domain=getattr(args, "hub_domain", None) or "hub"
+                )
+            except BaseException:
+                await asyncio.to_thread(server.stop)
+                raise
+            try:
+                yield leaf, server
+            finally:
+                await leaf.close()
+                await asyncio.to_thread(server.stop)
+            return
     try:
         # only `pulse up`, the operator's command, may reconfigure existing streams
         log = await JetStreamLog.connect(
@@ -69,6 +96,18 @@ async def open_log(
     finally:
         if server is not None:
             await asyncio.to_thread(server.stop)
+
+
+def _leaf_credentials(data_dir: str | os.PathLike[str]) -> NatsCredentials:
+    """The user and password leaf nodes present to this hub (``nats/leaf-credentials.json``,
+    0600, generated on first use)."""
+    path = Path(data_dir) / "nats" / "leaf-credentials.json"
+    if path.exists():
+        return NatsCredentials.load(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    credentials = NatsCredentials.generate("leaf")
+    credentials.save(path)
+    return credentials
 
 
 async def _wait_for_signal() -> None:
@@ -112,6 +151,13 @@ def cmd_up(args: argparse.Namespace) -> int:
       pulse --nats-url tls://h1:4222,tls://h2:4222,tls://h3:4222 --nats-creds \\
         nats-conf/client-credentials.json --nats-ca nats-conf/ca.pem --replicas 3 up
       pulse --nats-url nats://10.0.0.5:4222 up --follow team-api,owner:acme
+      pulse --data-dir /srv/hub up --host 0.0.0.0 --leaf-listen 7422     # a hub
+      pulse --data-dir /srv/edge up --leaf-of nats-leaf://leaf:PASSWORD@hub.example:7422
+
+    --leaf-of URL makes an edge host: its embedded NATS is a leaf node of the hub (a
+    `pulse up --leaf-listen PORT`, whose banner gives the URL and where the password
+    is), with a stream of its own that takes writes while the link is down; both sides
+    converge when it returns. `pulse status` shows the link and what is still to cross.
 
     --follow C1,C2 makes a host that reads only those collectives (ids, names, or
     owner:<owner id> for all of an owner's, now and later), plus all wisdom and access
@@ -120,6 +166,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     others), never fewer. A request about another collective is refused, naming what
     the host follows.
     """
+    if args.leaf_of and args.nats_url:
+        raise ValidationError(
+            "leaf_of: an edge host runs its own embedded NATS server; give --leaf-of or "
+            "--nats-url, not both"
+        )
     token = args.token or os.environ.get("PULSE_TOKEN") or None
     if token is not None and access.token_id_of(token) is not None:
         where = "--token" if args.token else "$PULSE_TOKEN"
@@ -219,6 +270,19 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
             print(f"  state    {Path(args.data_dir) / 'state'} (sequence {db.applied_seq})")
             if db.following is not None:
                 print(f"  follows  {', '.join(db.following)} ({len(db.followed())} collectives)")
+            if isinstance(log, LeafLog):
+                hub_url = _without_password(log.server.leaf_of or "")
+                print(
+                    f"  leaf     edge host {log.domain}: a leaf node of {hub_url} (JetStream "
+                    f"domain {log.hub_domain}); writes are kept here while the link is down"
+                )
+            elif server is not None and server.leaf_listen is not None:
+                leaf_url = f"nats-leaf://leaf:***@{args.host}:{server.leaf_listen}"
+                print(
+                    f"  leafs    edge hosts connect with --leaf-of {leaf_url} (domain "
+                    f"{server.domain}; password in {Path(args.data_dir) / 'nats'}"
+                    "/leaf-credentials.json)"
+                )
             print(f"  HTTP     {url}  (API /v1, OpenAPI {url}/docs, MCP {url}/mcp)")
             print(f"  access   {_access(bool(token), db.tokens_required)}")
             print(f"Point other hosts here with {connect} (a copy of the file). Ctrl-C stops."
@@ -567,6 +631,33 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sub.set_defaults(func=func)
         if name == "up":
+            edge = sub.add_mutually_exclusive_group()
+            edge.add_argument(
+                "--leaf-of",
+                metavar="URL",
+                help="run as an edge host: the embedded NATS becomes a leaf node of the hub "
+                "at this leafnode URL, with its leaf credentials (e.g. "
+                "nats-leaf://leaf:PASSWORD@hub.example:7422); writes are kept while the link "
+                "is down and converge when it returns. The data directory remembers it",
+            )
+            edge.add_argument(
+                "--leaf-listen",
+                type=int,
+                metavar="PORT",
+                help="run as a hub: accept edge hosts' leaf nodes on this port (e.g. 7422; "
+                "their password is generated in <data dir>/nats/leaf-credentials.json)",
+            )
+            sub.add_argument(
+                "--hub-domain",
+                default="hub",
+                help="with --leaf-of: the hub's JetStream domain (default hub, what "
+                "--leaf-listen gives)",
+            )
+            sub.add_argument(
+                "--leaf-ca",
+                metavar="PEM",
+                help="with --leaf-of: the CA of the hub's leafnode TLS (tls:// URLs)",
+            )
             sub.add_argument(
                 "--no-sync",
                 action="store_true",

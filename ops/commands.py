@@ -1339,7 +1339,10 @@ async def status(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     sources, and its readers: each consumer's position and what it has pending), this
     host (the sequence it applied, how far behind the log it is, the engine's backlog,
     dead letters), and on a host that follows some collectives (`pulse up --follow`),
-    each of them with the last sequence of its events and the host's lag. Admins only.
+    each of them with the last sequence of its events and the host's lag. On an edge
+    host (`pulse up --leaf-of`), its link to the hub: up or down, the hub and its round
+    trip, this host's events the hub does not hold yet (exact while the link is up, "at
+    least" while it is down) and the hub's events not sourced here yet. Admins only.
     While `pulse up` serves the data directory, it answers.
 
     example:
@@ -1378,6 +1381,21 @@ async def status(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
                 f"  {followed.name or '?'}  {followed.collective_id}  last "
                 f"{followed.last_seq:,}, {state}"
             )
+    leaf = found.leaf
+    if leaf is not None:
+        if leaf.link == "up":
+            link = f"link UP to {leaf.hub or '?'} (domain {leaf.hub_domain}, rtt {leaf.rtt})"
+        else:
+            seen = "never since it opened"
+            if leaf.last_up_ms is not None:
+                seen = f"last up {max(0, time.time() - leaf.last_up_ms / 1000):.0f}s ago"
+            link = f"link DOWN to domain {leaf.hub_domain} ({seen}); writing locally"
+        backlog = f"{'' if leaf.backlog_exact else 'at least '}{leaf.outbound_backlog:,}"
+        inbound = "?" if leaf.inbound_lag is None else f"{leaf.inbound_lag:,}"
+        lines.append(
+            f"leaf      {leaf.domain}: {link}; {backlog} events not at the hub yet, "
+            f"{inbound} of the hub's not here yet"
+        )
     return record, "\n".join(lines)
 
 

@@ -626,9 +626,7 @@ def create_app(
     async def prometheus() -> Response:
         """Prometheus metrics: requests, latencies, events applied, replication lag."""
         try:
-            stream_seq: int | None = await asyncio.wait_for(
-                db.log.last_seq(db.subjects_read()), 5
-            )
+            stream_seq: int | None = await asyncio.wait_for(db.log.last_seq(db.subjects_read()), 5)
         except (PulseError, TimeoutError):
             stream_seq = None
         return Response(metrics.render(db, stream_seq), media_type="text/plain; version=0.0.4")

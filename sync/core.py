@@ -38,7 +38,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from eventlog import EmbeddedNats, subjects
+from eventlog import EmbeddedNats, codec, subjects
 from eventlog import events as ev
 from eventlog.codec import encode_body
 from eventlog.errors import (
@@ -194,6 +194,7 @@ class InstanceCore:
         self._follow_lock = asyncio.Lock()
         self._submitted_seq = engine.seq
         self.backfilled = 0  # events of collectives followed later, read since open
+        self._purging: set[asyncio.Future[None]] = set()  # copies forgotten (a leaf's)
         engine.subscribe(self._on_applied)
         (data_dir / "identity.json").write_text(
             json.dumps(
@@ -283,6 +284,8 @@ class InstanceCore:
                 latest = event.hlc
             if isinstance(event, (*DELETES, ev.CollectiveCreated)):
                 self._forget_known()
+                if isinstance(event, DELETES) and event.instance_id != self.instance_id:
+                    self._purge_copy(event, entry.seq)
             elif isinstance(event, (ev.TokenCreated, ev.TokenRevoked)):
                 self._tokens_stale = True
             if self._watchers:
@@ -298,6 +301,27 @@ class InstanceCore:
             _, _, future = heapq.heappop(self._waiters)
             if not future.done():
                 future.set_result(None)
+
+    def _purge_copy(self, event: ev.Event, seq: int) -> None:
+        """Another host deleted: forget this host's own copy of the log's messages too,
+        where it has one (a leaf's streams: ``EventLog.purge_copy``), in the background;
+        a failure is logged (its next delete of the subject, or a rebuild, redoes it)."""
+        if type(self.log).purge_copy is EventLog.purge_copy:
+            return  # one shared stream: the deleting host purged it
+        if isinstance(event, ev.CollectiveDeleted):
+            subject = f"{subjects.PREFIX}.c.{event.collective_id}.>"
+        else:
+            subject = subjects.subject_for(event)
+
+        async def purge() -> None:
+            try:
+                await self.log.purge_copy(subject, before_seq=seq)
+            except Exception:
+                log.warning("forgetting this host's copy of %s failed", subject, exc_info=True)
+
+        task = asyncio.ensure_future(purge())
+        self._purging.add(task)
+        task.add_done_callback(self._purging.discard)
 
     async def _read_tokens(self) -> None:
         """Read the tokens again until no token event applied meanwhile."""
@@ -598,7 +622,10 @@ class InstanceCore:
         purge is recorded as owed before the tombstone is appended (``sync.owed``);
         ``token``: the record of an owed purge this finishes."""
         if token is None:
-            token = self.owed.owe({"tombstone": encode_body(event).hex(), "forget": forget})
+            token = self.owed.owe(
+                {"tombstone": encode_body(event).hex(), "schema": codec.SCHEMA_VERSION,
+                 "forget": forget}
+            )  # fmt: skip
         seq = await self._write(event)
         await self.log.purge(forget, before_seq=seq)
         self.owed.paid(token)

@@ -12,7 +12,7 @@ from uuid import UUID
 
 from eventlog import events as ev
 from eventlog import subjects
-from eventlog.codec import HDR_SCHEMA, SCHEMA_VERSION, decode_event
+from eventlog.codec import HDR_SCHEMA, decode_event
 from eventlog.errors import NotFoundError
 from projections import queries
 from sync.core import DELETES_OF, InstanceCore, uuid_of
@@ -71,7 +71,8 @@ class Forgetting(InstanceCore):
             try:
                 if "tombstone" in owed:
                     body = bytes.fromhex(owed["tombstone"])
-                    event = decode_event(body, {HDR_SCHEMA: str(SCHEMA_VERSION)})
+                    # as the version that wrote it (1 in records from before it was said)
+                    event = decode_event(body, {HDR_SCHEMA: str(owed.get("schema", 1))})
                     await self._tombstone(event, owed["forget"], token)
                 elif "collective" in owed:
                     await self._delete_collective(UUID(owed["collective"]))

@@ -42,6 +42,7 @@ import msgspec
 
 from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
 from eventlog.errors import NotFoundError, Unauthorized, ValidationError
+from eventlog.leaf import LeafLog, LeafStatus
 from eventlog.log import EventLog, StreamState
 from eventlog.subjects import collective_filter
 from projections import analytics, past, queries
@@ -106,6 +107,7 @@ class HostStatus(msgspec.Struct, frozen=True, kw_only=True):
     dead_letters: int
     stream: StreamState
     replicating: bool  # False: the replication loop stopped (see the log)
+    leaf: LeafStatus | None = None  # an edge host (``open(leaf_of=...)``): its link
 
 
 class PulseDB(
@@ -129,8 +131,15 @@ class PulseDB(
         nats_ca: str | os.PathLike[str] | None = None,
         principal: Principal | str | None = None,
         collectives: Sequence[str | UUID] | str | None = None,
+        leaf_of: str | None = None,
+        hub_domain: str = "hub",
+        leaf_ca: str | os.PathLike[str] | None = None,
     ) -> PulseDB:
         """Open (or create) an instance on ``data_dir``; embedded NATS unless ``nats_url``.
+        ``leaf_of``: an edge host: its embedded NATS runs as a leaf node of the hub at that
+        leafnode URL (``nats-leaf://leaf:PASSWORD@hub:7422``; ``leaf_ca``: the CA of its
+        TLS), whose JetStream domain is ``hub_domain``; it takes writes while the link is
+        down and converges when it returns (``eventlog.leaf``).
         ``collectives``: follow only these (ids, names, ``owner:<owner id>``; see
         ``sync.following``); None: what the data directory followed before (every
         collective, for a new one).
@@ -141,6 +150,34 @@ class PulseDB(
         directory = Path(data_dir)
         await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
         server = None
+        if leaf_of is not None and nats_url is not None:
+            raise ValidationError(
+                "leaf_of: a leaf host runs its own embedded NATS server; give leaf_of or "
+                "nats_url, not both"
+            )
+        remembered = EmbeddedNats.remembered_leaf(directory) if nats_url is None else None
+        if leaf_of is None and remembered is not None:  # a leaf's data directory stays one
+            leaf_of, leaf_ca = str(remembered["leaf_of"]), leaf_ca or remembered.get("leaf_ca")
+        if leaf_of is not None:
+            server = EmbeddedNats(directory, leaf_of=leaf_of, leaf_ca=leaf_ca)
+            await asyncio.to_thread(server.start)
+            try:
+                leaf = await LeafLog.open_leaf(
+                    server, stream_settings, hub_domain=hub_domain,
+                    append_timeout=append_timeout,
+                )  # fmt: skip
+            except BaseException:
+                await asyncio.to_thread(server.stop)
+                raise
+            try:
+                return await cls.attach(
+                    directory, leaf, projection_settings, server=server, settings=settings,
+                    progress=progress, principal=principal, collectives=collectives,
+                )  # fmt: skip
+            except BaseException:
+                await leaf.close()
+                await asyncio.to_thread(server.stop)
+                raise
         if nats_url is None:
             server = EmbeddedNats(directory)
             urls: list[str] = [await asyncio.to_thread(server.start)]
@@ -225,6 +262,8 @@ class PulseDB(
         except BaseException:
             await db.close()
             raise
+        if isinstance(log, LeafLog):  # a delete made offline owes the hub its purge
+            log.on_link_up = db._finish_owed_purges
         if db.owed.pending():  # deletes a crash interrupted: forget what they still owe
             try:
                 finished = await db._finish_owed_purges()
@@ -352,6 +391,7 @@ class PulseDB(
             following=self.following, collectives=tuple(collectives),
             dead_letters=len(await self._read(queries.dead_letters)), stream=stream,
             replicating=self._failure is None,
+            leaf=await self.log.leaf_status() if isinstance(self.log, LeafLog) else None,
         )  # fmt: skip
 
     async def dead_letters(

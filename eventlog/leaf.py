@@ -1,0 +1,539 @@
+"""The event log of an edge host: a NATS leaf node with a JetStream domain of its own,
+which takes writes while its link to the hub is down and converges when it returns.
+
+Topology (proved on nats-server 2.15; the embedded server's leaf options are in
+``eventlog.embedded``)::
+
+    hub  (domain "hub")    PULSE       subjects pulse.c.> pulse.w.> pulse.t.>
+                                       + a source per leaf: its PULSE_OUT via $JS.<leaf>.API
+    leaf (domain <leaf>)   PULSE_OUT   the same subjects: this host's own writes land here
+                           PULSE       no subjects; sources PULSE_OUT (locally) and the
+                                       hub's PULSE via $JS.<hub>.API; what the host reads
+                           PULSE_ACTIVITY  local: presence on an edge host is local
+
+The link denies ``pulse.>`` both ways, so events cross only as stream sources (never
+captured twice). The leaf's PULSE keeps a 24 h duplicate window: the leaf's own events
+come back through the hub and are dropped as duplicates (after a longer partition they
+are stored again, and the fold, idempotent by event id, ignores the copy).
+
+Sequences. A publish is acknowledged with PULSE_OUT's sequence, but the instance reads
+PULSE, and read-your-writes waits for the PULSE sequence of the event. So ``append``
+registers the event id before publishing, and ``tail`` resolves it when the event comes
+by (PULSE sources PULSE_OUT locally within milliseconds); when no tail runs, or the
+publish was a duplicate (an idempotent retry whose first copy went by long ago), the
+event is looked up on its subject in PULSE by id. Writes are never atomic batches here
+(``Nats-Msg-Id`` on every message: a source must not store a retry twice).
+
+``last_subject_seq`` and expected-last-subject-sequence appends are checked against
+PULSE_OUT, this host's own writes: while partitioned there is no global check (no Pulse
+write relies on one today).
+
+Forgetting (``purge``) purges the leaf's PULSE and PULSE_OUT, then the hub's PULSE
+through the hub's domain, before the tombstone there; when the hub cannot be reached the
+purge raises ``LogUnavailable`` and the delete stays owed (``sync.owed``): the instance
+finishes it when the link comes back (``on_link_up``) or when it opens again. A delete
+made elsewhere purged the hub's PULSE; when the leaf applies its tombstone, the instance
+purges the leaf's own copies (``purge_copy``: its PULSE before the tombstone, and the
+subject in PULSE_OUT).
+
+The link. A task polls the leaf server's monitor (``/leafz``, every 0.5 s). The first
+time it sees the hub it adds this leaf's PULSE_OUT to the sources of the hub's PULSE;
+on every return of the link it drops and re-adds the two cross-domain sources, which
+then resume at once instead of after the server's own retry back-off (20-120 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+from typing import Any, AsyncGenerator, Sequence, cast
+
+import msgspec
+import nats.js.errors
+from nats.js import JetStreamContext, api
+
+from eventlog.codec import HDR_MSG_ID, decode_event
+from eventlog.embedded import EmbeddedNats
+from eventlog.errors import DecodeError, LogUnavailable, ValidationError
+from eventlog.events import Event
+from eventlog.jetstream import JetStreamLog, _pull
+from eventlog.log import HDR_IDEMPOTENCY, LogEntry, key_conflict
+from eventlog.streams import StreamSettings
+from eventlog.subjects import is_activity_subject, subject_for
+
+log = logging.getLogger("pulse.eventlog.leaf")
+
+LEAF_DUPLICATE_WINDOW = 24 * 3600.0  # seconds: own events coming back through the hub
+LINK_POLL = 0.5  # seconds between looks at the link
+_FIRST_WAIT = 1.0  # seconds an append waits for the tail before looking the event up
+
+
+class LeafStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """A leaf host's link to its hub, in ``PulseDB.status`` (``pulse status``).
+
+    ``outbound_backlog``: this host's events the hub does not hold yet; exact while the
+    link is up (``backlog_exact``), else at least that many (counted from the last time
+    the hub was seen). ``inbound_lag``: the hub's events this host has not sourced yet,
+    as last known. ``last_up_ms``: the last time the link was seen up (None: not since
+    this host opened)."""
+
+    link: str  # "up" or "down"
+    domain: str  # this leaf's JetStream domain
+    hub_domain: str
+    hub: str | None  # the hub server's name (link up)
+    rtt: str | None
+    outbound_backlog: int
+    backlog_exact: bool
+    inbound_lag: int | None
+    last_up_ms: int | None
+
+
+def out_name(settings: StreamSettings) -> str:
+    return f"{settings.name}_OUT"
+
+
+def _api(domain: str) -> str:
+    return f"$JS.{domain}.API"
+
+
+def _is_external(source: Any, prefix: str) -> bool:
+    external = source.get("external") if isinstance(source, dict) else source.external
+    if external is None:
+        return False
+    return (external.get("api") if isinstance(external, dict) else external.api) == prefix
+
+
+def _source_key(source: api.StreamSource) -> tuple[str, str | None]:
+    return source.name, source.external.api if source.external else None
+
+
+async def ensure_leaf_streams(
+    js: JetStreamContext, settings: StreamSettings, hub_domain: str
+) -> None:
+    """Create a leaf's streams if missing (see the module docstring); safe to repeat."""
+    out = dataclasses.replace(
+        settings.main_config(),
+        name=out_name(settings),
+        description="Pulse edge host: the events written here, sourced by the hub",
+        allow_atomic=False,
+    )
+    main = dataclasses.replace(
+        settings.main_config(),
+        description="Pulse edge host: every durable event (this host's and the hub's)",
+        subjects=None,
+        duplicate_window=max(settings.duplicate_window, LEAF_DUPLICATE_WINDOW),
+        allow_atomic=False,
+        sources=[
+            api.StreamSource(name=out.name or ""),
+            api.StreamSource(name=settings.name, external=api.ExternalStream(api=_api(hub_domain))),
+        ],
+    )
+    for config in (out, main, settings.activity_config()):
+        try:
+            info = await js.stream_info(config.name or "")
+        except nats.js.errors.NotFoundError:
+            await js.add_stream(config)
+            continue
+        if config is main:
+            if info.config.subjects:
+                raise ValidationError(
+                    f"leaf_of: this data directory's stream {settings.name} takes subjects: "
+                    "it belongs to a host that was not a leaf; give the leaf a new data "
+                    "directory (it catches up from the hub)"
+                )
+            held = list(info.config.sources or [])
+            have = {_source_key(h) for h in held}
+            missing = [s for s in main.sources or [] if _source_key(s) not in have]
+            if missing:
+                await js.update_stream(dataclasses.replace(info.config, sources=held + missing))
+
+
+class LeafLog(JetStreamLog):
+    """``JetStreamLog`` of a leaf host; see the module docstring."""
+
+    server: EmbeddedNats
+    hub_domain: str
+    domain: str
+
+    @classmethod
+    async def open_leaf(
+        cls,
+        server: EmbeddedNats,
+        settings: StreamSettings | None = None,
+        *,
+        hub_domain: str = "hub",
+        append_timeout: float = 5.0,
+        connect_timeout: float = 30.0,
+    ) -> LeafLog:
+        """Connect to a started leaf ``server``, make its streams, watch its link."""
+        if server.leaf_of is None or server.domain is None:
+            raise ValidationError("leaf_of: the server is not a leaf node")
+        if hub_domain == server.domain:
+            raise ValidationError(
+                f"hub_domain: {hub_domain!r} is the leaf's own domain; they must differ"
+            )
+        self = cast(
+            LeafLog,
+            await cls.connect(
+                [server.url], settings, append_timeout=append_timeout,
+                connect_timeout=connect_timeout, create_streams=False,
+            ),
+        )  # fmt: skip
+        self.server, self.hub_domain, self.domain = server, hub_domain, server.domain
+        try:
+            await self._retry(
+                lambda: ensure_leaf_streams(self.admin, self.settings, hub_domain),
+                connect_timeout,
+            )
+        except BaseException:
+            await self.nc.close()
+            raise
+        self._link_task = asyncio.create_task(self._watch_link(), name="pulse-leaf-link")
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._awaiting: dict[str, tuple[asyncio.Future[int], int]] = {}  # id -> (seq, users)
+        self._tails = 0
+        self._link_task: asyncio.Task[None] | None = None
+        self._link_up = False
+        self._hub_name: str | None = None
+        self._rtt: str | None = None
+        self._last_up_ms: int | None = None
+        self._hub_seq = 0  # the last of PULSE_OUT the hub was seen holding
+        self.heals = 0  # times the link came back and the sources were re-added
+        # called (in the background) each time the link comes back: the instance finishes
+        # the purges a delete made offline still owes the hub (``sync.owed``)
+        self.on_link_up: Callable[[], Awaitable[object]] | None = None
+        self._reacting: asyncio.Future[object] | None = None
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _stream_of(self, subject: str) -> str:
+        if is_activity_subject(subject):
+            return self.settings.activity_name
+        return out_name(self.settings)
+
+    def _register(self, event: Event) -> asyncio.Future[int]:
+        key = str(event.event_id)
+        found = self._awaiting.get(key)
+        if found is None or found[0].done():
+            found = (asyncio.get_running_loop().create_future(), 0)
+        self._awaiting[key] = (found[0], found[1] + 1)
+        return found[0]
+
+    def _release(self, event: Event) -> None:
+        key = str(event.event_id)
+        found = self._awaiting.get(key)
+        if found is not None:
+            if found[1] <= 1:
+                del self._awaiting[key]
+            else:
+                self._awaiting[key] = (found[0], found[1] - 1)
+
+    async def _main_seq(
+        self, event: Event, future: asyncio.Future[int], deadline: float, *, look_now: bool
+    ) -> int:
+        """The sequence in PULSE of ``event`` (published to PULSE_OUT): from the tail,
+        or looked up on its subject (see the module docstring)."""
+        wait = 0.0 if look_now or not self._tails else _FIRST_WAIT
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, min(wait, deadline - time.monotonic()))):
+                    return await asyncio.shield(future)
+            if future.done():
+                return future.result()
+            found = await self._find_in_main(event)
+            if found:
+                return found
+            if time.monotonic() >= deadline:
+                raise LogUnavailable(
+                    f"event {event.event_id} was stored in {out_name(self.settings)} but did "
+                    f"not reach {self.settings.name} within {self.append_timeout:g}s; it "
+                    "will (the stream sources it), and retrying the write is safe"
+                )
+            wait = 0.1
+
+    async def _find_in_main(self, event: Event) -> int:
+        subject = subject_for(event)
+        async for batch in _pull(self, self.settings.name, 1, [subject], 256, live=False):
+            for entry in batch:
+                if entry.event is not None and entry.event.event_id == event.event_id:
+                    return int(entry.seq)
+        return 0
+
+    async def append(self, event: Event, *, expected_last_subject_seq: int | None = None) -> int:
+        if is_activity_subject(subject_for(event)):
+            return await super().append(event, expected_last_subject_seq=expected_last_subject_seq)
+        future = self._register(event)
+        try:
+            deadline = time.monotonic() + self.append_timeout
+            ack = await self._publish(event, expected_last_subject_seq)
+            return await self._main_seq(event, future, deadline, look_now=bool(ack.duplicate))
+        finally:
+            self._release(event)
+
+    async def append_keyed(self, event: Event, fingerprint: str) -> tuple[int, Event | None]:
+        future = self._register(event)
+        try:
+            deadline = time.monotonic() + self.append_timeout
+            ack = await self._publish(event, None, {HDR_IDEMPOTENCY: fingerprint})
+            if not ack.duplicate:
+                return await self._main_seq(event, future, deadline, look_now=False), None
+            # a retry: PULSE_OUT kept the first copy; what was it asked to do?
+            subject = subject_for(event)
+            try:
+                stored = await self._retry(
+                    lambda: self.admin.get_msg(out_name(self.settings), int(ack.seq)),
+                    self.append_timeout,
+                )
+            except nats.js.errors.NotFoundError:  # purged (a delete) since
+                return await self._find_in_main(event), event
+            if (stored.headers or {}).get(HDR_IDEMPOTENCY) != fingerprint:
+                raise key_conflict(subject)
+            seq = await self._main_seq(event, future, deadline, look_now=True)
+            try:
+                return seq, decode_event(
+                    stored.data or b"", stored.headers, subject=subject, seq=seq
+                )
+            except DecodeError:
+                return seq, event
+        finally:
+            self._release(event)
+
+    async def append_batch(self, events: Sequence[Event], *, atomic: bool = False) -> list[int]:
+        """Pipelined publishes to PULSE_OUT, each deduplicated by id (never atomic here:
+        see the module docstring); their sequences in PULSE."""
+        if any(is_activity_subject(subject_for(e)) for e in events):
+            return [await self.append(e) for e in events]
+        futures = [self._register(e) for e in events]
+        try:
+            deadline = time.monotonic() + self.append_timeout
+            await self._append_pipelined(events)
+            return [
+                await self._main_seq(e, f, deadline, look_now=False)
+                for e, f in zip(events, futures, strict=True)
+            ]
+        finally:
+            for e in events:
+                self._release(e)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def tail(
+        self, from_seq: int = 1, *, subjects: Sequence[str] | None = None
+    ) -> AsyncGenerator[LogEntry, None]:
+        self._tails += 1
+        try:
+            async for entry in super().tail(from_seq, subjects=subjects):
+                if self._awaiting and entry.event is not None:
+                    found = self._awaiting.get(str(entry.event.event_id))
+                    if found is not None and not found[0].done():
+                        found[0].set_result(entry.seq)
+                yield entry
+        finally:
+            self._tails -= 1
+
+    # -- forgetting ------------------------------------------------------------------------
+
+    async def purge(self, subject: str, *, before_seq: int | None) -> None:
+        """Purge the leaf's PULSE, its PULSE_OUT and the hub's PULSE (module docstring);
+        ``LogUnavailable`` when the hub cannot be reached (the purge stays owed)."""
+        if is_activity_subject(subject):
+            await super().purge(subject, before_seq=before_seq)
+            return
+        tombstone = await self._purge_here(subject, before_seq)
+        hub = self.nc.jetstream(domain=self.hub_domain, timeout=2.0)
+        hub_seq: int | None = None
+        if tombstone is not None:
+            deadline = time.monotonic() + self.append_timeout
+            while not (
+                hub_seq := await self._seq_by_id(hub, self.settings.name, subject, tombstone)
+            ):
+                if time.monotonic() >= deadline:
+                    raise LogUnavailable(
+                        f"forgetting {subject}: the hub (domain {self.hub_domain}) does not "
+                        f"hold the tombstone yet (link {'up' if self._link_up else 'down'}); "
+                        "purged on this host, and the hub's copy is purged when the instance "
+                        "opens again (an owed purge) or when the delete is repeated"
+                    )
+                await asyncio.sleep(0.1)
+        try:
+            await hub.purge_stream(self.settings.name, seq=hub_seq, subject=subject)
+        except Exception as exc:
+            raise LogUnavailable(
+                f"forgetting {subject}: cannot purge the hub's {self.settings.name} ({exc!r})"
+            ) from exc
+
+    async def purge_copy(self, subject: str, *, before_seq: int) -> None:
+        """Forget, in this leaf's own streams, what a delete made elsewhere forgot: the
+        hub purged its PULSE, but the copies sourced here stay until this host purges
+        them (``sync.core`` calls this when it applies another host's tombstone). Its
+        own writes on the subject go from PULSE_OUT whole: they came before the tombstone
+        or landed after it, dead either way."""
+        await self._retry(
+            lambda: self.admin.purge_stream(self.settings.name, seq=before_seq, subject=subject),
+            self.append_timeout,
+        )
+        out = out_name(self.settings)
+        await self._retry(
+            lambda: self.admin.purge_stream(out, subject=subject), self.append_timeout
+        )
+
+    async def _purge_here(self, subject: str, before_seq: int | None) -> str | None:
+        """Purge the leaf's PULSE and PULSE_OUT before the tombstone at ``before_seq``
+        (everything: None); the tombstone's event id, when it is in the leaf's PULSE."""
+        if before_seq is not None and before_seq < 1:
+            raise ValueError(f"before_seq: must be >= 1, got {before_seq}")
+        tombstone: str | None = None
+        if before_seq is not None:
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                msg = await self._retry(
+                    lambda: self.admin.get_msg(self.settings.name, before_seq), self.append_timeout
+                )
+                tombstone = (msg.headers or {}).get(HDR_MSG_ID)
+        await self._retry(
+            lambda: self.admin.purge_stream(self.settings.name, seq=before_seq, subject=subject),
+            self.append_timeout,
+        )
+        out = out_name(self.settings)
+        out_seq: int | None = None
+        if tombstone is not None:
+            out_seq = await self._seq_by_id(self.admin, out, subject, tombstone, local=True)
+        if before_seq is None or out_seq:
+            await self._retry(
+                lambda: self.admin.purge_stream(out, seq=out_seq, subject=subject),
+                self.append_timeout,
+            )
+        return tombstone
+
+    async def _seq_by_id(
+        self, js: JetStreamContext, stream: str, subject: str, msg_id: str, *, local: bool = False
+    ) -> int:
+        """The sequence of the message ``msg_id`` on ``subject`` in ``stream`` (0: none),
+        walking the subject's messages (``next_by_subj``) one request at a time."""
+        seq = 1
+        while True:
+            try:
+                msg = await js.get_msg(stream, seq, subject=subject, next=True)
+            except nats.js.errors.NotFoundError:
+                return 0
+            except Exception:
+                if local:
+                    raise
+                return 0
+            found = int(msg.seq or 0)
+            if (msg.headers or {}).get(HDR_MSG_ID) == msg_id or not found:
+                return found
+            seq = found + 1
+
+    # -- the link --------------------------------------------------------------------------
+
+    def _leafz(self) -> dict[str, Any]:
+        url = f"{self.server.monitor_url}/leafz"
+        with urllib.request.urlopen(url, timeout=1.0) as response:  # noqa: S310 (loopback)
+            return dict(json.loads(response.read()))
+
+    async def _look_at_link(self) -> bool:
+        try:
+            leafz = await asyncio.to_thread(self._leafz)
+        except (OSError, ValueError):
+            return False
+        leafs = leafz.get("leafs") or []
+        up = bool(leafz.get("leafnodes")) and bool(leafs)
+        self._hub_name = str(leafs[0].get("name")) if up else None
+        self._rtt = str(leafs[0].get("rtt")) if up else None
+        if up:
+            self._last_up_ms = int(time.time() * 1000)
+        return up
+
+    async def _watch_link(self) -> None:
+        registered = False
+        while True:
+            up = await self._look_at_link()
+            if up and not self._link_up:
+                try:
+                    if not registered:
+                        await self._register_with_hub()
+                        registered = True
+                    await self._readd_sources()
+                    self.heals += 1
+                    if self.on_link_up is not None and (
+                        self._reacting is None or self._reacting.done()
+                    ):
+                        self._reacting = asyncio.ensure_future(self.on_link_up())
+                    log.info("link to the hub (domain %s) up; sources resumed", self.hub_domain)
+                except Exception as exc:  # the hub's API may need a moment: next round
+                    log.info("link up but the hub's JetStream did not answer yet (%r)", exc)
+                    up = False
+            elif self._link_up and not up:
+                log.warning("link to the hub (domain %s) down; writing locally", self.hub_domain)
+            self._link_up = up
+            await asyncio.sleep(LINK_POLL)
+
+    async def _register_with_hub(self) -> None:
+        """Add this leaf's PULSE_OUT to the sources of the hub's PULSE (once)."""
+        hub = self.nc.jetstream(domain=self.hub_domain, timeout=2.0)
+        config = (await hub.stream_info(self.settings.name)).config
+        mine = _api(self.domain)
+        if not any(_is_external(s, mine) for s in config.sources or []):
+            source = api.StreamSource(
+                name=out_name(self.settings), external=api.ExternalStream(api=mine)
+            )
+            config.sources = [*(config.sources or []), source]
+            await hub.update_stream(config)
+
+    async def _readd_sources(self) -> None:
+        """Drop and re-add the two cross-domain sources: they resume now."""
+        hub = self.nc.jetstream(domain=self.hub_domain, timeout=2.0)
+        for js, prefix in ((self.admin, _api(self.hub_domain)), (hub, _api(self.domain))):
+            config = (await js.stream_info(self.settings.name)).config
+            sources = list(config.sources or [])
+            keep = [s for s in sources if not _is_external(s, prefix)]
+            if len(keep) == len(sources):
+                continue
+            await js.update_stream(dataclasses.replace(config, sources=keep))
+            await js.update_stream(dataclasses.replace(config, sources=sources))
+
+    async def leaf_status(self) -> LeafStatus:
+        up = await self._look_at_link()
+        out = await self._retry(
+            lambda: self.admin.stream_info(out_name(self.settings)), self.read_timeout
+        )
+        last = int(out.state.last_seq)
+        inbound: int | None = None
+        with contextlib.suppress(Exception):
+            info = json.loads(
+                (await self.nc.request(f"$JS.API.STREAM.INFO.{self.settings.name}", b"", 2.0)).data
+            )
+            for source in info.get("sources") or []:
+                if _is_external(source, _api(self.hub_domain)):
+                    inbound = int(source.get("lag") or 0)
+        exact = False
+        if up:
+            with contextlib.suppress(Exception):
+                subject = f"{_api(self.hub_domain)}.STREAM.INFO.{self.settings.name}"
+                info = json.loads((await self.nc.request(subject, b"", 2.0)).data)
+                for source in info.get("sources") or []:
+                    if _is_external(source, _api(self.domain)):
+                        self._hub_seq = int(source.get("seq") or 0)
+                        exact = True
+        return LeafStatus(
+            link="up" if up else "down", domain=self.domain, hub_domain=self.hub_domain,
+            hub=self._hub_name, rtt=self._rtt, outbound_backlog=max(0, last - self._hub_seq),
+            backlog_exact=exact, inbound_lag=inbound, last_up_ms=self._last_up_ms,
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        for task in (self._link_task, self._reacting):
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=2)
+        self._link_task = self._reacting = None
+        await super().close()

@@ -1,0 +1,295 @@
+"""Edge hosts: a host whose embedded NATS is a leaf node of the hub keeps taking writes
+while the link is cut, and both sides converge when it returns (``eventlog.leaf``).
+Real servers on loopback; the link is cut by disabling the leaf's remote (SIGHUP)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+
+from eventlog import EmbeddedNats
+from eventlog.codec import HDR_MSG_ID
+from eventlog.embedded import NatsCredentials
+from eventlog.leaf import LeafLog, out_name
+from ops.cluster import free_ports
+from projections.queries import Experience
+from sync import PulseDB
+from tests.conftest import eventually
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@dataclass
+class Edge:
+    hub_server: EmbeddedNats
+    hub: PulseDB
+    leaf: PulseDB
+    leaf_url: str
+
+    @property
+    def leaf_server(self) -> EmbeddedNats:
+        assert self.leaf.server is not None
+        return self.leaf.server
+
+    @property
+    def leaf_log(self) -> LeafLog:
+        assert isinstance(self.leaf.log, LeafLog)
+        return self.leaf.log
+
+
+def hub_server(tmp_path: Path) -> tuple[EmbeddedNats, str]:
+    """An embedded server taking leaf nodes (domain ``hub``), and its leafnode URL."""
+    (port,) = free_ports(1)
+    link = NatsCredentials.generate("leaf")
+    server = EmbeddedNats(tmp_path / "hub-nats", leaf_listen=port, leaf_credentials=link)
+    server.start()
+    return server, link.in_url(f"nats-leaf://127.0.0.1:{port}")
+
+
+@pytest.fixture
+async def edge(tmp_path: Path) -> AsyncIterator[Edge]:
+    server, leaf_url = hub_server(tmp_path)
+    hub = leaf = None
+    try:
+        hub = await PulseDB.open(tmp_path / "hub", server.url)
+        leaf = await PulseDB.open(tmp_path / "leaf", leaf_of=leaf_url)
+        yield Edge(server, hub, leaf, leaf_url)
+    finally:
+        for db in (leaf, hub):
+            if db is not None:
+                await db.close()
+        server.stop()
+
+
+async def msg_ids(db: PulseDB, stream: str) -> Counter[str]:
+    """How many times each ``Nats-Msg-Id`` is in ``stream`` (read raw, message by message)."""
+    assert isinstance(db.log, LeafLog) or db.log is not None
+    admin = db.log.admin  # type: ignore[attr-defined]
+    info = await admin.stream_info(stream)
+    found: Counter[str] = Counter()
+    seq = int(info.state.first_seq)
+    while seq and seq <= int(info.state.last_seq):
+        try:
+            msg = await admin.get_msg(stream, seq)
+        except Exception:  # a purged gap
+            seq += 1
+            continue
+        found[(msg.headers or {}).get(HDR_MSG_ID, "")] += 1
+        seq += 1
+    return found
+
+
+async def got(db: PulseDB, experience_id: UUID) -> Experience:
+    found = await db.get_experience(experience_id)
+    assert found is not None, f"experience {experience_id} missing"
+    return found
+
+
+async def converged(a: PulseDB, b: PulseDB, timeout: float = 20.0) -> float:
+    started = time.monotonic()
+
+    async def equal() -> bool:
+        await a.sync(timeout=5)
+        await b.sync(timeout=5)
+        return await a.digest() == await b.digest()
+
+    await eventually(equal, timeout=timeout, interval=0.05, what="equal digests")
+    return time.monotonic() - started
+
+
+async def link_is(edge: Edge, state: str) -> bool:
+    return (await edge.leaf.status()).leaf.link == state  # type: ignore[union-attr]
+
+
+async def test_a_leaf_host_writes_while_cut_off_and_converges_exactly(edge: Edge) -> None:
+    hub, leaf = edge.hub, edge.leaf
+    await eventually(lambda: link_is(edge, "up"), what="link up", timeout=10)
+    cid = await hub.create_collective("owner", "team", 2)
+    await converged(hub, leaf)
+    shared = await hub.record_experience(cid, "from the hub", [1, 0])
+    mine = await leaf.record_experience(cid, "from the edge", [0, 1])
+    await converged(hub, leaf)
+    assert (await got(leaf, shared)).content == "from the hub"
+    assert (await got(hub, mine)).content == "from the edge"
+    reinforced = Counter({shared: 0, mine: 0})
+    for eid in (shared, mine):
+        await hub.reinforce_experience(eid)
+        await leaf.reinforce_experience(eid)
+        reinforced[eid] += 2
+
+    edge.leaf_server.set_leaf_link(False)  # cut
+    await eventually(lambda: link_is(edge, "down"), what="link down", timeout=10)
+    written = []
+    for i in range(5):
+        written.append(await leaf.record_experience(cid, f"edge offline {i}", [0.5, 0.5]))
+        written.append(await hub.record_experience(cid, f"hub meanwhile {i}", [0.5, 0.5]))
+    for eid in (shared, mine):
+        for _ in range(3):
+            await leaf.reinforce_experience(eid)  # acknowledged offline: read-your-writes
+            await hub.reinforce_experience(eid)
+            reinforced[eid] += 2
+    assert (await got(leaf, written[0])).content == "edge offline 0"
+    await leaf.update_experience(shared, importance=0.9)
+    await hub.update_experience(mine, confidence=0.8)
+    await leaf.invalidate_experience(mine, "superseded at the edge")
+    status = (await leaf.status()).leaf
+    assert status is not None and status.link == "down" and status.hub is None
+    assert status.outbound_backlog > 0 and not status.backlog_exact
+    assert await hub.digest() != await leaf.digest()
+    assert await hub.get_experience(written[0]) is None  # not there yet
+
+    edge.leaf_server.set_leaf_link(True)  # restore
+    healed = await converged(hub, leaf)
+    print(f"\nheal: digests equal {healed:.2f}s after the link was restored")
+    for eid in (shared, mine):
+        for db in (hub, leaf):
+            assert (await got(db, eid)).applications == reinforced[eid]
+    for eid in written:
+        assert (await got(hub, eid)).experience_id == (await got(leaf, eid)).experience_id
+    assert (await got(hub, shared)).importance == 0.9
+    assert (await got(leaf, mine)).confidence == 0.8
+    assert (await got(hub, mine)).invalid_reason == "superseded at the edge"
+
+    # every event once in each stream: the hub's PULSE, the leaf's PULSE (the cut was
+    # far shorter than its duplicate window) and the leaf's outbox
+    await eventually(
+        lambda: link_is(edge, "up"), what="link up again", timeout=10
+    )  # (status reads the hub's view)
+    hub_ids = await msg_ids(hub, "PULSE")
+    leaf_ids = await msg_ids(leaf, "PULSE")
+    assert max(hub_ids.values()) == 1 and max(leaf_ids.values()) == 1
+    assert hub_ids.keys() == leaf_ids.keys()
+    outbox = await msg_ids(leaf, out_name(edge.leaf_log.settings))
+    assert outbox.keys() <= hub_ids.keys()
+    status = (await leaf.status()).leaf
+    assert status is not None and status.link == "up" and status.backlog_exact
+    assert status.outbound_backlog == 0 and status.hub == "pulse-embedded"
+
+
+async def test_a_leaf_status_and_idempotent_retries(edge: Edge) -> None:
+    leaf = edge.leaf
+    await eventually(lambda: link_is(edge, "up"), what="link up", timeout=10)
+    cid = await leaf.create_collective("owner", "edge team", 2)
+    first = await leaf.record_experience(cid, "once", [1, 0], idempotency_key="k-1")
+    again = await leaf.record_experience(cid, "once", [1, 0], idempotency_key="k-1")
+    assert first == again
+    await converged(edge.hub, leaf)
+    status = await leaf.status()
+    assert status.leaf is not None and status.leaf.domain == edge.leaf_server.domain
+    assert status.leaf.hub_domain == "hub" and status.leaf.rtt
+    info = json.loads(
+        (await edge.leaf_log.nc.request("$JS.hub.API.STREAM.INFO.PULSE", b"", 2)).data
+    )
+    assert any(
+        (s.get("external") or {}).get("api") == f"$JS.{edge.leaf_server.domain}.API"
+        for s in info["sources"]
+    )
+
+
+async def test_leaf_options_are_checked(tmp_path: Path) -> None:
+    from eventlog import ValidationError
+
+    with pytest.raises(ValidationError, match="leaf_of"):
+        EmbeddedNats(tmp_path, leaf_of="http://hub:7422")
+    with pytest.raises(ValidationError, match="leaf_of"):
+        await PulseDB.open(tmp_path, "nats://127.0.0.1:4222", leaf_of="nats-leaf://h:7422")
+    with pytest.raises(ValidationError, match="domain"):
+        EmbeddedNats(tmp_path, leaf_of="nats-leaf://h:7422", domain="a.b")
+    assert asyncio.get_running_loop()
+
+
+def test_pulse_up_as_a_hub_and_as_an_edge_host(tmp_path: Path) -> None:
+    """`pulse up --leaf-listen` (a hub) and `pulse up --leaf-of` (an edge host): banners,
+    and `pulse status` on the edge host showing the link."""
+    from tests.test_service import PULSE, _env, start, stop
+
+    (port,) = free_ports(1)
+    hub = start(tmp_path / "hub", "--leaf-listen", str(port))
+    edge = None
+    try:
+        assert f"--leaf-of nats-leaf://leaf:***@127.0.0.1:{port}" in hub.banner
+        creds = NatsCredentials.load(tmp_path / "hub" / "nats" / "leaf-credentials.json")
+        url = creds.in_url(f"nats-leaf://127.0.0.1:{port}")
+        edge = start(tmp_path / "edge", "--leaf-of", url)
+        assert f"a leaf node of nats-leaf://leaf:***@127.0.0.1:{port}" in edge.banner
+        assert creds.password not in edge.banner
+        deadline = time.monotonic() + 15
+        while True:
+            shown = subprocess.run(
+                [PULSE, "--data-dir", str(tmp_path / "edge"), "status"],
+                capture_output=True, text=True, env=_env(), timeout=30,
+            )  # fmt: skip
+            assert shown.returncode == 0, shown.stderr
+            line = next(x for x in shown.stdout.splitlines() if x.startswith("leaf "))
+            if "link UP to pulse-embedded (domain hub" in line:
+                break
+            assert time.monotonic() < deadline, line
+            time.sleep(0.1)
+        assert "0 events not at the hub yet" in line
+    finally:
+        if edge is not None:
+            stop(edge)
+        stop(hub)
+
+
+async def test_a_delete_on_a_leaf_forgets_on_both_sides(edge: Edge) -> None:
+    from eventlog import LogUnavailable
+
+    hub, leaf = edge.hub, edge.leaf
+    await eventually(lambda: link_is(edge, "up"), what="link up", timeout=10)
+    cid = await leaf.create_collective("owner", "edge team", 2)
+    gone = await leaf.record_experience(cid, "forget me", [1, 0])
+    await hub.sync()
+    await converged(hub, leaf)
+    await leaf.delete_experience(gone)  # link up: the hub's copy is purged too
+    await converged(hub, leaf)
+    for db in (hub, leaf):
+        assert await db.get_experience(gone) is None
+    subject = f"pulse.c.{cid}.experience.{gone}"
+    for db, stream in ((hub, "PULSE"), (leaf, "PULSE"), (leaf, "PULSE_OUT")):
+        left = await db.log.admin.stream_info(stream, subjects_filter=subject)  # type: ignore[attr-defined]
+        assert (left.state.subjects or {}).get(subject) == 1, stream  # the tombstone alone
+
+    later = await leaf.record_experience(cid, "forget me offline", [0, 1])
+    await converged(hub, leaf)
+    edge.leaf_server.set_leaf_link(False)
+    await eventually(lambda: link_is(edge, "down"), what="link down", timeout=10)
+    edge.leaf_log.append_timeout = 1.0
+    with pytest.raises(LogUnavailable, match="hub"):  # forgotten here, owed at the hub
+        await leaf.delete_experience(later)
+    assert await leaf.get_experience(later) is None
+    assert leaf.owed.pending()
+    edge.leaf_server.set_leaf_link(True)
+    await converged(hub, leaf)
+    subject = f"pulse.c.{cid}.experience.{later}"
+
+    async def hub_forgot() -> bool:  # the link's return finishes what the delete owes
+        left = await hub.log.admin.stream_info("PULSE", subjects_filter=subject)  # type: ignore[attr-defined]
+        return (left.state.subjects or {}).get(subject) == 1 and not leaf.owed.pending()
+
+    await eventually(hub_forgot, what="the hub's copy forgotten", timeout=15)
+
+    # deleted elsewhere: the hub purged its stream, and the leaf forgets its own copies
+    theirs = await leaf.record_experience(cid, "the hub forgets this", [1, 1])
+    await converged(hub, leaf)
+    await hub.delete_experience(theirs)
+    await converged(hub, leaf)
+    subject = f"pulse.c.{cid}.experience.{theirs}"
+
+    async def copies_forgotten() -> bool:
+        held = {}
+        for stream in ("PULSE", "PULSE_OUT"):
+            info = await leaf.log.admin.stream_info(stream, subjects_filter=subject)  # type: ignore[attr-defined]
+            held[stream] = (info.state.subjects or {}).get(subject, 0)
+        return held == {"PULSE": 1, "PULSE_OUT": 0}  # the tombstone alone
+
+    await eventually(copies_forgotten, what="the leaf's copies forgotten", timeout=10)
