@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m ops.bench.service
 	$(VENV)/bin/python -m ops.bench.engine
 	$(VENV)/bin/python -m ops.bench.as_of
+	$(VENV)/bin/python -m ops.bench.following
 
 clean:
 	rm -rf $(VENV) .pulse .pytest_cache .hypothesis

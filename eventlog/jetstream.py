@@ -16,7 +16,9 @@ restart). That gives resumption without relying on nats-py's ordered consumer.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import heapq
 import json
 import logging
 import os
@@ -491,6 +493,10 @@ class JetStreamLog(EventLog):
         end = await self.last_seq()
         if from_seq > end:
             return
+        if subjects is not None and len(subjects) > 1:
+            async for batch in _merged(self, from_seq, subjects, batch_size, end):
+                yield batch
+            return
         async for batch in _pull(
             self, self.settings.name, from_seq, subjects, batch_size, live=False, end_seq=end
         ):
@@ -630,6 +636,55 @@ def _decode(msg: Msg, seq: int, when: int) -> LogEntry:
     except DecodeError as exc:
         return LogEntry(seq, msg.subject, None, exc, when)
     return LogEntry(seq, msg.subject, event, None, when)
+
+
+async def _merged(
+    owner: JetStreamLog, from_seq: int, subjects: Sequence[str], batch_size: int, end: int
+) -> AsyncGenerator[list[LogEntry], None]:
+    """A read on several subject filters, in stream order: one consumer per filter, their
+    entries merged by sequence. nats-server serves a consumer with several filters at a
+    cost per message many times that of one filter (measured on 2.15: 60,000 messages
+    through 22 filters in ~15 s, through one consumer per filter in ~1.3 s), which would
+    make a host that follows many collectives catch up slower than one that follows all
+    (``ops.bench.following``). Filters that overlap give an entry once."""
+    name = owner.settings.name
+    readers = [
+        _pull(owner, name, from_seq, [subject], batch_size, live=False, end_seq=end)
+        for subject in dict.fromkeys(subjects)
+    ]
+    held: list[collections.deque[LogEntry]] = [collections.deque() for _ in readers]
+    heads: list[tuple[int, int]] = []  # (sequence of a reader's next entry, reader)
+
+    async def refill(i: int) -> None:
+        async for batch in readers[i]:
+            if batch:
+                held[i].extend(batch)
+                heapq.heappush(heads, (held[i][0].seq, i))
+                return
+        # (that reader is done)
+
+    try:
+        await asyncio.gather(*(refill(i) for i in range(len(readers))))
+        out: list[LogEntry] = []
+        last = 0
+        while heads:
+            _, i = heapq.heappop(heads)
+            entry = held[i].popleft()
+            if entry.seq != last:  # (overlapping filters deliver one message twice)
+                out.append(entry)
+                last = entry.seq
+            if held[i]:
+                heapq.heappush(heads, (held[i][0].seq, i))
+            else:
+                await refill(i)
+            if len(out) >= batch_size:
+                yield out
+                out = []
+        if out:
+            yield out
+    finally:
+        for reader in readers:
+            await reader.aclose()
 
 
 async def _pull(

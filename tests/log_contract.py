@@ -268,6 +268,15 @@ class LogContract:
         assert await log.last_seq(collective_filter([two], wisdom=False)) == 4
         assert await log.last_seq(["pulse.c.*.collective.*"]) == 2  # wildcards
         assert await log.last_seq(collective_filter([uuid7()])) == 0  # nothing there
+        # a read on several filters gives each message once, in stream order (JetStream
+        # merges one consumer per filter), overlapping filters included
+        for filters in (
+            [*collective_filter([two], wisdom=False), *collective_filter([one], wisdom=False)],
+            [f"pulse.c.{one}.>", "pulse.c.*.collective.*", f"pulse.c.{two}.>"],
+        ):
+            read = [e.seq async for batch in log.read(1, batch_size=1, subjects=filters)
+                    for e in batch]  # fmt: skip
+            assert read == [1, 2, 3, 4], filters
         state = await log.stream_state()
         assert (state.messages, state.first_seq, state.last_seq) == (4, 1, 4)
         assert state.replicas == 1 and state.bytes > 0
