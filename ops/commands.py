@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from uuid import UUID
 
-from eventlog.errors import NotFoundError, ValidationError
+from eventlog.errors import NotFoundError, PulseError, ValidationError
 from ops.encoding import to_json
 from ops.remote import RemotePulseDB, running_service
 from projections import queries
@@ -125,7 +125,8 @@ async def collective_of(db: Any, ref: str, owner: str | None = None) -> queries.
     if not named:
         whose = f" of owner {owner!r}" if owner is not None else ""
         raise NotFoundError(
-            f"collective: no collective{whose} named {ref!r} (see `pulse collective list`)"
+            f"collective: no collective{whose} named {ref!r}{await _scope_of(db)} (see "
+            "`pulse collective list`)"
         )
     if len(named) > 1:
         ids = ", ".join(str(c.collective_id) for c in named)
@@ -133,6 +134,15 @@ async def collective_of(db: Any, ref: str, owner: str | None = None) -> queries.
             f"collective: {len(named)} collectives are named {ref!r}; use an id: {ids}"
         )
     return named[0]
+
+
+async def _scope_of(db: Any) -> str:
+    """On a host that follows some collectives, which (for a name it did not find)."""
+    try:
+        following = (await db.status()).following
+    except PulseError:  # (a caller that may not read the status: the plain message)
+        return ""
+    return "" if following is None else f" among those this host follows ({', '.join(following)})"
 
 
 def vector(text: str | None, field: str = "embedding") -> list[float] | None:

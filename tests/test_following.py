@@ -207,6 +207,12 @@ async def test_pulse_up_follow_names_its_scope(tmp_path: Path, nats_server: Embe
             capture_output=True, text=True, timeout=60, env=_env(nats_server),
         )  # fmt: skip
         assert shown.returncode == 0, shown.stderr
+        named = subprocess.run(
+            [PULSE, "--data-dir", str(tmp_path / "host"), "search", "-c", "gamma", "x"],
+            capture_output=True, text=True, timeout=60, env=_env(nats_server),
+        )  # fmt: skip
+        assert named.returncode == 1
+        assert "no collective named 'gamma' among those this host follows (alpha)" in named.stderr
         assert re.search(
             rf"follows   alpha \(1 collectives\)\n  alpha  {alpha}  last \d+, lag 0", shown.stdout
         ), shown.stdout
