@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from uuid import UUID
 
@@ -158,38 +158,25 @@ class PulseDB(
         remembered = EmbeddedNats.remembered_leaf(directory) if nats_url is None else None
         if leaf_of is None and remembered is not None:  # a leaf's data directory stays one
             leaf_of, leaf_ca = str(remembered["leaf_of"]), leaf_ca or remembered.get("leaf_ca")
+        connecting: Awaitable[EventLog]
         if leaf_of is not None:
             server = EmbeddedNats(directory, leaf_of=leaf_of, leaf_ca=leaf_ca)
             await asyncio.to_thread(server.start)
-            try:
-                leaf = await LeafLog.open_leaf(
-                    server, stream_settings, hub_domain=hub_domain,
-                    append_timeout=append_timeout,
-                )  # fmt: skip
-            except BaseException:
-                await asyncio.to_thread(server.stop)
-                raise
-            try:
-                return await cls.attach(
-                    directory, leaf, projection_settings, server=server, settings=settings,
-                    progress=progress, principal=principal, collectives=collectives,
-                )  # fmt: skip
-            except BaseException:
-                await leaf.close()
-                await asyncio.to_thread(server.stop)
-                raise
-        if nats_url is None:
-            server = EmbeddedNats(directory)
-            urls: list[str] = [await asyncio.to_thread(server.start)]
-        elif isinstance(nats_url, str):
-            urls = [u.strip() for u in nats_url.split(",") if u.strip()]
+            connecting = LeafLog.open_leaf(
+                server, stream_settings, hub_domain=hub_domain, append_timeout=append_timeout
+            )
         else:
-            urls = list(nats_url)
-        if server is None:  # the embedded server's credentials are in its URL
-            nats_credentials = nats_credentials or os.environ.get("PULSE_NATS_CREDS") or None
-            nats_ca = nats_ca or os.environ.get("PULSE_NATS_CA") or None
-        try:
-            jetstream = await JetStreamLog.connect(
+            if nats_url is None:
+                server = EmbeddedNats(directory)
+                urls: list[str] = [await asyncio.to_thread(server.start)]
+            elif isinstance(nats_url, str):
+                urls = [u.strip() for u in nats_url.split(",") if u.strip()]
+            else:
+                urls = list(nats_url)
+            if server is None:  # the embedded server's credentials are in its URL
+                nats_credentials = nats_credentials or os.environ.get("PULSE_NATS_CREDS") or None
+                nats_ca = nats_ca or os.environ.get("PULSE_NATS_CA") or None
+            connecting = JetStreamLog.connect(
                 urls,
                 stream_settings,
                 append_timeout=append_timeout,
@@ -198,17 +185,19 @@ class PulseDB(
                 credentials=nats_credentials,
                 tls_ca=nats_ca,
             )
+        try:
+            log_ = await connecting
         except BaseException:
             if server is not None:
                 await asyncio.to_thread(server.stop)
             raise
         try:
             return await cls.attach(
-                directory, jetstream, projection_settings, server=server, settings=settings,
+                directory, log_, projection_settings, server=server, settings=settings,
                 progress=progress, principal=principal, collectives=collectives,
             )  # fmt: skip
         except BaseException:
-            await jetstream.close()
+            await log_.close()
             if server is not None:
                 await asyncio.to_thread(server.stop)
             raise

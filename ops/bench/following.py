@@ -72,12 +72,12 @@ from uuid import UUID
 import msgspec
 import nats
 import numpy as np
-from nats.js import JetStreamContext, api
 
 from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
 from eventlog import events as ev
 from eventlog.ids import uuid7
 from eventlog.subjects import collective_filter
+from ops.bench.peers import raw_drain
 from ops.bench.projection import append_all, sig
 from sync import PulseDB
 
@@ -205,42 +205,13 @@ class Organisation:
         return self.followed(self.names)
 
 
-async def raw_subjects_drain(
-    js: JetStreamContext, subjects: Sequence[str], total: int, timeout: float = 600
-) -> int:
-    """``ops.bench.peers.raw_drain`` over any filters: consume ``total`` messages of
-    ``subjects`` from the start with an ordered push consumer and a callback, counting
-    them, decoding nothing (``[">"]``: the whole stream, no filter)."""
-    if total == 0:
-        return 0
-    done = asyncio.Event()
-    count = 0
-
-    async def on_message(msg: object) -> None:
-        nonlocal count
-        count += 1
-        if count == total:
-            done.set()
-
-    config = api.ConsumerConfig(filter_subjects=list(subjects)) if len(subjects) > 1 else None
-    sub = await js.subscribe(
-        subjects[0], stream=STREAM, cb=on_message, ordered_consumer=True,
-        deliver_policy=api.DeliverPolicy.ALL, config=config,
-    )  # fmt: skip
-    try:
-        await asyncio.wait_for(done.wait(), timeout)
-    finally:
-        await sub.unsubscribe()
-    return count
-
-
 async def raw_seconds(url: str, drains: Sequence[tuple[Sequence[str], int]]) -> float:
     """Seconds of the raw drains, one after the other, on one connection."""
     nc = await nats.connect(url)
     try:
         started = time.perf_counter()
         for subjects, total in drains:
-            await raw_subjects_drain(nc.jetstream(), subjects, total)
+            await raw_drain(nc.jetstream(), subjects, total, stream=STREAM)
         return time.perf_counter() - started
     finally:
         await nc.close()
