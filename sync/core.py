@@ -222,8 +222,9 @@ class InstanceCore:
         """The subjects this host reads (None: all of them)."""
         return None if self.scope is None else self.scope.filters()
 
-    def _start_replication(self) -> None:
-        self._loop_task = asyncio.create_task(self._replicate(), name="pulse-replication")
+    def _start_replication(self, from_seq: int | None = None) -> None:
+        """Tail the log from ``from_seq`` (default: past what the engine applied)."""
+        self._loop_task = asyncio.create_task(self._replicate(from_seq), name="pulse-replication")
 
     async def _stop_replication(self) -> None:
         if self._loop_task is not None:
@@ -239,9 +240,10 @@ class InstanceCore:
         self._known.clear()
         self._generation += 1
 
-    async def _replicate(self) -> None:
+    async def _replicate(self, from_seq: int | None = None) -> None:
         try:
-            tail = self.log.tail(self.engine.seq + 1, subjects=self._filters())
+            start = self.engine.seq + 1 if from_seq is None else from_seq
+            tail = self.log.tail(start, subjects=self._filters())
             async for entry in tail:
                 if entry.stored_ms is not None and entry.stored_ms > self._log_ms:
                     self._log_ms = entry.stored_ms  # (the writer's own events come back too)

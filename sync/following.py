@@ -173,7 +173,7 @@ class Following(InstanceCore):
             for cid in new:
                 self.scope.collectives[cid] = at
             await asyncio.to_thread(self.scope.save, state)
-            self._start_replication()
+            self._start_replication(at + 1)  # (what comes after ``at``; before: backfilled)
             await self._backfill(new)
 
     async def _backfill(self, ids: set[UUID], *, restart: bool = False) -> None:
