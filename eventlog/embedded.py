@@ -341,6 +341,14 @@ class EmbeddedNats:
         is kept in ``nats/leaf.json`` (0600) with the hub's URL (``remembered_leaf``): the
         hub sources this leaf by its domain, and the store belongs to the leaf's account."""
         found = self.remembered_leaf(self.data_dir) or {}
+        store = self.dir / "store"
+        if not found and store.is_dir() and any(store.iterdir()):
+            # its streams belong to the clients' global account; a leaf's live in its own
+            # account, so that store would not be recovered (and the directory not reopen)
+            raise ValidationError(
+                f"leaf_of: {self.data_dir} holds the NATS store of a host that is not an edge "
+                "host; an edge host starts on a new data directory (it catches up from the hub)"
+            )
         domain = given or str(found.get("domain") or f"edge-{secrets.token_hex(4)}")
         self.dir.mkdir(parents=True, exist_ok=True)
         record = {"domain": domain, "leaf_of": self.leaf_of, "leaf_ca": self.leaf_ca}

@@ -32,9 +32,16 @@ Forgetting (``purge``) purges the leaf's PULSE and PULSE_OUT, then the hub's PUL
 through the hub's domain, before the tombstone there; when the hub cannot be reached the
 purge raises ``LogUnavailable`` and the delete stays owed (``sync.owed``): the instance
 finishes it when the link comes back (``on_link_up``) or when it opens again. A delete
-made elsewhere purged the hub's PULSE; when the leaf applies its tombstone, the instance
-purges the leaf's own copies (``purge_copy``: its PULSE before the tombstone, and the
-subject in PULSE_OUT).
+made elsewhere purged the hub's PULSE; when the leaf applies its tombstone, or opens
+after being away (``sync.instance``), the instance purges the leaf's own copies
+(``purge_copy``: its PULSE before the tombstone; its PULSE_OUT before the tombstone if
+this host wrote it, else the whole subject). A tombstone is looked for on its own subject
+(an entity's few messages, never a whole collective's).
+
+The hub's PULSE has one source per leaf, kept in its configuration, which a leaf reads,
+changes and writes whole (JetStream has no compare-and-set on it): two leaves doing so
+at once may undo each other's change, so a leaf reads it again until its source is
+there, and checks every few seconds while linked that it still is.
 
 The link. A task polls the leaf server's monitor (``/leafz``, every 0.5 s). The first
 time it sees the hub it adds this leaf's PULSE_OUT to the sources of the hub's PULSE;
@@ -71,6 +78,7 @@ log = logging.getLogger("pulse.eventlog.leaf")
 
 LEAF_DUPLICATE_WINDOW = 24 * 3600.0  # seconds: own events coming back through the hub
 LINK_POLL = 0.5  # seconds between looks at the link
+CHECK_EVERY = 10  # link polls between checks that the hub still sources this leaf
 _FIRST_WAIT = 1.0  # seconds an append waits for the tail before looking the event up
 
 
@@ -121,6 +129,9 @@ async def ensure_leaf_streams(
         settings.main_config(),
         name=out_name(settings),
         description="Pulse edge host: the events written here, sourced by the hub",
+        # a delete made offline is retried when the link returns, maybe hours later: its
+        # tombstone must still be known here, not stored (and sourced to the hub) again
+        duplicate_window=max(settings.duplicate_window, LEAF_DUPLICATE_WINDOW),
         allow_atomic=False,
     )
     main = dataclasses.replace(
@@ -348,13 +359,13 @@ class LeafLog(JetStreamLog):
         if is_activity_subject(subject):
             await super().purge(subject, before_seq=before_seq)
             return
-        tombstone = await self._purge_here(subject, before_seq)
+        tombstone, own_subject = await self._purge_here(subject, before_seq)
         hub = self.nc.jetstream(domain=self.hub_domain, timeout=2.0)
         hub_seq: int | None = None
         if tombstone is not None:
             deadline = time.monotonic() + self.append_timeout
             while not (
-                hub_seq := await self._seq_by_id(hub, self.settings.name, subject, tombstone)
+                hub_seq := await self._seq_by_id(hub, self.settings.name, own_subject, tombstone)
             ):
                 if time.monotonic() >= deadline:
                     raise LogUnavailable(
@@ -372,46 +383,42 @@ class LeafLog(JetStreamLog):
             ) from exc
 
     async def purge_copy(self, subject: str, *, before_seq: int) -> None:
-        """Forget, in this leaf's own streams, what a delete made elsewhere forgot: the
-        hub purged its PULSE, but the copies sourced here stay until this host purges
-        them (``sync.core`` calls this when it applies another host's tombstone). Its
-        own writes on the subject go from PULSE_OUT whole: they came before the tombstone
-        or landed after it, dead either way."""
-        await self._retry(
-            lambda: self.admin.purge_stream(self.settings.name, seq=before_seq, subject=subject),
-            self.append_timeout,
-        )
-        out = out_name(self.settings)
-        await self._retry(
-            lambda: self.admin.purge_stream(out, subject=subject), self.append_timeout
-        )
+        """Forget, in this leaf's own streams, what a delete forgot (``sync.core`` calls
+        this for every tombstone it applies, whoever wrote it): the hub's copy is the
+        deleting host's to purge, the leaf's are this host's (``_purge_here``)."""
+        await self._purge_here(subject, before_seq)
 
-    async def _purge_here(self, subject: str, before_seq: int | None) -> str | None:
-        """Purge the leaf's PULSE and PULSE_OUT before the tombstone at ``before_seq``
-        (everything: None); the tombstone's event id, when it is in the leaf's PULSE."""
+    async def _purge_here(self, subject: str, before_seq: int | None) -> tuple[str | None, str]:
+        """Purge the leaf's PULSE before the tombstone at ``before_seq`` (everything:
+        None), and its PULSE_OUT: before the tombstone there when this host wrote it (the
+        hub may not have it yet), else the whole subject (what this host wrote of a
+        deleted entity is dead, before the tombstone or after). Returns the tombstone's
+        event id (None: not in the leaf's PULSE) and its own subject (where it is
+        looked for: an entity's subject holds a few messages, a collective's many)."""
         if before_seq is not None and before_seq < 1:
             raise ValueError(f"before_seq: must be >= 1, got {before_seq}")
         tombstone: str | None = None
+        own_subject = subject
         if before_seq is not None:
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 msg = await self._retry(
                     lambda: self.admin.get_msg(self.settings.name, before_seq), self.append_timeout
                 )
                 tombstone = (msg.headers or {}).get(HDR_MSG_ID)
+                own_subject = msg.subject or subject
         await self._retry(
             lambda: self.admin.purge_stream(self.settings.name, seq=before_seq, subject=subject),
             self.append_timeout,
         )
         out = out_name(self.settings)
-        out_seq: int | None = None
+        out_seq = 0
         if tombstone is not None:
-            out_seq = await self._seq_by_id(self.admin, out, subject, tombstone, local=True)
-        if before_seq is None or out_seq:
-            await self._retry(
-                lambda: self.admin.purge_stream(out, seq=out_seq, subject=subject),
-                self.append_timeout,
-            )
-        return tombstone
+            out_seq = await self._seq_by_id(self.admin, out, own_subject, tombstone, local=True)
+        await self._retry(
+            lambda: self.admin.purge_stream(out, seq=out_seq or None, subject=subject),
+            self.append_timeout,
+        )
+        return tombstone, own_subject
 
     async def _seq_by_id(
         self, js: JetStreamContext, stream: str, subject: str, msg_id: str, *, local: bool = False
@@ -455,8 +462,15 @@ class LeafLog(JetStreamLog):
 
     async def _watch_link(self) -> None:
         registered = False
+        rounds = 0
         while True:
             up = await self._look_at_link()
+            rounds += 1
+            if up and self._link_up and rounds % CHECK_EVERY == 0:
+                try:  # (another leaf's change of the hub's sources may have undone ours)
+                    await self._register_with_hub()
+                except Exception as exc:
+                    log.info("checking this leaf's source at the hub failed (%r)", exc)
             if up and not self._link_up:
                 try:
                     if not registered:
@@ -478,16 +492,28 @@ class LeafLog(JetStreamLog):
             await asyncio.sleep(LINK_POLL)
 
     async def _register_with_hub(self) -> None:
-        """Add this leaf's PULSE_OUT to the sources of the hub's PULSE (once)."""
+        """Have this leaf's PULSE_OUT among the sources of the hub's PULSE."""
         hub = self.nc.jetstream(domain=self.hub_domain, timeout=2.0)
-        config = (await hub.stream_info(self.settings.name)).config
         mine = _api(self.domain)
-        if not any(_is_external(s, mine) for s in config.sources or []):
-            source = api.StreamSource(
-                name=out_name(self.settings), external=api.ExternalStream(api=mine)
+        source = api.StreamSource(
+            name=out_name(self.settings), external=api.ExternalStream(api=mine)
+        )
+        await self._add_source(hub, source, mine)
+
+    async def _add_source(self, js: JetStreamContext, source: Any, prefix: str) -> None:
+        """Add ``source`` to the sources of ``js``'s PULSE unless one by ``prefix`` is
+        there. A stream's configuration is read, changed and written whole, with no check
+        that nobody changed it meanwhile: two leaves doing so at once can undo each
+        other's change. So it is read again until the source is there (and the link
+        watcher checks every few seconds that it still is)."""
+        for _ in range(10):
+            config = (await js.stream_info(self.settings.name)).config
+            if any(_is_external(s, prefix) for s in config.sources or []):
+                return
+            await js.update_stream(
+                dataclasses.replace(config, sources=[*(config.sources or []), source])
             )
-            config.sources = [*(config.sources or []), source]
-            await hub.update_stream(config)
+        raise LogUnavailable(f"cannot keep source {prefix} on {self.settings.name}")
 
     async def _readd_sources(self) -> None:
         """Drop and re-add the two cross-domain sources: they resume now."""
@@ -499,7 +525,8 @@ class LeafLog(JetStreamLog):
             if len(keep) == len(sources):
                 continue
             await js.update_stream(dataclasses.replace(config, sources=keep))
-            await js.update_stream(dataclasses.replace(config, sources=sources))
+            mine = next(s for s in sources if _is_external(s, prefix))
+            await self._add_source(js, mine, prefix)
 
     async def leaf_status(self) -> LeafStatus:
         up = await self._look_at_link()

@@ -118,6 +118,11 @@ async def _connected(args: argparse.Namespace) -> AsyncIterator[tuple[NATS, Embe
         urls = [u.strip() for u in args.nats_url.split(",") if u.strip()]
         credentials, tls_ca = args.nats_creds, args.nats_ca
     else:
+        if EmbeddedNats.remembered_leaf(args.data_dir) is not None:
+            raise ValidationError(
+                f"data_dir: {args.data_dir} is an edge host's (a leaf node of a hub); back up "
+                "the hub's deployment instead: the edge host's events are in it"
+            )
         server = EmbeddedNats(args.data_dir)
         urls = [await asyncio.to_thread(server.start)]  # waits for readiness: off the loop
     try:

@@ -557,6 +557,20 @@ class Projection:
         self.flush()
         return self.store.digest(collective_id)
 
+    def deletes_since(self, seq: int) -> list[tuple[int, str, UUID | None, UUID]]:
+        """The deletes this projection applied past a sequence, from the history:
+        (sequence, entity, collective, entity id), in stream order (what an edge host
+        forgets from its own streams when it opens: ``sync.instance``)."""
+        self._check_owner()
+        self.flush()
+        found = self.store.con.execute(
+            "SELECT seq, entity, collective_id, entity_id FROM audit_rows WHERE seq > ? "
+            "AND event_type IN ('collective.deleted', 'experience.deleted', "
+            "'relation.deleted', 'insight.deleted', 'wisdom.deleted') ORDER BY seq",
+            [seq],
+        ).fetchall()
+        return [(int(s), str(e), c, i) for s, e, c, i in found]
+
     def drop_history(self, collective_id: UUID, up_to: int) -> None:
         """Before a backfill runs again: the history rows the unfinished one wrote."""
         self._check_owner()

@@ -195,6 +195,7 @@ class InstanceCore:
         self._submitted_seq = engine.seq
         self.backfilled = 0  # events of collectives followed later, read since open
         self._purging: set[asyncio.Future[None]] = set()  # copies forgotten (a leaf's)
+        self._owed_lock = asyncio.Lock()  # one pass over the owed purges at a time
         engine.subscribe(self._on_applied)
         (data_dir / "identity.json").write_text(
             json.dumps(

@@ -173,6 +173,8 @@ class Following(InstanceCore):
             for cid in new:
                 self.scope.collectives[cid] = at
             await asyncio.to_thread(self.scope.save, state)
+            if self._closed:  # (closed meanwhile: the backfill is done on the next open)
+                return
             self._start_replication(at + 1)  # (what comes after ``at``; before: backfilled)
             await self._backfill(new)
 
@@ -189,24 +191,34 @@ class Following(InstanceCore):
         self._forget_known()
 
     async def _watch_directory(self) -> None:
-        """Hear of collectives created later; follow those the references match."""
+        """Hear of collectives created later; follow those the references match. A
+        failure (the log unreachable during a backfill, say) is logged, and the watch
+        starts again a moment later, finishing the backfills left pending."""
         assert self.scope is not None and self._directory is not None
         directory = self._directory
-        try:
-            async with contextlib.aclosing(
-                self.log.tail(directory.seq + 1, subjects=[DIRECTORY_SUBJECT])
-            ) as entries:
-                async for entry in entries:
-                    cid = directory.take(entry)
-                    if cid is None or cid in self.scope.collectives:
-                        continue
-                    owner, name = directory.collectives[cid]
-                    if matches(self.scope.refs, cid, owner, name):
-                        await self._follow_ids({cid})
-        except asyncio.CancelledError:
-            raise
-        except PulseError as exc:  # the replication loop reports the log's state
-            log.warning("the directory watch stopped: %s", exc)
+        pause = 0.5
+        while not self._closed:
+            try:
+                if self.scope.pending():  # (one that failed: done again, not doubled)
+                    async with self._follow_lock:
+                        await self._backfill(set(self.scope.pending()), restart=True)
+                async with contextlib.aclosing(
+                    self.log.tail(directory.seq + 1, subjects=[DIRECTORY_SUBJECT])
+                ) as entries:
+                    async for entry in entries:
+                        pause = 0.5
+                        cid = directory.take(entry)
+                        if cid is None or cid in self.scope.collectives:
+                            continue
+                        owner, name = directory.collectives[cid]
+                        if matches(self.scope.refs, cid, owner, name):
+                            await self._follow_ids({cid})
+            except asyncio.CancelledError:
+                raise
+            except PulseError as exc:
+                log.warning("the directory watch failed (%s); again in %.1f s", exc, pause)
+                await asyncio.sleep(pause)  # (a back-off between attempts, not a wait)
+                pause = min(pause * 2, 30.0)
 
     async def _admit_collective(self, collective_id: UUID, owner_id: str, name: str) -> None:
         """Before this host creates a collective: one its references stand for is

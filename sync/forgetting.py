@@ -66,6 +66,10 @@ class Forgetting(InstanceCore):
         the tombstone if it is not in the stream yet and purge before it, or delete the
         collective again. Runs when an instance opens; returns how many it finished.
         One that fails stays owed (logged) for the next open."""
+        async with self._owed_lock:  # (on open, and on an edge host's link returning)
+            return await self._finish_owed()
+
+    async def _finish_owed(self) -> int:
         finished = 0
         for token, owed in self.owed.pending():
             try:

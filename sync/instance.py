@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -40,7 +41,7 @@ from uuid import UUID
 
 import msgspec
 
-from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
+from eventlog import EmbeddedNats, JetStreamLog, StreamSettings, subjects
 from eventlog.errors import NotFoundError, Unauthorized, ValidationError
 from eventlog.leaf import LeafLog, LeafStatus
 from eventlog.log import EventLog, StreamState
@@ -48,7 +49,7 @@ from eventlog.subjects import collective_filter
 from projections import analytics, past, queries
 from projections.analytics import SqlResult
 from projections.engine import Engine
-from projections.projection import ProjectionSettings, state_dir
+from projections.projection import Projection, ProjectionSettings, state_dir
 from sync import access, models
 from sync.access import Principal
 from sync.core import InstanceCore, InstanceSettings, check_rows_limit, uuid_of
@@ -220,6 +221,11 @@ class PulseDB(
         When it closes, it closes the log if it ``owns_log``, and stops ``server``.
         ``collectives``: as ``open``."""
         directory = Path(data_dir)
+        if collectives is not None and isinstance(log, LeafLog):
+            raise ValidationError(
+                "collectives: an edge host follows every collective (its stream sources the "
+                "hub's whole stream); follow some on a host that is not an edge host"
+            )
         state = await asyncio.to_thread(state_dir, directory)
         engine = await Engine.start(state, projection_settings)
         try:
@@ -253,6 +259,11 @@ class PulseDB(
             raise
         if isinstance(log, LeafLog):  # a delete made offline owes the hub its purge
             log.on_link_up = db._finish_owed_purges
+            try:
+                await db._forget_copies(state)
+            except BaseException:
+                await db.close()
+                raise
         if db.owed.pending():  # deletes a crash interrupted: forget what they still owe
             try:
                 finished = await db._finish_owed_purges()
@@ -261,6 +272,30 @@ class PulseDB(
                 raise
             _log.info("finished %d owed purge(s) of deletes a crash interrupted", finished)
         return db
+
+    async def _forget_copies(self, state: Path) -> None:
+        """An edge host that opens forgets, in its own streams, what the deletes it applied
+        since it last opened forgot: those that came while it was away were applied by
+        the catch-up, before the tail's listener (``sync.core._purge_copy``) runs."""
+        mark = state / "copies-forgotten.json"
+        since = 0
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            since = int(json.loads(mark.read_text())["through"])
+        through = self.engine.seq
+        for seq, entity, cid, key in await self.engine.run(Projection.deletes_since, since):
+            if entity == "collective":
+                subject = f"{subjects.PREFIX}.c.{cid}.>"
+            elif entity == "wisdom":
+                subject = subjects.wisdom_subject(key)
+            else:
+                assert cid is not None
+                subject = subjects.collective_subject(cid, entity, key)
+            try:
+                await self.log.purge_copy(subject, before_seq=seq)
+            except Exception:  # a failure leaves the mark where it was: done again next time
+                _log.warning("forgetting this host's copy of %s failed", subject, exc_info=True)
+                return
+        await asyncio.to_thread(mark.write_text, json.dumps({"through": through}))
 
     async def close(self) -> None:
         """Stop replicating, flush, save the indexes, close the log (the data stays)."""

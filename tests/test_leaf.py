@@ -9,7 +9,7 @@ import json
 import subprocess
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
@@ -207,6 +207,28 @@ async def test_leaf_options_are_checked(tmp_path: Path) -> None:
     assert asyncio.get_running_loop()
 
 
+async def test_a_data_directory_that_is_not_an_edge_hosts_is_not_made_one(
+    tmp_path: Path, edge: Edge
+) -> None:
+    from eventlog import ValidationError
+
+    plain = await PulseDB.open(tmp_path / "plain")  # its own embedded server and store
+    await plain.close()
+    with pytest.raises(ValidationError, match="leaf_of: .* is not an edge host"):
+        await PulseDB.open(tmp_path / "plain", leaf_of="nats-leaf://leaf:pw@127.0.0.1:1")
+    again = await PulseDB.open(tmp_path / "plain")  # and it still opens as it was
+    await again.close()
+    with pytest.raises(ValidationError, match="collectives: an edge host follows every"):
+        await PulseDB.attach(tmp_path / "other", edge.leaf_log, collectives=["x"], owns_log=False)
+    from tests.test_service import PULSE, _env
+
+    backup = subprocess.run(
+        [PULSE, "--data-dir", str(edge.leaf.data_dir), "backup", str(tmp_path / "b.tar")],
+        capture_output=True, text=True, timeout=60, env=_env(),
+    )  # fmt: skip
+    assert backup.returncode == 1 and "an edge host's" in backup.stderr, backup.stderr
+
+
 def test_pulse_up_as_a_hub_and_as_an_edge_host(tmp_path: Path) -> None:
     """`pulse up --leaf-listen` (a hub) and `pulse up --leaf-of` (an edge host): banners,
     and `pulse status` on the edge host showing the link."""
@@ -293,3 +315,65 @@ async def test_a_delete_on_a_leaf_forgets_on_both_sides(edge: Edge) -> None:
         return held == {"PULSE": 1, "PULSE_OUT": 0}  # the tombstone alone
 
     await eventually(copies_forgotten, what="the leaf's copies forgotten", timeout=10)
+
+
+async def test_an_edge_host_forgets_what_was_deleted_while_it_was_away(edge: Edge) -> None:
+    hub = edge.hub
+    cid = await hub.create_collective("owner", "away", 2)
+    theirs = await hub.record_experience(cid, "deleted while the edge host is away", [1, 0])
+    subject = f"pulse.c.{cid}.experience.{theirs}"
+
+    async def held(log: LeafLog) -> int:
+        info = await log.admin.stream_info("PULSE", subjects_filter=subject)
+        return int((info.state.subjects or {}).get(subject, 0))
+
+    await eventually(lambda: held(edge.leaf_log), what="the experience at the edge", timeout=20)
+    data_dir = edge.leaf.data_dir
+    await edge.leaf.close()
+    await hub.delete_experience(theirs)
+    # its server alone (no instance) takes the tombstone in: the next open's catch-up
+    # applies it, before any listener of the tail could hear of it
+    server = EmbeddedNats(data_dir, leaf_of=edge.leaf_url)
+    server.start()
+    log = await LeafLog.open_leaf(server)
+    try:
+        await eventually(lambda: _at_least(held(log), 2), what="the tombstone sourced", timeout=20)
+    finally:
+        await log.close()
+        server.stop()
+    edge.leaf = await PulseDB.open(data_dir)
+    assert await edge.leaf.get_experience(theirs) is None
+    assert await held(edge.leaf_log) == 1  # the tombstone alone, as soon as it opened
+
+
+async def _at_least(count: Awaitable[int], least: int) -> bool:
+    return await count >= least
+
+
+async def test_two_edge_hosts_resuming_at_once_both_stay_sources_of_the_hub(
+    tmp_path: Path,
+) -> None:
+    """Each rewrites the hub stream's sources (read, change, write) when its link comes
+    back: done at once, neither may undo the other's (as after a hub restart)."""
+    server, leaf_url = hub_server(tmp_path)
+    hosts: list[PulseDB] = []
+    try:
+        hub = await PulseDB.open(tmp_path / "hub", server.url)
+        hosts = [hub] + [
+            await PulseDB.open(tmp_path / name, leaf_of=leaf_url) for name in ("a", "b")
+        ]
+        edges = [h.log for h in hosts[1:]]
+        assert all(isinstance(e, LeafLog) for e in edges)
+
+        async def sources() -> int:
+            info = await hub.log.admin.stream_info("PULSE")  # type: ignore[attr-defined]
+            return len(info.config.sources or [])
+
+        await eventually(lambda: _at_least(sources(), 2), what="both registered", timeout=20)
+        for _ in range(15):
+            await asyncio.gather(*(e._readd_sources() for e in edges))  # type: ignore[attr-defined]
+            assert await sources() == 2
+    finally:
+        for db in reversed(hosts):
+            await db.close()
+        server.stop()
