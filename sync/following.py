@@ -168,7 +168,12 @@ class Following(InstanceCore):
                 await asyncio.to_thread(self.scope.save, state)
                 return
             await self._stop_replication()
-            await self._wait_applied(self._submitted_seq, timeout=600)
+            try:
+                await self._wait_applied(self._submitted_seq, timeout=600)
+            except BaseException:  # (replication goes on as it was: nothing changed yet)
+                if not self._closed:
+                    self._start_replication()
+                raise
             at = self.engine.seq
             for cid in new:
                 self.scope.collectives[cid] = at
