@@ -45,10 +45,11 @@ import msgspec
 from nats.aio.client import Client as NATS
 
 from eventlog import SCHEMA_VERSION as EVENT_SCHEMA
-from eventlog import EmbeddedNats, JetStreamLog, StreamSettings, ValidationError
+from eventlog import EmbeddedNats, StreamSettings, ValidationError
 from eventlog.embedded import NatsCredentials
 from eventlog.errors import NotFoundError
 from eventlog.snapshots import SnapshotError, StreamExists, restore_stream, snapshot_stream
+from ops.connect import open_log
 from ops.progress import ProgressBar
 from ops.remote import running_service
 from projections.schema import SCHEMA_VERSION as STATE_SCHEMA
@@ -109,33 +110,15 @@ def _hosts(urls: str) -> str:
 
 @contextlib.asynccontextmanager
 async def _connected(args: argparse.Namespace) -> AsyncIterator[tuple[NATS, EmbeddedNats | None]]:
-    """A NATS connection to the deployment: --nats-url, else the embedded server of
-    --data-dir (reused if `pulse up` runs it, else started for the while). Unlike the
-    other commands, it creates no stream."""
-    server: EmbeddedNats | None = None
-    credentials = tls_ca = None
-    if args.nats_url:
-        urls = [u.strip() for u in args.nats_url.split(",") if u.strip()]
-        credentials, tls_ca = args.nats_creds, args.nats_ca
-    else:
-        if EmbeddedNats.remembered_leaf(args.data_dir) is not None:
-            raise ValidationError(
-                f"data_dir: {args.data_dir} is an edge host's (a leaf node of a hub); back up "
-                "the hub's deployment instead: the edge host's events are in it"
-            )
-        server = EmbeddedNats(args.data_dir)
-        urls = [await asyncio.to_thread(server.start)]  # waits for readiness: off the loop
-    try:
-        log = await JetStreamLog.connect(
-            urls, create_streams=False, credentials=credentials, tls_ca=tls_ca
+    """A NATS connection to the deployment (``ops.connect.open_log``), creating no
+    stream. An edge host's data directory is refused: its events are in the hub's."""
+    if not args.nats_url and EmbeddedNats.remembered_leaf(args.data_dir) is not None:
+        raise ValidationError(
+            f"data_dir: {args.data_dir} is an edge host's (a leaf node of a hub); back up "
+            "the hub's deployment instead: the edge host's events are in it"
         )
-        try:
-            yield log.nc, server
-        finally:
-            await log.close()
-    finally:
-        if server is not None:
-            await asyncio.to_thread(server.stop)
+    async with open_log(args, create_streams=False) as (log, server):
+        yield log.nc, server
 
 
 def _where(args: argparse.Namespace) -> str:

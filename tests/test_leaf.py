@@ -229,7 +229,7 @@ async def test_a_data_directory_that_is_not_an_edge_hosts_is_not_made_one(
     assert backup.returncode == 1 and "an edge host's" in backup.stderr, backup.stderr
 
 
-def test_pulse_up_as_a_hub_and_as_an_edge_host(tmp_path: Path) -> None:
+async def test_pulse_up_as_a_hub_and_as_an_edge_host(tmp_path: Path) -> None:
     """`pulse up --leaf-listen` (a hub) and `pulse up --leaf-of` (an edge host): banners,
     and `pulse status` on the edge host showing the link."""
     from tests.test_service import PULSE, _env, start, stop
@@ -244,19 +244,20 @@ def test_pulse_up_as_a_hub_and_as_an_edge_host(tmp_path: Path) -> None:
         edge = start(tmp_path / "edge", "--leaf-of", url)
         assert f"a leaf node of nats-leaf://leaf:***@127.0.0.1:{port}" in edge.banner
         assert creds.password not in edge.banner
-        deadline = time.monotonic() + 15
-        while True:
-            shown = subprocess.run(
+        shown: list[str] = []
+
+        async def linked() -> bool:
+            status = await asyncio.to_thread(
+                subprocess.run,
                 [PULSE, "--data-dir", str(tmp_path / "edge"), "status"],
                 capture_output=True, text=True, env=_env(), timeout=30,
             )  # fmt: skip
-            assert shown.returncode == 0, shown.stderr
-            line = next(x for x in shown.stdout.splitlines() if x.startswith("leaf "))
-            if "link UP to pulse-embedded (domain hub" in line:
-                break
-            assert time.monotonic() < deadline, line
-            time.sleep(0.1)
-        assert "0 events not at the hub yet" in line
+            assert status.returncode == 0, status.stderr
+            shown[:] = [x for x in status.stdout.splitlines() if x.startswith("leaf ")]
+            return "link UP to pulse-embedded (domain hub" in shown[0]
+
+        await eventually(linked, timeout=15, interval=0.1, what="the edge host's link up")
+        assert "0 events not at the hub yet" in shown[0]
     finally:
         if edge is not None:
             stop(edge)
