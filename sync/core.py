@@ -663,18 +663,18 @@ class InstanceCore:
         key = uuid_of("collective_id", collective_id)
         found = await self._known_or_read("collective", key, queries.get_collective)
         if found is None:
-            if self.scope is not None:  # (sync.following)
-                if key in self._directory.collectives:
-                    raise NotFollowed(
-                        f"collective_id: collective {collective_id} is not followed by this "
-                        f"host (it follows {self.scope.describe()})"
-                    )
-                raise NotFoundError(
-                    f"collective_id: no collective {collective_id} among those this host "
-                    f"follows ({self.scope.describe()})"
-                )
-            raise NotFoundError(f"collective_id: no collective {collective_id}")
+            if self.scope is not None and key in self._directory.collectives:
+                raise self._not_followed(key)  # it exists: elsewhere (sync.following)
+            raise self._missing(f"collective_id: no collective {collective_id}")
         return found
+
+    def _not_followed(self, collective_id: UUID) -> NotFollowed:
+        """A collective this host does not follow (a partial host: ``sync.following``)."""
+        assert self.scope is not None
+        return NotFollowed(
+            f"collective_id: collective {collective_id} is not followed by this host (it "
+            f"follows {self.scope.describe()})"
+        )
 
     async def _collective_of(self, experience_id: Any, field: str = "experience_id") -> UUID:
         """The collective of a live experience; NotFoundError when there is none."""

@@ -28,7 +28,7 @@ from pathlib import Path
 from uuid import UUID
 
 from eventlog import events as ev
-from eventlog.errors import NotFollowed, PulseError, ValidationError
+from eventlog.errors import PulseError, ValidationError
 from eventlog.log import EventLog, LogEntry
 from projections.engine import Engine
 from projections.scope import DIRECTORY_SUBJECT, OWNER, Scope, matches, parse_refs
@@ -237,10 +237,3 @@ class Following(InstanceCore):
                 "or create it on a host that follows it)"
             )
         await self._follow_ids({collective_id})
-
-    def _not_followed(self, field: str, what: str, given: object) -> NotFollowed:
-        assert self.scope is not None
-        return NotFollowed(
-            f"{field}: {what} {given} is not followed by this host (it follows "
-            f"{self.scope.describe()})"
-        )

@@ -382,7 +382,7 @@ class PulseDB(
         if collective_id is not None:
             collective_id = uuid_of("collective_id", collective_id)
             if self.scope is not None and collective_id not in self.scope.collectives:
-                raise self._not_followed("collective_id", "collective", collective_id)
+                raise self._not_followed(collective_id)
         return await self.engine.digest(collective_id)
 
     async def status(self) -> HostStatus:
