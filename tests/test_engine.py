@@ -36,7 +36,9 @@ def memory_story(p: Projection) -> dict[str, object]:
         "experiences": sorted(
             (e.experience_id, e.archived, e.applications)
             for cid in COLLECTIVES
-            for e in q.recent_experiences(p, cid, 1000, q.ExperienceFilter(include_archived=True))
+            for e in q.recent_experiences(
+                p, cid, 1000, q.ExperienceFilter(include_archived=True, include_invalid=True)
+            )
         ),
         "relations": sorted(
             rid for rid in (k[0] for k in memory.relations) if memory.live_relation(rid)
