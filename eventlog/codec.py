@@ -46,7 +46,7 @@ from eventlog.events import EVENT_TYPES, EXPERIENCE_TYPES, Event, EventBase, eve
 from eventlog.limits import check_clock, check_ranges
 from eventlog.subjects import PREFIX, subject_for
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: sealed events (eventlog.sealing)
 
 HDR_MSG_ID = "Nats-Msg-Id"
 HDR_EVENT_TYPE = "Pulse-Event"
@@ -115,6 +115,9 @@ def register_upcaster(from_version: int, upcaster: Upcaster) -> None:
     if not 0 <= from_version < SCHEMA_VERSION:
         raise ValueError(f"upcasters exist for versions below {SCHEMA_VERSION}, not {from_version}")
     UPCASTERS[from_version] = upcaster
+
+
+register_upcaster(1, lambda body: body)  # version 2 added a type; version 1 reads as it is
 
 
 def schema_version_of(headers: Mapping[str, str] | None, *, subject: str, seq: int | None) -> int:

@@ -399,6 +399,20 @@ class SessionDeleted(EventBase, frozen=True, tag="session.deleted"):
     collective_id: UUID
 
 
+class Sealed(EventBase, frozen=True, tag="sealed"):
+    """An event whose body is encrypted with the data key of its entity (``eventlog.sealing``):
+    what it says can be read only while that key exists, and deleting the entity destroys
+    the key, so every copy of it (in any store, block or backup) is noise. In the clear:
+    the common fields, which entity it belongs to (its subject, its purge and its key are
+    known without the key) and the type of the event inside."""
+
+    kind: str  # the tag of the event inside, e.g. "experience.recorded"
+    entity: str  # experience, insight, relation, session or wisdom
+    entity_id: UUID
+    box: bytes  # nonce (12 bytes) + AES-256-GCM ciphertext of the inner body + tag
+    collective_id: UUID | None = None  # None for wisdom (per owner)
+
+
 Event: TypeAlias = (
     CollectiveCreated
     | CollectiveDeleted
@@ -424,6 +438,7 @@ Event: TypeAlias = (
     | SessionUpdated
     | SessionEnded
     | SessionDeleted
+    | Sealed
 )
 EVENT_TYPES: tuple[type[EventBase], ...] = Event.__args__
 
@@ -431,3 +446,8 @@ EVENT_TYPES: tuple[type[EventBase], ...] = Event.__args__
 def event_type_name(event: EventBase) -> str:
     """The tag of an event, e.g. ``"experience.recorded"``."""
     return str(type(event).__struct_config__.tag)
+
+
+def event_type_name_of(event_type: type[EventBase]) -> str:
+    """The tag of an event type."""
+    return str(event_type.__struct_config__.tag)

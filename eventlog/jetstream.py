@@ -41,6 +41,7 @@ from eventlog.embedded import NatsCredentials
 from eventlog.errors import ConflictError, DecodeError, LogUnavailable, PulseError, ValidationError
 from eventlog.events import Event
 from eventlog.ids import uuid7
+from eventlog.keys import KeyStore, KvKeyStore
 from eventlog.log import (
     EXPECTED_LAST_SUBJECT_SEQ,
     HDR_IDEMPOTENCY,
@@ -51,7 +52,7 @@ from eventlog.log import (
     key_conflict,
 )
 from eventlog.reader import ack_position, read_in_child
-from eventlog.streams import StreamSettings, ensure_streams
+from eventlog.streams import TRANSIENT, StreamSettings, ensure_streams
 from eventlog.subjects import PREFIX, is_activity_subject, subject_for
 
 log = logging.getLogger("pulse.eventlog")
@@ -64,16 +65,7 @@ _BATCH_ID, _BATCH_SEQ, _BATCH_COMMIT = "Nats-Batch-Id", "Nats-Batch-Sequence", "
 _CONFLICT_CODES = {10071, 10164}  # wrong last sequence (subject / stream)
 _TOO_LARGE_CODES = {10054}  # message size exceeds maximum allowed
 _IN_FLIGHT_CODES = {10158}  # duplicate message id is in process: the first copy is being stored
-_TRANSIENT = (
-    nats.errors.TimeoutError,
-    asyncio.TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.errors.OutboundBufferLimitError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.StaleConnectionError,
-    nats.js.errors.NoStreamResponseError,
-    nats.js.errors.ServiceUnavailableError,
-)
+_TRANSIENT = TRANSIENT
 _RETRY_PAUSE = 0.05
 _LIVE_HEARTBEAT = 1.0  # seconds between idle heartbeats on a live tail
 _LIVE_EXPIRES = 10.0  # seconds a live pull request stays open
@@ -159,6 +151,16 @@ class JetStreamLog(EventLog):
         self.append_timeout = append_timeout
         self.read_timeout = read_timeout
         self._owns_connection = owns_connection
+
+    def key_store(self) -> KeyStore:
+        """The data keys live in the key-value bucket ``<stream>_KEYS`` (``PULSE_KEYS``),
+        replicated like the stream, which it never enters (``eventlog.keys``)."""
+        store = self._key_store
+        if store is None:
+            store = self._key_store = KvKeyStore(
+                self.js, f"{self.settings.name}_KEYS", self.settings.replicas
+            )
+        return store
 
     @classmethod
     async def connect(
@@ -251,6 +253,7 @@ class JetStreamLog(EventLog):
                     lambda: ensure_streams(self.admin, self.settings, update=update_streams),
                     connect_timeout,
                 )
+                await self._retry(self.key_store().ready, connect_timeout)  # (its bucket)
             except BaseException:
                 await nc.close()
                 raise

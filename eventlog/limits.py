@@ -48,6 +48,17 @@ EMBEDDER_NAME_MAX = 64  # the name of a collective's text embedder ("" = none)
 SOURCE_TASK_MAX = 1024  # characters of an experience's source_task
 SOURCE_EXPERIENCE_COUNT_MAX = 2**32  # how many experiences a wisdom was distilled from
 TOKEN_COLLECTIVES_MAX = 100  # collectives an access token may be limited to
+# What is sealed (``eventlog.sealing``): entity -> the event types whose bodies are
+# encrypted with its data key (every event that carries its text or its vector).
+SEALED_KINDS: dict[str, tuple[str, ...]] = {
+    "experience": ("experience.recorded", "experience.updated", "experience.invalidated"),
+    "insight": ("insight.stored",),
+    "relation": ("relation.stored",),
+    "session": ("session.started", "session.updated"),
+    "wisdom": ("wisdom.stored",),
+}
+SEALED_OVERHEAD = 12 + 16  # a sealed box's nonce and tag (AES-GCM)
+SEALED_MAX_BYTES = 8 * 1024 * 1024  # no body comes near: the stream refuses large messages
 REASON_MAX_BYTES = 1024  # why an experience stopped being true, UTF-8 (1 byte..1 KB)
 
 # an agent's session (sync.sessions): a summary, a todo list and three lists of short notes
@@ -177,6 +188,24 @@ def check_ranges(event: ev.Event) -> None:
             _count("source_experiences", len(event.source_experiences), 1, SOURCES_MAX)
             _score("confidence", event.confidence)
             _texts("domain", event.domain, DOMAIN_MAX, DOMAIN_TAG_MAX)
+        case ev.Sealed():
+            kinds = SEALED_KINDS.get(event.entity)
+            if kinds is None:
+                known = sorted(SEALED_KINDS)
+                raise ValueError(f"entity: must be one of {known}, got {event.entity!r}")
+            if event.kind not in kinds:
+                raise ValueError(
+                    f"kind: a sealed {event.entity} event is one of {kinds}, got {event.kind!r}"
+                )
+            if (event.collective_id is None) != (event.entity == "wisdom"):
+                raise ValueError(
+                    "collective_id: a sealed event names its collective (none for wisdom)"
+                )
+            if not SEALED_OVERHEAD < len(event.box) <= SEALED_MAX_BYTES:
+                raise ValueError(
+                    f"box: must be {SEALED_OVERHEAD + 1}..{SEALED_MAX_BYTES} bytes, "
+                    f"got {len(event.box)}"
+                )
         case ev.ActivityRegistered() | ev.ActivityHeartbeat():
             _chars("agent_id", event.agent_id, 1, NAME_MAX)
             _utf8("task_description", event.task_description, 0, TASK_MAX_BYTES)

@@ -19,6 +19,7 @@ from uuid import UUID
 
 from eventlog.errors import ConflictError, DecodeError
 from eventlog.events import Event
+from eventlog.keys import KeyStore, MemoryKeyStore
 
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 HDR_IDEMPOTENCY = "Pulse-Idempotency"  # the fingerprint of the idempotent call that wrote it
@@ -77,6 +78,8 @@ class StreamState:
 
 class EventLog(abc.ABC):
     """An append-only, idempotent, subject-addressed log of Pulse events."""
+
+    _key_store: KeyStore | None = None
 
     @abc.abstractmethod
     async def stream_state(self) -> StreamState:
@@ -163,6 +166,15 @@ class EventLog(abc.ABC):
         tombstone at ``before_seq``). A log shared by every host has none: the deleting
         host purged it. A leaf's streams are its own (``eventlog.leaf``)."""
         return None
+
+    def key_store(self) -> KeyStore:
+        """Where the data keys of this log's sealed events live (``eventlog.keys``): apart
+        from the log, shared by every host that reads it. Here, a dict kept with this log
+        object (a ``MemoryLog`` shared by the instances of a simulation)."""
+        store = self._key_store
+        if store is None:
+            store = self._key_store = MemoryKeyStore()
+        return store
 
     @abc.abstractmethod
     async def close(self) -> None:

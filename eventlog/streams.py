@@ -7,14 +7,30 @@ per agent subject (``max_msgs_per_subject=1``), each expiring after ``activity_t
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from dataclasses import dataclass
 
+import nats.errors
+import nats.js.errors
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError as JsNotFound
 
 from eventlog.errors import ValidationError
 from eventlog.subjects import ACTIVITY_SUBJECTS, DURABLE_SUBJECTS
+
+# what NATS answers while a stream is not ready (created a moment ago, electing a leader,
+# a reconnect): worth asking again, within a time budget
+TRANSIENT = (
+    nats.errors.TimeoutError,
+    asyncio.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+)
 
 # 100 KB of content plus a 4096-dimension float32 embedding (16 KB) plus tags, files and
 # a structured experience type fit with room to spare; nats-server's default max_payload.

@@ -75,6 +75,10 @@ def subject_for(event: ev.Event) -> str:
             return wisdom_subject(event.wisdom_id)
         case ev.TokenCreated() | ev.TokenRevoked():
             return token_subject(event.token_id)
+        case ev.Sealed():
+            if event.collective_id is None:
+                return wisdom_subject(event.entity_id)
+            return collective_subject(event.collective_id, event.entity, event.entity_id)
     raise TypeError(f"not a Pulse event: {type(event).__name__}")
 
 

@@ -186,6 +186,14 @@ SAMPLES: dict[str, ev.EventBase] = {
     "session.ended": ev.SessionEnded(**common, session_id=SESSION, collective_id=COLLECTIVE),  # type: ignore[arg-type]
     "session.deleted": ev.SessionDeleted(**common, session_id=SESSION, collective_id=COLLECTIVE),  # type: ignore[arg-type]
     # an event written by a principal, with a visibility other than the default
+    "sealed": ev.Sealed(  # (schema 2) the box is opaque to the codec: any bytes past 28
+        **common,  # type: ignore[arg-type]
+        kind="experience.recorded",
+        entity="experience",
+        entity_id=EXPERIENCE,
+        collective_id=COLLECTIVE,
+        box=bytes(range(64)),
+    ),  # fmt: skip
     "experience.recorded.authored": ev.ExperienceRecorded(
         **{**common, "author_owner": "owner-1", "author_agent": "agent-7"},  # type: ignore[arg-type]
         **exp,

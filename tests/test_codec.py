@@ -24,6 +24,7 @@ from eventlog.codec import (
     register_upcaster,
 )
 from eventlog.errors import DecodeError
+from eventlog.sealing import SEALED_ENTITY, seal_with, sealed_name
 from eventlog.subjects import subject_for
 from tests.golden_events import SAMPLES, golden_path
 
@@ -145,7 +146,27 @@ def strategy_for(info: mi.Type, name: str = "") -> st.SearchStrategy[Any]:
 
 
 def valid_events(event_type: type[ev.EventBase]) -> st.SearchStrategy[ev.Event]:
+    if event_type is ev.Sealed:  # a valid sealed event is a valid event, sealed
+        return sealed_events()
     return strategy_for(mi.type_info(event_type))
+
+
+SEALABLE = sorted(
+    (t for t in ev.EVENT_TYPES if ev.event_type_name_of(t) in SEALED_ENTITY),
+    key=ev.event_type_name_of,
+)
+
+
+def sealed_events() -> st.SearchStrategy[ev.Event]:
+    """Events of every sealable type, sealed with a key of their own."""
+
+    def seal(event: ev.Event, key: bytes) -> ev.Event:
+        name = sealed_name(event)
+        assert name is not None
+        return seal_with(event, key, name)
+
+    inner = st.sampled_from(SEALABLE).flatmap(lambda t: strategy_for(mi.type_info(t)))
+    return st.builds(seal, inner, st.binary(min_size=32, max_size=32))
 
 
 @pytest.mark.parametrize("event_type", ev.EVENT_TYPES, ids=lambda t: t.__name__)
@@ -200,7 +221,11 @@ def _with_kind(kind: str) -> bytes:
         (msgspec.msgpack.encode({"type": "collective.deleted"}), HEADERS, "missing required field"),
         (golden_path("collective.deleted").read_bytes(), {}, "no Pulse-Schema header"),
         (golden_path("collective.deleted").read_bytes(), {HDR_SCHEMA: "v1"}, "not a number"),
-        (golden_path("collective.deleted").read_bytes(), {HDR_SCHEMA: "2"}, "upgrade Pulse"),
+        (
+            golden_path("collective.deleted").read_bytes(),
+            {HDR_SCHEMA: str(SCHEMA_VERSION + 1)},
+            "upgrade Pulse",
+        ),
     ],
     ids=[
         "garbage",

@@ -1,0 +1,595 @@
+"""Data keys: what makes forgetting reach every copy (crypto-shredding).
+
+Every experience, insight, relation, session and wisdom has its own data key (AES-256).
+The events that carry its text or its vector are sealed with it (``eventlog.sealing``),
+so the log, every host's NATS store and every backup hold only ciphertext of them.
+Deleting the entity destroys its key: every copy of those events, wherever it lies, is
+noise from then on.
+
+The keys live apart from the log, in a key store every host reads (``KeyStore``): a
+JetStream key-value bucket (``KvKeyStore``: ``PULSE_KEYS``, replicated like the stream)
+or, beside a ``MemoryLog``, a dict. A key is stored wrapped (encrypted) with the
+key-encryption key (KEK), itself in the store under ``kek.<id>``, the current one named by
+``kek``. ``Keyring.rotate`` makes a new KEK, wraps every data key again with it and
+erases the old one, so a copy of a destroyed data key that outlived its erasure
+(a store's block not yet rewritten, a copy of the bucket) can no longer be unwrapped.
+
+A key is destroyed by leaving a deletion marker in its place and erasing its value
+from the store (overwritten on disk, not only unlinked: ``KvKeyStore.destroy``). The
+marker is what lets a host tell "destroyed" (the entity is forgotten: its sealed events
+fold to nothing) from "not here yet" (a key another host wrote that has not reached this
+store: wait for it). Markers hold only the name.
+
+Names: ``c.<collective id>.<entity>.<entity id>`` for what lives in a collective (so a
+collective's keys are destroyed together), ``w.<wisdom id>`` for wisdom.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
+from uuid import UUID
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from nats.js import JetStreamContext, api
+from nats.js.errors import (
+    BadRequestError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoKeysError,
+)
+from nats.js.errors import NotFoundError as JsNotFound
+from nats.js.kv import KeyValue
+
+from eventlog.errors import LogUnavailable, PulseError
+from eventlog.streams import TRANSIENT
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+KEY_BYTES = 32  # AES-256
+KID_BYTES = 8  # a KEK's id
+NONCE_BYTES = 12
+CURRENT = "kek"  # the name of the pointer to the current KEK
+CURRENT_TTL = 1.0  # seconds a host trusts its idea of the current KEK (see rotate)
+ROTATION_GRACE = 3.0  # seconds between a rotation's first pass and erasing the old KEK
+CONCURRENCY = 256  # store requests in flight at once
+KEYS_CACHED = 500_000  # data keys a host keeps unwrapped in memory (about 100 MB at most)
+
+
+def key_name(entity: str, entity_id: UUID, collective_id: UUID | None) -> str:
+    """The store name of an entity's data key."""
+    if entity == "wisdom":
+        return f"w.{entity_id}"
+    if collective_id is None:
+        raise ValueError(f"a {entity}'s key is named under its collective")
+    return f"c.{collective_id}.{entity}.{entity_id}"
+
+
+def collective_prefix(collective_id: UUID) -> str:
+    """The prefix of every key name of a collective's entities."""
+    return f"c.{collective_id}."
+
+
+class Destroyed:
+    """What the store holds for a destroyed key: its marker."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DESTROYED"
+
+
+DESTROYED = Destroyed()
+Found = bytes | Destroyed | None  # a value, a deletion marker, or nothing (yet)
+
+
+class KeyStore(abc.ABC):
+    """Where wrapped keys live: names to opaque values, shared by every host."""
+
+    @abc.abstractmethod
+    async def get(self, name: str) -> Found:
+        """The value stored under ``name``, ``DESTROYED``, or None (never stored)."""
+
+    @abc.abstractmethod
+    async def create(self, name: str, value: bytes) -> Found:
+        """Store ``value`` unless ``name`` already holds something; returns what ``name``
+        holds now (``value``, an earlier value, or ``DESTROYED``)."""
+
+    @abc.abstractmethod
+    async def replace(self, name: str, old: bytes, value: bytes) -> bool:
+        """Store ``value`` under ``name`` if it still holds ``old`` (a KEK rotation: never
+        bringing back a key destroyed meanwhile); returns whether it did."""
+
+    @abc.abstractmethod
+    async def destroy(self, name: str) -> None:
+        """Erase the value of ``name`` for good and leave its deletion marker. Idempotent."""
+
+    @abc.abstractmethod
+    async def names(self, prefix: str = "") -> list[str]:
+        """The names that hold a value, under ``prefix``."""
+
+    async def items(self, prefix: str = "") -> dict[str, bytes]:
+        """Every name under ``prefix`` that holds a value, with it."""
+        names = await self.names(prefix)
+        found = await gather_limited(self.get(n) for n in names)
+        return {n: v for n, v in zip(names, found, strict=False) if isinstance(v, bytes)}
+
+    async def ready(self) -> None:
+        """Wait until the store answers (a bucket made a moment ago)."""
+        return None
+
+    async def destroy_copy(self, name: str) -> None:
+        """Erase this host's own copy of a key destroyed by another host, where it has
+        one (an edge host's buckets: ``eventlog.leaf``); a store every host shares has
+        none."""
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+async def gather_limited(coros: Iterable[object], limit: int = CONCURRENCY) -> list[object]:
+    """Await coroutines with at most ``limit`` in flight; their results in order."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(coro: object) -> object:
+        async with gate:
+            return await coro  # type: ignore[misc]
+
+    return list(await asyncio.gather(*(one(c) for c in coros)))
+
+
+class MemoryKeyStore(KeyStore):
+    """The key store beside a ``MemoryLog``: a dict (tests and simulations)."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, bytes | Destroyed] = {}
+
+    async def get(self, name: str) -> Found:
+        return self._values.get(name)
+
+    async def create(self, name: str, value: bytes) -> Found:
+        return self._values.setdefault(name, value)
+
+    async def replace(self, name: str, old: bytes, value: bytes) -> bool:
+        if self._values.get(name) != old:
+            return False
+        self._values[name] = value
+        return True
+
+    async def destroy(self, name: str) -> None:
+        self._values[name] = DESTROYED
+
+    async def names(self, prefix: str = "") -> list[str]:
+        return sorted(
+            n for n, v in self._values.items() if n.startswith(prefix) and isinstance(v, bytes)
+        )
+
+    async def items(self, prefix: str = "") -> dict[str, bytes]:
+        return {
+            n: v for n, v in self._values.items() if n.startswith(prefix) and isinstance(v, bytes)
+        }
+
+
+def bucket_config(
+    bucket: str,
+    replicas: int,
+    *,
+    subjects: bool = True,
+    sources: list[api.StreamSource] | None = None,
+    description: str = "Pulse: the data keys of entities (eventlog.keys)",
+) -> api.StreamConfig:
+    """The stream of a key bucket: as nats-py makes a KV bucket's
+    (``nats.js.client.create_key_value``) but for ``deny_delete``, since a destroyed key's
+    message must be erased by its sequence. ``subjects=False``: a bucket filled by its
+    ``sources`` only (an edge host's copy of the hub's)."""
+    return api.StreamConfig(
+        name=f"KV_{bucket}",
+        description=description,
+        subjects=[f"$KV.{bucket}.>"] if subjects else None,
+        sources=sources,
+        allow_direct=True,
+        allow_rollup_hdrs=True,
+        deny_delete=False,
+        discard=api.DiscardPolicy.NEW,
+        duplicate_window=120.0,
+        max_consumers=-1,
+        max_msgs=-1,
+        max_msgs_per_subject=2,  # a marker keeps the value it replaces until it is erased
+        num_replicas=replicas,
+        storage=api.StorageType.FILE,
+    )
+
+
+class KvKeyStore(KeyStore):
+    """Keys in a JetStream key-value bucket (one value per name, replicated like the
+    stream). Destroying a key writes its deletion marker (``KeyValue.delete``), then
+    erases the value it replaced through ``STREAM.MSG.DELETE``, which overwrites the
+    record in the store's block on every replica (a purge, or the marker alone, would
+    leave the bytes there). Requests NATS answers with "not ready" (a bucket created a
+    moment ago, a leader election) are asked again for up to ``budget`` seconds, then
+    raise ``LogUnavailable``."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        bucket: str,
+        replicas: int = 1,
+        *,
+        budget: float = 10.0,
+        create: bool = True,
+    ) -> None:
+        self.js = js
+        self.bucket = bucket
+        self.replicas = replicas
+        self.budget = budget
+        self.create_missing = create  # False: a bucket made elsewhere (an edge host's copy)
+        self._kv: KeyValue | None = None
+        self._opening = asyncio.Lock()
+
+    @property
+    def stream(self) -> str:
+        return f"KV_{self.bucket}"
+
+    async def _retrying(self, action: Callable[[], Awaitable[T]]) -> T:
+        deadline = time.monotonic() + self.budget
+        pause = 0.02
+        while True:
+            try:
+                return await action()
+            except TRANSIENT as exc:
+                if time.monotonic() >= deadline:
+                    raise LogUnavailable(
+                        f"the key store {self.bucket} did not answer within {self.budget:g}s "
+                        f"({exc!r})"
+                    ) from exc
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, 0.5)
+
+    async def kv(self) -> KeyValue:
+        if self._kv is None:
+            async with self._opening:
+                if self._kv is None:
+                    self._kv = await self._retrying(self._open)
+        return self._kv
+
+    async def ready(self) -> None:
+        """Create the bucket if it is missing, and wait until it answers reads."""
+        await self.get(CURRENT)
+
+    async def _open(self) -> KeyValue:
+        try:
+            return await self.js.key_value(self.bucket)
+        except (JsNotFound, BadRequestError):
+            if not self.create_missing:
+                raise
+        try:
+            await self.js.add_stream(bucket_config(self.bucket, self.replicas))
+        except BadRequestError:  # another host created it meanwhile
+            pass
+        return await self.js.key_value(self.bucket)
+
+    async def get(self, name: str) -> Found:
+        kv = await self.kv()
+        try:
+            entry = await self._retrying(lambda: kv.get(name))
+        except KeyNotFoundError as exc:  # (KeyDeletedError is one: a marker)
+            return DESTROYED if getattr(exc, "entry", None) is not None else None
+        if entry.operation in ("DEL", "PURGE"):
+            return DESTROYED
+        return entry.value
+
+    async def create(self, name: str, value: bytes) -> Found:
+        kv = await self.kv()
+        try:  # only on a name that never held anything (a marker is something)
+            await self._retrying(lambda: kv.update(name, value, last=0))
+            return value
+        except KeyWrongLastSequenceError:
+            return await self.get(name)
+
+    async def replace(self, name: str, old: bytes, value: bytes) -> bool:
+        kv = await self.kv()
+        try:
+            entry = await self._retrying(lambda: kv.get(name))
+        except KeyNotFoundError:
+            return False
+        if entry.value != old or entry.revision is None:
+            return False
+        last = entry.revision
+        try:
+            await self._retrying(lambda: kv.update(name, value, last=last))
+        except KeyWrongLastSequenceError:
+            return False
+        return True
+
+    async def destroy(self, name: str) -> None:
+        kv = await self.kv()
+        try:
+            entry = await self._retrying(lambda: kv.get(name))
+        except KeyNotFoundError as exc:
+            if getattr(exc, "entry", None) is None:
+                entry = None
+            else:  # destroyed before; a crash may have come before the erasure: finish it
+                await self.erase_values(name)
+                return
+        # the marker first, so the name never holds nothing (a create would take it),
+        # then the value it replaced (kept as the one older revision) is erased
+        await self._retrying(lambda: kv.delete(name))
+        if entry is not None and entry.revision is not None:
+            await self._erase(entry.revision)
+
+    async def erase_values(self, name: str) -> None:
+        """Erase every value ``name`` holds here, writing no marker: a copy (an edge
+        host's, the hub's) of a key destroyed where its marker was written."""
+        kv = await self.kv()
+        try:
+            history = await self._retrying(lambda: kv.history(name))
+        except (KeyNotFoundError, NoKeysError):
+            return
+        for revision in [e.revision for e in history if e.operation is None]:
+            if revision:
+                await self._erase(revision)
+
+    async def _erase(self, seq: int) -> None:
+        """Overwrite one message of the bucket's stream on disk (``no_erase`` false)."""
+        subject = f"{self.js._prefix}.STREAM.MSG.DELETE.{self.stream}"
+        body = json.dumps({"seq": seq}).encode()
+        reply = await self._retrying(lambda: self.js._nc.request(subject, body, timeout=10.0))
+        answer = json.loads(reply.data or b"{}")
+        error = answer.get("error")
+        # 10057 is any failed delete; one that found no message (erased before) is done
+        what = str((error or {}).get("description", error))
+        if error and (error.get("err_code") != 10057 or "not permitted" in what):
+            raise PulseError(f"erasing a data key failed: {what}")
+
+    async def names(self, prefix: str = "") -> list[str]:
+        return sorted(await self._scan(prefix, values=False))
+
+    async def items(self, prefix: str = "") -> dict[str, bytes]:
+        return await self._scan(prefix, values=True)
+
+    async def _scan(self, prefix: str, *, values: bool) -> dict[str, bytes]:
+        """The last value of every name under ``prefix`` that holds one (one consumer
+        on the bucket, filtered by the server; ``values=False``: names only)."""
+        kv = await self.kv()
+
+        async def scan() -> dict[str, bytes]:
+            watcher = await kv.watch(f"{prefix}>", ignore_deletes=True, meta_only=not values)
+            found: dict[str, bytes] = {}
+            try:
+                async for entry in watcher:
+                    if entry is None:  # the end of what the bucket held
+                        break
+                    found[entry.key] = entry.value or b""
+            finally:
+                await watcher.stop()  # type: ignore[no-untyped-call]
+            return found
+
+        return await self._retrying(scan)
+
+
+class Keyring:
+    """The data keys of one host: made, found, unwrapped, cached in memory (never on
+    disk), destroyed, and the KEK rotated."""
+
+    def __init__(self, store: KeyStore) -> None:
+        self.store = store
+        # name -> data key (unwrapped), in this process only; the oldest go past ``cached``
+        # (a miss asks the store again)
+        self._keys: dict[str, bytes] = {}
+        self.cached = KEYS_CACHED
+        self._keks: dict[bytes, AESGCM] = {}
+        self._current: tuple[bytes, float] | None = None  # (kid, when it was read)
+        self._kek_lock = asyncio.Lock()
+
+    # -- the key-encryption key -------------------------------------------------------------
+
+    async def _current_kek(self) -> tuple[bytes, AESGCM]:
+        now = time.monotonic()
+        if self._current is not None and now - self._current[1] < CURRENT_TTL:
+            kid = self._current[0]
+            kek = self._keks.get(kid)
+            if kek is not None:
+                return kid, kek
+        async with self._kek_lock:
+            found = await self.store.get(CURRENT)
+            if not isinstance(found, bytes):
+                found = await self._new_kek(first=True)
+            kek = await self._kek(found)
+            if kek is None:
+                raise PulseError(f"the current key-encryption key {found.hex()} is missing")
+            self._current = (found, time.monotonic())
+            return found, kek
+
+    async def _new_kek(self, *, first: bool) -> bytes:
+        kid, secret = os.urandom(KID_BYTES), AESGCM.generate_key(bit_length=256)
+        await self.store.create(f"{CURRENT}.{kid.hex()}", secret)
+        if not first:
+            old = await self.store.get(CURRENT)
+            if not isinstance(old, bytes) or not await self.store.replace(CURRENT, old, kid):
+                raise PulseError("another rotation of the key-encryption key is under way")
+            return kid
+        held = await self.store.create(CURRENT, kid)  # another host may have been first
+        if isinstance(held, bytes) and held != kid:
+            with contextlib.suppress(PulseError):  # (an unused key: left, if need be)
+                await self.store.destroy(f"{CURRENT}.{kid.hex()}")
+            return held
+        return kid
+
+    async def _kek(self, kid: bytes) -> AESGCM | None:
+        kek = self._keks.get(kid)
+        if kek is None:
+            secret = await self.store.get(f"{CURRENT}.{kid.hex()}")
+            if not isinstance(secret, bytes):
+                return None
+            kek = self._keks[kid] = AESGCM(secret)
+        return kek
+
+    async def _wrap(self, name: str, key: bytes) -> bytes:
+        kid, kek = await self._current_kek()
+        nonce = os.urandom(NONCE_BYTES)
+        return kid + nonce + kek.encrypt(nonce, key, name.encode())
+
+    async def _unwrap(self, name: str, value: bytes) -> bytes:
+        kid, nonce, sealed = (
+            value[:KID_BYTES], value[KID_BYTES : KID_BYTES + NONCE_BYTES],
+            value[KID_BYTES + NONCE_BYTES :],
+        )  # fmt: skip
+        kek = await self._kek(kid)
+        if kek is None:  # rotated meanwhile: the value was wrapped again since it was read
+            again = await self.store.get(name)
+            if isinstance(again, bytes) and again[:KID_BYTES] != kid:
+                return await self._unwrap(name, again)
+            raise PulseError(f"{name}: wrapped with key-encryption key {kid.hex()}, which is gone")
+        try:
+            return kek.decrypt(nonce, sealed, name.encode())
+        except InvalidTag:
+            raise PulseError(f"{name}: the stored data key does not unwrap (tampered?)") from None
+
+    # -- data keys --------------------------------------------------------------------------
+
+    async def make(self, name: str) -> bytes:
+        """The data key of ``name``, made now if it has none; raises ``KeyDestroyed`` if
+        its entity was deleted (its key destroyed)."""
+        key = self._keys.get(name)
+        if key is not None:
+            return key
+        fresh = AESGCM.generate_key(bit_length=256)
+        wrapped = await self._wrap(name, fresh)
+        held = await self.store.create(name, wrapped)
+        if not isinstance(held, bytes):
+            raise KeyDestroyed(name)
+        key = fresh if held == wrapped else await self._unwrap(name, held)
+        self._remember(name, key)
+        return key
+
+    async def find(self, name: str) -> bytes | Destroyed | None:
+        """The data key of ``name``; ``DESTROYED`` when its entity was deleted; None
+        when the store has nothing under it (yet)."""
+        key = self._keys.get(name)
+        if key is not None:
+            return key
+        held = await self.store.get(name)
+        if not isinstance(held, bytes):
+            return held
+        key = await self._unwrap(name, held)
+        self._remember(name, key)
+        return key
+
+    async def find_many(self, names: Iterable[str]) -> dict[str, bytes | Destroyed | None]:
+        found: dict[str, bytes | Destroyed | None] = {}
+        missing = []
+        for name in set(names):  # (a catch-up's keys are all in memory: no task each)
+            key = self._keys.get(name)
+            if key is None:
+                missing.append(name)
+            else:
+                found[name] = key
+        if missing:
+            fetched = await gather_limited(self.find(n) for n in missing)
+            found.update(zip(missing, fetched, strict=True))  # type: ignore[arg-type]
+        return found
+
+    async def preload(self) -> int:
+        """Unwrap every key in the store into memory (before a long catch-up: one read of
+        the bucket rather than a request per entity); returns how many."""
+        held = await self.store.items("c.")
+        held.update(await self.store.items("w."))
+        fresh = {n: v for n, v in held.items() if n not in self._keys}
+        keys = await gather_limited(self._unwrap(n, v) for n, v in fresh.items())
+        for name, key in zip(fresh, keys, strict=True):
+            self._remember(name, key)  # type: ignore[arg-type]
+        return len(fresh)
+
+    def _remember(self, name: str, key: bytes) -> None:
+        keys = self._keys
+        keys[name] = key
+        while len(keys) > self.cached:  # (dicts keep insertion order: the oldest first)
+            del keys[next(iter(keys))]
+
+    def forget(self, name: str | None = None, *, prefix: str | None = None) -> None:
+        """Drop cached keys (an entity or collective deleted): memory only."""
+        if name is not None:
+            self._keys.pop(name, None)
+        if prefix is not None:
+            for n in [n for n in self._keys if n.startswith(prefix)]:
+                del self._keys[n]
+
+    async def destroy(self, name: str) -> None:
+        """Destroy a data key on every host (the store's copy), and forget it here."""
+        self.forget(name)
+        await self.store.destroy(name)
+
+    async def destroy_under(self, prefix: str) -> int:
+        """Destroy every data key under ``prefix`` (a collective's); returns how many."""
+        self.forget(prefix=prefix)
+        names = await self.store.names(prefix)
+        await gather_limited(self.store.destroy(n) for n in names)
+        return len(names)
+
+    async def destroy_copies(self, name: str | None = None, *, prefix: str | None = None) -> None:
+        """Erase this host's own copies of keys another host destroyed (``name``, or
+        every one under ``prefix``), where it keeps copies (``KeyStore.destroy_copy``)."""
+        names = [name] if name is not None else await self.store.names(prefix or "")
+        for each in names:
+            self.forget(each)
+            await self.store.destroy_copy(each)
+
+    async def rotate(self, grace: float = ROTATION_GRACE) -> int:
+        """Make a new KEK, wrap every data key again with it, then erase every older KEK.
+        Hosts read the current KEK again within ``CURRENT_TTL``; after ``grace`` seconds
+        the keys still wrapped with an older one (made meanwhile) are wrapped again, and
+        only then is it erased. Returns how many data keys were wrapped again."""
+        async with self._kek_lock:
+            old = await self.store.get(CURRENT)
+            kid = await self._new_kek(first=not isinstance(old, bytes))
+            self._current = None
+            self._keks.clear()
+        total = await self._rewrap(kid)
+        if grace > 0:
+            await asyncio.sleep(grace)  # hosts that read the old KEK before now: see above
+        total += await self._rewrap(kid)
+        for name in await self.store.names(f"{CURRENT}."):
+            if name != f"{CURRENT}.{kid.hex()}":
+                await self.store.destroy(name)
+        self._keks = {k: v for k, v in self._keks.items() if k == kid}
+        return total
+
+    async def _rewrap(self, kid: bytes) -> int:
+        held = await self.store.items("c.")
+        held.update(await self.store.items("w."))
+        stale = {n: v for n, v in held.items() if v[:KID_BYTES] != kid}
+
+        async def again(name: str, value: bytes) -> bool:
+            fresh = await self._wrap(name, await self._unwrap(name, value))
+            return await self.store.replace(name, value, fresh)  # not if destroyed meanwhile
+
+        done = await gather_limited(again(n, v) for n, v in stale.items())
+        return sum(1 for d in done if d)
+
+    async def current_kek_id(self) -> str:
+        """The id of the KEK new data keys are wrapped with."""
+        kid, _ = await self._current_kek()
+        return kid.hex()
+
+    async def kek_ids(self) -> list[str]:
+        """The ids of the KEKs the store holds (one, except during a rotation)."""
+        return [n.split(".", 1)[1] for n in await self.store.names(f"{CURRENT}.")]
+
+
+class KeyDestroyed(PulseError):
+    """The entity's data key was destroyed: it was deleted."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"the data key {name} was destroyed: its entity was deleted")
+        self.name = name

@@ -1,0 +1,213 @@
+"""Sealing events: the text and vectors of an entity travel encrypted with its data key.
+
+A writer seals (``Sealer.seal``) every event that carries an entity's text or vector
+(``limits.SEALED_KINDS``: an experience's record, update and invalidation, an insight, a
+relation, a session's start and updates, wisdom) into an ``events.Sealed``: the common
+fields and the entity's ids in the clear, the whole event inside a box, AES-256-GCM with
+the entity's data key (``eventlog.keys``), bound to the event id and the key's name. The
+log, every store it is copied to and every backup see only the box.
+
+A reader opens them (``Sealer.open``) before they are folded, which makes them input like
+any other: the event inside must be well-typed and in range, of the kind and entity the
+envelope names (so its subject is the one it was stored on), with the envelope's id.
+What fails is a dead letter, with the reason. A box whose key was destroyed (its entity
+deleted) stays sealed: the fold turns it into nothing, exactly as if the purge that
+follows every delete had already removed it. A key that is not in the store yet (another
+host's fresh entity whose key has not reached it) is waited for, up to
+``KEY_WAIT`` seconds; after that the event is a dead letter saying so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+from uuid import UUID
+
+import msgspec
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from eventlog import events as ev
+from eventlog.errors import DecodeError, NotFoundError
+from eventlog.keys import KeyDestroyed, Keyring, collective_prefix, gather_limited, key_name
+from eventlog.limits import SEALED_KINDS, check_ranges
+from eventlog.log import LogEntry
+from eventlog.subjects import subject_for
+
+KEY_WAIT = 30.0  # seconds a reader waits for a key that has not reached the store
+AAD = b"pulse.sealed.1:"
+
+SEALED_ENTITY: dict[str, str] = {
+    kind: entity for entity, kinds in SEALED_KINDS.items() for kind in kinds
+}
+DELETED_ENTITY: dict[type[ev.EventBase], str] = {
+    ev.ExperienceDeleted: "experience",
+    ev.InsightDeleted: "insight",
+    ev.RelationDeleted: "relation",
+    ev.SessionDeleted: "session",
+    ev.WisdomDeleted: "wisdom",
+}
+
+_encoder = msgspec.msgpack.Encoder(uuid_format="bytes")
+_decoder = msgspec.msgpack.Decoder(ev.Event)
+
+
+def _aad(event_id: UUID, name: str) -> bytes:
+    return AAD + event_id.bytes + name.encode()
+
+
+def sealed_name(event: ev.Event) -> str | None:
+    """The data key an event is sealed with (None: it is not sealed)."""
+    entity = SEALED_ENTITY.get(ev.event_type_name(event))
+    if entity is None:
+        return None
+    return key_name(entity, getattr(event, f"{entity}_id"), getattr(event, "collective_id", None))
+
+
+def tombstone_name(event: ev.Event) -> str | None:
+    """The data key a tombstone destroys (a collective's: ``collective_prefix``)."""
+    entity = DELETED_ENTITY.get(type(event))
+    if entity is None:
+        return None
+    return key_name(entity, getattr(event, f"{entity}_id"), getattr(event, "collective_id", None))
+
+
+def seal_with(event: ev.Event, key: bytes, name: str) -> ev.Sealed:
+    entity = SEALED_ENTITY[ev.event_type_name(event)]
+    nonce = os.urandom(12)
+    box = nonce + AESGCM(key).encrypt(nonce, _encoder.encode(event), _aad(event.event_id, name))
+    return ev.Sealed(
+        event_id=event.event_id, instance_id=event.instance_id, hlc=event.hlc,
+        author_owner=event.author_owner, author_agent=event.author_agent,
+        kind=ev.event_type_name(event), entity=entity,
+        entity_id=getattr(event, f"{entity}_id"),
+        collective_id=getattr(event, "collective_id", None), box=box,
+    )  # fmt: skip
+
+
+def open_with(sealed: ev.Sealed, key: bytes) -> ev.Event:
+    """The event inside ``sealed``; raises ``ValueError`` naming what is wrong."""
+    name = key_name(sealed.entity, sealed.entity_id, sealed.collective_id)
+    try:
+        body = AESGCM(key).decrypt(sealed.box[:12], sealed.box[12:], _aad(sealed.event_id, name))
+    except InvalidTag:
+        raise ValueError(f"box: does not open with the data key of {name}") from None
+    try:
+        inner = _decoder.decode(body)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise ValueError(f"box: the sealed body is not an event: {exc}") from None
+    if isinstance(inner, ev.Sealed) or ev.event_type_name(inner) != sealed.kind:
+        raise ValueError(f"box: holds a {ev.event_type_name(inner)}, not a {sealed.kind}")
+    if inner.event_id != sealed.event_id or subject_for(inner) != subject_for(sealed):
+        raise ValueError("box: the sealed event is not the one its envelope names")
+    check_ranges(inner)
+    return inner
+
+
+class Sealer:
+    """Seals what a host writes and opens what it reads, with its keyring."""
+
+    def __init__(self, keyring: Keyring, *, key_wait: float = KEY_WAIT) -> None:
+        self.keyring = keyring
+        self.key_wait = key_wait
+
+    async def seal(self, event: ev.Event) -> ev.Event:
+        """``event`` sealed with its entity's key (made if it has none), or as it is when
+        it carries nothing to seal. Raises ``keys.KeyDestroyed`` for a deleted entity."""
+        name = sealed_name(event)
+        if name is None:
+            return event
+        return seal_with(event, await self._make(name, event), name)
+
+    async def _make(self, name: str, event: ev.Event) -> bytes:
+        try:
+            return await self.keyring.make(name)
+        except KeyDestroyed:
+            entity = SEALED_ENTITY[ev.event_type_name(event)]
+            entity_id = getattr(event, f"{entity}_id")
+            raise NotFoundError(f"{entity}_id: {entity} {entity_id} was deleted") from None
+
+    async def seal_many(self, events: Sequence[ev.Event]) -> list[ev.Event]:
+        firsts = _firsts(events)
+        if len(firsts) > 1:  # their keys made in parallel first (each seal then finds its own)
+            await gather_limited(self._make(n, e) for n, e in firsts.items())
+        return [await self.seal(e) for e in events]
+
+    async def open_event(self, event: ev.Event) -> ev.Event:
+        """The event inside, or the sealed one when its key was destroyed."""
+        if not isinstance(event, ev.Sealed):
+            return event
+        entries = await self.open([LogEntry(0, subject_for(event), event)])
+        return entries[0].event or event
+
+    async def open(self, entries: Sequence[LogEntry]) -> list[LogEntry]:
+        """``entries`` with every sealed event opened (see the module docstring)."""
+        names: dict[int, str] = {}
+        for i, entry in enumerate(entries):
+            event = entry.event
+            if isinstance(event, ev.Sealed):
+                try:
+                    names[i] = key_name(event.entity, event.entity_id, event.collective_id)
+                except ValueError:
+                    pass  # (check_ranges refused it already when read)
+        if not names:
+            return list(entries)
+        keys = await self._keys(set(names.values()))
+        opened = list(entries)
+        for i, name in names.items():
+            entry, key = entries[i], keys.get(name)
+            assert isinstance(entry.event, ev.Sealed)
+            if isinstance(key, bytes):
+                try:
+                    opened[i] = replace(entry, event=open_with(entry.event, key))
+                except ValueError as exc:
+                    opened[i] = self._refused(entry, str(exc))
+            elif key is None:
+                opened[i] = self._refused(
+                    entry, f"its data key {name} did not reach the key store within "
+                    f"{self.key_wait:g} s",
+                )  # fmt: skip
+            # DESTROYED: it stays sealed, and folds to nothing
+        return opened
+
+    async def _keys(self, names: set[str]) -> dict[str, Any]:
+        found = await self.keyring.find_many(names)
+        deadline = time.monotonic() + self.key_wait
+        pause = 0.01
+        while (waiting := [n for n, k in found.items() if k is None]) and (
+            time.monotonic() < deadline
+        ):
+            await asyncio.sleep(pause)  # another host's key on its way to this store
+            pause = min(pause * 2, 0.5)
+            found.update(await self.keyring.find_many(waiting))
+        return found
+
+    @staticmethod
+    def _refused(entry: LogEntry, reason: str) -> LogEntry:
+        event = entry.event
+        error = DecodeError(
+            reason, subject=entry.subject, seq=entry.seq,
+            instance_id=event.instance_id if event is not None else None,
+        )  # fmt: skip
+        return LogEntry(entry.seq, entry.subject, None, error, entry.stored_ms)
+
+    def forget(self, event: ev.Event) -> None:
+        """A tombstone applied: its keys leave this host's memory."""
+        if isinstance(event, ev.CollectiveDeleted):
+            self.keyring.forget(prefix=collective_prefix(event.collective_id))
+        elif (name := tombstone_name(event)) is not None:
+            self.keyring.forget(name)
+
+
+def _firsts(events: Sequence[ev.Event]) -> dict[str, ev.Event]:
+    """The first event of each data key among ``events``."""
+    firsts: dict[str, ev.Event] = {}
+    for event in events:
+        name = sealed_name(event)
+        if name is not None:
+            firsts.setdefault(name, event)
+    return firsts

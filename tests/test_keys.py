@@ -1,0 +1,259 @@
+"""Data keys and sealed events (``eventlog.keys``, ``eventlog.sealing``): made once per
+entity and shared by every host, destroyed for good, the key-encryption key rotated, a
+destroyed key meaning "forgotten" (never an error), and a sealed box checked as input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
+from eventlog import events as ev
+from eventlog.codec import HDR_SCHEMA, SCHEMA_VERSION, decode_event, encode_body
+from eventlog.errors import DecodeError, NotFoundError, PulseError
+from eventlog.ids import uuid7
+from eventlog.keys import (
+    CURRENT,
+    DESTROYED,
+    KeyDestroyed,
+    Keyring,
+    KeyStore,
+    KvKeyStore,
+    MemoryKeyStore,
+    collective_prefix,
+    key_name,
+)
+from eventlog.log import LogEntry
+from eventlog.sealing import Sealer, open_with, seal_with, sealed_name
+from eventlog.subjects import subject_for
+
+CID = uuid7()
+
+
+def recorded(content: str = "the launch code is ZEBRA-7781-QUOKKA") -> ev.ExperienceRecorded:
+    return ev.ExperienceRecorded(
+        event_id=uuid7(), instance_id=uuid7(), hlc=ev.pack_hlc(1_700_000_000_000, 0),
+        experience_id=uuid7(), collective_id=CID, content=content,
+        embedding=ev.pack_vector([0.25, -0.5, 0.75, 1.0]), experience_type=ev.Generic(),
+        importance=0.5, confidence=0.5, source_agent="agent",
+    )  # fmt: skip
+
+
+def entry(event: ev.Event, seq: int = 1) -> LogEntry:
+    return LogEntry(seq, subject_for(event), event)
+
+
+@pytest.fixture(params=["memory", "jetstream"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
+    if request.param == "memory":
+        yield MemoryKeyStore()
+        return
+    server = EmbeddedNats(tmp_path / "nats")
+    server.start()
+    log = await JetStreamLog.connect(server.url, StreamSettings())
+    try:
+        yield log.key_store()
+    finally:
+        await log.close()
+        server.stop()
+
+
+async def test_a_key_is_made_once_and_every_keyring_finds_it(store: KeyStore) -> None:
+    name = key_name("experience", uuid7(), CID)
+    a, b = Keyring(store), Keyring(store)
+    key = await a.make(name)
+    assert len(key) == 32
+    assert await a.make(name) == key  # a retry of the same write: the same key
+    assert await b.find(name) == key  # another host
+    assert await Keyring(store).make(name) == key  # another host "making" it finds it
+    assert await b.find(key_name("insight", uuid7(), CID)) is None  # never made
+
+
+async def test_destroyed_means_forgotten_for_every_host(store: KeyStore) -> None:
+    a, b = Keyring(store), Keyring(store)
+    event = recorded()
+    name = sealed_name(event)
+    assert name is not None
+    sealed = seal_with(event, await a.make(name), name)
+    assert await b.find(name) is not None
+    await a.destroy(name)
+    await a.destroy(name)  # idempotent
+    assert await Keyring(store).find(name) is DESTROYED
+    assert await store.get(name) is DESTROYED
+    with pytest.raises(KeyDestroyed):  # no new key for a deleted entity
+        await Keyring(store).make(name)
+    # a host that has not cached it opens nothing: the event stays sealed, no dead letter
+    (opened,) = await Sealer(Keyring(store)).open([entry(sealed)])
+    assert opened.event == sealed and opened.error is None
+    with pytest.raises(NotFoundError, match="experience_id: experience .* was deleted"):
+        await Sealer(Keyring(store)).seal(event)
+
+
+async def test_a_collectives_keys_go_together(store: KeyStore) -> None:
+    ring = Keyring(store)
+    cid, other = uuid7(), uuid7()
+    mine = [key_name(e, uuid7(), cid) for e in ("experience", "insight", "relation", "session")]
+    theirs = key_name("experience", uuid7(), other)
+    wisdom = key_name("wisdom", uuid7(), None)
+    for name in [*mine, theirs, wisdom]:
+        await ring.make(name)
+    assert await ring.destroy_under(collective_prefix(cid)) == 4
+    fresh = Keyring(store)
+    assert [await fresh.find(n) for n in mine] == [DESTROYED] * 4
+    assert isinstance(await fresh.find(theirs), bytes)
+    assert isinstance(await fresh.find(wisdom), bytes)
+
+
+async def test_rotating_the_kek_keeps_every_key_and_kills_old_copies(store: KeyStore) -> None:
+    ring = Keyring(store)
+    names = [key_name("experience", uuid7(), CID) for _ in range(5)]
+    keys = {n: await ring.make(n) for n in names}
+    (old_kek,) = await ring.kek_ids()
+    # a copy of one wrapped key taken before its entity is deleted (a block not rewritten yet)
+    copy = await store.get(names[0])
+    assert isinstance(copy, bytes)
+    await ring.destroy(names[0])
+
+    assert await ring.rotate(grace=0) == 4
+    (new_kek,) = await ring.kek_ids()
+    assert new_kek != old_kek
+    assert await store.get(f"{CURRENT}.{old_kek}") is DESTROYED
+    fresh = Keyring(store)
+    for name in names[1:]:
+        assert await fresh.find(name) == keys[name]
+        held = await store.get(name)
+        assert isinstance(held, bytes) and held[:8].hex() == new_kek
+    with pytest.raises(PulseError, match="which is gone"):  # the copy is noise now
+        await fresh._unwrap(names[0], copy)
+    # the rotation never brought the destroyed key back
+    assert await store.get(names[0]) is DESTROYED
+
+
+async def test_a_rotation_does_not_bring_back_a_key_destroyed_meanwhile() -> None:
+    store = MemoryKeyStore()
+    ring = Keyring(store)
+    name = key_name("experience", uuid7(), CID)
+    await ring.make(name)
+    held = await store.get(name)
+    assert isinstance(held, bytes)
+    await ring.destroy(name)
+    assert not await store.replace(name, held, b"x" * 60)  # compare-and-set refuses
+    assert await store.get(name) is DESTROYED
+
+
+async def test_a_box_is_input() -> None:
+    event = recorded()
+    name = sealed_name(event)
+    assert name is not None
+    store = MemoryKeyStore()
+    key = await Keyring(store).make(name)
+    sealed = seal_with(event, key, name)
+    assert b"ZEBRA" not in sealed.box
+    assert open_with(sealed, key) == event
+    sealer = Sealer(Keyring(store))
+    (opened,) = await sealer.open([entry(sealed)])
+    assert opened.event == event
+
+    flipped = bytearray(sealed.box)
+    flipped[20] ^= 1
+    tampered = ev.Sealed(**{**_fields(sealed), "box": bytes(flipped)})
+    other = ev.Sealed(**{**_fields(sealed), "event_id": uuid7()})  # a box moved to another id
+    for bad in (tampered, other):
+        (refused,) = await sealer.open([entry(bad, seq=7)])
+        assert refused.event is None and refused.error is not None
+        assert "box: does not open" in refused.error.reason and refused.error.seq == 7
+
+
+async def test_a_key_not_there_yet_is_waited_for_then_set_aside() -> None:
+    event = recorded()
+    name = sealed_name(event)
+    assert name is not None
+    elsewhere = MemoryKeyStore()  # the writer's store; this host's has no such key yet
+    sealed = seal_with(event, await Keyring(elsewhere).make(name), name)
+    (refused,) = await Sealer(Keyring(MemoryKeyStore()), key_wait=0.05).open([entry(sealed)])
+    assert refused.event is None and refused.error is not None
+    assert "did not reach the key store" in refused.error.reason
+
+
+async def test_a_destroyed_key_is_erased_from_the_stores_files(tmp_path: Path) -> None:
+    """Not only a deletion marker: the wrapped key's bytes leave the bucket's files."""
+    server = EmbeddedNats(tmp_path / "nats")
+    server.start()
+    log = await JetStreamLog.connect(server.url, StreamSettings())
+    try:
+        store = log.key_store()
+        assert isinstance(store, KvKeyStore)
+        ring = Keyring(store)
+        name = key_name("experience", uuid7(), CID)
+        await ring.make(name)
+        wrapped = await store.get(name)
+        assert isinstance(wrapped, bytes)
+        assert _files_holding(tmp_path / "nats", wrapped)  # the scan sees it while it is there
+        await ring.destroy(name)
+        assert _files_holding(tmp_path / "nats", wrapped) == []
+    finally:
+        await log.close()
+        server.stop()
+    assert _files_holding(tmp_path / "nats", wrapped) == []  # and after the server stops
+
+
+def _files_holding(root: Path, needle: bytes) -> list[Path]:
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file() and needle in path.read_bytes():
+            found.append(path)
+    return found
+
+
+def _fields(event: ev.Sealed) -> dict[str, object]:
+    return {f: getattr(event, f) for f in event.__struct_fields__}
+
+
+def test_every_sealed_kind_names_its_key() -> None:
+    wid = uuid7()
+    wisdom = ev.WisdomStored(
+        event_id=uuid7(), instance_id=uuid7(), hlc=1, wisdom_id=wid, owner_id="o",
+        category="BestPractice", pattern="p", confidence=0.5, embedding=b"\0" * 16,
+    )  # fmt: skip
+    assert sealed_name(wisdom) == f"w.{wid}"
+    reinforced = ev.ExperienceReinforced(
+        event_id=uuid7(), instance_id=uuid7(), hlc=1, experience_id=uuid7(),
+        collective_id=CID, applications=3,
+    )  # fmt: skip
+    assert sealed_name(reinforced) is None  # counts carry no text: they stay in the clear
+
+
+async def test_the_keys_a_host_holds_are_bounded_and_found_again() -> None:
+    store = MemoryKeyStore()
+    ring = Keyring(store)
+    ring.cached = 2
+    names = [key_name("experience", uuid7(), CID) for _ in range(3)]
+    keys = [await ring.make(n) for n in names]
+    assert len(ring._keys) == 2 and names[0] not in ring._keys  # the oldest went
+    assert await ring.find(names[0]) == keys[0]  # asked of the store again
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"entity": "collective"}, "entity: must be one of"),
+        ({"kind": "insight.stored"}, "kind: a sealed experience event is one of"),
+        ({"collective_id": None}, "collective_id: a sealed event names its collective"),
+        ({"box": b"\0" * 28}, "box: must be 29.."),
+    ],
+)
+def test_an_envelope_out_of_range_is_refused_naming_the_field(
+    change: dict[str, object], reason: str
+) -> None:
+    event = recorded()
+    name = sealed_name(event)
+    assert name is not None
+    sealed = seal_with(event, b"k" * 32, name)
+    assert decode_event(encode_body(sealed), HEADERS) == sealed
+    bad = ev.Sealed(**{**_fields(sealed), **change})  # type: ignore[arg-type]
+    with pytest.raises(DecodeError, match=reason):
+        decode_event(encode_body(bad), HEADERS)
+
+
+HEADERS = {HDR_SCHEMA: str(SCHEMA_VERSION)}
