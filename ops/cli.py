@@ -21,10 +21,12 @@ import msgspec
 
 from eventlog import PulseError, ValidationError
 from eventlog.errors import Forbidden, Unauthorized
-from eventlog.events import Event, event_type_name, unpack_vector
+from eventlog.events import Event, Sealed, event_type_name, unpack_vector
 from eventlog.jetstream import _without_password
+from eventlog.keys import Keyring
 from eventlog.leaf import LeafLog
 from eventlog.log import LogEntry
+from eventlog.sealing import Sealer
 from eventlog.subjects import collective_filter
 from ops.backup import cmd_backup, cmd_restore, setup_backup, setup_restore
 from ops.commands import GROUPS, REGISTRY, Command, execute, open_instance
@@ -278,11 +280,15 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
 
 def _jsonable(event: Event) -> dict[str, object]:
-    """The event as JSON-ready builtins, embeddings as lists of floats (not base64)."""
+    """The event as JSON-ready builtins, embeddings as lists of floats (not base64); a
+    sealed event's box (its key destroyed) as its size only."""
     record: dict[str, object] = msgspec.to_builtins(event, builtin_types=(bytes,))
     for key, value in record.items():
         if isinstance(value, bytes):
-            record[key] = [round(float(x), 6) for x in unpack_vector(value)]
+            if isinstance(event, Sealed):
+                record[key] = f"<{len(value)} bytes sealed with a destroyed key>"
+            else:
+                record[key] = [round(float(x), 6) for x in unpack_vector(value)]
     return record
 
 
@@ -291,7 +297,9 @@ def _summary(entry: LogEntry) -> str:
         return f"{entry.seq:>8}  UNREADABLE  {entry.subject}  {entry.error}"
     event = entry.event
     details = []
-    for name in ("name", "content", "pattern", "agent_id", "relation_type", "applications"):
+    for name in (
+        "name", "content", "pattern", "agent_id", "relation_type", "applications", "kind",
+    ):  # fmt: skip
         value = getattr(event, name, None)
         if value is not None:
             text = str(value).replace("\n", " ")
@@ -303,7 +311,9 @@ def cmd_tail(args: argparse.Namespace) -> int:
     """Print events as they arrive on the log (from the start, or --from-seq / --new).
 
     One line per event: stream sequence, event type, subject and a few fields; with
-    --json, one JSON object per line. Runs until Ctrl-C or --limit events.
+    --json, one JSON object per line. Runs until Ctrl-C or --limit events. What the log
+    holds sealed (an entity's text and vector) is shown opened with its data key; an
+    event whose key a delete destroyed shows as `sealed`, with its kind only.
 
     example:
       pulse tail                         # everything so far, then live
@@ -316,6 +326,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
             start = (await log.last_seq()) + 1 if args.new else args.from_seq
             subjects = collective_filter(args.collective) if args.collective else None
             count = 0
+            sealer = Sealer(Keyring(log.key_store()))
             stream = log.tail(start, subjects=subjects)
             waiter = asyncio.ensure_future(_wait_for_signal())
             try:
@@ -326,6 +337,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
                         nxt.cancel()
                         break
                     entry = nxt.result()
+                    if isinstance(entry.event, Sealed):  # opened; still sealed: forgotten
+                        (entry,) = await sealer.open([entry])
                     if args.json:
                         record = {"seq": entry.seq, "subject": entry.subject}
                         if entry.event is not None:

@@ -89,6 +89,7 @@ GROUPS = {
     "session": "An agent's sessions: start, update, end, resume, get and list.",
     "wisdom": "Patterns learned across an owner's collectives.",
     "token": "Create, list and revoke access tokens (admins only).",
+    "keys": "The keys that seal what entities say (admins only).",
 }
 
 
@@ -1407,6 +1408,49 @@ async def status(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
             f"{inbound} of the hub's not here yet"
         )
     return record, "\n".join(lines)
+
+
+@command("compact")
+async def compact(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Forget on this host's disk now, rather than within seconds of a delete.
+
+    Once every delete in the log is applied here, the DuckDB file, the text index and
+    the vector files are rewritten so that no deleted text or vector is left in them
+    (a delete only marks rows and documents; the freed space keeps the bytes until it
+    is rewritten). Pulse does this by itself within `scrub_after` seconds (5) of a
+    delete; this is for when you need it done before you go on (say, before copying the
+    data directory). The log and every backup hold deleted text only as ciphertext
+    whose key the delete destroyed. Admins only. While `pulse up` serves the data
+    directory, it does the work.
+
+    example:
+      pulse delete 01a22b60-9f07-75f6-ab51-e7ce5c2af5c1 && pulse compact
+    """
+    done = await db.compact()
+    return to_json(done), (
+        f"rewrote the state's files at sequence {done.applied_seq:,}: DuckDB "
+        f"{done.duckdb_seconds:.2f}s, text index {done.text_seconds:.2f}s, vectors "
+        f"{done.vectors_seconds:.2f}s"
+    )
+
+
+@command("keys", "rotate")
+async def keys_rotate(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Rotate the key-encryption key that wraps every entity's data key.
+
+    A new key-encryption key is made, every data key in the key store is wrapped again
+    with it, and the old one is erased; hosts pick up the new one within a second.
+    Afterwards a copy of a destroyed data key that outlived its erasure anywhere (a
+    NATS block not yet rewritten, a copy of the key bucket) can no longer be unwrapped.
+    Takes a few seconds. Admins only.
+
+    example:
+      pulse keys rotate
+    """
+    done = await db.rotate_keys()
+    return to_json(
+        done
+    ), f"key-encryption key {done.kek_id}: {done.rewrapped:,} data keys rewrapped"
 
 
 @command("export", setup=lambda p: p.add_argument("directory", type=Path, help="where to write"))

@@ -40,8 +40,10 @@ from uuid import UUID
 import duckdb
 
 from eventlog.errors import PulseError
+from eventlog.keys import Keyring
 from eventlog.limits import check_ranges
 from eventlog.log import EventLog, LogEntry
+from eventlog.sealing import Sealer
 from eventlog.subjects import collective_filter
 from projections.analytics import SqlLimits, sandbox
 from projections.projection import Progress, Projection, ProjectionSettings
@@ -82,6 +84,7 @@ class _Call:
 _STOP = object()
 SMALL_BATCH = 64  # events a batch indexes before its writers are woken
 QUIET = 1.0  # seconds without events before the index files are saved
+PRELOAD_KEYS_AFTER = 1000  # events behind at which a catch-up reads every data key first
 
 
 class Engine:
@@ -103,6 +106,10 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="pulse-engine", daemon=True)
         self._stop_lock = threading.Lock()
         self._stopped = False  # set before the last look at the inbox
+        # what opens the sealed events read from the log (``eventlog.sealing``): an
+        # instance's own; None: one with the log's key store, made at the first read
+        self.sealer: Sealer | None = None
+        self.lent = 0  # SQL cursors handed out and not returned (a scrub waits for none)
 
     @classmethod
     async def start(
@@ -197,6 +204,9 @@ class Engine:
         # growing state again and again for nothing (half of a 1M-event rebuild: 45 s -> 23 s).
         # It is off until the end, when what was built is frozen out of its sight.
         collecting = gc.isenabled() and end - start >= self.settings.bulk_index_events
+        sealer = self._sealer(log_)
+        if end - start >= PRELOAD_KEYS_AFTER:  # one read of the key store, not one per entity
+            await sealer.keyring.preload()
         if collecting:
             gc.disable()
         try:
@@ -209,6 +219,7 @@ class Engine:
                     start + 1, batch_size=self.settings.batch_size, subjects=subjects
                 )
             async for batch in batches:
+                batch = await sealer.open(batch)
                 pending.append((asyncio.ensure_future(self.apply(batch, bulk=True)), len(batch)))
                 if len(pending) > 2:
                     await settle()
@@ -242,12 +253,17 @@ class Engine:
                     found = batch[0] if batch else None
                     break
             if found is not None and found.seq == seq:
-                entries.append(found)
+                entries.extend(await self._sealer(log_).open([found]))
             else:
                 gone.append(seq)
         readable = await self.run(Projection.readmit, entries, gone)
         log.info("read %d dead letters again after an upgrade: %d now apply", len(due), readable)
         return readable
+
+    def _sealer(self, log_: EventLog) -> Sealer:
+        if self.sealer is None:
+            self.sealer = Sealer(Keyring(log_.key_store()))
+        return self.sealer
 
     async def flush(self) -> int:
         """Write DuckDB up to what is applied; returns the sequence it reflects."""
@@ -272,7 +288,8 @@ class Engine:
         reading = log_.read(1, batch_size=self.settings.batch_size, subjects=subjects)
         async with contextlib.aclosing(reading) as batches:
             async for batch in batches:
-                done += await self.run(Projection.backfill, [e for e in batch if e.seq <= up_to])
+                due = await self._sealer(log_).open([e for e in batch if e.seq <= up_to])
+                done += await self.run(Projection.backfill, due)
                 if batch and batch[-1].seq >= up_to:
                     break
         await self.run(Projection.flush)
@@ -308,9 +325,26 @@ class Engine:
                 self._sandboxed = (id(p.store.con), limits)
             cursor = p.store.con.cursor()
             cursor.begin()  # its snapshot starts here, before the engine writes again
+            self.lent += 1
             return cursor, seq
 
         return await self.run(flushed_cursor)
+
+    def returned(self, cursor: duckdb.DuckDBPyConnection) -> None:
+        """A cursor of ``cursor()`` is done with (closed here if it was not)."""
+        with contextlib.suppress(duckdb.Error):
+            cursor.close()
+        self.lent -= 1
+
+    async def scrub(self, timeout: float = 60.0) -> dict[str, float]:
+        """Rewrite the state's files now (``Projection.scrub``: ``pulse compact``), once
+        the SQL readers in flight are done; returns the seconds each part took."""
+        deadline = time.monotonic() + timeout
+        while self.lent > 0:
+            if time.monotonic() > deadline:
+                raise PulseError(f"{self.lent} SQL queries still run after {timeout:g} s")
+            await asyncio.sleep(0.05)
+        return await self.run(_scrub_when_free, self)
 
     async def close(self) -> None:
         """Flush, save the indexes and stop the thread."""
@@ -437,12 +471,17 @@ class Engine:
         now = time.monotonic()
         if self._bulk:
             return None  # the catch-up's next batch, or its closing call, wakes us
+        due: list[float] = []
+        if projection.scrub_since is not None:  # (SQL readers in flight: look again soon)
+            scrub = projection.scrub_since + self.settings.scrub_after
+            due.append(scrub if self.lent == 0 else max(scrub, now + 0.1))
         if projection.dirty:
-            return max(0.0, projection.last_flush + self.settings.flush_interval - now)
-        if projection.saved_seq < projection.flushed_seq:
-            due = max(projection.last_save + self.settings.save_interval, self._busy_at + QUIET)
-            return max(0.0, due - now)
-        return None
+            due.append(projection.last_flush + self.settings.flush_interval)
+        elif projection.saved_seq < projection.flushed_seq:
+            due.append(
+                max(projection.last_save + self.settings.save_interval, self._busy_at + QUIET)
+            )
+        return max(0.0, min(due) - now) if due else None
 
     def _save_due(self, projection: Projection, now: float) -> bool:
         """Index files are saved once ``save_interval`` has passed and the engine has been
@@ -536,9 +575,23 @@ class Engine:
             if save or self._save_due(projection, now):
                 projection.save()
                 _out_of_the_collectors_sight(projection, 2)  # quiet: nobody waits on it
+            if (
+                not bulk
+                and projection.scrub_since is not None
+                and now - projection.scrub_since >= self.settings.scrub_after
+                and self.lent == 0
+            ):
+                took = projection.scrub()
+                log.info("rewrote the state's files after a delete: %s", took)
         except Exception:  # DuckDB refused: keep applying in memory, try again later
             log.exception("writing the projection failed; retrying at the next interval")
             projection.last_flush = projection.last_save = now
+
+
+def _scrub_when_free(projection: Projection, engine: Engine) -> dict[str, float]:
+    if engine.lent > 0:  # a cursor handed out since the loop looked
+        raise PulseError("SQL queries started meanwhile: compact again")
+    return projection.scrub()
 
 
 def _out_of_the_collectors_sight(_: Projection, generation: int) -> None:

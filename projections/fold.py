@@ -582,6 +582,8 @@ def row_of(event: ev.Event) -> Row | None:
             )  # fmt: skip
         case ev.SessionDeleted():
             return SessionRow(event.session_id, collective_id=event.collective_id, deleted=True)
+        case ev.Sealed():  # still sealed when read: its key was destroyed (a delete), and
+            return None  # it is forgotten as if purged (eventlog.sealing)
     return None  # activities live in their own stream, not in the projection
 
 

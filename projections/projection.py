@@ -86,6 +86,15 @@ class ProjectionSettings:
     # checkpoint, so a crash costs at most that many events applied again
     bulk_index_events: int = 20_000
     checkpoint_events: int = 200_000
+    # seconds a deleted entity's text and vector may stay in this host's files (DuckDB,
+    # FAISS, tantivy) before they are rewritten without it (``Projection.scrub``)
+    scrub_after: float = 5.0
+
+
+_DELETES = (
+    ev.CollectiveDeleted, ev.ExperienceDeleted, ev.RelationDeleted, ev.InsightDeleted,
+    ev.WisdomDeleted, ev.SessionDeleted,
+)  # fmt: skip
 
 
 class Projection:
@@ -130,6 +139,9 @@ class Projection:
         self.unindexed_events = 0  # events applied since the indexes were brought up
         self._load_indexes()
         self.last_flush = self.last_save = time.monotonic()
+        # since when a delete applied here waits for the files to be rewritten (None:
+        # nothing waits); a scrub a crash prevented is done soon after opening
+        self.scrub_since: float | None = self.last_flush if self.store.scrub_owed() else None
         self.store.drop_cache()  # the rows are in memory now
         _give_back_freed_memory()  # loading freed much more than it keeps
 
@@ -236,6 +248,8 @@ class Projection:
                 )  # fmt: skip
                 continue
             event = entry.event
+            if isinstance(event, _DELETES) and self.scrub_since is None:
+                self.scrub_since = time.monotonic()
             try:
                 row = row_of(event)
                 if row is not None:
@@ -333,6 +347,8 @@ class Projection:
             self._readmitted = set()
             self.flushed_seq = self._seq
             self._unflushed = 0
+            if self.scrub_since is not None:
+                self.store.owe_scrub(True)
         self.last_flush = time.monotonic()
         return self.flushed_seq
 
@@ -354,6 +370,39 @@ class Projection:
         write_manifest(self.dir / "vectors", self.flushed_seq, entries)
         self.saved_seq = self.flushed_seq
         self.last_save = time.monotonic()
+
+    def scrub(self) -> dict[str, float]:
+        """Rewrite every file of this state so that what deletes forgot is in none of
+        them: DuckDB into a fresh file put in place of the old one (a delete only marks
+        rows, and freed blocks are not overwritten), the tantivy index emptied and filled
+        again from the live rows in one commit (tantivy offers no forced merge), and the
+        vector files saved (a removed vector is gone from what FAISS writes, and its copy
+        in the exact file was overwritten). Returns the seconds each took."""
+        self._check_owner()
+        took: dict[str, float] = {}
+        start = time.perf_counter()
+        self.flush()
+        self.store.rewrite()
+        took["duckdb"] = time.perf_counter() - start
+        start = time.perf_counter()
+        self.text.rewrite(self._text_documents())
+        took["tantivy"] = time.perf_counter() - start
+        start = time.perf_counter()
+        self.save()
+        took["vectors"] = time.perf_counter() - start
+        self.store.owe_scrub(False)
+        self.scrub_since = None
+        return took
+
+    def _text_documents(self) -> Iterator[tuple[str, UUID, UUID, str]]:
+        """What the text index holds: every live experience and indexable insight."""
+        memory = self.memory
+        for (row_id,), row in memory.experiences.items():
+            if row.collective_id is not None and memory.live_experience(row_id) is not None:
+                yield "experience", row_id, row.collective_id, row.content or ""
+        for (row_id,), insight in memory.insights.items():
+            if insight.collective_id is not None and _indexable_insight(memory, insight):
+                yield "insight", row_id, insight.collective_id, insight.content or ""
 
     # -- keeping the indexes in step -------------------------------------------------------
 

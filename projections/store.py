@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -143,6 +144,49 @@ class Store:
 
     def close(self) -> None:
         self.con.close()
+
+    def rewrite(self) -> None:
+        """Put a fresh copy of the database in place of its file, so that nothing deleted
+        from it is left in free blocks (DuckDB neither overwrites nor returns them; not
+        on CHECKPOINT, not on VACUUM). The copy is made on a connection of its own (the
+        SQL sandbox forbids ATTACH), and this store's connection is opened again on the
+        new file. No other connection may be open (the engine waits for SQL readers)."""
+        fresh = self.path.with_name(self.path.name + ".rewrite")
+        for leftover in (fresh, Path(f"{fresh}.wal")):
+            leftover.unlink(missing_ok=True)
+        self.con.close()
+        try:
+            con = duckdb.connect(str(self.path))
+            try:
+                con.execute("CHECKPOINT")
+                found = con.execute("SELECT current_database()").fetchone()
+                assert found is not None
+                con.execute(f"ATTACH '{fresh}' AS pulse_rewrite")
+                con.execute(f'COPY FROM DATABASE "{found[0]}" TO pulse_rewrite')
+                con.execute("DETACH pulse_rewrite")
+            finally:
+                con.close()
+            with open(fresh, "rb+") as copy:
+                os.fsync(copy.fileno())
+            os.replace(fresh, self.path)
+            Path(f"{self.path}.wal").unlink(missing_ok=True)  # (none after the checkpoint)
+            directory = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        finally:
+            self.con = self._connect()
+
+    def scrub_owed(self) -> bool:
+        """Whether a delete applied here still waits for the files to be rewritten."""
+        found = self.con.execute("SELECT value FROM meta WHERE key = 'scrub_owed'").fetchone()
+        return bool(found and found[0] == "1")
+
+    def owe_scrub(self, owed: bool) -> None:
+        self.con.execute(
+            "INSERT OR REPLACE INTO meta VALUES ('scrub_owed', ?)", ["1" if owed else "0"]
+        )
 
     def checkpoint(self) -> tuple[int, int]:
         """(last applied stream sequence, number of events applied so far)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from uuid import UUID
 
@@ -70,6 +71,24 @@ class TextIndex:
     def remove_collective(self, collective_id: UUID) -> None:
         self.writer.delete_documents_by_term("collective", str(collective_id))
         self._dirty = True
+
+    def rewrite(self, documents: Iterable[tuple[str, UUID, UUID, str]]) -> int:
+        """Empty the index and fill it again with ``documents`` (kind, id, collective,
+        content) in one commit, then remove the files no commit uses: what deleted
+        documents left in segments goes with them (tantivy-py cannot force a merge).
+        Returns how many documents it holds."""
+        writer = self.writer
+        writer.delete_all_documents()
+        count = 0
+        for kind, doc_id, collective_id, content in documents:
+            fields = {"id": str(doc_id), "collective": str(collective_id), kind: content}
+            writer.add_document(tantivy.Document(**fields))
+            count += 1
+        writer.commit()
+        writer.garbage_collect_files()
+        self.index.reload()
+        self._dirty = False
+        return count
 
     def commit(self) -> None:
         if self._writer is not None and self._dirty:

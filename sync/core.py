@@ -51,8 +51,10 @@ from eventlog.errors import (
     ValidationError,
 )
 from eventlog.ids import uuid7
+from eventlog.keys import Keyring, collective_prefix
 from eventlog.limits import CLOCK_AHEAD_MS
 from eventlog.log import EventLog, LogEntry, key_conflict
+from eventlog.sealing import Sealer, tombstone_name
 from projections import past, queries
 from projections.engine import Applied, Engine
 from projections.projection import entity_of
@@ -142,6 +144,10 @@ class InstanceCore:
         self.data_dir = data_dir
         self.log = log_
         self.engine = engine
+        # seals what this host writes and opens what it reads (eventlog.sealing): the one
+        # its engine caught up with, holding the keys it read
+        self.sealer = engine.sealer or Sealer(Keyring(log_.key_store()))
+        engine.sealer = self.sealer
         self.server = server
         self.instance_id = uuid7()
         self.clock = HybridClock(state_file=data_dir / "clock.json")
@@ -250,6 +256,8 @@ class InstanceCore:
                     self._log_ms = entry.stored_ms  # (the writer's own events come back too)
                 if entry.seq <= self.engine.seq:
                     continue  # a writer here handed it over already: no need to wake the engine
+                if isinstance(entry.event, ev.Sealed):
+                    (entry,) = await self.sealer.open((entry,))
                 self.engine.submit((entry,))
                 self._submitted_seq = submitted = entry.seq
                 if self.engine.backlog > BACKLOG_LIMIT:  # let the engine catch its breath
@@ -287,6 +295,7 @@ class InstanceCore:
                 latest = event.hlc
             if isinstance(event, (*DELETES, ev.CollectiveCreated)):
                 self._forget_known()
+                self.sealer.forget(event)
                 if isinstance(event, DELETES) and event.instance_id != self.instance_id:
                     self._purge_copy(event, entry.seq)
             elif isinstance(event, (ev.TokenCreated, ev.TokenRevoked)):
@@ -311,14 +320,20 @@ class InstanceCore:
         a failure is logged (its next delete of the subject, or a rebuild, redoes it)."""
         if type(self.log).purge_copy is EventLog.purge_copy:
             return  # one shared stream: the deleting host purged it
+        keyring = self.sealer.keyring
         if isinstance(event, ev.CollectiveDeleted):
             subject = f"{subjects.PREFIX}.c.{event.collective_id}.>"
+            keys = functools.partial(
+                keyring.destroy_copies, prefix=collective_prefix(event.collective_id)
+            )
         else:
             subject = subjects.subject_for(event)
+            keys = functools.partial(keyring.destroy_copies, tombstone_name(event))
 
         async def purge() -> None:
             try:
                 await self.log.purge_copy(subject, before_seq=seq)
+                await keys()
             except Exception:
                 log.warning("forgetting this host's copy of %s failed", subject, exc_info=True)
 
@@ -510,10 +525,11 @@ class InstanceCore:
         self._check_open()
         call = idempotency.CURRENT.get()
         first = None
+        wire = await self.sealer.seal(event)  # what the log holds: its text encrypted
         if call is None:
-            seq = await self.log.append(event)
+            seq = await self.log.append(wire)
         else:  # a retry within the duplicate window finds the first copy: nothing new
-            seq, first = await self.log.append_keyed(event, call.fingerprint)
+            seq, first = await self.log.append_keyed(wire, call.fingerprint)
         if first is None and self._within_clock_bound((event,)):
             self.engine.offer((LogEntry(seq, subjects.subject_for(event), event),))
         await self._wait_applied(seq)
@@ -548,13 +564,14 @@ class InstanceCore:
         ``EventLog.append_batch``); return their sequences once applied here."""
         self._check_open()
         call = idempotency.CURRENT.get()
+        wires = await self.sealer.seal_many(events)
         if call is not None:  # one by one, each deduplicated (see sync.idempotency)
             stored = await asyncio.gather(
-                *(self.log.append_keyed(e, call.fingerprint) for e in events)
+                *(self.log.append_keyed(e, call.fingerprint) for e in wires)
             )
             seqs, fresh = [s for s, _ in stored], all(first is None for _, first in stored)
         else:
-            seqs, fresh = await self.log.append_batch(events, atomic=atomic), True
+            seqs, fresh = await self.log.append_batch(wires, atomic=atomic), True
         if (
             fresh
             and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
@@ -630,7 +647,12 @@ class InstanceCore:
                  "forget": forget}
             )  # fmt: skip
         seq = await self._write(event)
-        await self.log.purge(forget, before_seq=seq)
+        name = tombstone_name(event)
+        try:
+            if name is not None:  # every copy of its sealed events is noise from here on
+                await self.sealer.keyring.destroy(name)
+        finally:  # (an edge host's offline delete: its own copies go even so; owed: the hub's)
+            await self.log.purge(forget, before_seq=seq)
         self.owed.paid(token)
 
     async def _delete(self, entity: str, entity_id: Any) -> None:

@@ -10,16 +10,37 @@ from __future__ import annotations
 import logging
 from uuid import UUID
 
+import msgspec
+
 from eventlog import events as ev
 from eventlog import subjects
 from eventlog.codec import HDR_SCHEMA, decode_event
 from eventlog.errors import NotFoundError
+from eventlog.keys import collective_prefix
 from projections import queries
 from sync.core import DELETES_OF, InstanceCore, uuid_of
 from sync.idempotency import idempotent
 from sync.models import BATCH_MAX
 
 log = logging.getLogger(__name__)
+
+
+class Compacted(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``PulseDB.compact`` did: the sequence the rewritten files reflect, and the
+    seconds each rewrite took."""
+
+    applied_seq: int
+    duckdb_seconds: float
+    text_seconds: float
+    vectors_seconds: float
+
+
+class KeysRotated(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``PulseDB.rotate_keys`` did: the new key-encryption key's id and how many
+    data keys were wrapped again with it."""
+
+    kek_id: str
+    rewrapped: int
 
 
 class Forgetting(InstanceCore):
@@ -58,6 +79,7 @@ class Forgetting(InstanceCore):
         ]  # (and one for every session of its agents)
         for start in range(0, len(tombstones), BATCH_MAX):
             await self._write_many(tombstones[start : start + BATCH_MAX], atomic=True)
+        await self.sealer.keyring.destroy_under(collective_prefix(cid))  # its data keys
         await self.log.purge(f"{subjects.PREFIX}.c.{cid}.>", before_seq=seq)
         await self.log.purge(f"{subjects.PREFIX}.a.{cid}.>", before_seq=None)  # its presence
 
@@ -118,6 +140,31 @@ class Forgetting(InstanceCore):
         """Delete wisdom and forget it (idempotent, as every delete)."""
         await self._may_delete("wisdom", wisdom_id)
         await self._delete("wisdom", wisdom_id)
+
+    async def compact(self) -> Compacted:
+        """Forget on this host's disk now: once every delete in the log is applied here,
+        rewrite the DuckDB file, the text index and the vector files so that nothing a
+        delete forgot is left in them (``Projection.scrub``; without this call it happens
+        within ``ProjectionSettings.scrub_after`` seconds of a delete). The log itself
+        holds deleted text and vectors only as ciphertext whose key is destroyed. Admins
+        only (and the local operator)."""
+        self._me().need_admin("compacting")
+        seq = await self.sync()
+        took = await self.engine.scrub()
+        return Compacted(
+            applied_seq=seq, duckdb_seconds=took["duckdb"], text_seconds=took["tantivy"],
+            vectors_seconds=took["vectors"],
+        )  # fmt: skip
+
+    async def rotate_keys(self) -> KeysRotated:
+        """Rotate the key-encryption key: a new one, every data key wrapped again with
+        it, the old one erased (``eventlog.keys.Keyring.rotate``). Any copy of a
+        destroyed data key that outlived its erasure can no longer be unwrapped. Takes a
+        few seconds (hosts learn of the new key first). Admins only."""
+        self._me().need_admin("rotating the key-encryption key")
+        keyring = self.sealer.keyring
+        rewrapped = await keyring.rotate()
+        return KeysRotated(kek_id=await keyring.current_kek_id(), rewrapped=rewrapped)
 
     async def _may_delete(self, entity: str, entity_id: UUID) -> None:
         """A restricted caller deletes what it may change; repeating the delete of a

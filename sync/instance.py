@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ import msgspec
 
 from eventlog import EmbeddedNats, JetStreamLog, StreamSettings, subjects
 from eventlog.errors import NotFoundError, Unauthorized, ValidationError
+from eventlog.keys import collective_prefix, key_name
 from eventlog.leaf import LeafLog, LeafStatus
 from eventlog.log import EventLog, StreamState
 from eventlog.subjects import collective_filter
@@ -282,16 +284,21 @@ class PulseDB(
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             since = int(json.loads(mark.read_text())["through"])
         through = self.engine.seq
+        keyring = self.sealer.keyring
         for seq, entity, cid, key in await self.engine.run(Projection.deletes_since, since):
             if entity == "collective":
                 subject = f"{subjects.PREFIX}.c.{cid}.>"
+                keys = functools.partial(keyring.destroy_copies, prefix=collective_prefix(key))
             elif entity == "wisdom":
                 subject = subjects.wisdom_subject(key)
+                keys = functools.partial(keyring.destroy_copies, key_name(entity, key, None))
             else:
                 assert cid is not None
                 subject = subjects.collective_subject(cid, entity, key)
+                keys = functools.partial(keyring.destroy_copies, key_name(entity, key, cid))
             try:
                 await self.log.purge_copy(subject, before_seq=seq)
+                await keys()
             except Exception:  # a failure leaves the mark where it was: done again next time
                 _log.warning("forgetting this host's copy of %s failed", subject, exc_info=True)
                 return
@@ -474,14 +481,17 @@ class PulseDB(
             try:
                 tables = await self.engine.run(past.sql_tables, at, ms)
             except BaseException:
-                cursor.close()
+                self.engine.returned(cursor)
                 raise
             seq = min(seq, at)
         run = analytics.SqlQuery(  # not an admin: the views filtered for it, in SQL
             cursor, query, activities, limit, seq, self.engine.limits(),
             viewer=None if me.admin else me, past=tables,
         )  # fmt: skip
-        return await analytics.run_async(run)  # cancelling the caller interrupts it
+        try:
+            return await analytics.run_async(run)  # cancelling the caller interrupts it
+        finally:
+            self.engine.returned(cursor)
 
     async def export(self, directory: str | os.PathLike[str]) -> dict[str, int]:
         """Write every view of ``sql`` as a Parquet file in ``directory`` (plus the
@@ -494,4 +504,7 @@ class PulseDB(
         for c in await self._read(queries.list_collectives):  # every one: no pages here
             activities.extend(await self._active(c.collective_id, stale_after=1e9))
         cursor, _ = await self.engine.cursor()
-        return await asyncio.to_thread(analytics.export, cursor, target, activities)
+        try:
+            return await asyncio.to_thread(analytics.export, cursor, target, activities)
+        finally:
+            self.engine.returned(cursor)

@@ -45,7 +45,7 @@ def change_of(entry: LogEntry) -> ExperienceChange | None:
     return ExperienceChange(
         kind=kind,
         experience_id=event.experience_id,  # type: ignore[union-attr]
-        collective_id=event.collective_id,  # type: ignore[union-attr]
+        collective_id=event.collective_id,  # type: ignore[union-attr,arg-type]
         seq=entry.seq,
         instance_id=event.instance_id,
     )

@@ -569,6 +569,14 @@ def a_status(_: World, __: dict[str, Any], answer: Any) -> None:
     assert answer["applied_seq"] <= answer["last_seq"] == answer["stream"]["last_seq"]
 
 
+def compacted(_: World, __: dict[str, Any], answer: Any) -> None:
+    assert answer["applied_seq"] > 0 and answer["duckdb_seconds"] >= 0, answer
+
+
+def rotated(_: World, __: dict[str, Any], answer: Any) -> None:
+    assert len(answer["kek_id"]) == 16 and answer["rewrapped"] > 0, answer
+
+
 def follows_all(_: World, __: dict[str, Any], answer: Any) -> None:
     assert answer == [], answer
 
@@ -1046,6 +1054,8 @@ CASES: dict[str, Case] = {
     # (the walk's host follows every collective: following more changes nothing there)
     "follow": admin_only(static(lambda c: {"collectives": ["team"]}), follows_all),
     "status": admin_only(static(lambda c: {}), a_status),
+    "compact": admin_only(static(lambda c: {}), compacted),
+    "rotate_keys": admin_only(static(lambda c: {}), rotated),
 }
 
 

@@ -123,7 +123,7 @@ async def fresh_host(db: PulseDB, directory: Path, upto: int) -> tuple[Engine, i
     engine = await Engine.start(directory, ProjectionSettings())
     latest = None
     async for batch in db.log.read(1):
-        taken = [e for e in batch if e.seq <= upto]
+        taken = await db.sealer.open([e for e in batch if e.seq <= upto])  # (as a host would)
         await engine.apply(taken)
         latest = max([latest or 0, *(e.event.hlc for e in taken if e.event is not None)])
     return engine, None if not latest else ev.hlc_millis(latest)
@@ -218,7 +218,7 @@ async def answers_of(
                 [analytics.cell(v) for v in row] for row in cursor.execute(query).fetchall()
             ]
     finally:
-        cursor.close()
+        engine.returned(cursor)
     return out
 
 

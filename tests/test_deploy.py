@@ -355,7 +355,7 @@ async def test_three_hosts_installed_from_the_generated_files_converge(tmp_path:
             credentials=env["PULSE_NATS_CREDS"], tls_ca=env["PULSE_NATS_CA"], connect_timeout=30,
         )  # fmt: skip
         try:
-            for stream in ("PULSE", "PULSE_ACTIVITY"):
+            for stream in ("PULSE", "PULSE_ACTIVITY", "KV_PULSE_KEYS"):  # (the data keys)
                 info = await log.js.stream_info(stream)
                 assert info.config.num_replicas == 3, stream
                 assert info.cluster is not None and len(info.cluster.replicas or []) == 2
@@ -364,7 +364,7 @@ async def test_three_hosts_installed_from_the_generated_files_converge(tmp_path:
             await log.close()
         jsz = monitor(cluster.monitor_ports[1], "/jsz?streams=true")
         streams = {s["name"]: s for a in jsz["account_details"] for s in a["stream_detail"]}
-        assert set(streams) == {"PULSE", "PULSE_ACTIVITY"}
+        assert set(streams) == {"PULSE", "PULSE_ACTIVITY", "KV_PULSE_KEYS"}
         assert all(len(s["cluster"]["replicas"]) == 2 for s in streams.values())
 
         clients = [httpx.AsyncClient(base_url=s.url, timeout=60) for s in services]

@@ -18,6 +18,8 @@ import pytest
 from eventlog import EmbeddedNats, JetStreamLog
 from eventlog import events as ev
 from eventlog.errors import ConflictError, PulseError, ValidationError
+from eventlog.keys import Keyring
+from eventlog.sealing import Sealer
 from sync import PulseDB
 from tests.conftest import eventually
 
@@ -25,12 +27,13 @@ V = [1.0, 0.0, 0.0]
 
 
 async def stored(nats_server: EmbeddedNats) -> list[ev.Event]:
-    """Every event on the stream."""
+    """Every event on the stream (opened, as a host reads them)."""
     log = await JetStreamLog.connect(nats_server.url)
     try:
         found: list[ev.Event] = []
+        sealer = Sealer(Keyring(log.key_store()))
         async for batch in log.read(1):
-            found.extend(e.event for e in batch if e.event is not None)
+            found.extend(e.event for e in await sealer.open(batch) if e.event is not None)
         return found
     finally:
         await log.close()

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from eventlog import events as ev
 from eventlog.log import LogEntry
+from eventlog.sealing import seal_with, sealed_name, tombstone_name
 from projections import fold
 from projections.projection import Projection
 from tests.histories import creates_in_two_collectives, histories, redeliveries, stored_model
@@ -60,3 +61,35 @@ def test_reapplying_an_old_batch_changes_nothing(tmp_path: Path) -> None:
     projection.apply(batch)  # redelivered after a reconnect: below the checkpoint
     assert (projection.digest(), projection.store.checkpoint()) == before
     projection.close()
+
+
+@settings(max_examples=25)
+@given(st.data())
+def test_events_sealed_with_a_destroyed_key_fold_as_if_purged(data: st.DataObject) -> None:
+    """What a host reads of a deleted entity whose key is destroyed (its events still
+    sealed: ``eventlog.sealing``) folds to nothing, in any order, with any duplicates:
+    the same state as the log with those events purged."""
+    events = data.draw(histories)
+    assume(not creates_in_two_collectives(events))
+    names = sorted({n for n in map(sealed_name, events) if n is not None})
+    # the entities whose keys are destroyed: those deleted, and any others drawn (the
+    # fold must not care why a box does not open)
+    deleted = {n for n in map(tombstone_name, events) if n is not None}
+    deleted |= data.draw(st.sets(st.sampled_from(names))) if names else set()
+    key = data.draw(st.binary(min_size=32, max_size=32))  # no host has it: destroyed
+
+    def sealed(event: ev.Event) -> ev.Event | None:
+        name = sealed_name(event)
+        return seal_with(event, key, name) if name in deleted and name is not None else None
+
+    shredded = [sealed(e) or e for e in events]
+    purged = [e for e in events if sealed(e) is None]
+    again = data.draw(redeliveries(shredded))
+    with tempfile.TemporaryDirectory() as tmp:
+        read = Projection(Path(tmp) / "sealed")
+        read.apply(entries(again))
+        clean = Projection(Path(tmp) / "purged")
+        clean.apply(entries(purged))
+        assert read.digest() == clean.digest()
+        read.close()
+        clean.close()

@@ -19,6 +19,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, rule
 
 from eventlog import MemoryLog
 from eventlog.codec import HDR_MSG_ID
+from eventlog.keys import MemoryKeyStore
 from sync import PulseDB
 
 T = TypeVar("T")
@@ -34,6 +35,9 @@ class Replicas(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.dir = Path(tempfile.mkdtemp(prefix="pulse-replicas-"))
         self.logs = [MemoryLog() for _ in range(REPLICAS)]
+        keys = MemoryKeyStore()  # one key store every replica reads (as a KV bucket would be)
+        for log in self.logs:
+            log._key_store = keys
         self.dbs = [self.run(self.attach(i)) for i in range(REPLICAS)]
         self.sent = [0] * REPLICAS  # how much of each replica's own log went on the wire
         self.wire: list[tuple[str, bytes, dict[str, str]]] = []  # every event written

@@ -81,7 +81,9 @@ import numpy.typing as npt
 from eventlog import EmbeddedNats, JetStreamLog
 from eventlog import events as ev
 from eventlog.ids import uuid7
+from eventlog.keys import Keyring
 from eventlog.log import LogEntry
+from eventlog.sealing import Sealer
 from ops.bench.peers import raw_drain
 from projections import queries as q
 from projections.projection import Projection, ProjectionSettings, rebuild, state_dir
@@ -128,9 +130,12 @@ def chunked(events: Iterable[ev.Event], size: int = CHUNK) -> Iterator[list[ev.E
 
 async def append_all(log: JetStreamLog, events: Iterable[ev.Event]) -> int:
     """Append ``events`` in atomic batches of ``CHUNK``, made as they go (a million
-    events at once would take gigabytes); returns the last sequence."""
+    events at once would take gigabytes), sealed as a host writes them (their text and
+    vectors encrypted with their entities' keys, in the log's key bucket: a rebuild opens
+    them); returns the last sequence."""
+    sealer = Sealer(Keyring(log.key_store()))
     for chunk in chunked(events):
-        await log.append_batch(chunk, atomic=True)
+        await log.append_batch(await sealer.seal_many(chunk), atomic=True)
     return await log.last_seq()
 
 
