@@ -43,6 +43,23 @@ changes and writes whole (JetStream has no compare-and-set on it): two leaves do
 at once may undo each other's change, so a leaf reads it again until its source is
 there, and checks every few seconds while linked that it still is.
 
+Data keys (``eventlog.keys``) follow the same shape::
+
+    hub                    KV_PULSE_KEYS      + a source per leaf: its KV_PULSE_KEYS_OUT,
+                                              its subjects mapped to the hub bucket's
+    leaf                   KV_PULSE_KEYS_OUT  the keys this host makes (offline too)
+                           KV_PULSE_KEYS      no subjects; sources the hub's bucket
+
+so the keys of the hub's events reach the leaf over the link with the events, and the
+keys a leaf made offline reach the hub when the link returns (re-added first, before the
+events' sources). The leaf reads its own bucket first, then its copy of the hub's
+(``LeafKeyStore``). Destroying a key on a leaf writes its marker in its own bucket (the
+hub takes it from there) and erases the values in its buckets and, through the hub's
+domain, the hub's; offline, that last part stays owed with the delete's purge. A key
+destroyed elsewhere is erased from the leaf's buckets when the leaf applies the
+tombstone (``destroy_copy``). A leaf does not rotate the key-encryption key (a hub host
+does; the new one reaches the leaf with the rewrapped keys).
+
 The link. A task polls the leaf server's monitor (``/leafz``, every 0.5 s). The first
 time it sees the hub it adds this leaf's PULSE_OUT to the sources of the hub's PULSE;
 on every return of the link it drops and re-adds the two cross-domain sources, which
@@ -67,9 +84,10 @@ from nats.js import JetStreamContext, api
 
 from eventlog.codec import HDR_MSG_ID, decode_event
 from eventlog.embedded import EmbeddedNats
-from eventlog.errors import DecodeError, LogUnavailable, ValidationError
+from eventlog.errors import DecodeError, LogUnavailable, PulseError, ValidationError
 from eventlog.events import Event
 from eventlog.jetstream import JetStreamLog, _pull
+from eventlog.keys import Destroyed, Found, KeyStore, KvKeyStore, bucket_config
 from eventlog.log import HDR_IDEMPOTENCY, LogEntry, key_conflict
 from eventlog.streams import StreamSettings
 from eventlog.subjects import is_activity_subject, subject_for
@@ -104,6 +122,29 @@ class LeafStatus(msgspec.Struct, frozen=True, kw_only=True):
 
 def out_name(settings: StreamSettings) -> str:
     return f"{settings.name}_OUT"
+
+
+def keys_name(settings: StreamSettings) -> str:
+    """The key bucket every host reads (the hub's; an edge host's copy of it)."""
+    return f"{settings.name}_KEYS"
+
+
+def keys_out_name(settings: StreamSettings) -> str:
+    """An edge host's own key bucket: the keys it makes."""
+    return f"{settings.name}_KEYS_OUT"
+
+
+def keys_out_source(settings: StreamSettings, **external: Any) -> api.StreamSource:
+    """A leaf's own key bucket as a source of the hub's, its subjects mapped to it."""
+    return api.StreamSource(
+        name=f"KV_{keys_out_name(settings)}",
+        subject_transforms=[
+            api.SubjectTransform(
+                src=f"$KV.{keys_out_name(settings)}.>", dest=f"$KV.{keys_name(settings)}.>"
+            )
+        ],
+        **external,
+    )
 
 
 def _api(domain: str) -> str:
@@ -145,13 +186,24 @@ async def ensure_leaf_streams(
             api.StreamSource(name=settings.name, external=api.ExternalStream(api=_api(hub_domain))),
         ],
     )
-    for config in (out, main, settings.activity_config()):
+    keys_out = bucket_config(
+        keys_out_name(settings), settings.replicas,
+        description="Pulse edge host: the data keys made here, sourced by the hub",
+    )  # fmt: skip
+    keys = bucket_config(
+        keys_name(settings), settings.replicas, subjects=False,
+        sources=[api.StreamSource(
+            name=f"KV_{keys_name(settings)}", external=api.ExternalStream(api=_api(hub_domain))
+        )],
+        description="Pulse edge host: the hub's data keys",
+    )  # fmt: skip
+    for config in (out, main, settings.activity_config(), keys_out, keys):
         try:
             info = await js.stream_info(config.name or "")
         except nats.js.errors.NotFoundError:
             await js.add_stream(config)
             continue
-        if config is main:
+        if config is main or config is keys:
             if info.config.subjects:
                 raise ValidationError(
                     f"leaf_of: this data directory's stream {settings.name} takes subjects: "
@@ -163,6 +215,66 @@ async def ensure_leaf_streams(
             missing = [s for s in main.sources or [] if _source_key(s) not in have]
             if missing:
                 await js.update_stream(dataclasses.replace(info.config, sources=held + missing))
+
+
+class LeafKeyStore(KeyStore):
+    """An edge host's data keys (see the module docstring): made in its own bucket,
+    read from it and from its copy of the hub's."""
+
+    def __init__(self, leaf: LeafLog) -> None:
+        settings = leaf.settings
+        self.own = KvKeyStore(leaf.js, keys_out_name(settings), settings.replicas)
+        # its copy of the hub's bucket (made by ensure_leaf_streams), and the hub's own
+        # through the hub's domain (only to erase there)
+        self.hubs = KvKeyStore(leaf.js, keys_name(settings), settings.replicas, create=False)
+        self.hub = KvKeyStore(
+            leaf.nc.jetstream(domain=leaf.hub_domain, timeout=1.0), keys_name(settings),
+            create=False, budget=1.0,
+        )  # fmt: skip
+
+    async def ready(self) -> None:
+        await self.own.ready()
+
+    async def get(self, name: str) -> Found:
+        own = await self.own.get(name)
+        if isinstance(own, Destroyed):
+            return own
+        copied = await self.hubs.get(name)
+        if copied is not None or own is not None:
+            return own if copied is None else copied
+        try:  # not in the copy yet (its source resuming after the link came back)
+            return await self.hub.get(name)
+        except Exception:  # the link is down: not here yet
+            return None
+
+    async def create(self, name: str, value: bytes) -> Found:
+        copied = await self.hubs.get(name)
+        if copied is not None:  # made (or destroyed) at the hub: that one
+            return copied
+        return await self.own.create(name, value)
+
+    async def replace(self, name: str, old: bytes, value: bytes) -> bool:
+        raise PulseError(
+            "rotating the key-encryption key is done on a host of the hub, not an edge host"
+        )
+
+    async def destroy(self, name: str) -> None:
+        await self.own.destroy(name)  # its marker: the hub takes it from this bucket
+        await self.hubs.erase_values(name)
+        try:
+            await self.hub.erase_values(name)
+        except Exception as exc:  # the link is down: the delete stays owed (sync.owed)
+            raise LogUnavailable(f"erasing the hub's copy of {name}: {exc!r}") from exc
+
+    async def destroy_copy(self, name: str) -> None:
+        await self.own.erase_values(name)
+        await self.hubs.erase_values(name)
+
+    async def names(self, prefix: str = "") -> list[str]:
+        return sorted({*await self.own.names(prefix), *await self.hubs.names(prefix)})
+
+    async def items(self, prefix: str = "") -> dict[str, bytes]:
+        return {**await self.own.items(prefix), **await self.hubs.items(prefix)}
 
 
 class LeafLog(JetStreamLog):
@@ -492,41 +604,60 @@ class LeafLog(JetStreamLog):
             await asyncio.sleep(LINK_POLL)
 
     async def _register_with_hub(self) -> None:
-        """Have this leaf's PULSE_OUT among the sources of the hub's PULSE."""
+        """Have this leaf's key bucket among the sources of the hub's, and its PULSE_OUT
+        among those of the hub's PULSE (keys first: an event is opened with its key)."""
         hub = self.nc.jetstream(domain=self.hub_domain, timeout=2.0)
         mine = _api(self.domain)
-        source = api.StreamSource(
-            name=out_name(self.settings), external=api.ExternalStream(api=mine)
-        )
-        await self._add_source(hub, source, mine)
+        external = api.ExternalStream(api=mine)
+        keys = keys_out_source(self.settings, external=external)
+        await self._add_source(hub, f"KV_{keys_name(self.settings)}", keys, mine)
+        source = api.StreamSource(name=out_name(self.settings), external=external)
+        await self._add_source(hub, self.settings.name, source, mine)
 
-    async def _add_source(self, js: JetStreamContext, source: Any, prefix: str) -> None:
-        """Add ``source`` to the sources of ``js``'s PULSE unless one by ``prefix`` is
-        there. A stream's configuration is read, changed and written whole, with no check
-        that nobody changed it meanwhile: two leaves doing so at once can undo each
+    async def _add_source(
+        self, js: JetStreamContext, stream: str, source: Any, prefix: str
+    ) -> None:
+        """Add ``source`` to the sources of ``js``'s ``stream`` unless one by ``prefix``
+        is there. A stream's configuration is read, changed and written whole, with no
+        check that nobody changed it meanwhile: two leaves doing so at once can undo each
         other's change. So it is read again until the source is there (and the link
         watcher checks every few seconds that it still is)."""
         for _ in range(10):
-            config = (await js.stream_info(self.settings.name)).config
+            config = (await js.stream_info(stream)).config
             if any(_is_external(s, prefix) for s in config.sources or []):
                 return
             await js.update_stream(
                 dataclasses.replace(config, sources=[*(config.sources or []), source])
             )
-        raise LogUnavailable(f"cannot keep source {prefix} on {self.settings.name}")
+        raise LogUnavailable(f"cannot keep source {prefix} on {stream}")
 
     async def _readd_sources(self) -> None:
-        """Drop and re-add the two cross-domain sources: they resume now."""
+        """Drop and re-add the cross-domain sources: they resume now. The hub's key
+        bucket's first (an event is opened with its key). The leaf's copy of the hub's
+        key bucket resumes by itself (its only source cannot be dropped: a stream left
+        with neither subjects nor sources is given its name as subject); until it does,
+        the leaf reads a key it lacks from the hub's bucket (``LeafKeyStore.get``)."""
         hub = self.nc.jetstream(domain=self.hub_domain, timeout=2.0)
-        for js, prefix in ((self.admin, _api(self.hub_domain)), (hub, _api(self.domain))):
-            config = (await js.stream_info(self.settings.name)).config
+        for js, stream, prefix in (
+            (hub, f"KV_{keys_name(self.settings)}", _api(self.domain)),
+            (self.admin, self.settings.name, _api(self.hub_domain)),
+            (hub, self.settings.name, _api(self.domain)),
+        ):
+            config = (await js.stream_info(stream)).config
             sources = list(config.sources or [])
             keep = [s for s in sources if not _is_external(s, prefix)]
             if len(keep) == len(sources):
                 continue
             await js.update_stream(dataclasses.replace(config, sources=keep))
             mine = next(s for s in sources if _is_external(s, prefix))
-            await self._add_source(js, mine, prefix)
+            await self._add_source(js, stream, mine, prefix)
+
+    def key_store(self) -> KeyStore:
+        """This host's key bucket and its copy of the hub's (``LeafKeyStore``)."""
+        store = self._key_store
+        if store is None:
+            store = self._key_store = LeafKeyStore(self)
+        return store
 
     async def leaf_status(self) -> LeafStatus:
         up = await self._look_at_link()

@@ -19,6 +19,7 @@ import pytest
 from eventlog import EmbeddedNats
 from eventlog.codec import HDR_MSG_ID
 from eventlog.embedded import NatsCredentials
+from eventlog.keys import DESTROYED, key_name
 from eventlog.leaf import LeafLog, out_name
 from ops.cluster import free_ports
 from projections.queries import Experience
@@ -378,3 +379,54 @@ async def test_two_edge_hosts_resuming_at_once_both_stay_sources_of_the_hub(
         for db in reversed(hosts):
             await db.close()
         server.stop()
+
+
+def _stores_holding(root: Path, needle: bytes) -> list[str]:
+    return [
+        str(p) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()
+    ]  # fmt: skip
+
+
+async def test_data_keys_cross_the_link_and_are_erased_on_both_sides(
+    edge: Edge, tmp_path: Path
+) -> None:
+    """A key an edge host makes offline reaches the hub with its event; deleting, on
+    either side, erases the key's value from both sides' NATS stores."""
+    hub, leaf = edge.hub, edge.leaf
+    cid = await hub.create_collective("owner", "keys", 2)
+    await eventually(lambda: _knows(leaf, cid), what="the collective at the edge", timeout=20)
+    edge.leaf_server.set_leaf_link(False)
+    offline = await leaf.record_experience(cid, "made while cut off", [1, 0])
+    ours = key_name("experience", offline, cid)
+    wrapped = await leaf.sealer.keyring.store.get(ours)
+    assert isinstance(wrapped, bytes)
+    edge.leaf_server.set_leaf_link(True)
+    await eventually(lambda: _has(hub, offline), what="the offline record at the hub", timeout=30)
+    assert (await hub.get_experience(offline)).content == "made while cut off"  # type: ignore[union-attr]
+    hub_store, leaf_store = tmp_path / "hub-nats", tmp_path / "leaf"
+    assert _stores_holding(hub_store, wrapped) and _stores_holding(leaf_store, wrapped)
+
+    await leaf.delete_experience(offline)  # on the edge host: both sides erased
+    assert await hub.sealer.keyring.store.get(ours) is DESTROYED
+    assert _stores_holding(hub_store, wrapped) == [] and _stores_holding(leaf_store, wrapped) == []
+
+    theirs = await hub.record_experience(cid, "made at the hub", [0, 1])
+    await eventually(lambda: _has(leaf, theirs), what="the hub's record at the edge", timeout=20)
+    name = key_name("experience", theirs, cid)
+    held = await hub.sealer.keyring.store.get(name)
+    assert isinstance(held, bytes) and _stores_holding(leaf_store, held)
+    await hub.delete_experience(theirs)  # at the hub: the edge host erases its copy
+
+    async def erased() -> bool:
+        return _stores_holding(leaf_store, held) == [] and not await _has(leaf, theirs)
+
+    await eventually(erased, what="the edge host's copy of the key erased", timeout=20)
+    assert _stores_holding(hub_store, held) == []
+
+
+async def _knows(db: PulseDB, cid: UUID) -> bool:
+    return await db.get_collective(cid) is not None
+
+
+async def _has(db: PulseDB, experience_id: UUID) -> bool:
+    return await db.get_experience(experience_id) is not None
