@@ -48,18 +48,26 @@ from eventlog import SCHEMA_VERSION as EVENT_SCHEMA
 from eventlog import EmbeddedNats, StreamSettings, ValidationError
 from eventlog.embedded import NatsCredentials
 from eventlog.errors import NotFoundError
-from eventlog.snapshots import SnapshotError, StreamExists, restore_stream, snapshot_stream
+from eventlog.snapshots import (
+    SnapshotError,
+    StreamExists,
+    delete_stream,
+    restore_stream,
+    snapshot_stream,
+    stream_exists,
+)
 from ops.connect import open_log
 from ops.progress import ProgressBar
 from ops.remote import running_service
 from projections.schema import SCHEMA_VERSION as STATE_SCHEMA
 
 FORMAT = "pulse-backup"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the key bucket, with --with-keys
 MANIFEST, STREAM, SNAPSHOT, CREDENTIALS = (
     "manifest.json", "stream.json", "stream.snapshot", "credentials.json"
 )  # fmt: skip
-_FILES = (STREAM, SNAPSHOT, CREDENTIALS)  # what a manifest may list
+KEYS, KEYS_SNAPSHOT = "keys.json", "keys.snapshot"  # --with-keys: the key bucket
+_FILES = (STREAM, SNAPSHOT, CREDENTIALS, KEYS, KEYS_SNAPSHOT)  # what a manifest may list
 _BLOCK = 1024 * 1024
 
 
@@ -86,6 +94,9 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     source: str  # "embedded server of <data dir>", or the NATS URL(s), without passwords
     credentials: str | None  # where credentials.json came from; None: no credentials
     files: dict[str, FileEntry]
+    # the key bucket's stream when the backup holds the data keys (--with-keys); None:
+    # it holds none, and what the events seal opens only with the deployment's own keys
+    keys: str | None = None
 
 
 _encoder = msgspec.json.Encoder()
@@ -184,10 +195,12 @@ async def take_backup(
     credentials: tuple[bytes, str] | None,
     source: str,
     progress: ProgressBar | None = None,
+    keys: str | None = None,
 ) -> Manifest:
     """Snapshot ``stream`` into ``destination`` (a directory, or one ``.tar`` file), with
-    ``credentials`` (the file's bytes and where they came from). Written beside the
-    destination and renamed into place when complete: a failed backup leaves nothing."""
+    ``credentials`` (the file's bytes and where they came from), and with ``keys`` the
+    stream of the key bucket too. Written beside the destination and renamed into place
+    when complete: a failed backup leaves nothing."""
     _check_destination(destination)
     staging = destination.parent / f".{destination.name}.staging-{os.getpid()}"
     staging.mkdir(mode=0o700)
@@ -204,6 +217,15 @@ async def take_backup(
             staging / STREAM,
             _encoder.encode({"config": snapshot.config, "state": snapshot.state}),
         )
+        if keys is not None:
+            out = _HashingFile(staging / KEYS_SNAPSHOT)
+            try:
+                held = await snapshot_stream(nc, keys, out.write)
+            finally:
+                files[KEYS_SNAPSHOT] = out.close()
+            files[KEYS] = _write_file(
+                staging / KEYS, _encoder.encode({"config": held.config, "state": held.state})
+            )
         if credentials is not None:
             files[CREDENTIALS] = _write_file(staging / CREDENTIALS, credentials[0])
         state = snapshot.state
@@ -223,6 +245,7 @@ async def take_backup(
             source=source,
             credentials=credentials[1] if credentials else None,
             files=files,
+            keys=keys,
         )
         _write_file(staging / MANIFEST, msgspec.json.format(_encoder.encode(manifest)) + b"\n")
         if destination.suffix == ".tar":
@@ -244,7 +267,7 @@ def _archive(staging: Path, destination: Path) -> None:
     try:
         with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as raw:
             with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for name in (MANIFEST, STREAM, CREDENTIALS, SNAPSHOT):
+                for name in (MANIFEST, STREAM, CREDENTIALS, SNAPSHOT, KEYS, KEYS_SNAPSHOT):
                     if (staging / name).exists():
                         info = tar.gettarinfo(str(staging / name), arcname=name)
                         info.uid = info.gid = 0
@@ -290,6 +313,12 @@ def setup_backup(p: argparse.ArgumentParser) -> None:
         type=Path,
         help="where to write it: a new (or empty) directory, or a file ending in .tar",
     )
+    p.add_argument(
+        "--with-keys",
+        action="store_true",
+        help="also back up the data keys (the key bucket): such a backup restores into a "
+        "new deployment, but what is deleted after it was taken stays readable in it",
+    )
     p.add_argument("--json", action="store_true", help="print the manifest as one JSON object")
 
 
@@ -306,6 +335,15 @@ def cmd_backup(args: argparse.Namespace) -> int:
     out. Restore it with `pulse restore`; the projections are not needed: a host
     rebuilds them from the stream.
 
+    What entities say (text, vectors) is sealed in the stream with their data keys, which
+    live in the key bucket PULSE_KEYS, not in the stream. By default the backup holds no
+    key: it restores into a deployment whose key bucket still holds them (the stream
+    lost, the keys replicated), and everything deleted since is forgotten in it too.
+    With --with-keys it also holds the key bucket, so it restores into a new deployment;
+    but what is deleted after it was taken can be read again from it as long as it
+    exists: keep such backups few, and destroy them on the schedule you promise to
+    forget by.
+
     example:
       pulse backup backups/2026-11-30
       pulse --data-dir /srv/pulse backup /backups/pulse-2026-11-30.tar --json
@@ -321,6 +359,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
         )
     credentials = _credentials_of(args)
     stream = StreamSettings().name
+    keys = f"KV_{stream}_KEYS" if args.with_keys else None
 
     async def run() -> Manifest:
         async with _connected(args) as (nc, _server):
@@ -328,6 +367,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
                 return await take_backup(
                     nc, destination, stream=stream, credentials=credentials,
                     source=_where(args), progress=ProgressBar("backing up", unit="bytes"),
+                    keys=keys,
                 )  # fmt: skip
             except NotFoundError:
                 raise NotFoundError(
@@ -343,7 +383,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
             f"backed up stream {manifest.stream} ({manifest.messages:,} events, sequences "
             f"{manifest.first_seq}..{manifest.last_seq}) to {destination}: "
             f"{manifest.files[SNAPSHOT].size:,} bytes of snapshot; credentials: "
-            f"{manifest.credentials or 'none (the server asks for none)'}",
+            f"{manifest.credentials or 'none (the server asks for none)'}; data keys: "
+            + ("the key bucket" if manifest.keys else "none (they stay in the deployment)"),
             flush=True,
         )
     return 0
@@ -410,6 +451,8 @@ class CheckedBackup:
     state: dict[str, Any]
     credentials: NatsCredentials | None
     files: _BackupFiles
+    keys_config: dict[str, Any] | None = None  # the key bucket's stream, when it holds it
+    keys_state: dict[str, Any] | None = None
 
 
 def _damaged(path: Path, what: str) -> ValidationError:
@@ -460,6 +503,18 @@ def check_backup(path: Path) -> CheckedBackup:
             raise _damaged(path, f"{STREAM} is not a stream description ({exc})") from None
         if config.get("name") != manifest.stream or state.get("last_seq") != manifest.last_seq:
             raise _damaged(path, f"{STREAM} does not describe the stream of {MANIFEST}")
+        keys_config = keys_state = None
+        if manifest.keys is not None:
+            for name in (KEYS, KEYS_SNAPSHOT):
+                if name not in manifest.files:
+                    raise _damaged(path, f"{MANIFEST} names the key bucket but lists no {name}")
+            try:
+                described = json.loads(files.read(KEYS))
+                keys_config, keys_state = dict(described["config"]), dict(described["state"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise _damaged(path, f"{KEYS} is not a stream description ({exc})") from None
+            if keys_config.get("name") != manifest.keys:
+                raise _damaged(path, f"{KEYS} does not describe the key bucket of {MANIFEST}")
         credentials = None
         if CREDENTIALS in manifest.files:
             try:
@@ -467,7 +522,9 @@ def check_backup(path: Path) -> CheckedBackup:
                 credentials = NatsCredentials(str(found["user"]), str(found["password"]))
             except (ValueError, KeyError, TypeError) as exc:
                 raise _damaged(path, f"{CREDENTIALS} is unreadable ({exc})") from None
-        return CheckedBackup(path, manifest, config, state, credentials, files)
+        return CheckedBackup(
+            path, manifest, config, state, credentials, files, keys_config, keys_state
+        )
     except BaseException:
         files.close()
         raise
@@ -503,20 +560,53 @@ async def restore_backup(
     replicas: int = 1,
     progress: ProgressBar | None = None,
 ) -> dict[str, Any]:
-    """Create the backup's stream on the server of ``nc`` (``replicas`` copies); the
-    restored stream's state. ``StreamExists`` if it exists (left alone); on any failure
-    the stream is deleted again (``eventlog.snapshots.restore_stream``)."""
+    """Create the backup's stream on the server of ``nc`` (``replicas`` copies), and its
+    key bucket if it holds one and the deployment has none; the restored stream's state,
+    with ``keys`` saying whose keys the deployment now reads. ``StreamExists`` if the
+    stream exists (left alone); on any failure what was restored is deleted again
+    (``eventlog.snapshots.restore_stream``). A backup without keys is refused, before
+    anything is touched, by a deployment that has none either: what its events seal
+    could not be read."""
+    manifest = backup.manifest
+    bucket = f"KV_{manifest.stream}_KEYS"
+    keys_here = await stream_exists(nc, bucket)
+    if not keys_here and backup.keys_config is None and manifest.event_schema >= 2:
+        raise ValidationError(
+            f"backup: {backup.path} holds no data keys (it was taken without --with-keys) "
+            f"and this deployment has no key bucket ({bucket}): the text and vectors its "
+            "events seal could not be read. Restore it into the deployment whose keys it "
+            "was taken with, or restore a backup taken with --with-keys"
+        )
     config = dict(backup.config, num_replicas=replicas)
-    entry = backup.manifest.files[SNAPSHOT]
+    entry = manifest.files[SNAPSHOT]
     try:
         with backup.files.open(SNAPSHOT) as data:
             checked = _CheckedReader(data, entry, backup.path)
-            return await restore_stream(
+            state = await restore_stream(
                 nc, config, backup.state, checked.read, entry.size, progress=progress
             )
     finally:
         if progress is not None:
             progress.finish()
+    if keys_here:
+        state["keys"] = f"the deployment's own ({bucket}, kept: it knows every delete made since)"
+    elif backup.keys_config is not None and backup.keys_state is not None:
+        held = manifest.files[KEYS_SNAPSHOT]
+        try:
+            with backup.files.open(KEYS_SNAPSHOT) as data:
+                checked = _CheckedReader(data, held, backup.path)
+                await restore_stream(
+                    nc, dict(backup.keys_config, num_replicas=replicas), backup.keys_state,
+                    checked.read, held.size,
+                )  # fmt: skip
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await delete_stream(nc, manifest.stream)  # all or nothing
+            raise
+        state["keys"] = f"restored from the backup ({bucket})"
+    else:
+        state["keys"] = "none (the backup's events seal nothing)"
+    return state
 
 
 class _CheckedReader:
@@ -560,6 +650,10 @@ def cmd_restore(args: argparse.Namespace) -> int:
     as before; one with credentials of its own keeps them. --replicas sets the restored
     stream's replicas (1 by default; 3 on a cluster).
 
+    The data keys: if the deployment has a key bucket, it keeps it (it knows the deletes
+    made since the backup, which stay forgotten); if not, the backup's is restored (a
+    backup taken with --with-keys), and a backup without keys is refused.
+
     It refuses if the stream exists, whatever it holds: a restore never overwrites or
     merges. Restore into a fresh data directory, or a NATS server without the stream
     (to replace one on purpose, delete it first: nats stream rm PULSE). Then run
@@ -595,6 +689,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
         "first_seq": int(state.get("first_seq") or 0),
         "last_seq": int(state.get("last_seq") or 0),
         "credentials": credentials,
+        "keys": state.get("keys"),
         "next": (
             f"pulse --data-dir {args.data_dir} rebuild"
             if not args.nats_url
@@ -608,6 +703,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
             f"restored stream {manifest.stream} ({record['messages']:,} events, sequences "
             f"{record['first_seq']}..{record['last_seq']}) from {args.backup} into {target}\n"
             f"credentials: {credentials}\n"
+            f"data keys: {record['keys']}\n"
             f"next: {record['next']} (builds the state from the stream)",
             flush=True,
         )

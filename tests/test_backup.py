@@ -18,7 +18,13 @@ import httpx
 import pytest
 
 from eventlog import EmbeddedNats, JetStreamLog
-from eventlog.snapshots import SnapshotError, restore_stream, snapshot_stream, stream_exists
+from eventlog.snapshots import (
+    SnapshotError,
+    delete_stream,
+    restore_stream,
+    snapshot_stream,
+    stream_exists,
+)
 from tests import factories as f
 from tests.test_cli import pulse
 from tests.test_service import start, stop
@@ -89,12 +95,12 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Source]:
             call("store_relation", source_id=lessons[2], target_id=lessons[1],
                  relation_type="Supports")  # fmt: skip
         # taken while `pulse up` serves the data directory: the CLI reuses its NATS server
-        live = as_json("backup", str(root / "live"), data_dir=data)
+        live = as_json("backup", str(root / "live"), "--with-keys", data_dir=data)
         served = refused("restore", str(root / "live"), data_dir=data)
     finally:
         stop(service)
     # and once it has stopped: the CLI starts the embedded server for the while
-    ok("backup", str(root / "stopped.tar"), data_dir=data)
+    ok("backup", str(root / "stopped.tar"), "--with-keys", data_dir=data)
     ok("catch-up", data_dir=data)
     digest = as_json("digest", data_dir=data)
     assert digest["seq"] == live["last_seq"] == 9  # 1 collective, 3 records, 4 + 1
@@ -109,7 +115,10 @@ def test_a_backup_holds_the_stream_and_the_credentials_in_private_files(source: 
             manifest["messages"]) == ("PULSE", 1, 9, 9)  # fmt: skip
     assert manifest["event_schema"] >= 1 and manifest["state_schema"] >= 1
     assert manifest["credentials"].endswith("(embedded server)")
-    assert set(manifest["files"]) == {"stream.json", "stream.snapshot", "credentials.json"}
+    assert set(manifest["files"]) == {
+        "stream.json", "stream.snapshot", "credentials.json", "keys.json", "keys.snapshot"
+    }  # fmt: skip
+    assert manifest["keys"] == "KV_PULSE_KEYS"
     for name, entry in manifest["files"].items():
         data = (source.live / name).read_bytes()
         assert (len(data), hashlib.sha256(data).hexdigest()) == (entry["size"], entry["sha256"])
@@ -137,6 +146,7 @@ def test_a_restored_data_directory_rebuilds_to_the_same_digest(
     restored = as_json("restore", str(backup), data_dir=target)
     assert (restored["stream"], restored["messages"], restored["last_seq"]) == ("PULSE", 9, 9)
     assert restored["credentials"].startswith("restored into")
+    assert restored["keys"] == "restored from the backup (KV_PULSE_KEYS)"
     credentials = target / "nats" / "credentials.json"
     assert credentials.read_bytes() == (source.data_dir / "nats" / "credentials.json").read_bytes()
     assert mode(credentials) == 0o600
@@ -257,6 +267,49 @@ def test_restore_over_an_existing_stream_is_refused(source: Source, tmp_path: Pa
     events = tail(target, 10)  # untouched: the restored nine and the one written since
     assert events[:9] == source.events
     assert events[9]["event"]["experience_id"] == later
+
+
+async def test_a_backup_without_keys_restores_where_they_are_and_forgets_what_they_forgot(
+    tmp_path: Path,
+) -> None:
+    """By default a backup holds no data key: it restores into the deployment whose key
+    bucket holds them (the stream lost, the keys kept), where what was deleted after the
+    backup stays forgotten (its events are back, sealed, with their key destroyed); a
+    deployment without those keys refuses it, touching nothing."""
+    data = tmp_path / "deployment"
+    ok("collective", "create", "team", "--owner", "ana", "--embedder", "hash", data_dir=data)
+    kept = ok("record", "-c", "team", "retry with the same message id", data_dir=data).strip()
+    gone = ok("record", "-c", "team", "the launch code is ZEBRA-7781", data_dir=data).strip()
+    plain = tmp_path / "plain"
+    manifest = as_json("backup", str(plain), data_dir=data)
+    assert manifest["keys"] is None and not any(n.startswith("keys") for n in manifest["files"])
+
+    fresh = tmp_path / "fresh"
+    error = refused("restore", str(plain), data_dir=fresh)
+    assert "holds no data keys (it was taken without --with-keys)" in error
+    assert not (fresh / "nats" / "credentials.json").exists()
+    with EmbeddedNats(fresh) as server:
+        log = await JetStreamLog.connect(server.url, create_streams=False)
+        try:
+            assert not await stream_exists(log.nc, "PULSE")
+        finally:
+            await log.close()
+
+    ok("delete", gone, data_dir=data)
+    with EmbeddedNats(data) as server:  # the stream lost; the key bucket kept
+        log = await JetStreamLog.connect(server.url, create_streams=False)
+        try:
+            await delete_stream(log.nc, "PULSE")
+        finally:
+            await log.close()
+    restored = as_json("restore", str(plain), data_dir=data)
+    assert restored["keys"].startswith("the deployment's own (KV_PULSE_KEYS, kept")
+    ok("rebuild", data_dir=data)
+    assert as_json("get", kept, data_dir=data)["content"] == "retry with the same message id"
+    assert "no experience" in refused("get", gone, data_dir=data)
+    events = tail(data, 3)  # the deleted record is back on the stream, still sealed
+    assert any(e["event"].get("entity_id") == gone for e in events)
+    assert not any("ZEBRA" in json.dumps(e) for e in events)
 
 
 async def _entries(log: JetStreamLog) -> list[tuple[int, str, object]]:
