@@ -40,7 +40,6 @@ from eventlog.codec import HDR_MSG_ID, decode_event, encode_event
 from eventlog.embedded import NatsCredentials
 from eventlog.errors import ConflictError, DecodeError, LogUnavailable, PulseError, ValidationError
 from eventlog.events import Event
-from eventlog.ids import uuid7
 from eventlog.keys import KeyStore, KvKeyStore
 from eventlog.log import (
     EXPECTED_LAST_SUBJECT_SEQ,
@@ -52,7 +51,7 @@ from eventlog.log import (
     key_conflict,
 )
 from eventlog.reader import ack_position, read_in_child
-from eventlog.streams import TRANSIENT, StreamSettings, ensure_streams
+from eventlog.streams import TRANSIENT, StreamSettings, ensure_streams, publish_atomic
 from eventlog.subjects import PREFIX, is_activity_subject, subject_for
 
 log = logging.getLogger("pulse.eventlog")
@@ -60,7 +59,6 @@ log = logging.getLogger("pulse.eventlog")
 # JetStream atomic batches (server 2.12, stream option allow_atomic): raw headers, as
 # nats-py has no helper; a batch holds at most 1,000 messages
 ATOMIC_BATCH_MAX = 1000
-_BATCH_ID, _BATCH_SEQ, _BATCH_COMMIT = "Nats-Batch-Id", "Nats-Batch-Sequence", "Nats-Batch-Commit"
 
 _CONFLICT_CODES = {10071, 10164}  # wrong last sequence (subject / stream)
 _TOO_LARGE_CODES = {10054}  # message size exceeds maximum allowed
@@ -394,29 +392,16 @@ class JetStreamLog(EventLog):
     async def _append_atomic(self, events: Sequence[Event]) -> list[int] | None:
         """Publish ``events`` as one JetStream atomic batch; their sequences, or None when
         the batch was not stored for sure (the caller publishes them the other way)."""
-        batch_id = str(uuid7())
+        messages = []
+        for event in events:
+            wire = encode_event(event)
+            headers = {k: v for k, v in wire.headers.items() if k != HDR_MSG_ID}
+            messages.append((wire.subject, wire.payload, headers))
+        answer = await publish_atomic(self.nc, messages, self.append_timeout)
+        if answer is None:
+            log.warning("atomic batch not acknowledged; publishing it one by one")
+            return None
         last = len(events)
-        try:
-            async with asyncio.timeout(self.append_timeout):
-                for number, event in enumerate(events, 1):
-                    wire = encode_event(event)
-                    headers = {k: v for k, v in wire.headers.items() if k != HDR_MSG_ID}
-                    headers[_BATCH_ID] = batch_id
-                    headers[_BATCH_SEQ] = str(number)
-                    if number < last:
-                        await self.nc.publish(wire.subject, wire.payload, headers=headers)
-                        continue
-                    headers[_BATCH_COMMIT] = "1"
-                    reply = await self.nc.request(
-                        wire.subject, wire.payload, headers=headers, timeout=self.append_timeout
-                    )
-        except (TimeoutError, nats.errors.Error) as exc:
-            log.warning("atomic batch not acknowledged (%r); publishing it one by one", exc)
-            return None
-        try:
-            answer = json.loads(reply.data)
-        except ValueError:
-            return None
         error = answer.get("error")
         if error is not None or int(answer.get("count", 0)) != last:
             if error is not None and "atomic" in str(error.get("description", "")).lower():

@@ -39,8 +39,10 @@ from uuid import UUID
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import (
+    APIError,
     BadRequestError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
@@ -50,9 +52,11 @@ from nats.js.errors import NotFoundError as JsNotFound
 from nats.js.kv import KeyValue
 
 from eventlog.errors import LogUnavailable, PulseError
-from eventlog.streams import TRANSIENT
+from eventlog.streams import BATCH_MAX, TRANSIENT, publish_atomic
 
 T = TypeVar("T")
+Arrived = Callable[[str, bytes | None], None]
+Stop = Callable[[], Awaitable[None]]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +66,7 @@ NONCE_BYTES = 12
 CURRENT = "kek"  # the name of the pointer to the current KEK
 CURRENT_TTL = 1.0  # seconds a host trusts its idea of the current KEK (see rotate)
 ROTATION_GRACE = 3.0  # seconds between a rotation's first pass and erasing the old KEK
+_EXPECT_NOTHING = "Nats-Expected-Last-Subject-Sequence"  # "0": the subject holds nothing
 CONCURRENCY = 256  # store requests in flight at once
 KEYS_CACHED = 500_000  # data keys a host keeps unwrapped in memory (about 100 MB at most)
 
@@ -127,6 +132,24 @@ class KeyStore(abc.ABC):
     async def ready(self) -> None:
         """Wait until the store answers (a bucket made a moment ago)."""
         return None
+
+    async def put_fresh(self, values: dict[str, bytes]) -> None:
+        """Store the keys of entities made just now (fresh ids: their names never held
+        anything), all at once. Raises if a name held something already."""
+        for name, value in values.items():
+            held = await self.create(name, value)
+            if held != value:
+                raise PulseError(f"{name}: a data key exists already for a new entity")
+
+    async def watch(self, arrived: Arrived) -> Stop:
+        """Call ``arrived(name, value or None for a marker)`` for every key written from
+        now on, where the store can tell (a host learns of other hosts' new keys before
+        it needs them); returns what stops it."""
+
+        async def stop() -> None:
+            return None
+
+        return stop
 
     async def destroy_copy(self, name: str) -> None:
         """Erase this host's own copy of a key destroyed by another host, where it has
@@ -207,6 +230,7 @@ def bucket_config(
         max_msgs=-1,
         max_msgs_per_subject=2,  # a marker keeps the value it replaces until it is erased
         num_replicas=replicas,
+        allow_atomic=True,  # the keys of a batch of new entities, stored together
         storage=api.StorageType.FILE,
     )
 
@@ -234,6 +258,8 @@ class KvKeyStore(KeyStore):
         self.replicas = replicas
         self.budget = budget
         self.create_missing = create  # False: a bucket made elsewhere (an edge host's copy)
+        self._queued: list[tuple[dict[str, bytes], asyncio.Future[None]]] = []
+        self._flushing: asyncio.Future[None] | None = None
         self._kv: KeyValue | None = None
         self._opening = asyncio.Lock()
 
@@ -328,6 +354,81 @@ class KvKeyStore(KeyStore):
         if entry is not None and entry.revision is not None:
             await self._erase(entry.revision)
 
+    async def put_fresh(self, values: dict[str, bytes]) -> None:
+        """Group commit: what concurrent calls ask for while one is being stored goes
+        together next, as one atomic batch (one disk sync), not one publish each."""
+        await self.kv()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queued.append((values, done))
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.ensure_future(self._flush())
+        await done
+
+    async def _flush(self) -> None:
+        while self._queued:
+            taken, self._queued = self._queued, []
+            merged: dict[str, bytes] = {}
+            for values, _ in taken:
+                merged.update(values)
+            try:
+                await self._store_fresh(merged)
+            except Exception as exc:
+                for _, done in taken:
+                    if not done.done():
+                        done.set_exception(exc)
+            except BaseException:  # (cancelled: the instance closing)
+                for _, done in taken:
+                    done.cancel()
+                raise
+            else:
+                for _, done in taken:
+                    if not done.done():
+                        done.set_result(None)
+
+    async def _store_fresh(self, values: dict[str, bytes]) -> None:
+        items = list(values.items())
+        if len(items) == 1:  # one publish, refused if the name holds anything
+            name, value = items[0]
+            subject = f"$KV.{self.bucket}.{name}"
+            try:
+                await self._retrying(
+                    lambda: self.js.publish(subject, value, headers={_EXPECT_NOTHING: "0"})
+                )
+            except APIError as exc:
+                if exc.err_code not in (10071, 10164):
+                    raise
+                if await self.get(name) != value:
+                    raise PulseError(f"{name}: a data key exists already for a new entity") from exc
+            return
+        for start in range(0, len(items), BATCH_MAX):  # one atomic batch (one disk sync)
+            chunk = items[start : start + BATCH_MAX]
+            answer = await publish_atomic(
+                self.js._nc, [(f"$KV.{self.bucket}.{n}", v, {}) for n, v in chunk],
+                self.budget,
+            )  # fmt: skip
+            if answer is None or answer.get("error") or int(answer.get("count", 0)) != len(chunk):
+                await super().put_fresh(dict(chunk))  # one by one, each checked
+
+    async def watch(self, arrived: Arrived) -> Stop:
+        await self.kv()
+        prefix = f"$KV.{self.bucket}."
+
+        async def delivered(msg: Msg) -> None:
+            name = msg.subject[len(prefix) :]
+            operation = (msg.headers or {}).get("KV-Operation")
+            arrived(name, None if operation in ("DEL", "PURGE") else msg.data)
+
+        subscription = await self.js.subscribe(
+            f"{prefix}>", cb=delivered, ordered_consumer=True, stream=self.stream,
+            deliver_policy=api.DeliverPolicy.NEW,
+        )  # fmt: skip
+
+        async def stop() -> None:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+        return stop
+
     async def erase_values(self, name: str) -> None:
         """Erase every value ``name`` holds here, writing no marker: a copy (an edge
         host's, the hub's) of a key destroyed where its marker was written."""
@@ -391,6 +492,8 @@ class Keyring:
         self._keks: dict[bytes, AESGCM] = {}
         self._current: tuple[bytes, float] | None = None  # (kid, when it was read)
         self._kek_lock = asyncio.Lock()
+        self._stop_following: Stop | None = None
+        self._waiting: dict[str, asyncio.Event] = {}  # names a reader waits for
 
     # -- the key-encryption key -------------------------------------------------------------
 
@@ -437,14 +540,10 @@ class Keyring:
 
     async def _wrap(self, name: str, key: bytes) -> bytes:
         kid, kek = await self._current_kek()
-        nonce = os.urandom(NONCE_BYTES)
-        return kid + nonce + kek.encrypt(nonce, key, name.encode())
+        return _wrapped(kid, kek, name, key)
 
     async def _unwrap(self, name: str, value: bytes) -> bytes:
-        kid, nonce, sealed = (
-            value[:KID_BYTES], value[KID_BYTES : KID_BYTES + NONCE_BYTES],
-            value[KID_BYTES + NONCE_BYTES :],
-        )  # fmt: skip
+        kid = value[:KID_BYTES]
         kek = await self._kek(kid)
         if kek is None:  # rotated meanwhile: the value was wrapped again since it was read
             again = await self.store.get(name)
@@ -452,7 +551,7 @@ class Keyring:
                 return await self._unwrap(name, again)
             raise PulseError(f"{name}: wrapped with key-encryption key {kid.hex()}, which is gone")
         try:
-            return kek.decrypt(nonce, sealed, name.encode())
+            return _unwrapped(kek, name, value)
         except InvalidTag:
             raise PulseError(f"{name}: the stored data key does not unwrap (tampered?)") from None
 
@@ -472,6 +571,61 @@ class Keyring:
         key = fresh if held == wrapped else await self._unwrap(name, held)
         self._remember(name, key)
         return key
+
+    async def fresh(self, names: Iterable[str]) -> dict[str, bytes]:
+        """Data keys for entities made just now (fresh ids), made here without asking
+        the store: kept in memory, and their wrapped values returned, for the caller to
+        store (``KeyStore.put_fresh``) as it appends their events."""
+        kid, kek = await self._current_kek()
+        wrapped = {}
+        for name in names:
+            key = AESGCM.generate_key(bit_length=256)
+            wrapped[name] = _wrapped(kid, kek, name, key)
+            self._remember(name, key)
+        return wrapped
+
+    async def follow(self) -> None:
+        """Learn of the keys other hosts make as they are stored (``KeyStore.watch``):
+        a host reading their events then finds them in memory."""
+        if self._stop_following is None:
+            self._stop_following = await self.store.watch(self._arrived)
+
+    async def unfollow(self) -> None:
+        stop, self._stop_following = self._stop_following, None
+        if stop is not None:
+            await stop()
+
+    def _arrived(self, name: str, value: bytes | None) -> None:
+        if name.startswith(f"{CURRENT}"):
+            self._current = None  # (a rotation: read the pointer again)
+            return
+        if value is None:
+            self.forget(name)
+        elif name not in self._keys:
+            kek = self._keks.get(value[:KID_BYTES])
+            if kek is not None:  # (a KEK not known yet: the reader asks the store)
+                with contextlib.suppress(InvalidTag):
+                    self._remember(name, _unwrapped(kek, name, value))
+        waiter = self._waiting.pop(name, None)
+        if waiter is not None:
+            waiter.set()
+
+    async def arrival(self, names: Iterable[str], timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for any of ``names`` to be written (as
+        ``follow`` hears it); returns at once if nothing follows the store."""
+        if self._stop_following is None:
+            await asyncio.sleep(timeout)
+            return
+        wanted = list(names)
+        events = [self._waiting.setdefault(n, asyncio.Event()) for n in wanted]
+        if any(n in self._keys for n in wanted):  # heard of between the miss and now
+            return
+        waits = [asyncio.ensure_future(e.wait()) for e in events]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def find(self, name: str) -> bytes | Destroyed | None:
         """The data key of ``name``; ``DESTROYED`` when its entity was deleted; None
@@ -510,6 +664,10 @@ class Keyring:
         for name, key in zip(fresh, keys, strict=True):
             self._remember(name, key)  # type: ignore[arg-type]
         return len(fresh)
+
+    def holds(self, name: str) -> bool:
+        """Whether the data key of ``name`` is in memory here."""
+        return name in self._keys
 
     def _remember(self, name: str, key: bytes) -> None:
         keys = self._keys
@@ -585,6 +743,18 @@ class Keyring:
     async def kek_ids(self) -> list[str]:
         """The ids of the KEKs the store holds (one, except during a rotation)."""
         return [n.split(".", 1)[1] for n in await self.store.names(f"{CURRENT}.")]
+
+
+def _wrapped(kid: bytes, kek: AESGCM, name: str, key: bytes) -> bytes:
+    """A data key as the store keeps it: the KEK's id, a nonce, the key sealed with the
+    KEK (bound to its name, so a value moved to another name does not unwrap)."""
+    nonce = os.urandom(NONCE_BYTES)
+    return kid + nonce + kek.encrypt(nonce, key, name.encode())
+
+
+def _unwrapped(kek: AESGCM, name: str, value: bytes) -> bytes:
+    start = KID_BYTES + NONCE_BYTES
+    return kek.decrypt(value[KID_BYTES:start], value[start:], name.encode())
 
 
 class KeyDestroyed(PulseError):

@@ -87,7 +87,15 @@ from eventlog.embedded import EmbeddedNats
 from eventlog.errors import DecodeError, LogUnavailable, PulseError, ValidationError
 from eventlog.events import Event
 from eventlog.jetstream import JetStreamLog, _pull
-from eventlog.keys import Destroyed, Found, KeyStore, KvKeyStore, bucket_config
+from eventlog.keys import (
+    Arrived,
+    Destroyed,
+    Found,
+    KeyStore,
+    KvKeyStore,
+    Stop,
+    bucket_config,
+)
 from eventlog.log import HDR_IDEMPOTENCY, LogEntry, key_conflict
 from eventlog.streams import StreamSettings
 from eventlog.subjects import is_activity_subject, subject_for
@@ -269,6 +277,27 @@ class LeafKeyStore(KeyStore):
     async def destroy_copy(self, name: str) -> None:
         await self.own.erase_values(name)
         await self.hubs.erase_values(name)
+
+    async def watch(self, arrived: Arrived) -> Stop:
+        """The keys arriving in the copy of the hub's bucket; a deletion marker arriving
+        there erases what the copy (and this host's bucket) holds of its name, so a
+        value that reached the copy after its tombstone was applied does not stay."""
+        erasing: set[asyncio.Future[None]] = set()
+
+        def heard(name: str, value: bytes | None) -> None:
+            arrived(name, value)
+            if value is None:
+                task = asyncio.ensure_future(self._erase_late(name))
+                erasing.add(task)
+                task.add_done_callback(erasing.discard)
+
+        return await self.hubs.watch(heard)
+
+    async def _erase_late(self, name: str) -> None:
+        try:
+            await self.destroy_copy(name)
+        except Exception:
+            log.warning("erasing this host's copy of the key %s failed", name, exc_info=True)
 
     async def names(self, prefix: str = "") -> list[str]:
         return sorted({*await self.own.names(prefix), *await self.hubs.names(prefix)})
@@ -632,11 +661,19 @@ class LeafLog(JetStreamLog):
         raise LogUnavailable(f"cannot keep source {prefix} on {stream}")
 
     async def _readd_sources(self) -> None:
-        """Drop and re-add the cross-domain sources: they resume now. The hub's key
-        bucket's first (an event is opened with its key). The leaf's copy of the hub's
-        key bucket resumes by itself (its only source cannot be dropped: a stream left
-        with neither subjects nor sources is given its name as subject); until it does,
-        the leaf reads a key it lacks from the hub's bucket (``LeafKeyStore.get``)."""
+        """Drop and re-add the cross-domain sources: they resume now. The key buckets'
+        first (an event is opened with its key). The leaf's copy of the hub's bucket has
+        no other source, and a stream left with neither subjects nor sources is given its
+        name as subject: its source is changed instead (its filter, which selects every
+        key either way), which restarts it too."""
+        copy = f"KV_{keys_name(self.settings)}"
+        config = (await self.admin.stream_info(copy)).config
+        bucket = f"$KV.{keys_name(self.settings)}.>"
+        sources = [
+            dataclasses.replace(s, filter_subject=None if s.filter_subject else bucket)
+            for s in config.sources or []
+        ]
+        await self.admin.update_stream(dataclasses.replace(config, sources=sources))
         hub = self.nc.jetstream(domain=self.hub_domain, timeout=2.0)
         for js, stream, prefix in (
             (hub, f"KV_{keys_name(self.settings)}", _api(self.domain)),

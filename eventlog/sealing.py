@@ -19,7 +19,6 @@ host's fresh entity whose key has not reached it) is waited for, up to
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Sequence
@@ -44,6 +43,11 @@ AAD = b"pulse.sealed.1:"
 SEALED_ENTITY: dict[str, str] = {
     kind: entity for entity, kinds in SEALED_KINDS.items() for kind in kinds
 }
+# the events that make an entity (the first of its sealed events)
+MAKING = frozenset(
+    {"experience.recorded", "insight.stored", "relation.stored", "session.started",
+     "wisdom.stored"}
+)  # fmt: skip
 DELETED_ENTITY: dict[type[ev.EventBase], str] = {
     ev.ExperienceDeleted: "experience",
     ev.InsightDeleted: "insight",
@@ -89,9 +93,11 @@ def seal_with(event: ev.Event, key: bytes, name: str) -> ev.Sealed:
     )  # fmt: skip
 
 
-def open_with(sealed: ev.Sealed, key: bytes) -> ev.Event:
-    """The event inside ``sealed``; raises ``ValueError`` naming what is wrong."""
-    name = key_name(sealed.entity, sealed.entity_id, sealed.collective_id)
+def open_with(sealed: ev.Sealed, key: bytes, name: str | None = None) -> ev.Event:
+    """The event inside ``sealed`` (``name``: its key's, when known); raises
+    ``ValueError`` naming what is wrong."""
+    if name is None:
+        name = key_name(sealed.entity, sealed.entity_id, sealed.collective_id)
     try:
         body = AESGCM(key).decrypt(sealed.box[:12], sealed.box[12:], _aad(sealed.event_id, name))
     except InvalidTag:
@@ -102,7 +108,11 @@ def open_with(sealed: ev.Sealed, key: bytes) -> ev.Event:
         raise ValueError(f"box: the sealed body is not an event: {exc}") from None
     if isinstance(inner, ev.Sealed) or ev.event_type_name(inner) != sealed.kind:
         raise ValueError(f"box: holds a {ev.event_type_name(inner)}, not a {sealed.kind}")
-    if inner.event_id != sealed.event_id or subject_for(inner) != subject_for(sealed):
+    if (
+        inner.event_id != sealed.event_id
+        or getattr(inner, f"{sealed.entity}_id") != sealed.entity_id
+        or getattr(inner, "collective_id", None) != sealed.collective_id
+    ):  # (the envelope's ids make its subject: the event's own, then)
         raise ValueError("box: the sealed event is not the one its envelope names")
     check_ranges(inner)
     return inner
@@ -131,8 +141,24 @@ class Sealer:
             entity_id = getattr(event, f"{entity}_id")
             raise NotFoundError(f"{entity}_id: {entity} {entity_id} was deleted") from None
 
+    async def seal_fresh(
+        self, events: Sequence[ev.Event]
+    ) -> tuple[list[ev.Event], dict[str, bytes]]:
+        """``events`` sealed, those that make an entity (``MAKING``) with a key made here
+        without asking the store, for entities whose ids were made just now (never an
+        idempotent call's, which a retry may repeat); and the wrapped keys the caller
+        stores as it appends (``KeyStore.put_fresh``): a reader that meets an event
+        before its key waits for the key."""
+        making = {
+            name: None
+            for event in events
+            if ev.event_type_name(event) in MAKING and (name := sealed_name(event)) is not None
+        }
+        wrapped = await self.keyring.fresh(making) if making else {}
+        return await self.seal_many(events), wrapped
+
     async def seal_many(self, events: Sequence[ev.Event]) -> list[ev.Event]:
-        firsts = _firsts(events)
+        firsts = {n: e for n, e in _firsts(events).items() if not self.keyring.holds(n)}
         if len(firsts) > 1:  # their keys made in parallel first (each seal then finds its own)
             await gather_limited(self._make(n, e) for n, e in firsts.items())
         return [await self.seal(e) for e in events]
@@ -163,7 +189,7 @@ class Sealer:
             assert isinstance(entry.event, ev.Sealed)
             if isinstance(key, bytes):
                 try:
-                    opened[i] = replace(entry, event=open_with(entry.event, key))
+                    opened[i] = replace(entry, event=open_with(entry.event, key, name))
                 except ValueError as exc:
                     opened[i] = self._refused(entry, str(exc))
             elif key is None:
@@ -177,11 +203,12 @@ class Sealer:
     async def _keys(self, names: set[str]) -> dict[str, Any]:
         found = await self.keyring.find_many(names)
         deadline = time.monotonic() + self.key_wait
-        pause = 0.01
+        pause = 0.05
         while (waiting := [n for n, k in found.items() if k is None]) and (
             time.monotonic() < deadline
-        ):
-            await asyncio.sleep(pause)  # another host's key on its way to this store
+        ):  # another host's key on its way to this store: heard of (Keyring.follow), or
+            # asked for again after a pause
+            await self.keyring.arrival(waiting, min(pause, deadline - time.monotonic()))
             pause = min(pause * 2, 0.5)
             found.update(await self.keyring.find_many(waiting))
         return found

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import logging
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -18,6 +23,8 @@ from nats.js.errors import NotFoundError as JsNotFound
 
 from eventlog.errors import ValidationError
 from eventlog.subjects import ACTIVITY_SUBJECTS, DURABLE_SUBJECTS
+
+log = logging.getLogger("pulse.eventlog")
 
 # what NATS answers while a stream is not ready (created a moment ago, electing a leader,
 # a reconnect): worth asking again, within a time budget
@@ -31,6 +38,37 @@ TRANSIENT = (
     nats.js.errors.NoStreamResponseError,
     nats.js.errors.ServiceUnavailableError,
 )
+
+BATCH_ID, BATCH_SEQ, BATCH_COMMIT = "Nats-Batch-Id", "Nats-Batch-Sequence", "Nats-Batch-Commit"
+BATCH_MAX = 1000  # messages one JetStream atomic batch may hold
+
+
+async def publish_atomic(
+    nc: Any, messages: Sequence[tuple[str, bytes, dict[str, str]]], timeout: float
+) -> dict[str, Any] | None:
+    """Publish ``messages`` (subject, payload, headers; at most ``BATCH_MAX``) as one
+    JetStream atomic batch: all stored or none, one commit. The server's answer to the
+    commit (``seq``, ``count``, or ``error``), or None when none came in time."""
+    batch_id = uuid.uuid4().hex
+    last = len(messages)
+    try:
+        async with asyncio.timeout(timeout):
+            for number, (subject, payload, headers) in enumerate(messages, 1):
+                sent = {**headers, BATCH_ID: batch_id, BATCH_SEQ: str(number)}
+                if number < last:
+                    await nc.publish(subject, payload, headers=sent)
+                    continue
+                sent[BATCH_COMMIT] = "1"
+                reply = await nc.request(subject, payload, headers=sent, timeout=timeout)
+    except (TimeoutError, nats.errors.Error) as exc:
+        log.warning("atomic batch not acknowledged (%r)", exc)
+        return None
+    try:
+        answer = json.loads(reply.data)
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
+
 
 # 100 KB of content plus a 4096-dimension float32 embedding (16 KB) plus tags, files and
 # a structured experience type fit with room to spare; nats-server's default max_payload.

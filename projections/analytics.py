@@ -85,7 +85,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -687,8 +687,10 @@ class SqlQuery:
         limits: SqlLimits,
         viewer: Principal | None = None,
         past: PastTables | None = None,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         self._cursor, self.sql, self._activities = cursor, sql, activities
+        self._on_close = on_close  # told once the cursor is closed (Engine.release)
         self.past = past  # None: the state now; else the tables as of a sequence
         self.limit, self.seq, self.limits = limit, seq, limits
         self.viewer = viewer  # None: every row (an admin, the local operator)
@@ -714,7 +716,11 @@ class SqlQuery:
             self._executing = False
         with contextlib.suppress(duckdb.Error):
             self._cursor.rollback()  # nothing a query does stays
-        self._cursor.close()
+        try:
+            self._cursor.close()
+        finally:
+            if self._on_close is not None:
+                self._on_close()
 
     def run(self) -> SqlResult:
         timer = threading.Timer(self.limits.time_limit, self.cancel, ("time",))
@@ -836,10 +842,14 @@ async def run_async(query: SqlQuery) -> SqlResult:
 
 
 def export(
-    cursor: duckdb.DuckDBPyConnection, directory: Path, activities: list[Any]
+    cursor: duckdb.DuckDBPyConnection,
+    directory: Path,
+    activities: list[Any],
+    on_close: Callable[[], None] | None = None,
 ) -> dict[str, int]:
     """Every view as ``<directory>/<view>.parquet`` (local columns left out), plus the
-    activities; returns the rows written per file. Closes ``cursor``."""
+    activities; returns the rows written per file. Closes ``cursor`` (then calls
+    ``on_close``)."""
     written: dict[str, int] = {}
     try:  # one transaction (the cursor's): every file reflects the same sequence
         for view in VIEWS:
@@ -871,8 +881,12 @@ def export(
         )
         written["activities"] = len(activities)
     finally:
-        cursor.rollback()
-        cursor.close()
+        try:
+            cursor.rollback()
+            cursor.close()
+        finally:
+            if on_close is not None:
+                on_close()
     return written
 
 

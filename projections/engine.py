@@ -109,7 +109,8 @@ class Engine:
         # what opens the sealed events read from the log (``eventlog.sealing``): an
         # instance's own; None: one with the log's key store, made at the first read
         self.sealer: Sealer | None = None
-        self.lent = 0  # SQL cursors handed out and not returned (a scrub waits for none)
+        self.lent = 0  # SQL cursors handed out and not closed (a scrub waits for none)
+        self._lent_lock = threading.Lock()  # (released on the threads that ran the query)
 
     @classmethod
     async def start(
@@ -325,16 +326,23 @@ class Engine:
                 self._sandboxed = (id(p.store.con), limits)
             cursor = p.store.con.cursor()
             cursor.begin()  # its snapshot starts here, before the engine writes again
-            self.lent += 1
+            with self._lent_lock:
+                self.lent += 1
             return cursor, seq
 
         return await self.run(flushed_cursor)
 
+    def release(self) -> None:
+        """A cursor of ``cursor()`` is closed (by whoever ran its query): a scrub may
+        reopen the database once none is open (``Store.rewrite``)."""
+        with self._lent_lock:
+            self.lent -= 1
+
     def returned(self, cursor: duckdb.DuckDBPyConnection) -> None:
-        """A cursor of ``cursor()`` is done with (closed here if it was not)."""
+        """Close a cursor of ``cursor()`` that no query thread holds, and release it."""
         with contextlib.suppress(duckdb.Error):
             cursor.close()
-        self.lent -= 1
+        self.release()
 
     async def scrub(self, timeout: float = 60.0) -> dict[str, float]:
         """Rewrite the state's files now (``Projection.scrub``: ``pulse compact``), once

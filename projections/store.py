@@ -154,6 +154,7 @@ class Store:
         fresh = self.path.with_name(self.path.name + ".rewrite")
         for leftover in (fresh, Path(f"{fresh}.wal")):
             leftover.unlink(missing_ok=True)
+        file_id = os.urandom(8).hex()  # says the connection opened after is on the copy
         self.con.close()
         try:
             con = duckdb.connect(str(self.path))
@@ -163,6 +164,9 @@ class Store:
                 assert found is not None
                 con.execute(f"ATTACH '{fresh}' AS pulse_rewrite")
                 con.execute(f'COPY FROM DATABASE "{found[0]}" TO pulse_rewrite')
+                con.execute(
+                    "INSERT OR REPLACE INTO pulse_rewrite.meta VALUES ('file_id', ?)", [file_id]
+                )
                 con.execute("DETACH pulse_rewrite")
             finally:
                 con.close()
@@ -177,6 +181,11 @@ class Store:
                 os.close(directory)
         finally:
             self.con = self._connect()
+        found = self.con.execute("SELECT value FROM meta WHERE key = 'file_id'").fetchone()
+        if found is None or found[0] != file_id:  # DuckDB handed back the old database,
+            # which something still held open: its writes would go to the unlinked file
+            self.con.close()
+            raise PulseError(f"{self.path}: still open elsewhere after it was rewritten")
 
     def scrub_owed(self) -> bool:
         """Whether a delete applied here still waits for the files to be rewritten."""

@@ -525,10 +525,12 @@ class InstanceCore:
         self._check_open()
         call = idempotency.CURRENT.get()
         first = None
-        wire = await self.sealer.seal(event)  # what the log holds: its text encrypted
-        if call is None:
-            seq = await self.log.append(wire)
+        if call is None:  # what the log holds: its text encrypted (a new entity's key is
+            # made here, and stored as the event is appended)
+            (wire,), fresh = await self.sealer.seal_fresh((event,))
+            seq = await self._with_keys(fresh, self.log.append(wire))
         else:  # a retry within the duplicate window finds the first copy: nothing new
+            wire = await self.sealer.seal(event)
             seq, first = await self.log.append_keyed(wire, call.fingerprint)
         if first is None and self._within_clock_bound((event,)):
             self.engine.offer((LogEntry(seq, subjects.subject_for(event), event),))
@@ -536,6 +538,36 @@ class InstanceCore:
         self._check_not_kept_aside(seq)
         await self._forget_if_deleted(event, seq)
         return seq
+
+    async def _with_keys(self, keys: dict[str, bytes], appending: Awaitable[T]) -> T:
+        """Await an append while the data keys its events were sealed with are stored
+        (at once: a reader that gets an event first waits for its key). Once appended,
+        the keys must be stored too: asked again within the key store's budget, then
+        the write fails (and its events stay unreadable: a dead letter on every host,
+        this one too, as nothing was offered)."""
+        if not keys:
+            return await appending
+        store = self.sealer.keyring.store
+        storing = asyncio.ensure_future(store.put_fresh(keys))
+        await asyncio.sleep(0)  # its publish goes out first: the key usually reaches a
+        try:  # reader before the event does
+            done = await appending
+        except BaseException:
+            await asyncio.gather(storing, return_exceptions=True)  # (harmless: unused)
+            raise
+        try:
+            await storing
+        except Exception:
+            try:
+                await store.put_fresh(keys)
+            except Exception as exc:
+                for name in keys:
+                    self.sealer.keyring.forget(name)
+                raise LogUnavailable(
+                    f"the event was stored but the key store did not take its data key "
+                    f"({exc!r}); it cannot be read"
+                ) from exc
+        return done
 
     def _within_clock_bound(self, events: Sequence[ev.Event]) -> bool:
         """Whether every host will read these events as this one would: their clocks are
@@ -564,14 +596,16 @@ class InstanceCore:
         ``EventLog.append_batch``); return their sequences once applied here."""
         self._check_open()
         call = idempotency.CURRENT.get()
-        wires = await self.sealer.seal_many(events)
         if call is not None:  # one by one, each deduplicated (see sync.idempotency)
+            wires = await self.sealer.seal_many(events)
             stored = await asyncio.gather(
                 *(self.log.append_keyed(e, call.fingerprint) for e in wires)
             )
             seqs, fresh = [s for s, _ in stored], all(first is None for _, first in stored)
         else:
-            seqs, fresh = await self.log.append_batch(wires, atomic=atomic), True
+            wires, keys = await self.sealer.seal_fresh(events)
+            seqs = await self._with_keys(keys, self.log.append_batch(wires, atomic=atomic))
+            fresh = True
         if (
             fresh
             and seqs == list(range(seqs[0], seqs[0] + len(seqs)))

@@ -244,6 +244,11 @@ class PulseDB(
         )  # fmt: skip
         db._owns_log = owns_log
         db.scope, db._directory = scope, known
+        try:
+            await db.sealer.keyring.follow()  # other hosts' new keys, as they are made
+        except BaseException:
+            await db.close()
+            raise
         db._start_replication()
         try:
             if scope is not None:  # the collectives it starts following, or did not finish
@@ -313,6 +318,7 @@ class PulseDB(
             self._directory_task.cancel()
             await asyncio.wait({self._directory_task}, timeout=5)
         await self._stop_replication()
+        await self.sealer.keyring.unfollow()
         self._wake_all()
         for watch in list(self._watchers):
             watch.end()
@@ -486,12 +492,9 @@ class PulseDB(
             seq = min(seq, at)
         run = analytics.SqlQuery(  # not an admin: the views filtered for it, in SQL
             cursor, query, activities, limit, seq, self.engine.limits(),
-            viewer=None if me.admin else me, past=tables,
+            viewer=None if me.admin else me, past=tables, on_close=self.engine.release,
         )  # fmt: skip
-        try:
-            return await analytics.run_async(run)  # cancelling the caller interrupts it
-        finally:
-            self.engine.returned(cursor)
+        return await analytics.run_async(run)  # cancelling the caller interrupts it
 
     async def export(self, directory: str | os.PathLike[str]) -> dict[str, int]:
         """Write every view of ``sql`` as a Parquet file in ``directory`` (plus the
@@ -504,7 +507,5 @@ class PulseDB(
         for c in await self._read(queries.list_collectives):  # every one: no pages here
             activities.extend(await self._active(c.collective_id, stale_after=1e9))
         cursor, _ = await self.engine.cursor()
-        try:
-            return await asyncio.to_thread(analytics.export, cursor, target, activities)
-        finally:
-            self.engine.returned(cursor)
+        release = self.engine.release
+        return await asyncio.to_thread(analytics.export, cursor, target, activities, release)

@@ -27,6 +27,7 @@ from eventlog.keys import (
 from eventlog.log import LogEntry
 from eventlog.sealing import Sealer, open_with, seal_with, sealed_name
 from eventlog.subjects import subject_for
+from tests.conftest import eventually
 
 CID = uuid7()
 
@@ -257,3 +258,27 @@ def test_an_envelope_out_of_range_is_refused_naming_the_field(
 
 
 HEADERS = {HDR_SCHEMA: str(SCHEMA_VERSION)}
+
+
+async def test_a_following_host_hears_of_new_keys_and_destroyed_ones(tmp_path: Path) -> None:
+    server = EmbeddedNats(tmp_path / "nats")
+    server.start()
+    log = await JetStreamLog.connect(server.url, StreamSettings())
+    try:
+        writer, reader = Keyring(log.key_store()), Keyring(log.key_store())
+        known = key_name("insight", uuid7(), CID)
+        await writer.make(known)
+        await reader.find(known)  # (so it knows the KEK, as a host that read a key does)
+        await reader.follow()
+        names = [key_name("experience", uuid7(), CID) for _ in range(3)]
+        await writer.store.put_fresh(await writer.fresh(names))  # one atomic batch
+        await eventually(lambda: all(reader.holds(n) for n in names), what="the keys heard of")
+        assert [await reader.find(n) for n in names] == [await writer.find(n) for n in names]
+        await writer.destroy(names[0])
+        await eventually(lambda: not reader.holds(names[0]), what="the destroyed key dropped")
+        with pytest.raises(PulseError, match="exists already"):  # a fresh id is never reused
+            await writer.store.put_fresh({names[1]: b"x" * 60})
+        await reader.unfollow()
+    finally:
+        await log.close()
+        server.stop()

@@ -407,14 +407,26 @@ async def test_data_keys_cross_the_link_and_are_erased_on_both_sides(
     assert _stores_holding(hub_store, wrapped) and _stores_holding(leaf_store, wrapped)
 
     await leaf.delete_experience(offline)  # on the edge host: both sides erased
-    assert await hub.sealer.keyring.store.get(ours) is DESTROYED
-    assert _stores_holding(hub_store, wrapped) == [] and _stores_holding(leaf_store, wrapped) == []
+
+    async def marked() -> bool:  # (its marker reaches the hub by the source)
+        return await hub.sealer.keyring.store.get(ours) is DESTROYED
+
+    await eventually(marked, what="the key's marker at the hub", timeout=20)
+    assert _stores_holding(hub_store, wrapped) == []
+
+    def gone_here() -> bool:  # (the hub's echo of it may reach the edge's copy late: the
+        return _stores_holding(leaf_store, wrapped) == []  # marker after it erases it)
+
+    await eventually(gone_here, what="the key erased at the edge", timeout=20)
 
     theirs = await hub.record_experience(cid, "made at the hub", [0, 1])
     await eventually(lambda: _has(leaf, theirs), what="the hub's record at the edge", timeout=20)
     name = key_name("experience", theirs, cid)
     held = await hub.sealer.keyring.store.get(name)
-    assert isinstance(held, bytes) and _stores_holding(leaf_store, held)
+    assert isinstance(held, bytes)
+    await eventually(  # (its copy of the hub's bucket has it; reading it may come first)
+        lambda: bool(_stores_holding(leaf_store, held)), what="the key in the edge's copy"
+    )
     await hub.delete_experience(theirs)  # at the hub: the edge host erases its copy
 
     async def erased() -> bool:
