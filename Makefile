@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m ops.bench.engine
 	$(VENV)/bin/python -m ops.bench.as_of
 	$(VENV)/bin/python -m ops.bench.following
+	$(VENV)/bin/python -m ops.bench.sealing
 
 clean:
 	rm -rf $(VENV) .pulse .pytest_cache .hypothesis

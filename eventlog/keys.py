@@ -626,6 +626,9 @@ class Keyring:
         finally:
             for wait in waits:
                 wait.cancel()
+            for name, event in zip(wanted, events, strict=True):
+                if not event.is_set() and self._waiting.get(name) is event:
+                    del self._waiting[name]  # (asked again after the pause: none kept)
 
     async def find(self, name: str) -> bytes | Destroyed | None:
         """The data key of ``name``; ``DESTROYED`` when its entity was deleted; None

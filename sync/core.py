@@ -54,7 +54,7 @@ from eventlog.ids import uuid7
 from eventlog.keys import Keyring, collective_prefix
 from eventlog.limits import CLOCK_AHEAD_MS
 from eventlog.log import EventLog, LogEntry, key_conflict
-from eventlog.sealing import Sealer, tombstone_name
+from eventlog.sealing import SEALED_ENTITY, Sealer, tombstone_name
 from projections import past, queries
 from projections.engine import Applied, Engine
 from projections.projection import entity_of
@@ -101,6 +101,7 @@ DELETES_OF: dict[str, Any] = {
     "insight": ev.InsightDeleted,
     "wisdom": ev.WisdomDeleted,
 }
+WRITTEN_MAX = 20_000  # own sealed writes remembered for the tail
 BACKLOG_LIMIT = 50_000  # entries handed to the engine and not applied: the tail waits
 KNOWN_MAX = 100_000  # remembered reference checks before the memo starts over
 KEPT_ASIDE_MAX = 10_000  # recent dead letters remembered for the writers waiting on them
@@ -199,6 +200,9 @@ class InstanceCore:
         self._directory_task: asyncio.Task[None] | None = None
         self._follow_lock = asyncio.Lock()
         self._submitted_seq = engine.seq
+        # what this instance wrote sealed, by event id, until its tail brings it back (then
+        # it is handed over as written, not decrypted again); the oldest go first
+        self._own_sealed: dict[UUID, ev.Event] = {}
         self.backfilled = 0  # events of collectives followed later, read since open
         self._purging: set[asyncio.Future[None]] = set()  # copies forgotten (a leaf's)
         self._owed_lock = asyncio.Lock()  # one pass over the owed purges at a time
@@ -257,7 +261,7 @@ class InstanceCore:
                 if entry.seq <= self.engine.seq:
                     continue  # a writer here handed it over already: no need to wake the engine
                 if isinstance(entry.event, ev.Sealed):
-                    (entry,) = await self.sealer.open((entry,))
+                    entry = await self._opened(entry)
                 self.engine.submit((entry,))
                 self._submitted_seq = submitted = entry.seq
                 if self.engine.backlog > BACKLOG_LIMIT:  # let the engine catch its breath
@@ -269,6 +273,26 @@ class InstanceCore:
             log.exception("replication stopped")
             self._failure = exc
             self._wake_all()
+
+    async def _opened(self, entry: LogEntry) -> LogEntry:
+        """A sealed entry of the tail, opened: a write of this instance comes back as the
+        event it wrote (no decryption); another host's is opened with its key."""
+        assert entry.event is not None
+        own = self._own_sealed.pop(entry.event.event_id, None)
+        if own is not None:
+            return LogEntry(entry.seq, entry.subject, own, None, entry.stored_ms)
+        (opened,) = await self.sealer.open((entry,))
+        return opened
+
+    def _sealed_writing(self, events: Sequence[ev.Event]) -> None:
+        """Remember what this instance is about to write sealed, by event id, for its
+        tail (``_opened``): the tail may bring an event back before its append returns."""
+        written = self._own_sealed
+        for event in events:
+            if ev.event_type_name(event) in SEALED_ENTITY:
+                written[event.event_id] = event
+        while len(written) > WRITTEN_MAX:
+            del written[next(iter(written))]
 
     def _on_applied(self, applied: Applied) -> None:
         """Called on the engine thread after every batch: hand the news to the loop."""
@@ -528,6 +552,7 @@ class InstanceCore:
         if call is None:  # what the log holds: its text encrypted (a new entity's key is
             # made here, and stored as the event is appended)
             (wire,), fresh = await self.sealer.seal_fresh((event,))
+            self._sealed_writing((event,))
             seq = await self._with_keys(fresh, self.log.append(wire))
         else:  # a retry within the duplicate window finds the first copy: nothing new
             wire = await self.sealer.seal(event)
@@ -604,6 +629,7 @@ class InstanceCore:
             seqs, fresh = [s for s, _ in stored], all(first is None for _, first in stored)
         else:
             wires, keys = await self.sealer.seal_fresh(events)
+            self._sealed_writing(events)
             seqs = await self._with_keys(keys, self.log.append_batch(wires, atomic=atomic))
             fresh = True
         if (

@@ -1,0 +1,105 @@
+"""What sealing costs per event (``eventlog.sealing``), beside the codec alone.
+
+    python -m ops.bench.sealing [--events 20000]
+
+Records of 384-d experiences with 300 characters of content, each of its own entity:
+
+- seal: a key made for each (``Keyring.fresh``) and the event sealed, beside encoding
+  the event alone (``codec.encode_body``, what an unsealed write costs here);
+- open: a batch of sealed events opened with their keys in memory, beside decoding and
+  range-checking the plain bodies (``codec.decode_event``, what a host does per event
+  read either way).
+
+Prints one JSON line per figure with microseconds per event, the peer's, and the ratio.
+Keys live in a ``MemoryKeyStore``: what the key store's round trips cost is in
+``ops.bench.engine`` (writes, convergence) and ``ops.bench.projection`` (rebuild).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+import numpy as np
+
+from eventlog import events as ev
+from eventlog.codec import HDR_SCHEMA, SCHEMA_VERSION, decode_event, encode_body
+from eventlog.ids import uuid7
+from eventlog.keys import Keyring, MemoryKeyStore
+from eventlog.log import LogEntry
+from eventlog.sealing import Sealer
+from eventlog.subjects import subject_for
+
+BATCH = 5000
+
+
+def emit(figure: str, **values: object) -> None:
+    print(json.dumps({"bench": "sealing", "figure": figure, **values}), flush=True)
+
+
+def records(count: int) -> list[ev.Event]:
+    rng = np.random.default_rng(7)
+    cid = uuid7()
+    return [
+        ev.ExperienceRecorded(
+            event_id=uuid7(),
+            instance_id=uuid7(),
+            hlc=ev.pack_hlc(1_700_000_000_000, 0),
+            experience_id=uuid7(),
+            collective_id=cid,
+            content=f"lesson {i} " + "word " * 58,
+            embedding=ev.pack_vector(rng.standard_normal(384)),
+            experience_type=ev.Generic(),
+            importance=0.5,
+            confidence=0.5,
+            source_agent="agent",
+        )  # fmt: skip
+        for i in range(count)
+    ]
+
+
+async def run(count: int) -> None:
+    events = records(count)
+    store = MemoryKeyStore()
+    writer = Sealer(Keyring(store))
+    start = time.perf_counter()
+    for at in range(0, count, BATCH):
+        sealed, keys = await writer.seal_fresh(events[at : at + BATCH])
+        await store.put_fresh(keys)
+    seal_us = (time.perf_counter() - start) / count * 1e6
+    sealed = []
+    for at in range(0, count, BATCH):
+        sealed += (await writer.seal_fresh(events[at : at + BATCH]))[0]
+    start = time.perf_counter()
+    bodies = [encode_body(e) for e in events]
+    encode_us = (time.perf_counter() - start) / count * 1e6
+    emit("seal", events=count, sealed_us=round(seal_us, 2), encode_us=round(encode_us, 2),
+         ratio=round(encode_us / seal_us, 3))  # fmt: skip
+
+    reader = Sealer(Keyring(store))
+    await reader.keyring.preload()
+    entries = [LogEntry(i + 1, subject_for(e), e) for i, e in enumerate(sealed)]
+    start = time.perf_counter()
+    for at in range(0, count, BATCH):
+        await reader.open(entries[at : at + BATCH])
+    open_us = (time.perf_counter() - start) / count * 1e6
+    headers = {HDR_SCHEMA: str(SCHEMA_VERSION)}
+    start = time.perf_counter()
+    for body in bodies:
+        decode_event(body, headers)
+    decode_us = (time.perf_counter() - start) / count * 1e6
+    emit("open", events=count, open_us=round(open_us, 2), decode_and_check_us=round(decode_us, 2),
+         ratio=round(decode_us / open_us, 3))  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=20_000, help="records to seal and open")
+    args = parser.parse_args()
+    asyncio.run(run(args.events))
+
+
+if __name__ == "__main__":
+    main()
