@@ -1418,10 +1418,11 @@ async def compact(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     the vector files are rewritten so that no deleted text or vector is left in them
     (a delete only marks rows and documents; the freed space keeps the bytes until it
     is rewritten). Pulse does this by itself within `scrub_after` seconds (5) of a
-    delete; this is for when you need it done before you go on (say, before copying the
-    data directory). The log and every backup hold deleted text only as ciphertext
-    whose key the delete destroyed. Admins only. While `pulse up` serves the data
-    directory, it does the work.
+    delete (or ten times the last rewrite's duration, when longer); this is for when you
+    need it done before you go on (say, before copying the data directory). The log and
+    every backup taken without --with-keys hold deleted text only as ciphertext whose
+    key the delete destroyed. Admins only. While `pulse up` serves the data directory,
+    it does the work.
 
     example:
       pulse delete 01a22b60-9f07-75f6-ab51-e7ce5c2af5c1 && pulse compact

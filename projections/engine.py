@@ -84,6 +84,7 @@ class _Call:
 _STOP = object()
 SMALL_BATCH = 64  # events a batch indexes before its writers are woken
 QUIET = 1.0  # seconds without events before the index files are saved
+SCRUB_DUTY = 10  # a rewrite waits at least this many times its last duration
 PRELOAD_KEYS_AFTER = 1000  # events behind at which a catch-up reads every data key first
 
 
@@ -110,6 +111,7 @@ class Engine:
         # instance's own; None: one with the log's key store, made at the first read
         self.sealer: Sealer | None = None
         self.lent = 0  # SQL cursors handed out and not closed (a scrub waits for none)
+        self._scrub_took = 0.0  # seconds the last rewrite of the files took
         self._lent_lock = threading.Lock()  # (released on the threads that ran the query)
 
     @classmethod
@@ -481,7 +483,7 @@ class Engine:
             return None  # the catch-up's next batch, or its closing call, wakes us
         due: list[float] = []
         if projection.scrub_since is not None:  # (SQL readers in flight: look again soon)
-            scrub = projection.scrub_since + self.settings.scrub_after
+            scrub = projection.scrub_since + self._scrub_after()
             due.append(scrub if self.lent == 0 else max(scrub, now + 0.1))
         if projection.dirty:
             due.append(projection.last_flush + self.settings.flush_interval)
@@ -490,6 +492,12 @@ class Engine:
                 max(projection.last_save + self.settings.save_interval, self._busy_at + QUIET)
             )
         return max(0.0, min(due) - now) if due else None
+
+    def _scrub_after(self) -> float:
+        """Seconds a delete waits for the files to be rewritten: ``scrub_after``, or ten
+        times what the last rewrite took if that is longer (under a stream of deletes,
+        rewriting a large state takes at most a tenth of the engine's time)."""
+        return max(self.settings.scrub_after, SCRUB_DUTY * self._scrub_took)
 
     def _save_due(self, projection: Projection, now: float) -> bool:
         """Index files are saved once ``save_interval`` has passed and the engine has been
@@ -586,10 +594,11 @@ class Engine:
             if (
                 not bulk
                 and projection.scrub_since is not None
-                and now - projection.scrub_since >= self.settings.scrub_after
+                and now - projection.scrub_since >= self._scrub_after()
                 and self.lent == 0
             ):
                 took = projection.scrub()
+                self._scrub_took = sum(took.values())
                 log.info("rewrote the state's files after a delete: %s", took)
         except Exception:  # DuckDB refused: keep applying in memory, try again later
             log.exception("writing the projection failed; retrying at the next interval")

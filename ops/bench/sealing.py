@@ -10,7 +10,11 @@ Records of 384-d experiences with 300 characters of content, each of its own ent
   range-checking the plain bodies (``codec.decode_event``, what a host does per event
   read either way).
 
-Prints one JSON line per figure with microseconds per event, the peer's, and the ratio.
+- scrub: after a delete, ``PulseDB.compact`` on a host holding ``--experiences`` such
+  experiences (embedded NATS), beside copying the state directory's files once (the
+  bytes a rewrite writes at least).
+
+Prints one JSON line per figure with its time, the peer's, and the ratio.
 Keys live in a ``MemoryKeyStore``: what the key store's round trips cost is in
 ``ops.bench.engine`` (writes, convergence) and ``ops.bench.projection`` (rebuild).
 """
@@ -20,7 +24,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -94,11 +101,48 @@ async def run(count: int) -> None:
          ratio=round(decode_us / open_us, 3))  # fmt: skip
 
 
+async def scrub(experiences: int) -> None:
+    from sync import PulseDB  # (the figures above need only eventlog)
+
+    rng = np.random.default_rng(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        db = await PulseDB.open(Path(tmp) / "host")
+        try:
+            cid = await db.create_collective("bench", "scrub", 384)
+            ids = []
+            for first in range(0, experiences, 1000):
+                batch = [
+                    {"content": f"lesson {i} " + "word " * 50,
+                     "embedding": rng.standard_normal(384).astype(np.float32)}
+                    for i in range(first, min(first + 1000, experiences))
+                ]  # fmt: skip
+                ids += await db.record_experiences(cid, batch)
+            await db.delete_experience(ids[len(ids) // 2])
+            start = time.perf_counter()
+            done = await db.compact()
+            took = time.perf_counter() - start
+            state = db.engine.directory
+            size = sum(p.stat().st_size for p in state.rglob("*") if p.is_file())
+            start = time.perf_counter()
+            shutil.copytree(state, Path(tmp) / "copy")
+            copy = time.perf_counter() - start
+        finally:
+            await db.close()
+    emit("scrub", experiences=experiences, state_bytes=size, compact_s=round(took, 3),
+         duckdb_s=round(done.duckdb_seconds, 3), text_s=round(done.text_seconds, 3),
+         vectors_s=round(done.vectors_seconds, 3), copy_s=round(copy, 3),
+         ratio=round(copy / took, 3))  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=20_000, help="records to seal and open")
+    parser.add_argument(
+        "--experiences", type=int, default=20_000, help="experiences on the host compacted"
+    )
     args = parser.parse_args()
     asyncio.run(run(args.events))
+    asyncio.run(scrub(args.experiences))
 
 
 if __name__ == "__main__":
