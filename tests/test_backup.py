@@ -244,12 +244,7 @@ async def test_a_snapshot_the_server_refuses_leaves_no_stream_and_no_credentials
     assert "restore of PULSE: the server refused the snapshot" in error
     assert not (target / "nats" / "credentials.json").exists()  # taken back
     assert not (target / "nats" / "nats.conf").exists()  # (it held the password too)
-    with EmbeddedNats(target) as server:
-        log = await JetStreamLog.connect(server.url, create_streams=False)
-        try:
-            assert not await stream_exists(log.nc, "PULSE")
-        finally:
-            await log.close()
+    assert not await _holds_stream(target)
 
 
 def test_restore_over_an_existing_stream_is_refused(source: Source, tmp_path: Path) -> None:
@@ -288,12 +283,7 @@ async def test_a_backup_without_keys_restores_where_they_are_and_forgets_what_th
     error = refused("restore", str(plain), data_dir=fresh)
     assert "holds no data keys (it was taken without --with-keys)" in error
     assert not (fresh / "nats" / "credentials.json").exists()
-    with EmbeddedNats(fresh) as server:
-        log = await JetStreamLog.connect(server.url, create_streams=False)
-        try:
-            assert not await stream_exists(log.nc, "PULSE")
-        finally:
-            await log.close()
+    assert not await _holds_stream(fresh)
 
     ok("delete", gone, data_dir=data)
     with EmbeddedNats(data) as server:  # the stream lost; the key bucket kept
@@ -310,6 +300,16 @@ async def test_a_backup_without_keys_restores_where_they_are_and_forgets_what_th
     events = tail(data, 3)  # the deleted record is back on the stream, still sealed
     assert any(e["event"].get("entity_id") == gone for e in events)
     assert not any("ZEBRA" in json.dumps(e) for e in events)
+
+
+async def _holds_stream(data_dir: Path) -> bool:
+    """Whether the embedded server of ``data_dir`` has the PULSE stream."""
+    with EmbeddedNats(data_dir) as server:
+        log = await JetStreamLog.connect(server.url, create_streams=False)
+        try:
+            return await stream_exists(log.nc, "PULSE")
+        finally:
+            await log.close()
 
 
 async def _entries(log: JetStreamLog) -> list[tuple[int, str, object]]:
