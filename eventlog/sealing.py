@@ -14,7 +14,8 @@ What fails is a dead letter, with the reason. A box whose key was destroyed (its
 deleted) stays sealed: the fold turns it into nothing, exactly as if the purge that
 follows every delete had already removed it. A key that is not in the store yet (another
 host's fresh entity whose key has not reached it) is waited for, up to
-``KEY_WAIT`` seconds; after that the event is a dead letter saying so.
+``KEY_WAIT`` seconds; after that the event is a dead letter saying so, read again each
+time the host opens (``Projection.readmit_due``): a key that came late then applies.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from eventlog.log import LogEntry
 from eventlog.subjects import subject_for
 
 KEY_WAIT = 30.0  # seconds a reader waits for a key that has not reached the store
+# the reason of a dead letter whose key was not there: read again whenever a host opens
+KEY_MISSING = "its data key is not in the key store:"
 AAD = b"pulse.sealed.1:"
 
 SEALED_ENTITY: dict[str, str] = {
@@ -170,8 +173,12 @@ class Sealer:
         entries = await self.open([LogEntry(0, subject_for(event), event)])
         return entries[0].event or event
 
-    async def open(self, entries: Sequence[LogEntry]) -> list[LogEntry]:
-        """``entries`` with every sealed event opened (see the module docstring)."""
+    async def open(
+        self, entries: Sequence[LogEntry], *, key_wait: float | None = None
+    ) -> list[LogEntry]:
+        """``entries`` with every sealed event opened (see the module docstring); a
+        missing key is waited for ``key_wait`` seconds (default: the sealer's)."""
+        wait = self.key_wait if key_wait is None else key_wait
         names: dict[int, str] = {}
         for i, entry in enumerate(entries):
             event = entry.event
@@ -182,7 +189,7 @@ class Sealer:
                     pass  # (check_ranges refused it already when read)
         if not names:
             return list(entries)
-        keys = await self._keys(set(names.values()))
+        keys = await self._keys(set(names.values()), wait)
         opened = list(entries)
         for i, name in names.items():
             entry, key = entries[i], keys.get(name)
@@ -193,16 +200,13 @@ class Sealer:
                 except ValueError as exc:
                     opened[i] = self._refused(entry, str(exc))
             elif key is None:
-                opened[i] = self._refused(
-                    entry, f"its data key {name} did not reach the key store within "
-                    f"{self.key_wait:g} s",
-                )  # fmt: skip
+                opened[i] = self._refused(entry, f"{KEY_MISSING} {name} (waited {wait:g} s)")
             # DESTROYED: it stays sealed, and folds to nothing
         return opened
 
-    async def _keys(self, names: set[str]) -> dict[str, Any]:
+    async def _keys(self, names: set[str], wait: float) -> dict[str, Any]:
         found = await self.keyring.find_many(names)
-        deadline = time.monotonic() + self.key_wait
+        deadline = time.monotonic() + wait
         pause = 0.05
         while (waiting := [n for n, k in found.items() if k is None]) and (
             time.monotonic() < deadline

@@ -242,7 +242,8 @@ class Engine:
         """After an upgrade, read every message kept aside again, each by its sequence
         (the log still holds it), and fold what now reads (``Projection.readmit``);
         returns how many now apply. Nothing is read unless this Pulse reads a newer wire
-        schema than the one that kept them aside."""
+        schema than the one that kept them aside, but for sealed events whose key had
+        not reached the key store: those are read again at every open."""
         due = await self.run(Projection.readmit_due)
         if not due:
             return 0
@@ -256,7 +257,8 @@ class Engine:
                     found = batch[0] if batch else None
                     break
             if found is not None and found.seq == seq:
-                entries.extend(await self._sealer(log_).open([found]))
+                # (a key missing still is not waited for again: it was, when first read)
+                entries.extend(await self._sealer(log_).open([found], key_wait=0.0))
             else:
                 gone.append(seq)
         readable = await self.run(Projection.readmit, entries, gone)

@@ -50,6 +50,7 @@ from eventlog import codec
 from eventlog import events as ev
 from eventlog.ids import uuid7
 from eventlog.log import EventLog, LogEntry
+from eventlog.sealing import KEY_MISSING
 from projections.fold import (
     ROW_TYPES,
     ApplicationRow,
@@ -196,7 +197,8 @@ class Projection:
     def readmit_due(self) -> list[tuple[int, str]]:
         """The dead letters to read again (sequence, subject): the messages kept aside
         unread or unapplied, when this Pulse reads a newer wire schema than the one that
-        kept them aside (it was upgraded); none otherwise. (Events kept aside for naming
+        kept them aside (it was upgraded); otherwise those sealed with a key that had not
+        reached the key store (``eventlog.sealing``). (Events kept aside for naming
         another collective than their entity's were folded: they stay as they are.) With
         none to read, the version is recorded."""
         self._check_owner()
@@ -209,7 +211,11 @@ class Projection:
             return due
         if self.store.wire_schema() != codec.SCHEMA_VERSION:
             self.store.set_wire_schema(codec.SCHEMA_VERSION)
-        return []
+        return sorted(
+            (r.seq, r.subject)
+            for r in self.memory.rejected.values()
+            if r.reason.startswith(KEY_MISSING)
+        )  # (sealed events whose key had not come: it may have since)
 
     def readmit(self, entries: Sequence[LogEntry], gone: Sequence[int]) -> int:
         """Fold again the dead letters ``readmit_due`` named, as read again from the log
