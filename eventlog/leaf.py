@@ -675,6 +675,7 @@ class LeafLog(JetStreamLog):
         ]
         await self.admin.update_stream(dataclasses.replace(config, sources=sources))
         hub = self.nc.jetstream(domain=self.hub_domain, timeout=2.0)
+        readded: list[tuple[JetStreamContext, str, Any, str]] = []
         for js, stream, prefix in (
             (hub, f"KV_{keys_name(self.settings)}", _api(self.domain)),
             (self.admin, self.settings.name, _api(self.hub_domain)),
@@ -688,6 +689,9 @@ class LeafLog(JetStreamLog):
             await js.update_stream(dataclasses.replace(config, sources=keep))
             mine = next(s for s in sources if _is_external(s, prefix))
             await self._add_source(js, stream, mine, prefix)
+            readded.append((js, stream, mine, prefix))
+        for js, stream, mine, prefix in readded:  # once more, all done: another leaf
+            await self._add_source(js, stream, mine, prefix)  # may have undone one meanwhile
 
     def key_store(self) -> KeyStore:
         """This host's key bucket and its copy of the hub's (``LeafKeyStore``)."""
