@@ -262,7 +262,7 @@ class Engine:
             else:
                 gone.append(seq)
         readable = await self.run(Projection.readmit, entries, gone)
-        log.info("read %d dead letters again after an upgrade: %d now apply", len(due), readable)
+        log.info("read %d dead letters again: %d now apply", len(due), readable)
         return readable
 
     def _sealer(self, log_: EventLog) -> Sealer:
@@ -599,7 +599,11 @@ class Engine:
                 and now - projection.scrub_since >= self._scrub_after()
                 and self.lent == 0
             ):
-                took = projection.scrub()
+                try:
+                    took = projection.scrub()
+                except Exception:  # tried again after the bound, not at once
+                    projection.scrub_since = now
+                    raise
                 self._scrub_took = sum(took.values())
                 log.info("rewrote the state's files after a delete: %s", took)
         except Exception:  # DuckDB refused: keep applying in memory, try again later

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -181,11 +182,18 @@ class Store:
                 os.close(directory)
         finally:
             self.con = self._connect()
-        found = self.con.execute("SELECT value FROM meta WHERE key = 'file_id'").fetchone()
-        if found is None or found[0] != file_id:  # DuckDB handed back the old database,
-            # which something still held open: its writes would go to the unlinked file
+        for _ in range(50):  # DuckDB hands back a database still open elsewhere (the old
+            found = self.con.execute(  # file, unlinked): wait for it to be let go
+                "SELECT value FROM meta WHERE key = 'file_id'"
+            ).fetchone()
+            if found is not None and found[0] == file_id:
+                return
             self.con.close()
-            raise PulseError(f"{self.path}: still open elsewhere after it was rewritten")
+            time.sleep(0.1)
+            self.con = self._connect()
+        # still the old one: what is written now goes to the unlinked file, and the
+        # next open catches up from the log past the copy's checkpoint
+        raise PulseError(f"{self.path}: still open elsewhere after it was rewritten")
 
     def scrub_owed(self) -> bool:
         """Whether a delete applied here still waits for the files to be rewritten."""
