@@ -184,3 +184,31 @@ async def _sealed_record(db: PulseDB, cid: UUID, experience_id: UUID) -> ev.Seal
             if isinstance(entry.event, ev.Sealed) and entry.event.kind == "experience.recorded":
                 return entry.event
     raise AssertionError(f"no sealed record on {subject}")
+
+
+async def test_a_scrub_a_stop_prevented_is_done_after_the_host_opens_again(
+    tmp_path: Path,
+) -> None:
+    """The rewrite a delete owes is recorded with the state: a host stopped before it
+    (here: a bound longer than it ran) does it soon after it opens again."""
+    text, embedding = _secret()
+    needles = _needles(text, embedding)
+    vector = np.frombuffer(embedding, dtype="<f4").tolist()
+    data = tmp_path / "host"
+    db = await PulseDB.open(data, projection_settings=ProjectionSettings(scrub_after=3600))
+    try:
+        cid = await db.create_collective("owner", "vault", DIM)
+        await db.record_experience(cid, "an ordinary note", [1.0] + [0.0] * (DIM - 1))
+        secret = await db.record_experience(cid, text, vector)
+        await db.engine.run(lambda p: p.save())
+        assert scan([data], needles)  # the host's files hold it
+        await db.delete_experience(secret)
+    finally:
+        await db.close()
+    assert scan([data], needles)  # stopped before its bound: still in its files
+    db = await PulseDB.open(data, projection_settings=ProjectionSettings(scrub_after=0.5))
+    try:
+        await eventually(lambda: scan([data], needles) == {}, what="the owed scrub", timeout=30)
+        assert await db.get_experience(secret) is None
+    finally:
+        await db.close()
