@@ -155,9 +155,10 @@ class JetStreamLog(EventLog):
         replicated like the stream, which it never enters (``eventlog.keys``)."""
         store = self._key_store
         if store is None:
-            store = self._key_store = KvKeyStore(
-                self.js, f"{self.settings.name}_KEYS", self.settings.replicas
-            )
+            store = self._key_store = KvKeyStore(  # short requests, asked again: one lost
+                self.admin, f"{self.settings.name}_KEYS", self.settings.replicas,  # in an
+                budget=max(10.0, self.append_timeout),  # election does not eat the budget
+            )  # fmt: skip
         return store
 
     @classmethod
@@ -251,7 +252,7 @@ class JetStreamLog(EventLog):
                     lambda: ensure_streams(self.admin, self.settings, update=update_streams),
                     connect_timeout,
                 )
-                await self._retry(self.key_store().ready, connect_timeout)  # (its bucket)
+                await self.key_store().ready(connect_timeout)  # (its bucket)
             except BaseException:
                 await nc.close()
                 raise

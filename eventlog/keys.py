@@ -129,8 +129,9 @@ class KeyStore(abc.ABC):
         found = await gather_limited(self.get(n) for n in names)
         return {n: v for n, v in zip(names, found, strict=False) if isinstance(v, bytes)}
 
-    async def ready(self) -> None:
-        """Wait until the store answers (a bucket made a moment ago)."""
+    async def ready(self, budget: float | None = None) -> None:
+        """Wait until the store answers (a bucket made a moment ago, a leader elected
+        after a node failed), up to ``budget`` seconds (the store's own by default)."""
         return None
 
     async def put_fresh(self, values: dict[str, bytes]) -> None:
@@ -289,9 +290,14 @@ class KvKeyStore(KeyStore):
                     self._kv = await self._retrying(self._open)
         return self._kv
 
-    async def ready(self) -> None:
+    async def ready(self, budget: float | None = None) -> None:
         """Create the bucket if it is missing, and wait until it answers reads."""
-        await self.get(CURRENT)
+        usual = self.budget
+        self.budget = max(usual, budget or 0.0)  # (opening: nothing else asks meanwhile)
+        try:
+            await self.get(CURRENT)
+        finally:
+            self.budget = usual
 
     async def _open(self) -> KeyValue:
         try:
@@ -418,9 +424,11 @@ class KvKeyStore(KeyStore):
             operation = (msg.headers or {}).get("KV-Operation")
             arrived(name, None if operation in ("DEL", "PURGE") else msg.data)
 
-        subscription = await self.js.subscribe(
-            f"{prefix}>", cb=delivered, ordered_consumer=True, stream=self.stream,
-            deliver_policy=api.DeliverPolicy.NEW,
+        subscription = await self._retrying(
+            lambda: self.js.subscribe(
+                f"{prefix}>", cb=delivered, ordered_consumer=True, stream=self.stream,
+                deliver_policy=api.DeliverPolicy.NEW,
+            )
         )  # fmt: skip
 
         async def stop() -> None:

@@ -240,8 +240,8 @@ class LeafKeyStore(KeyStore):
             create=False, budget=1.0,
         )  # fmt: skip
 
-    async def ready(self) -> None:
-        await self.own.ready()
+    async def ready(self, budget: float | None = None) -> None:
+        await self.own.ready(budget)
 
     async def get(self, name: str) -> Found:
         own = await self.own.get(name)

@@ -43,7 +43,7 @@ from uuid import UUID
 import msgspec
 
 from eventlog import EmbeddedNats, JetStreamLog, StreamSettings, subjects
-from eventlog.errors import NotFoundError, Unauthorized, ValidationError
+from eventlog.errors import NotFoundError, PulseError, Unauthorized, ValidationError
 from eventlog.keys import collective_prefix, key_name
 from eventlog.leaf import LeafLog, LeafStatus
 from eventlog.log import EventLog, StreamState
@@ -246,6 +246,8 @@ class PulseDB(
         db.scope, db._directory = scope, known
         try:
             await db.sealer.keyring.follow()  # other hosts' new keys, as they are made
+        except PulseError:  # (only quicker reads: without it, a reader asks the store)
+            _log.warning("not following the key store's new keys", exc_info=True)
         except BaseException:
             await db.close()
             raise
