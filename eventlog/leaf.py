@@ -231,10 +231,10 @@ class LeafKeyStore(KeyStore):
 
     def __init__(self, leaf: LeafLog) -> None:
         settings = leaf.settings
-        self.own = KvKeyStore(leaf.js, keys_out_name(settings), settings.replicas)
+        self.own = KvKeyStore(leaf.admin, keys_out_name(settings), settings.replicas)
         # its copy of the hub's bucket (made by ensure_leaf_streams), and the hub's own
         # through the hub's domain (only to erase there)
-        self.hubs = KvKeyStore(leaf.js, keys_name(settings), settings.replicas, create=False)
+        self.hubs = KvKeyStore(leaf.admin, keys_name(settings), settings.replicas, create=False)
         self.hub = KvKeyStore(
             leaf.nc.jetstream(domain=leaf.hub_domain, timeout=1.0), keys_name(settings),
             create=False, budget=1.0,
@@ -260,6 +260,9 @@ class LeafKeyStore(KeyStore):
         if copied is not None:  # made (or destroyed) at the hub: that one
             return copied
         return await self.own.create(name, value)
+
+    async def put_fresh(self, values: dict[str, bytes]) -> None:
+        await self.own.put_fresh(values)  # (new entities: nothing of them at the hub)
 
     async def replace(self, name: str, old: bytes, value: bytes) -> bool:
         raise PulseError(
