@@ -198,12 +198,19 @@ async def ensure_leaf_streams(
         keys_out_name(settings), settings.replicas,
         description="Pulse edge host: the data keys made here, sourced by the hub",
     )  # fmt: skip
-    keys = bucket_config(
-        keys_name(settings), settings.replicas, subjects=False,
-        sources=[api.StreamSource(
-            name=f"KV_{keys_name(settings)}", external=api.ExternalStream(api=_api(hub_domain))
-        )],
-        description="Pulse edge host: the hub's data keys",
+    keys = dataclasses.replace(
+        bucket_config(
+            keys_name(settings), settings.replicas, subjects=False,
+            sources=[api.StreamSource(
+                name=f"KV_{keys_name(settings)}",
+                external=api.ExternalStream(api=_api(hub_domain)),
+            )],
+            description="Pulse edge host: the hub's data keys",
+        ),
+        # a subject nothing publishes on: a stream left with neither subjects nor sources
+        # (its source dropped to be re-added, see LeafLog._readd_sources) would be given
+        # its own name as one
+        subjects=[f"_PULSE.{keys_name(settings)}.copy"],
     )  # fmt: skip
     for config in (out, main, settings.activity_config(), keys_out, keys):
         try:
@@ -212,7 +219,7 @@ async def ensure_leaf_streams(
             await js.add_stream(config)
             continue
         if config is main or config is keys:
-            if info.config.subjects:
+            if config is main and info.config.subjects:
                 raise ValidationError(
                     f"leaf_of: this data directory's stream {settings.name} takes subjects: "
                     "it belongs to a host that was not a leaf; give the leaf a new data "
@@ -294,7 +301,16 @@ class LeafKeyStore(KeyStore):
                 erasing.add(task)
                 task.add_done_callback(erasing.discard)
 
-        return await self.hubs.watch(heard)
+        stop_hearing = await self.hubs.watch(heard)
+
+        async def stop() -> None:
+            await stop_hearing()
+            for task in list(erasing):
+                task.cancel()
+            if erasing:
+                await asyncio.wait(erasing, timeout=5)
+
+        return stop
 
     async def _erase_late(self, name: str) -> None:
         try:
@@ -664,23 +680,14 @@ class LeafLog(JetStreamLog):
         raise LogUnavailable(f"cannot keep source {prefix} on {stream}")
 
     async def _readd_sources(self) -> None:
-        """Drop and re-add the cross-domain sources: they resume now. The key buckets'
-        first (an event is opened with its key). The leaf's copy of the hub's bucket has
-        no other source, and a stream left with neither subjects nor sources is given its
-        name as subject: its source is changed instead (its filter, which selects every
-        key either way), which restarts it too."""
-        copy = f"KV_{keys_name(self.settings)}"
-        config = (await self.admin.stream_info(copy)).config
-        bucket = f"$KV.{keys_name(self.settings)}.>"
-        sources = [
-            dataclasses.replace(s, filter_subject=None if s.filter_subject else bucket)
-            for s in config.sources or []
-        ]
-        await self.admin.update_stream(dataclasses.replace(config, sources=sources))
+        """Drop and re-add the cross-domain sources: they resume now (where they were).
+        The key buckets' first: an event is opened with its key."""
         hub = self.nc.jetstream(domain=self.hub_domain, timeout=2.0)
         readded: list[tuple[JetStreamContext, str, Any, str]] = []
+        buckets = f"KV_{keys_name(self.settings)}"
         for js, stream, prefix in (
-            (hub, f"KV_{keys_name(self.settings)}", _api(self.domain)),
+            (self.admin, buckets, _api(self.hub_domain)),
+            (hub, buckets, _api(self.domain)),
             (self.admin, self.settings.name, _api(self.hub_domain)),
             (hub, self.settings.name, _api(self.domain)),
         ):
