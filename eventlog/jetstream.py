@@ -63,7 +63,6 @@ ATOMIC_BATCH_MAX = 1000
 _CONFLICT_CODES = {10071, 10164}  # wrong last sequence (subject / stream)
 _TOO_LARGE_CODES = {10054}  # message size exceeds maximum allowed
 _IN_FLIGHT_CODES = {10158}  # duplicate message id is in process: the first copy is being stored
-_TRANSIENT = TRANSIENT
 _RETRY_PAUSE = 0.05
 _LIVE_HEARTBEAT = 1.0  # seconds between idle heartbeats on a live tail
 _LIVE_EXPIRES = 10.0  # seconds a live pull request stays open
@@ -91,7 +90,7 @@ def _translate(
         return LogUnavailable(f"JetStream refused the append to {subject}: {exc.description}")
     if isinstance(exc, nats.errors.MaxPayloadError):
         return ValidationError(f"event: too large for the NATS server's max_payload ({exc})")
-    if isinstance(exc, _TRANSIENT):
+    if isinstance(exc, TRANSIENT):
         return None
     if isinstance(exc, (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError)):
         return LogUnavailable("the NATS connection is closed")
@@ -268,7 +267,7 @@ class JetStreamLog(EventLog):
                 return await action()
             except nats.js.errors.NotFoundError:
                 raise
-            except (nats.js.errors.APIError, *_TRANSIENT) as exc:
+            except (nats.js.errors.APIError, *TRANSIENT) as exc:
                 if isinstance(exc, nats.js.errors.APIError) and exc.code not in (None, 503, 500):
                     raise LogUnavailable(f"JetStream refused: {exc.description}") from exc
                 if time.monotonic() >= deadline:
@@ -339,7 +338,7 @@ class JetStreamLog(EventLog):
                         return api.PubAck(stream=self._stream_of(subject), seq=stored)
                 if error is not None:
                     raise error from exc
-                if not isinstance(exc, (*_TRANSIENT, nats.js.errors.APIError)):
+                if not isinstance(exc, (*TRANSIENT, nats.js.errors.APIError)):
                     raise
                 last_error = exc
             await asyncio.sleep(min(_RETRY_PAUSE, max(0.0, deadline - time.monotonic())))

@@ -604,7 +604,7 @@ class Keyring:
             await stop()
 
     def _arrived(self, name: str, value: bytes | None) -> None:
-        if name.startswith(f"{CURRENT}"):
+        if name.startswith(CURRENT):
             self._current = None  # (a rotation: read the pointer again)
             return
         if value is None:
@@ -709,6 +709,8 @@ class Keyring:
     async def destroy_copies(self, name: str | None = None, *, prefix: str | None = None) -> None:
         """Erase this host's own copies of keys another host destroyed (``name``, or
         every one under ``prefix``), where it keeps copies (``KeyStore.destroy_copy``)."""
+        if name is None and prefix is None:
+            return
         names = [name] if name is not None else await self.store.names(prefix or "")
         for each in names:
             self.forget(each)

@@ -36,7 +36,6 @@ from eventlog.errors import DecodeError, NotFoundError
 from eventlog.keys import KeyDestroyed, Keyring, collective_prefix, gather_limited, key_name
 from eventlog.limits import SEALED_KINDS, check_ranges
 from eventlog.log import LogEntry
-from eventlog.subjects import subject_for
 
 KEY_WAIT = 30.0  # seconds a reader waits for a key that has not reached the store
 # the reason of a dead letter whose key was not there: read again whenever a host opens
@@ -46,11 +45,8 @@ AAD = b"pulse.sealed.1:"
 SEALED_ENTITY: dict[str, str] = {
     kind: entity for entity, kinds in SEALED_KINDS.items() for kind in kinds
 }
-# the events that make an entity (the first of its sealed events)
-MAKING = frozenset(
-    {"experience.recorded", "insight.stored", "relation.stored", "session.started",
-     "wisdom.stored"}
-)  # fmt: skip
+# the events that make an entity: the first of its sealed kinds
+MAKING = frozenset(kinds[0] for kinds in SEALED_KINDS.values())
 DELETED_ENTITY: dict[type[ev.EventBase], str] = {
     ev.ExperienceDeleted: "experience",
     ev.InsightDeleted: "insight",
@@ -67,20 +63,29 @@ def _aad(event_id: UUID, name: str) -> bytes:
     return AAD + event_id.bytes + name.encode()
 
 
-def sealed_name(event: ev.Event) -> str | None:
-    """The data key an event is sealed with (None: it is not sealed)."""
-    entity = SEALED_ENTITY.get(ev.event_type_name(event))
+def _name_of(entity: str | None, event: ev.Event) -> str | None:
     if entity is None:
         return None
     return key_name(entity, getattr(event, f"{entity}_id"), getattr(event, "collective_id", None))
+
+
+def sealed_name(event: ev.Event) -> str | None:
+    """The data key an event is sealed with (None: it is not sealed)."""
+    return _name_of(SEALED_ENTITY.get(ev.event_type_name(event)), event)
 
 
 def tombstone_name(event: ev.Event) -> str | None:
-    """The data key a tombstone destroys (a collective's: ``collective_prefix``)."""
-    entity = DELETED_ENTITY.get(type(event))
-    if entity is None:
-        return None
-    return key_name(entity, getattr(event, f"{entity}_id"), getattr(event, "collective_id", None))
+    """The data key an entity's tombstone destroys (None: not an entity's tombstone)."""
+    return _name_of(DELETED_ENTITY.get(type(event)), event)
+
+
+def tombstone_scope(event: ev.Event) -> tuple[str | None, str | None] | None:
+    """The data keys a tombstone destroys, as (name, prefix) for ``Keyring.forget`` and
+    ``destroy_copies``: an entity's name, or a collective's prefix; None: none."""
+    if isinstance(event, ev.CollectiveDeleted):
+        return None, collective_prefix(event.collective_id)
+    name = tombstone_name(event)
+    return None if name is None else (name, None)
 
 
 def seal_with(event: ev.Event, key: bytes, name: str) -> ev.Sealed:
@@ -166,13 +171,6 @@ class Sealer:
             await gather_limited(self._make(n, e) for n, e in firsts.items())
         return [await self.seal(e) for e in events]
 
-    async def open_event(self, event: ev.Event) -> ev.Event:
-        """The event inside, or the sealed one when its key was destroyed."""
-        if not isinstance(event, ev.Sealed):
-            return event
-        entries = await self.open([LogEntry(0, subject_for(event), event)])
-        return entries[0].event or event
-
     async def open(
         self, entries: Sequence[LogEntry], *, key_wait: float | None = None
     ) -> list[LogEntry]:
@@ -228,10 +226,9 @@ class Sealer:
 
     def forget(self, event: ev.Event) -> None:
         """A tombstone applied: its keys leave this host's memory."""
-        if isinstance(event, ev.CollectiveDeleted):
-            self.keyring.forget(prefix=collective_prefix(event.collective_id))
-        elif (name := tombstone_name(event)) is not None:
-            self.keyring.forget(name)
+        scope = tombstone_scope(event)
+        if scope is not None:
+            self.keyring.forget(scope[0], prefix=scope[1])
 
 
 def _firsts(events: Sequence[ev.Event]) -> dict[str, ev.Event]:

@@ -51,10 +51,10 @@ from eventlog.errors import (
     ValidationError,
 )
 from eventlog.ids import uuid7
-from eventlog.keys import Keyring, collective_prefix
+from eventlog.keys import Keyring
 from eventlog.limits import CLOCK_AHEAD_MS
 from eventlog.log import EventLog, LogEntry, key_conflict
-from eventlog.sealing import SEALED_ENTITY, Sealer, tombstone_name
+from eventlog.sealing import SEALED_ENTITY, Sealer, tombstone_name, tombstone_scope
 from projections import past, queries
 from projections.engine import Applied, Engine
 from projections.projection import entity_of
@@ -344,15 +344,12 @@ class InstanceCore:
         a failure is logged (its next delete of the subject, or a rebuild, redoes it)."""
         if type(self.log).purge_copy is EventLog.purge_copy:
             return  # one shared stream: the deleting host purged it
-        keyring = self.sealer.keyring
         if isinstance(event, ev.CollectiveDeleted):
             subject = f"{subjects.PREFIX}.c.{event.collective_id}.>"
-            keys = functools.partial(
-                keyring.destroy_copies, prefix=collective_prefix(event.collective_id)
-            )
         else:
             subject = subjects.subject_for(event)
-            keys = functools.partial(keyring.destroy_copies, tombstone_name(event))
+        name, prefix = tombstone_scope(event) or (None, None)
+        keys = functools.partial(self.sealer.keyring.destroy_copies, name, prefix=prefix)
 
         async def purge() -> None:
             try:
