@@ -34,7 +34,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 from uuid import UUID
 
 from cryptography.exceptions import InvalidTag
@@ -311,15 +311,23 @@ class KvKeyStore(KeyStore):
             pass
         return await self.js.key_value(self.bucket)
 
-    async def get(self, name: str) -> Found:
+    async def _latest(self, name: str) -> tuple[Any, bool]:
+        """The entry of the value ``name`` holds (None: none), and whether its latest
+        message is a deletion marker."""
         kv = await self.kv()
         try:
             entry = await self._retrying(lambda: kv.get(name))
         except KeyNotFoundError as exc:  # (KeyDeletedError is one: a marker)
-            return DESTROYED if getattr(exc, "entry", None) is not None else None
+            return None, getattr(exc, "entry", None) is not None
         if entry.operation in ("DEL", "PURGE"):
+            return None, True
+        return entry, False
+
+    async def get(self, name: str) -> Found:
+        entry, marked = await self._latest(name)
+        if marked:
             return DESTROYED
-        return entry.value
+        return None if entry is None else entry.value
 
     async def create(self, name: str, value: bytes) -> Found:
         kv = await self.kv()
@@ -330,14 +338,10 @@ class KvKeyStore(KeyStore):
             return await self.get(name)
 
     async def replace(self, name: str, old: bytes, value: bytes) -> bool:
-        kv = await self.kv()
-        try:
-            entry = await self._retrying(lambda: kv.get(name))
-        except KeyNotFoundError:
+        entry, _ = await self._latest(name)
+        if entry is None or entry.value != old or entry.revision is None:
             return False
-        if entry.value != old or entry.revision is None:
-            return False
-        last = entry.revision
+        kv, last = await self.kv(), entry.revision
         try:
             await self._retrying(lambda: kv.update(name, value, last=last))
         except KeyWrongLastSequenceError:
@@ -345,17 +349,13 @@ class KvKeyStore(KeyStore):
         return True
 
     async def destroy(self, name: str) -> None:
-        kv = await self.kv()
-        try:
-            entry = await self._retrying(lambda: kv.get(name))
-        except KeyNotFoundError as exc:
-            if getattr(exc, "entry", None) is None:
-                entry = None
-            else:  # destroyed before; a crash may have come before the erasure: finish it
-                await self.erase_values(name)
-                return
+        entry, marked = await self._latest(name)
+        if marked:  # destroyed before; a crash may have come before the erasure: finish it
+            await self.erase_values(name)
+            return
         # the marker first, so the name never holds nothing (a create would take it),
         # then the value it replaced (kept as the one older revision) is erased
+        kv = await self.kv()
         await self._retrying(lambda: kv.delete(name))
         if entry is not None and entry.revision is not None:
             await self._erase(entry.revision)
