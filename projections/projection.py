@@ -135,7 +135,8 @@ class Projection:
         self.vectors: dict[tuple[str, UUID], VectorIndex] = {}
         self.exact: dict[int, ExactVectors] = {}  # by dimension
         self.caches: dict[Any, Any] = {}  # derived read structures (see queries._Columns)
-        self._live_collectives: dict[UUID, int | None] = {}  # dimension the indexes assume
+        # the dimension and the language the indexes assume, by collective
+        self._live_collectives: dict[UUID, tuple[int | None, str]] = {}
         self._unindexed = Touched.nothing()  # applied, not yet in the indexes
         self.unindexed_events = 0  # events applied since the indexes were brought up
         self._load_indexes()
@@ -400,15 +401,18 @@ class Projection:
         self.scrub_since = None
         return took
 
-    def _text_documents(self) -> Iterator[tuple[str, UUID, UUID, str]]:
+    def _text_documents(self) -> Iterator[tuple[str, UUID, UUID, str, str]]:
         """What the text index holds: every live experience and indexable insight."""
         memory = self.memory
+        language = memory.collective_language
         for (row_id,), row in memory.experiences.items():
-            if row.collective_id is not None and memory.live_experience(row_id) is not None:
-                yield "experience", row_id, row.collective_id, row.content or ""
+            cid = row.collective_id
+            if cid is not None and memory.live_experience(row_id) is not None:
+                yield "experience", row_id, cid, row.content or "", language(cid)
         for (row_id,), insight in memory.insights.items():
-            if insight.collective_id is not None and _indexable_insight(memory, insight):
-                yield "insight", row_id, insight.collective_id, insight.content or ""
+            cid = insight.collective_id
+            if cid is not None and _indexable_insight(memory, insight):
+                yield "insight", row_id, cid, insight.content or "", language(cid)
 
     # -- keeping the indexes in step -------------------------------------------------------
 
@@ -430,7 +434,10 @@ class Projection:
     def _sync(self, touched: Touched) -> None:
         memory = self.memory
         for collective_id in touched.collectives:
-            now = memory.collective_dimension(collective_id)
+            now = (
+                memory.collective_dimension(collective_id),
+                memory.collective_language(collective_id),
+            )
             if collective_id in self._live_collectives and (
                 self._live_collectives[collective_id] == now
             ):
@@ -511,7 +518,8 @@ class Projection:
                 ids_.append(vec_id)
                 vecs.append(row.embedding or b"")
                 keys.append(row_id)
-                self.text.put(kind, row_id, collective_id, row.content or "")
+                language = memory.collective_language(collective_id)
+                self.text.put(kind, row_id, collective_id, row.content or "", language)
             index.set_hidden(vec_id, hidden)
             return
         vec_id_or_none = memory.vec_ids.get(row_id)
@@ -538,7 +546,8 @@ class Projection:
                 self.vectors[(kind, collective_id)] = VectorIndex.load(
                     path, self._exact(dim), self.settings.hnsw_threshold, self.settings.ef_search
                 )
-                self._live_collectives[collective_id] = dim
+                language = memory.collective_language(collective_id)
+                self._live_collectives[collective_id] = (dim, language)
         by_vec_id = {vec_id: row_id for row_id, vec_id in memory.vec_ids.items()}
         for (kind, _collective_id), index in self.vectors.items():  # point rows at the file
             for vec_id in index.members:

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from eventlog import events as ev
+from eventlog.limits import ENGLISH
 from projections.fold import CollectiveRow, ExperienceRow, InsightRow, RelationRow, SessionRow
 from projections.past import Past
 from projections.projection import Projection
@@ -177,6 +178,7 @@ class Collective(msgspec.Struct, frozen=True, kw_only=True):
     embedding_dimension: int
     embedder: str | None  # the text embedder it uses; None: callers bring vectors
     created_ms: int
+    language: str = "english"  # how its text is analyzed for search (projections.language)
 
 
 class Wisdom(msgspec.Struct, frozen=True, kw_only=True):
@@ -641,7 +643,8 @@ def _text_hits(
 ) -> list[tuple[UUID, float]]:
     """BM25 hits among the experiences of one collective (unfiltered otherwise)."""
     alone = p.memory.experiences_of.keys() <= {collective_id}  # every document is its own
-    return p.text.search("experience", collective_id, text, limit, alone=alone)
+    language = p.memory.collective_language(collective_id)
+    return p.text.search("experience", collective_id, text, limit, language=language, alone=alone)
 
 
 def search_text(
@@ -891,7 +894,7 @@ def _collective(row: CollectiveRow) -> Collective:
     return Collective(
         collective_id=row.collective_id, owner_id=row.owner_id or "", name=row.name or "",
         embedding_dimension=int(row.embedding_dimension or 0), embedder=row.embedder or None,
-        created_ms=ev.hlc_millis(row.created_hlc or 0),
+        created_ms=ev.hlc_millis(row.created_hlc or 0), language=row.language or ENGLISH,
     )  # fmt: skip
 
 

@@ -45,7 +45,7 @@ before its collective is simply not live yet, and becomes live when the collecti
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 MISPLACED = "collective_id: not the collective of the entity: "  # dead letter
 
@@ -57,7 +57,7 @@ CREATE TABLE IF NOT EXISTS collective_rows (
     collective_id UUID PRIMARY KEY, create_event UUID, owner_id VARCHAR, name VARCHAR,
     embedding_dimension INTEGER, embedder VARCHAR, created_hlc UBIGINT,
     deleted BOOLEAN NOT NULL,
-    updated_seq BIGINT, author_owner VARCHAR, author_agent VARCHAR);
+    updated_seq BIGINT, author_owner VARCHAR, author_agent VARCHAR, language VARCHAR);
 CREATE TABLE IF NOT EXISTS experience_rows (
     experience_id UUID PRIMARY KEY, create_event UUID, collective_id UUID, content VARCHAR,
     embedding BLOB, experience_type VARCHAR, type_data VARCHAR, source_agent VARCHAR,
@@ -118,7 +118,8 @@ CREATE TABLE IF NOT EXISTS undecodable (
 VIEWS = """
 CREATE OR REPLACE VIEW collectives AS
 SELECT collective_id, owner_id, name, embedding_dimension, embedder,
-       epoch_ms((created_hlc >> 16)::BIGINT) AS created_at, author_owner, author_agent
+       epoch_ms((created_hlc >> 16)::BIGINT) AS created_at, author_owner, author_agent,
+       coalesce(language, 'english') AS language
 FROM collective_rows WHERE create_event IS NOT NULL AND NOT deleted;
 
 CREATE OR REPLACE VIEW applications AS
@@ -309,6 +310,8 @@ DIGEST_BY_COLLECTIVE["undecodable"] = DIGEST_QUERIES["undecodable"].replace(
 
 # from_version -> statements that bring the schema to from_version + 1
 MIGRATIONS: dict[int, list[str]] = {
+    # 7: a collective's text analyzer (projections.language); those before are English
+    6: ["ALTER TABLE collective_rows ADD COLUMN IF NOT EXISTS language VARCHAR"],
     # 6: validity (an experience's [valid_from, valid_to), why it stopped being true, and
     # its invalidations); the history of every change (audit_rows.change, and the
     # application counts' history). Rows from before are valid from their recording on.

@@ -28,6 +28,7 @@ from typing import Any, TypeAlias, TypeVar
 from uuid import UUID
 
 from eventlog import events as ev
+from eventlog.limits import ENGLISH
 from projections.crdt import GCounter
 from projections.fold import (
     ROW_TYPES,
@@ -402,6 +403,11 @@ class MemoryState:
         if row is None or row.create_event is None or row.deleted:
             return None
         return row.embedding_dimension
+
+    def collective_language(self, collective_id: UUID | None) -> str:
+        """The text analyzer of a collective (English when it names none, or is unknown)."""
+        row = self.collectives.get((collective_id,))
+        return (row.language if row is not None else None) or ENGLISH
 
     def live_collective(self, collective_id: UUID) -> CollectiveRow | None:
         row = self.collectives.get((collective_id,))

@@ -22,10 +22,16 @@ from uuid import UUID
 
 import tantivy
 
+from projections import language as lang
+
 _THREADS = min(2, os.cpu_count() or 1)  # indexing threads of the writer (it runs beside us)
 
 
 KINDS = ("experience", "insight")
+# a collective of any language but English is analyzed in Python (projections.language):
+# its words and its grams go to fields of their own, as terms separated by spaces
+WORDS, GRAMS = "_words", "_grams"
+GRAM_WEIGHT = 0.5  # a matching gram counts for less than a matching word
 
 
 def _schema() -> tantivy.Schema:
@@ -34,7 +40,21 @@ def _schema() -> tantivy.Schema:
     builder.add_text_field("collective", stored=False, tokenizer_name="raw")
     for kind in KINDS:  # the content, in the field of its kind
         builder.add_text_field(kind, stored=False, tokenizer_name="en_stem")
+        builder.add_text_field(kind + WORDS, stored=False, tokenizer_name="whitespace")
+        builder.add_text_field(kind + GRAMS, stored=False, tokenizer_name="whitespace")
     return builder.build()
+
+
+def _fields(kind: str, collective_id: UUID, content: str, language: str) -> dict[str, str]:
+    """The fields of a document of ``kind``: its content analyzed by ``language``."""
+    fields = {"collective": str(collective_id)}
+    if language == lang.ENGLISH:
+        fields[kind] = content
+    else:
+        analysis = lang.analyze(language, content)
+        fields[kind + WORDS] = " ".join(analysis.words)
+        fields[kind + GRAMS] = " ".join(analysis.grams)
+    return fields
 
 
 class TextIndex:
@@ -59,10 +79,12 @@ class TextIndex:
             self._writer = self.index.writer(heap_size=64_000_000, num_threads=_THREADS)
         return self._writer
 
-    def put(self, kind: str, doc_id: UUID, collective_id: UUID, content: str) -> None:
+    def put(
+        self, kind: str, doc_id: UUID, collective_id: UUID, content: str, language: str
+    ) -> None:
         self.remove(doc_id)
-        fields = {"id": str(doc_id), "collective": str(collective_id), kind: content}
-        self.writer.add_document(tantivy.Document(**fields))
+        fields = _fields(kind, collective_id, content, language)
+        self.writer.add_document(tantivy.Document(id=str(doc_id), **fields))
 
     def remove(self, doc_id: UUID) -> None:
         self.writer.delete_documents_by_term("id", str(doc_id))
@@ -72,17 +94,17 @@ class TextIndex:
         self.writer.delete_documents_by_term("collective", str(collective_id))
         self._dirty = True
 
-    def rewrite(self, documents: Iterable[tuple[str, UUID, UUID, str]]) -> int:
+    def rewrite(self, documents: Iterable[tuple[str, UUID, UUID, str, str]]) -> int:
         """Empty the index and fill it again with ``documents`` (kind, id, collective,
-        content) in one commit, then remove the files no commit uses: what deleted
+        content, language) in one commit, then remove the files no commit uses: what deleted
         documents left in segments goes with them (tantivy-py cannot force a merge).
         Returns how many documents it holds."""
         writer = self.writer
         writer.delete_all_documents()
         count = 0
-        for kind, doc_id, collective_id, content in documents:
-            fields = {"id": str(doc_id), "collective": str(collective_id), kind: content}
-            writer.add_document(tantivy.Document(**fields))
+        for kind, doc_id, collective_id, content, language in documents:
+            fields = _fields(kind, collective_id, content, language)
+            writer.add_document(tantivy.Document(id=str(doc_id), **fields))
             count += 1
         writer.commit()
         writer.garbage_collect_files()
@@ -97,13 +119,28 @@ class TextIndex:
             self.index.reload()
 
     def search(
-        self, kind: str, collective_id: UUID, text: str, limit: int, *, alone: bool = False
+        self,
+        kind: str,
+        collective_id: UUID,
+        text: str,
+        limit: int,
+        *,
+        language: str = lang.ENGLISH,
+        alone: bool = False,
     ) -> list[tuple[UUID, float]]:
-        """(id, BM25 score) of the best matches, best first; query syntax errors are
-        forgiven (the text is parsed leniently). ``alone``: the caller knows every
+        """(id, BM25 score) of the best matches, best first, in a collective whose text is
+        analyzed by ``language``. English queries are parsed leniently (tantivy's query
+        syntax, errors forgiven); in other languages the query's words and grams are
+        looked up as they are, any of them matching. ``alone``: the caller knows every
         document of this kind belongs to this collective (no filter needed)."""
         self.commit()
-        query, _errors = self.index.parse_query_lenient(text, [kind])
+        if language == lang.ENGLISH:
+            query, _errors = self.index.parse_query_lenient(text, [kind])
+        else:
+            analyzed = self._analyzed_query(kind, language, text)
+            if analyzed is None:
+                return []
+            query = analyzed
         if not alone:
             query = tantivy.Query.boolean_query(
                 [
@@ -130,6 +167,26 @@ class TextIndex:
         found = [(UUID(searcher.doc(address)["id"][0]), float(score)) for score, address in hits]
         found.sort(key=lambda hit: (-hit[1], hit[0]))  # one order on every host
         return found[:limit]
+
+    def _analyzed_query(self, kind: str, language: str, text: str) -> tantivy.Query | None:
+        """Any of the words of ``text`` (analyzed by ``language``) or, with less weight,
+        any of its grams; None when it has neither."""
+        analysis = lang.analyze(language, text)
+        schema = self.index.schema
+        clauses = [
+            (tantivy.Occur.Should, tantivy.Query.term_query(schema, kind + WORDS, word))
+            for word in dict.fromkeys(analysis.words)
+        ]
+        clauses += [
+            (
+                tantivy.Occur.Should,
+                tantivy.Query.boost_query(
+                    tantivy.Query.term_query(schema, kind + GRAMS, gram), GRAM_WEIGHT
+                ),
+            )
+            for gram in dict.fromkeys(analysis.grams)
+        ]
+        return tantivy.Query.boolean_query(clauses) if clauses else None
 
     def close(self) -> None:
         self.commit()

@@ -21,6 +21,8 @@ import pydantic
 from eventlog import events as ev
 from eventlog.errors import Forbidden, NotFollowed, NotFoundError, ValidationError
 from projections import queries
+from projections.language import AUTO
+from projections.language import detect as detect_language
 from projections.projection import Projection
 from sync import embedders, idempotency, models
 from sync.core import InstanceCore, as_of_read, check_limit, check_vector, uuid_of
@@ -40,12 +42,16 @@ class Collectives(InstanceCore):
         embedding_dimension: int | None = None,
         *,
         embedder: str | None = None,
+        language: models.Language | None = None,
         idempotency_key: str | None = None,
     ) -> UUID:
         """A new collective. Its embedding dimension is fixed for good; with an
         ``embedder`` ("hash", or "e5-small" with the model extra) text alone can be
-        recorded and searched, and the dimension defaults to the embedder's. A principal
-        creates collectives of its own owner only (admins: of any)."""
+        recorded and searched, and the dimension defaults to the embedder's. Its
+        ``language`` (fixed for good too) says how its text is analyzed for search:
+        "english", "german", "ukrainian", "chinese", ... (``projections.language``), or
+        "auto" (the default): chosen from the name's script, English for plain ASCII. A
+        principal creates collectives of its own owner only (admins: of any)."""
         me = self._me()
         me.need_write()
         if not me.admin:
@@ -60,8 +66,10 @@ class Collectives(InstanceCore):
                 )
         spec = validated(
             models.CollectiveIn, owner_id=owner_id, name=name,
-            embedding_dimension=embedding_dimension, embedder=embedder,
+            embedding_dimension=embedding_dimension, embedder=embedder, language=language,
         )  # fmt: skip
+        chosen = spec.language or AUTO
+        chosen = detect_language(spec.name) if chosen == AUTO else chosen
         dimension = spec.embedding_dimension
         if spec.embedder is not None:
             dimension = dimension or embedders.default_dimension(spec.embedder)
@@ -73,6 +81,7 @@ class Collectives(InstanceCore):
             ev.CollectiveCreated(
                 **self._common(), collective_id=collective_id, owner_id=spec.owner_id,
                 name=spec.name, embedding_dimension=dimension, embedder=spec.embedder or "",
+                language=chosen,
             )
         )  # fmt: skip
         return collective_id

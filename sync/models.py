@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import pydantic
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -46,6 +47,7 @@ from eventlog.limits import EMBEDDER_NAME_MAX as EMBEDDER_NAME_MAX
 from eventlog.limits import FILE_PATH_MAX as FILE_PATH_MAX
 from eventlog.limits import FILES_MAX as FILES_MAX
 from eventlog.limits import INSIGHT_MAX_BYTES as INSIGHT_MAX_BYTES
+from eventlog.limits import LANGUAGES as LANGUAGES
 from eventlog.limits import METADATA_MAX_BYTES as METADATA_MAX_BYTES
 from eventlog.limits import NAME_MAX as NAME_MAX
 from eventlog.limits import PATTERN_MAX as PATTERN_MAX
@@ -63,6 +65,8 @@ from eventlog.limits import TODO_TASK_MAX_BYTES as TODO_TASK_MAX_BYTES
 from eventlog.limits import TYPE_TEXT_MAX as TYPE_TEXT_MAX
 from eventlog.limits import WORKING_ON_ITEM_MAX as WORKING_ON_ITEM_MAX
 from eventlog.limits import WORKING_ON_MAX as WORKING_ON_MAX
+from projections.language import AUTO
+from projections.language import check as check_language
 
 K_MAX = 1000  # a search's k (a limit of the API, not of the data model)
 PAGE_DEFAULT = 100  # items per page of a listing (limits of the API, not of the data model)
@@ -301,6 +305,20 @@ def to_event_type(value: BaseModel) -> ev.ExperienceType:
 # -- collectives ---------------------------------------------------------------------------
 
 
+def _language(value: str) -> str:
+    if value != AUTO:
+        check_language(value)  # ValueError naming the field and the choices
+    return value
+
+
+# a collective's text analyzer (projections.language), or "auto": chosen from its name
+Language = Annotated[
+    str,
+    AfterValidator(_language),
+    WithJsonSchema({"type": "string", "enum": [*LANGUAGES, AUTO]}),
+]
+
+
 class CollectiveIn(_Input):
     owner_id: Name
     name: Name
@@ -308,6 +326,7 @@ class CollectiveIn(_Input):
     embedder: (
         Annotated[str, StringConstraints(min_length=1, max_length=EMBEDDER_NAME_MAX)] | None
     ) = None
+    language: Language | None = None
 
     @model_validator(mode="after")
     def _dimension_given(self) -> CollectiveIn:

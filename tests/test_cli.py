@@ -179,7 +179,7 @@ def test_every_operation_from_the_command_line(tmp_path: Path) -> None:
     cid = ok("collective", "create", "team", "--owner", "ana", "--embedder", "hash")
     assert js("collective", "list", "--owner", "ana") == [
         {"collective_id": cid, "owner_id": "ana", "name": "team", "embedding_dimension": 384,
-         "embedder": "hash", "created_ms": ANY_INT}
+         "embedder": "hash", "created_ms": ANY_INT, "language": "english"}
     ]  # fmt: skip
     a = ok(
         "record",

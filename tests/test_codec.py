@@ -24,6 +24,7 @@ from eventlog.codec import (
     register_upcaster,
 )
 from eventlog.errors import DecodeError
+from eventlog.limits import LANGUAGES
 from eventlog.sealing import SEALED_ENTITY, seal_with, sealed_name
 from eventlog.subjects import subject_for
 from tests.golden_events import SAMPLES, golden_path
@@ -123,6 +124,8 @@ def strategy_for(info: mi.Type, name: str = "") -> st.SearchStrategy[Any]:
     if isinstance(info, mi.StrType):
         if name in HEX_64:
             return st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)
+        if name == "language":  # a collective's analyzer: one Pulse knows ("" = English)
+            return st.sampled_from(("", *LANGUAGES))
         return st.text(min_size=1 if name in NON_EMPTY_TEXTS else 0, max_size=40)
     if isinstance(info, mi.IntType):
         low, high = INT_RANGES[name]  # a KeyError: a new int field needs its range here
@@ -293,6 +296,7 @@ def test_adding_a_defaulted_field_leaves_old_bytes_readable() -> None:
         name: str
         embedding_dimension: int
         embedder: str = ""
+        language: str = ""
         retention_days: int = 0  # a field added later, with a default
 
     old = SAMPLES["collective.created"]

@@ -76,7 +76,28 @@ def test_a_version_1_database_is_migrated_on_open(tmp_path: Path) -> None:
     version = store.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     store.close()
     assert "collective_id" in columns and "instance_id" in kept_aside
-    assert version == (str(schema.SCHEMA_VERSION),) == ("6",)
+    assert version == (str(schema.SCHEMA_VERSION),) == ("7",)
+
+
+def test_a_version_6_database_gains_languages_its_collectives_english(tmp_path: Path) -> None:
+    from eventlog.log import LogEntry
+    from projections.projection import Projection
+    from tests import factories as f
+
+    cid = f.uuid7()
+    projection = Projection(tmp_path)
+    projection.apply([LogEntry(1, "pulse.test", f.collective(cid))])
+    expected = projection.digest()
+    projection.flush()
+    projection.store.con.execute("DROP VIEW collectives")  # as version 6 had it
+    projection.store.con.execute("ALTER TABLE collective_rows DROP COLUMN language")
+    projection.store.con.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
+    projection.close()
+    migrated = Projection(tmp_path)
+    languages = migrated.store.con.execute("SELECT language FROM collectives").fetchall()
+    assert migrated.digest() == expected
+    migrated.close()
+    assert languages == [("english",)]
 
 
 def as_version_4(con: Any) -> None:

@@ -1,0 +1,107 @@
+"""Recall and cost of a collective's text analyzer (``projections.language``).
+
+    python -m ops.bench.languages [--documents 5000]
+
+- recall: for each corpus of ``ops.bench.language_corpora`` (Ukrainian, German, Chinese,
+  English), the share of queries whose experience is in the top 3, by text and by hybrid
+  search (the e5-small embedder), in a collective of the corpus's language, beside the
+  same corpus in a collective analyzed as before languages existed (``english``: tantivy's
+  en_stem) and in a ``simple`` one. A host on an embedded NATS.
+- index: indexing ``--documents`` experiences of each language into the text index and
+  committing, beside the same count of English ones through tantivy's own analyzer (what
+  every collective cost before): the Python analysis is the difference.
+
+Prints one JSON line per figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from uuid import UUID
+
+from eventlog.ids import uuid7
+from ops.bench.language_corpora import CORPORA
+
+
+def emit(figure: str, **values: object) -> None:
+    print(json.dumps({"bench": "languages", "figure": figure, **values}), flush=True)
+
+
+async def recall() -> None:
+    from sync import PulseDB
+
+    with tempfile.TemporaryDirectory() as tmp:
+        db = await PulseDB.open(Path(tmp) / "host")
+        try:
+            for language, corpus in CORPORA.items():
+                found: dict[str, dict[str, float]] = {}
+                for analyzer in dict.fromkeys((language, "english", "simple")):
+                    cid = await db.create_collective(
+                        "bench", f"{language} as {analyzer}", embedder="e5-small",
+                        language=analyzer,
+                    )  # fmt: skip
+                    ids = await db.record_experiences(cid, [{"content": t} for t, _ in corpus])
+                    found[analyzer] = await _recall_at_3(db, cid, ids, corpus)
+                emit("recall_at_3", corpus=language, **{
+                    f"{how}_{analyzer}": round(shares[how], 3)
+                    for analyzer, shares in found.items() for how in ("text", "hybrid")
+                })  # fmt: skip
+        finally:
+            await db.close()
+
+
+async def _recall_at_3(
+    db: object, cid: UUID, ids: list[UUID], corpus: list[tuple[str, list[str]]]
+) -> dict[str, float]:
+    hits = {"text": 0, "hybrid": 0}
+    total = 0
+    for eid, (_text, queries) in zip(ids, corpus, strict=True):
+        for query in queries:
+            total += 1
+            for how in hits:
+                search = getattr(db, f"search_{how}")
+                top = await search(cid, query, k=3, energy_weight=0)
+                hits[how] += eid in [hit.experience.experience_id for hit in top]
+    return {how: count / total for how, count in hits.items()}
+
+
+def index_cost(documents: int) -> None:
+    from projections.text import TextIndex
+
+    times: dict[str, float] = {}
+    for language, corpus in CORPORA.items():
+        texts = [text for text, _ in corpus]
+        with tempfile.TemporaryDirectory() as tmp:
+            index = TextIndex(Path(tmp) / "text")
+            cid = uuid7()
+            start = time.perf_counter()
+            for i in range(documents):
+                # each document a little different, as real ones are (caches aside)
+                content = f"{texts[i % len(texts)]} {texts[(i * 7) % len(texts)]} {i}"
+                index.put("experience", uuid7(), cid, content, language)
+            index.commit()
+            times[language] = time.perf_counter() - start
+            index.close()
+    for language, took in times.items():
+        if language != "english":
+            emit("index", language=language, documents=documents,
+                 us_per_document=round(took / documents * 1e6, 1),
+                 english_us_per_document=round(times["english"] / documents * 1e6, 1),
+                 ratio=round(times["english"] / took, 3))  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--documents", type=int, default=5000, help="documents indexed")
+    args = parser.parse_args()
+    asyncio.run(recall())
+    index_cost(args.documents)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Text analysis per collective: how its words become the terms its full-text search
+matches.
+
+A collective names its language once, in its created event (``language``), so every host
+indexes its text the same way and a rebuild reproduces it. The analyzers:
+
+- ``english``: tantivy's own ``en_stem`` (lower case, English Snowball stems). What every
+  collective used before languages existed; events without the field read as English.
+- a language with a Snowball stemmer (``german``, ``russian``, ``french``, ...): words in
+  lower case, stemmed. German's stemmer also folds umlauts (Häuser and Haus meet).
+- ``ukrainian``: no Snowball stemmer exists, so words are reduced to their dictionary
+  form by a morphological analyzer (pymorphy3 with its Ukrainian dictionary): публікацію,
+  публікації and публікація all become публікація.
+- ``chinese``, ``japanese``: scripts written without spaces. Runs of Han, kana or hangul
+  are cut into overlapping pairs of characters (bigrams), the way Lucene's CJK analyzer
+  does, with no dictionary: 数据库连接 gives 数据 据库 库连 连接, so a query for 数据库 or
+  连接 matches it. Other words in the text are lower-cased.
+- ``simple``: lower case, no stemming; the language-independent choice.
+
+Every analyzer but ``english`` also gives each word's character trigrams, a second
+field searched beside the words with less weight. They are the fallback where the word
+analysis misses: a German compound (Datenbankverbindung holds the trigrams of Verbindung),
+a form the dictionary does not know, a language without an analyzer. For scripts without
+spaces the single characters play that part.
+
+The analysis runs in Python and hands tantivy finished terms (a field split on
+whitespace), so one code path serves every language; tantivy-py can neither split words
+into n-grams nor lemmatize. The libraries a language needs are imported when a collective
+of that language is first indexed or searched, never before.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable, Iterator
+from functools import lru_cache
+
+from eventlog.limits import (
+    ENGLISH,
+    LANGUAGE_MAX,
+    LANGUAGES,
+    LEMMATIZED,
+    SIMPLE,
+    SNOWBALL,
+    SPACELESS,
+)
+
+__all__ = ["ENGLISH", "LANGUAGES", "LEMMATIZED", "SIMPLE", "SNOWBALL", "SPACELESS", "AUTO"]
+
+AUTO = "auto"  # chosen from the collective's name at creation (``detect``)
+
+WORD_MAX = 40  # characters; longer runs (hashes, base64) are not words anyone searches for
+
+# runs of letters or digits, with inner apostrophes (Ukrainian з'єднання, English don't);
+# the underscore is a separator, as in snake_case names
+_WORD = re.compile(r"[^\W_]+(?:['’ʼ][^\W_]+)*")
+# the scripts written without spaces: Han, kana, hangul syllables and their extensions
+_SPACELESS_CHAR = (
+    "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+    "\U00020000-\U0003134f"
+)
+_SPACELESS_RUN = re.compile(f"[{_SPACELESS_CHAR}]+")
+_APOSTROPHES = str.maketrans({"’": "'", "ʼ": "'"})
+
+
+def check(language: str) -> str:
+    """``language`` if Pulse has an analyzer of that name, else ValueError naming them."""
+    if language not in LANGUAGES:
+        raise ValueError(
+            f"language: {language!r:.{LANGUAGE_MAX}} is not one Pulse analyzes; choose one "
+            f"of {', '.join(LANGUAGES)} (or {AUTO})"
+        )
+    return language
+
+
+def detect(text: str) -> str:
+    """The language a collective named ``text`` is most likely written in, judged by its
+    script: Han or kana (Chinese, Japanese), Cyrillic letters only Ukrainian has (і ї є ґ)
+    or only Russian has (ы э ъ ё), Greek, Arabic. Plain ASCII means English (as every
+    collective before languages); anything else it cannot tell is ``simple``."""
+    letters = [c for c in text if c.isalpha()]
+    if not letters or all(c.isascii() for c in letters):
+        return ENGLISH
+    if any("\u3040" <= c <= "\u30ff" for c in letters):
+        return "japanese"
+    if any(_SPACELESS_RUN.fullmatch(c) for c in letters):
+        return "chinese"
+    lowered = set(text.lower())
+    if lowered & set("іїєґ"):
+        return "ukrainian"
+    if lowered & set("ыэъё"):
+        return "russian"
+    if any("\u0370" <= c <= "\u03ff" for c in letters):
+        return "greek"
+    if any("\u0600" <= c <= "\u06ff" for c in letters):
+        return "arabic"
+    return SIMPLE
+
+
+class Analysis:
+    """The terms of one text: ``words`` (normalized words) and ``grams`` (the words'
+    character trigrams, or single characters of spaceless scripts)."""
+
+    __slots__ = ("words", "grams")
+
+    def __init__(self, words: list[str], grams: list[str]) -> None:
+        self.words, self.grams = words, grams
+
+
+def _normal(text: str) -> str:
+    return unicodedata.normalize("NFKC", text).translate(_APOSTROPHES).casefold()
+
+
+def _trigrams(word: str) -> Iterator[str]:
+    if len(word) <= 3:
+        yield word
+        return
+    for i in range(len(word) - 2):
+        yield word[i : i + 3]
+
+
+def _bigrams(run: str) -> Iterator[str]:
+    if len(run) == 1:
+        yield run
+        return
+    for i in range(len(run) - 1):
+        yield run[i : i + 2]
+
+
+LEMMAS_MAX = 3  # dictionary forms kept of a word the dictionary reads more than one way
+
+
+@lru_cache(maxsize=len(LANGUAGES))
+def _word_form(language: str) -> Callable[[str], tuple[str, ...]]:
+    """The function that turns one lower-cased word into its terms."""
+    if language in SNOWBALL:
+        import Stemmer  # type: ignore[import-not-found]  # PyStemmer: Snowball stemmers, in C
+
+        stem = Stemmer.Stemmer(language).stemWord
+        return lru_cache(maxsize=100_000)(lambda word: (stem(word),))
+    if language in LEMMATIZED:
+        import pymorphy3  # type: ignore[import-untyped]  # its Ukrainian dictionary: a package
+
+        morph = pymorphy3.MorphAnalyzer(lang="uk")
+
+        def lemmas(word: str) -> tuple[str, ...]:
+            # every reading's dictionary form: the Ukrainian dictionary ranks none above
+            # another (базі is a form of база and of базь), and a query and a document
+            # match when they share any (даних and дані both read as даний)
+            forms = dict.fromkeys(str(parse.normal_form) for parse in morph.parse(word))
+            return tuple(forms)[:LEMMAS_MAX] or (word,)
+
+        return lru_cache(maxsize=100_000)(lemmas)
+    return lambda word: (word,)  # simple, and the words between spaceless runs
+
+
+def analyze(language: str, text: str) -> Analysis:
+    """The terms ``text`` gives in a collective of ``language`` (not English: tantivy
+    analyzes that itself)."""
+    form = _word_form(language)
+    words: list[str] = []
+    grams: list[str] = []
+    for match in _WORD.finditer(_normal(text)):
+        token = match.group()
+        start = 0
+        for run in _SPACELESS_RUN.finditer(token):  # spaceless scripts: pairs, then chars
+            if run.start() > start:
+                _add_word(token[start : run.start()], form, words, grams)
+            words.extend(_bigrams(run.group()))
+            grams.extend(run.group())
+            start = run.end()
+        if start < len(token):
+            _add_word(token[start:], form, words, grams)
+    return Analysis(words, grams)
+
+
+def _add_word(
+    word: str, form: Callable[[str], tuple[str, ...]], words: list[str], grams: list[str]
+) -> None:
+    if len(word) > WORD_MAX:
+        return
+    words.extend(form(word))
+    grams.extend(_trigrams(word))
