@@ -131,38 +131,21 @@ def _bigrams(run: str) -> Iterator[str]:
 LEMMAS_MAX = 3  # dictionary forms kept of a word the dictionary reads more than one way
 
 
+TOKENS_CACHED = 200_000  # analyzed tokens kept per language (a collective's vocabulary)
+
+Terms = tuple[tuple[str, ...], tuple[str, ...]]  # a token's words and grams
+
+
 @lru_cache(maxsize=len(LANGUAGES))
-def _word_form(language: str) -> Callable[[str], tuple[str, ...]]:
-    """The function that turns one lower-cased word into its terms."""
-    if language in SNOWBALL:
-        import Stemmer  # type: ignore[import-not-found]  # PyStemmer: Snowball stemmers, in C
-
-        stem = Stemmer.Stemmer(language).stemWord
-        return lru_cache(maxsize=100_000)(lambda word: (stem(word),))
-    if language in LEMMATIZED:
-        import pymorphy3  # type: ignore[import-untyped]  # its Ukrainian dictionary: a package
-
-        morph = pymorphy3.MorphAnalyzer(lang="uk")
-
-        def lemmas(word: str) -> tuple[str, ...]:
-            # every reading's dictionary form: the Ukrainian dictionary ranks none above
-            # another (базі is a form of база and of базь), and a query and a document
-            # match when they share any (даних and дані both read as даний)
-            forms = dict.fromkeys(str(parse.normal_form) for parse in morph.parse(word))
-            return tuple(forms)[:LEMMAS_MAX] or (word,)
-
-        return lru_cache(maxsize=100_000)(lemmas)
-    return lambda word: (word,)  # simple, and the words between spaceless runs
-
-
-def analyze(language: str, text: str) -> Analysis:
-    """The terms ``text`` gives in a collective of ``language`` (not English: tantivy
-    analyzes that itself)."""
+def _token_terms(language: str) -> Callable[[str], Terms]:
+    """The function, cached, that turns one lower-cased token (a run of letters and
+    digits) into its words and grams: most of a collective's text is words it has seen,
+    so most of the analysis is a dictionary lookup."""
     form = _word_form(language)
-    words: list[str] = []
-    grams: list[str] = []
-    for match in _WORD.finditer(_normal(text)):
-        token = match.group()
+
+    def terms(token: str) -> Terms:
+        words: list[str] = []
+        grams: list[str] = []
         start = 0
         for run in _SPACELESS_RUN.finditer(token):  # spaceless scripts: pairs, then chars
             if run.start() > start:
@@ -172,6 +155,46 @@ def analyze(language: str, text: str) -> Analysis:
             start = run.end()
         if start < len(token):
             _add_word(token[start:], form, words, grams)
+        return tuple(words), tuple(grams)
+
+    return lru_cache(maxsize=TOKENS_CACHED)(terms)
+
+
+def _word_form(language: str) -> Callable[[str], tuple[str, ...]]:
+    """The function that turns one lower-cased word into its terms."""
+    if language in SNOWBALL:
+        import Stemmer  # type: ignore[import-not-found]  # PyStemmer: Snowball stemmers, in C
+
+        stem = Stemmer.Stemmer(language).stemWord
+        return lambda word: (stem(word),)
+    if language in LEMMATIZED:
+        import pymorphy3  # type: ignore[import-untyped]  # its Ukrainian dictionary: a package
+
+        morph = pymorphy3.MorphAnalyzer(lang="uk")
+
+        def lemmas(word: str) -> tuple[str, ...]:
+            # every reading's dictionary form: the Ukrainian dictionary ranks none above
+            # another (базі is a form of база and of базь), and a query and a document
+            # match when they share any (даних and дані both read as даний)
+            if not word.replace("'", "").isalpha():  # numbers, codes: nothing to read
+                return (word,)
+            forms = dict.fromkeys(str(parse.normal_form) for parse in morph.parse(word))
+            return tuple(forms)[:LEMMAS_MAX] or (word,)
+
+        return lemmas
+    return lambda word: (word,)  # simple, and the words between spaceless runs
+
+
+def analyze(language: str, text: str) -> Analysis:
+    """The terms ``text`` gives in a collective of ``language`` (not English: tantivy
+    analyzes that itself)."""
+    terms = _token_terms(language)
+    words: list[str] = []
+    grams: list[str] = []
+    for token in _WORD.findall(_normal(text)):
+        token_words, token_grams = terms(token)
+        words += token_words
+        grams += token_grams
     return Analysis(words, grams)
 
 

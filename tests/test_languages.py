@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from eventlog import EmbeddedNats, ValidationError
 from eventlog import events as ev
 from eventlog.ids import uuid7
-from ops.bench.language_corpora import CORPORA
+from ops.bench.language_corpora import CORPORA, DISTRACTORS
 from projections.language import analyze, detect
 from projections.text import TextIndex
 from sync import PulseDB
@@ -51,6 +51,7 @@ async def test_queries_in_other_forms_find_the_experience_in_the_top_3(
     cid = await db.create_collective("o", f"recall {language}", embedder="e5-small",
                                      language=language)  # fmt: skip
     ids = await db.record_experiences(cid, [{"content": text} for text, _ in corpus])
+    await db.record_experiences(cid, [{"content": text} for text in DISTRACTORS[language]])
     assert await _misses(db, cid, ids, corpus) == []
     if language != "english":  # words alone, as before languages: text search misses
         plain = await db.create_collective("o", f"plain {language}", embedder="e5-small",

@@ -90,3 +90,56 @@ CORPORA: dict[str, list[tuple[str, list[str]]]] = {
          ["rotating encryption key", "security administrators"]),
     ],
 }  # fmt: skip
+
+# language -> experiences recorded beside the corpus, sharing its words but not its
+# subjects: a query must rank its own experience above these to be found in the top 3
+DISTRACTORS: dict[str, list[str]] = {
+    "ukrainian": [
+        "Сервер моніторингу надсилає сповіщення про кожну помилку в журналі.",
+        "Оновлення бібліотек заплановано на наступний тиждень після тестів.",
+        "Схему документації оновлено для нових користувачів.",
+        "Дані аналітики зберігаються окремо від основної бази.",
+        "Агенти обмінюються повідомленнями через спільну чергу завдань.",
+        "Контейнери перезапускаються автоматично після збою сервера.",
+        "Сторінка статусу показує доступність усіх сервісів пошуку.",
+        "Ключові метрики відповідей переглядаються щотижня.",
+        "Безпека доступу перевіряється аудитом раз на квартал.",
+        "Статті про архітектуру публікуються у внутрішній вікі.",
+    ],
+    "german": [
+        "Der Suchdienst protokolliert jede fehlerhafte Anfrage.",
+        "Die Datenbank wird jede Nacht auf einen zweiten Knoten gespiegelt.",
+        "Neue Nutzer erhalten eine Einführung in die Oberfläche.",
+        "Die Verbindung zum Zahlungsanbieter läuft über einen Proxy.",
+        "Das Update der Bibliotheken ist für nächste Woche geplant.",
+        "Zertifikate laufen nach einem Jahr ab und werden automatisch erneuert.",
+        "Die Seiten der Dokumentation wurden neu strukturiert.",
+        "Im Rechenzentrum wurde ein zweiter Stromanschluss gelegt.",
+        "Schlüsselkennzahlen werden wöchentlich im Team besprochen.",
+        "Die Anmeldung per Einmalpasswort ist jetzt Pflicht.",
+    ],
+    "chinese": [
+        "搜索服务记录每一个失败的请求",
+        "数据库每晚镜像到第二个节点",
+        "新用户会收到界面使用介绍",
+        "支付连接通过代理转发",
+        "依赖库的更新计划在下周进行",
+        "证书一年后过期并自动续期",
+        "文档页面已经重新组织",
+        "数据中心增加了第二路电源",
+        "关键指标每周在团队会议上讨论",
+        "登录现在必须使用一次性密码",
+    ],
+    "english": [
+        "The search service logs every failed request.",
+        "The database is mirrored to a second node every night.",
+        "New users get an introduction to the interface.",
+        "The connection to the payment provider goes through a proxy.",
+        "The library update is planned for next week.",
+        "Certificates expire after a year and are renewed automatically.",
+        "The documentation pages were reorganized.",
+        "A second power line was laid in the data center.",
+        "Key metrics are discussed weekly in the team.",
+        "Logging in with a one-time password is now required.",
+    ],
+}
