@@ -1,0 +1,307 @@
+"""The analysts' snapshot: a read-only copy of the state's DuckDB file, refreshed by the
+engine, that any other process may open while Pulse runs.
+
+DuckDB lets one process write a database file, and while it writes, no other process may
+open it, not even read-only ("Could not set lock on file ... Conflicting lock is held").
+The engine writes ``state.duckdb`` several times a second, so an analyst's DuckDB CLI,
+notebook, pandas or Polars could not read it while Pulse ran. The snapshot is another
+file, ``snapshot.duckdb`` beside it (``<data dir>/state/snapshot.duckdb``), that no
+process keeps open for writing: ``duckdb.connect(path, read_only=True)`` opens it at any
+moment, and every table and view of the state is in it, under the same names.
+
+How it is made, and why so:
+
+- A refresh is ``COPY FROM DATABASE`` of the state into a new file (``.tmp``), then
+  ``os.replace`` onto ``snapshot.duckdb``. A reader that opens the path after the rename
+  reads the new file, whole; one that had the old file open reads the old one until it
+  closes it (on Linux the unlinked file lives on for it). A reader never sees a file
+  half written, and the writer never waits for readers.
+- A logical copy, not a copy of the file's bytes: the state's file keeps deleted rows'
+  bytes in its free blocks until the scrub rewrites it (``Store.rewrite``), and the copy
+  holds only live rows, so a refresh forgets what deletes forgot. (A plain file copy
+  would be faster: ``ops/bench/snapshot.py`` measures both.) The views are copied as
+  their SQL, naming their tables unqualified, so they read the copy's own tables.
+- Off the engine thread: the engine flushes, opens a cursor in a transaction (the
+  state as of that moment, whatever the engine writes after) and hands it to a thread of
+  this module, which copies and renames; DuckDB reads run beside the engine's writes.
+  The engine thread is woken when a copy ends. A scrub (which reopens the state's file)
+  and a stop wait for a copy in flight.
+- Only when something changed: the projection counts its DuckDB writes
+  (``Projection.writes``); the snapshot is stale while that count, or anything applied
+  and not yet flushed, is past what it holds.
+- The bound. A change waits at most ``wait() + took`` seconds to be in the snapshot:
+  refreshes start at most every ``wait()`` seconds (``snapshot_interval``, 1 s, or ten
+  times the last copy's duration if that is longer, so that copying a large state costs
+  at most about a tenth of a core), and the copy takes ``took``. ``status()`` reports
+  the bound, the sequence the snapshot holds and its current age (how long the oldest
+  change it lacks has waited); ``pulse status`` and ``/health`` print them.
+- Forgetting: a delete is a change like any other, so the snapshot is rewritten from
+  the live, already purged, state within the bound; a scrub (``pulse compact``) puts a
+  copy of its own freshly rewritten file in place at once. The old file's name is gone
+  at the rename (a reader that still holds it open keeps reading it until it closes it).
+- Crash safety: the snapshot is derived; a ``.tmp`` left by a crash is removed when the
+  engine opens, and a snapshot that does not hold the state's checkpoint and schema is
+  refreshed at once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import datetime
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import duckdb
+import msgspec
+
+if TYPE_CHECKING:  # (the projection module imports the engine, which imports this one)
+    from projections.projection import Projection
+
+log = logging.getLogger("pulse.snapshot")
+
+SNAPSHOT_NAME = "snapshot.duckdb"
+SNAPSHOT_DUTY = 10  # refreshes wait at least this many times the last copy's duration
+_ALIAS = "pulse_snapshot"  # the copy's name while it is attached to the engine's database
+
+
+class SnapshotStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """The analysts' snapshot, as ``pulse status`` and ``/health`` report it."""
+
+    path: str  # open it with duckdb.connect(path, read_only=True)
+    seq: int  # the stream sequence the snapshot holds (0: none written yet)
+    taken_at: str | None  # when the state it holds was read (UTC, ISO 8601)
+    age: float  # seconds the oldest change it does not hold has waited (0: current)
+    bound: float  # seconds within which a change reaches it, at the last copy's cost
+    took: float  # seconds the last refresh took
+
+
+class Snapshot:
+    """The snapshot of one state directory; the engine thread calls every method but
+    ``status`` (any thread) and the copy (its own thread)."""
+
+    def __init__(self, directory: Path, interval: float, wake: Callable[[], None]) -> None:
+        self.path = directory / SNAPSHOT_NAME
+        self._tmp = directory / (SNAPSHOT_NAME + ".tmp")
+        self.interval = interval
+        self._wake = wake  # tells the engine thread a copy ended
+        self._lock = threading.Lock()  # the fields a copy's thread sets
+        self.seq = 0
+        self.took = 0.0
+        self._taken_at: str | None = None
+        self._holds: int | None = None  # Projection.writes in the snapshot (or in flight)
+        self._held_before: int | None = None  # ... before the copy in flight
+        self._started = -1e9  # when the last refresh began (monotonic)
+        self._stale_since: float | None = None  # the oldest change nothing holds yet
+        self._copying: concurrent.futures.Future[None] | None = None
+        self._copying_since: float | None = None  # the oldest change the copy takes
+        self._remove_leftovers()
+
+    # -- the engine thread -----------------------------------------------------------------
+
+    def adopt(self, projection: Projection) -> None:
+        """At open: take the snapshot on disk as current if it holds the state's
+        checkpoint and schema version (a clean stop leaves it so); otherwise it is
+        stale from now, and refreshed at the first round."""
+        wanted = _identity(projection.store.con)
+        found: tuple[object, ...] | None = None
+        taken_at: tuple[str] | None = None
+        if self.path.exists():
+            try:
+                con = duckdb.connect(str(self.path), read_only=True)
+                try:
+                    found = _identity(con)
+                    taken_at = con.execute(
+                        "SELECT value FROM meta WHERE key = 'snapshot_taken_at'"
+                    ).fetchone()
+                finally:
+                    con.close()
+            except duckdb.Error:  # unreadable (a crash, a disk fault): written again
+                found = None
+        if found is not None and found == wanted:
+            self.seq = int(wanted[0])  # type: ignore[call-overload]
+            self._taken_at = taken_at[0] if taken_at else None
+            self._holds = projection.writes
+        else:
+            self._stale_since = time.monotonic()
+
+    def stale(self, projection: Projection) -> bool:
+        """Whether the projection holds changes the snapshot (or the copy in flight)
+        does not."""
+        return projection.dirty or projection.writes != self._holds
+
+    def note(self, projection: Projection, at: float) -> None:
+        """After an engine round: changes at ``at`` the snapshot does not hold."""
+        if self._stale_since is None and self.stale(projection):
+            self._stale_since = at
+
+    def wait(self) -> float:
+        """Seconds between the starts of two refreshes: ``interval``, or ten times what
+        the last copy took if that is longer."""
+        return max(self.interval, SNAPSHOT_DUTY * self.took)
+
+    def due(self) -> float | None:
+        """When the next refresh may start (monotonic); None: none is due, or a copy
+        is in flight (its end wakes the engine)."""
+        if self._stale_since is None or self._copying is not None:
+            return None
+        return max(self._started + self.wait(), self._stale_since)
+
+    def refresh(self, projection: Projection) -> concurrent.futures.Future[None]:
+        """Start a refresh: flush, pin the state in a cursor's transaction, and copy it
+        on a thread of its own; returns the copy's future."""
+        self.settle()
+        self._started = time.monotonic()  # (a failure too waits for the next turn)
+        projection.flush()
+        self._remove_leftovers()
+        cursor = projection.store.con.cursor()
+        try:
+            cursor.begin()
+            # reading the checkpoint pins the transaction's view of the state here
+            found = cursor.execute("SELECT seq FROM checkpoint WHERE id = 1").fetchone()
+            seq = int(found[0]) if found else 0
+            name = cursor.execute("SELECT current_database()").fetchone()
+            assert name is not None
+            cursor.execute(f"ATTACH '{_quoted(self._tmp)}' AS {_ALIAS}")
+        except BaseException:
+            with contextlib.suppress(duckdb.Error):
+                cursor.close()
+            raise
+        self._held_before, self._holds = self._holds, projection.writes
+        self._copying_since, self._stale_since = self._stale_since, None
+        copying: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._copying = copying
+        thread = threading.Thread(
+            target=self._copy,
+            args=(cursor, str(name[0]), seq, copying),
+            name="pulse-snapshot",
+            daemon=True,
+        )
+        thread.start()
+        return copying
+
+    def settle(self) -> None:
+        """Wait for a copy in flight to end (before the state's file is reopened, the
+        projection closes, or another refresh starts)."""
+        copying = self._copying
+        if copying is None:
+            return
+        concurrent.futures.wait([copying])
+        self._copying = None
+        if copying.exception() is not None:  # (logged) what it was to hold is still owed
+            self._holds = self._held_before
+            waiting = [t for t in (self._copying_since, self._stale_since) if t is not None]
+            self._stale_since = min(waiting, default=time.monotonic())
+        with self._lock:
+            self._copying_since = None
+
+    def ended(self) -> None:
+        """An engine round: let go of a copy that has ended."""
+        if self._copying is not None and self._copying.done():
+            self.settle()
+
+    def publish(self, fresh: Path, projection: Projection) -> None:
+        """Put a copy of ``fresh`` (the state's file just rewritten by a scrub: live rows
+        only, nothing written to it since) in place of the snapshot."""
+        self.settle()
+        self._remove_leftovers()
+        start = time.perf_counter()
+        taken_at = _now()
+        shutil.copyfile(fresh, self._tmp)
+        con = duckdb.connect(str(self._tmp))
+        try:
+            con.execute("INSERT OR REPLACE INTO meta VALUES ('snapshot_taken_at', ?)", [taken_at])
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        os.replace(self._tmp, self.path)
+        with self._lock:
+            self.seq = projection.flushed_seq
+            self._taken_at = taken_at
+            self.took = time.perf_counter() - start
+        self._holds = projection.writes
+        self._started = time.monotonic()
+        self._stale_since = self._copying_since = None
+
+    def close(self, projection: Projection) -> None:
+        """At a stop: wait for the copy in flight, then refresh once more if the state
+        changed since (so the path holds the state Pulse stopped at)."""
+        self.settle()
+        if self.stale(projection):
+            self.refresh(projection)
+            self.settle()
+
+    def status(self) -> SnapshotStatus:
+        now = time.monotonic()
+        with self._lock:
+            waiting = [t for t in (self._copying_since, self._stale_since) if t is not None]
+            return SnapshotStatus(
+                path=str(self.path),
+                seq=self.seq,
+                taken_at=self._taken_at,
+                age=round(max(0.0, now - min(waiting)), 3) if waiting else 0.0,
+                bound=round(self.wait() + self.took, 3),
+                took=round(self.took, 3),
+            )
+
+    # -- the copy's thread -----------------------------------------------------------------
+
+    def _copy(
+        self,
+        cursor: duckdb.DuckDBPyConnection,
+        database: str,
+        seq: int,
+        copying: concurrent.futures.Future[None],
+    ) -> None:
+        start = time.perf_counter()
+        taken_at = _now()
+        try:
+            try:
+                cursor.execute(f'COPY FROM DATABASE "{database}" TO {_ALIAS}')
+                cursor.execute(
+                    f"INSERT OR REPLACE INTO {_ALIAS}.meta VALUES ('snapshot_taken_at', ?)",
+                    [taken_at],
+                )
+                cursor.commit()
+                cursor.execute(f"DETACH {_ALIAS}")
+            finally:
+                with contextlib.suppress(duckdb.Error):
+                    cursor.close()  # (a failed copy: rolls back and detaches)
+            os.replace(self._tmp, self.path)
+        except BaseException as exc:
+            log.exception("refreshing the analysts' snapshot failed; trying again later")
+            self._remove_leftovers()
+            copying.set_exception(exc)
+        else:
+            with self._lock:
+                self.seq = seq
+                self._taken_at = taken_at
+                self.took = time.perf_counter() - start
+                self._copying_since = None
+            copying.set_result(None)
+        self._wake()
+
+    def _remove_leftovers(self) -> None:
+        for leftover in (self._tmp, Path(f"{self._tmp}.wal")):
+            leftover.unlink(missing_ok=True)
+
+
+def _identity(con: duckdb.DuckDBPyConnection) -> tuple[object, ...]:
+    """What says a snapshot holds a state: its checkpoint and schema version."""
+    checkpoint = con.execute("SELECT seq, applied FROM checkpoint WHERE id = 1").fetchone()
+    version = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    return (*(checkpoint or (0, 0)), version[0] if version else None)
+
+
+def _quoted(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
