@@ -120,6 +120,9 @@ class Projection:
         self._unflushed = 0  # events applied in memory since the last DuckDB write
         self._readmitted: set[int] = set()  # dead letters no longer, not yet so in DuckDB
         self.writes = 0  # DuckDB writes of rows since it opened (the snapshot follows them)
+        # changes that remove rows or add them under old sequences (deletes, backfills,
+        # dead letters read again): the snapshot is then copied whole, not caught up
+        self.reshaped = 0
         self.memory = MemoryState()
         self.memory.load(
             (
@@ -196,6 +199,7 @@ class Projection:
         if not entries:
             return 0
         self._fold(list(entries))
+        self.reshaped += 1
         for key in [k for k in self.caches if k[0] == "past"]:
             self.caches.pop(key)  # the history before them changed: pasts are made again
         self.sync_indexes()
@@ -240,6 +244,7 @@ class Projection:
             del memory.rejected[seq]
         memory.unflushed_rejected = [r for r in memory.unflushed_rejected if r.seq not in dropped]
         self._readmitted |= dropped
+        self.reshaped += 1
         if again:
             self._fold(again)
         self.flush()
@@ -261,8 +266,10 @@ class Projection:
                 )  # fmt: skip
                 continue
             event = entry.event
-            if isinstance(event, _DELETES) and self.scrub_since is None:
-                self.scrub_since = time.monotonic()
+            if isinstance(event, _DELETES):
+                self.reshaped += 1
+                if self.scrub_since is None:
+                    self.scrub_since = time.monotonic()
             try:
                 row = row_of(event)
                 if row is not None:
@@ -642,6 +649,7 @@ class Projection:
         self.flush()
         self.store.drop_history(collective_id, up_to)
         self.writes += 1
+        self.reshaped += 1
 
     def close(self) -> None:
         self.save()
