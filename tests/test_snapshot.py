@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
+import tempfile
+import textwrap
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import duckdb
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eventlog import events as ev
 from eventlog.ids import uuid7
@@ -26,6 +31,7 @@ from projections.projection import ProjectionSettings
 from projections.snapshot import SNAPSHOT_NAME
 from tests import factories
 from tests.conftest import eventually
+from tests.histories import histories
 from tests.test_service import PULSE, Service, _env, call
 
 # A plain DuckDB process, as an analyst's notebook would be: it knows nothing of Pulse
@@ -115,8 +121,16 @@ async def test_a_plain_duckdb_process_reads_every_view_while_pulse_up_writes(
             [PULSE, "--data-dir", str(service.data_dir), "status", "--json"],
             capture_output=True, text=True, timeout=60, env=_env(),
         )  # fmt: skip
+        # the README's example, as written, from a directory whose .pulse is this one
+        (service.data_dir.parent / ".pulse").symlink_to(service.data_dir)
+        example = subprocess.run(
+            [sys.executable, "-c", readme_example()], cwd=service.data_dir.parent,
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
     finally:
         errors = watcher.stop()
+    assert example.returncode == 0, example.stderr
+    assert example.stdout.startswith(f"{health['applied_seq']} [('lesson ")
     assert status.returncode == 0, status.stderr
     reported = json.loads(status.stdout)["snapshot"]
     assert Path(reported["path"]).resolve() == path.resolve()
@@ -136,6 +150,14 @@ async def test_a_plain_duckdb_process_reads_every_view_while_pulse_up_writes(
         seen = watcher.first(content)
         assert seen is not None, content
         assert seen["t"] - at <= max(bounds) + round_time + 0.5, (content, seen["t"] - at, bounds)
+
+
+def readme_example() -> str:
+    """The README's Python example of opening the snapshot (in "Analysts' own tools")."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    found = re.search(r"```py\n(.*?)\n *```", readme, re.S)
+    assert found and "snapshot.duckdb" in found.group(1)
+    return textwrap.dedent(found.group(1))
 
 
 def _entries(events: list[ev.Event], start: int) -> list[LogEntry]:
@@ -276,3 +298,50 @@ async def test_a_stop_leaves_the_last_state_and_an_open_clears_what_a_crash_left
         assert _read(path, "SELECT count(*) FROM experiences") == [(2,)]
     finally:
         await engine.close()
+
+
+_DELETED = (ev.CollectiveDeleted, ev.ExperienceDeleted, ev.RelationDeleted, ev.InsightDeleted,
+            ev.WisdomDeleted, ev.SessionDeleted)  # fmt: skip
+
+
+def _tables(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[Any, ...]]]:
+    """Every table's rows, every column (the local ones too), in one order."""
+    names = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
+    found = {n: con.execute(f"SELECT * FROM {n} ORDER BY ALL").fetchall() for n in names}
+    found["meta"] = [r for r in found["meta"] if r[0] != "snapshot_taken_at"]
+    return found
+
+
+@settings(max_examples=25)
+@given(histories, st.integers(min_value=2, max_value=5))
+def test_a_caught_up_snapshot_holds_every_row_of_the_state(
+    events: list[ev.Event], parts: int
+) -> None:
+    """Refreshed after each part of a random history (caught up, or copied whole after a
+    delete), the snapshot holds exactly the state's tables, row for row."""
+
+    async def run(directory: Path) -> None:
+        # refreshes when asked only, and no scrub (it would change meta after its copy)
+        settings = ProjectionSettings(snapshot_interval=3600, scrub_after=3600)
+        engine = await Engine.start(directory, settings)
+        snapshot = engine.snapshot
+        assert snapshot is not None
+        try:
+            size = -(-len(events) // parts)
+            for at in range(0, len(events), size):
+                part = events[at : at + size]
+                await engine.apply(_entries(part, at + 1))
+                await engine.run(lambda p: snapshot.refresh(p).result())
+                if at > 0:  # (the first may follow the one the engine makes at open)
+                    assert snapshot.whole == any(isinstance(e, _DELETED) for e in part)
+                live = await engine.run(lambda p: _tables(p.store.con))
+                con = duckdb.connect(str(directory / SNAPSHOT_NAME), read_only=True)
+                try:
+                    assert _tables(con) == live
+                finally:
+                    con.close()
+        finally:
+            await engine.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(run(Path(tmp)))
