@@ -41,9 +41,9 @@ How it is made, and why so:
   and not yet flushed, is past what it holds.
 - The bound. A change waits at most ``wait()`` plus one refresh to be in the snapshot:
   refreshes start at most every ``wait()`` seconds (``snapshot_interval``, 1 s, or ten
-  times the last refresh's duration if that is longer, so that refreshing a large state
-  costs at most about a tenth of a core), and the refresh owed (caught up or whole)
-  takes what the last of its kind took. ``status()`` reports the bound, the sequence
+  times what the last refresh of the kind owed, caught up or whole, took if that is
+  longer, so that refreshing a large state costs at most about a tenth of a core), and
+  the refresh takes what the last of its kind took. ``status()`` reports the bound, the sequence
   the snapshot holds and its current age (how long the oldest change it lacks has
   waited); ``pulse status`` and ``/health`` print them.
 - Forgetting: a delete is a change like any other, so the snapshot is rewritten from
@@ -174,8 +174,8 @@ class Snapshot:
 
     def wait(self) -> float:
         """Seconds between the starts of two refreshes: ``interval``, or ten times what
-        the last refresh took if that is longer."""
-        return max(self.interval, SNAPSHOT_DUTY * self.took)
+        the last refresh of the kind owed (caught up, or whole) took if that is longer."""
+        return max(self.interval, SNAPSHOT_DUTY * self._took[self._whole_owed])
 
     def due(self) -> float | None:
         """When the next refresh may start (monotonic); None: none is due, or a copy
