@@ -375,10 +375,13 @@ def _catching_up(cursor: duckdb.DuckDBPyConnection, database: str, since: int) -
 
 
 def _identity(con: duckdb.DuckDBPyConnection) -> tuple[object, ...]:
-    """What says a snapshot holds a state: its checkpoint and schema version."""
+    """What says a snapshot holds a state: its checkpoint, its schema version, and the
+    number of rows of each of its history tables (a backfill that started over removes
+    some without moving the checkpoint)."""
     checkpoint = con.execute("SELECT seq, applied FROM checkpoint WHERE id = 1").fetchone()
     version = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    return (*(checkpoint or (0, 0)), version[0] if version else None)
+    counts = [con.execute(f"SELECT count(*) FROM {t}").fetchone() for t in APPENDED]
+    return (*(checkpoint or (0, 0)), version[0] if version else None, *counts)
 
 
 def _quoted(path: Path) -> str:
