@@ -675,7 +675,7 @@ class Engine:
                 snapshot.publish(fresh, projection)
             except Exception:  # forgetting first: no snapshot rather than a stale one
                 log.exception("copying the rewritten state to the snapshot failed; removed it")
-                snapshot.path.unlink(missing_ok=True)
+                snapshot.drop()
 
         return projection.scrub(copy)
 

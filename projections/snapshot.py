@@ -268,6 +268,16 @@ class Snapshot:
         self._started = time.monotonic()
         self._stale_since = self._copying_since = None
 
+    def drop(self) -> None:
+        """Remove the snapshot (a copy that could not be made must not leave an older
+        one holding what was deleted); the next refresh writes it whole."""
+        self.settle()
+        self.path.unlink(missing_ok=True)
+        self._holds = None
+        if self._stale_since is None:
+            self._stale_since = time.monotonic()
+        self._whole_owed = True
+
     def close(self, projection: Projection) -> None:
         """At a stop: wait for the copy in flight, then refresh once more if the state
         changed since (so the path holds the state Pulse stopped at)."""
