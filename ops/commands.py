@@ -1363,8 +1363,10 @@ async def status(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     The stream (messages, sequences, replicas, the server leading it, the streams it
     sources, and its readers: each consumer's position and what it has pending), this
     host (the sequence it applied, how far behind the log it is, the engine's backlog,
-    dead letters), and on a host that follows some collectives (`pulse up --follow`),
-    each of them with the last sequence of its events and the host's lag. On an edge
+    dead letters), the analysts' snapshot (its path, the sequence it holds, how long its
+    oldest missing change has waited, and the bound on that wait), and on a host that
+    follows some collectives (`pulse up --follow`), each of them with the last sequence
+    of its events and the host's lag. On an edge
     host (`pulse up --leaf-of`), its link to the hub: up or down, the hub and its round
     trip, this host's events the hub does not hold yet (exact while the link is up, "at
     least" while it is down) and the hub's events not sourced here yet. Admins only.
@@ -1394,6 +1396,11 @@ async def status(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
         f"{found.events_applied:,} events since it opened, {found.dead_letters:,} dead letters"
         + ("" if found.replicating else "; REPLICATION STOPPED (see its log)")
     )
+    if (snapshot := found.snapshot) is not None:  # (projections.snapshot)
+        lines.append(
+            f"snapshot  {snapshot.path}: sequence {snapshot.seq:,}, {snapshot.age:.1f}s behind "
+            f"(within {snapshot.bound:.1f}s)"
+        )
     if found.following is None:
         lines.append("follows   every collective")
     else:

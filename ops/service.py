@@ -615,6 +615,7 @@ def create_app(
             "stream_seq": stream_seq,
             "lag": None if stream_seq is None else max(0, stream_seq - db.applied_seq),
             "instance_id": str(db.instance_id),
+            "snapshot": to_json(db.engine.snapshot_status()),  # (projections.snapshot)
         }
         if failure is not None:
             body["error"] = repr(failure)

@@ -9,6 +9,8 @@ tantivy); the asyncio loop hands it work and awaits the result.
                                            every flush_interval: one DuckDB write
                                            index files saved after save_interval,
                                            once a second passes without events
+                                           snapshot.duckdb refreshed (copied on a
+                                           thread of its own) when the state changed
 
 Group commit: the thread takes whatever arrived while it was busy, so it applies one
 event when idle and thousands under load, and writes DuckDB once per ``flush_interval``
@@ -47,6 +49,7 @@ from eventlog.sealing import Sealer
 from eventlog.subjects import collective_filter
 from projections.analytics import SqlLimits, sandbox
 from projections.projection import Progress, Projection, ProjectionSettings
+from projections.snapshot import Snapshot, SnapshotStatus
 
 log = logging.getLogger("pulse.engine")
 
@@ -82,6 +85,7 @@ class _Call:
 
 
 _STOP = object()
+_WAKE = object()  # a snapshot's copy ended
 SMALL_BATCH = 64  # events a batch indexes before its writers are woken
 QUIET = 1.0  # seconds without events before the index files are saved
 SCRUB_DUTY = 10  # a rewrite waits at least this many times its last duration
@@ -112,6 +116,8 @@ class Engine:
         self.sealer: Sealer | None = None
         self.lent = 0  # SQL cursors handed out and not closed (a scrub waits for none)
         self._scrub_took = 0.0  # seconds the last rewrite of the files took
+        # the analysts' snapshot (``projections.snapshot``), once the projection is open
+        self.snapshot: Snapshot | None = None
         self._lent_lock = threading.Lock()  # (released on the threads that ran the query)
 
     @classmethod
@@ -348,6 +354,11 @@ class Engine:
             cursor.close()
         self.release()
 
+    def snapshot_status(self) -> SnapshotStatus | None:
+        """The analysts' snapshot: its path, the sequence it holds, its age and bound
+        (None: this engine keeps none)."""
+        return None if self.snapshot is None else self.snapshot.status()
+
     async def scrub(self, timeout: float = 60.0) -> dict[str, float]:
         """Rewrite the state's files now (``Projection.scrub``: ``pulse compact``), once
         the SQL readers in flight are done; returns the seconds each part took."""
@@ -375,6 +386,14 @@ class Engine:
             self._ready.set_exception(exc)
             return
         self.seq = projection.seq
+        interval = self.settings.snapshot_interval
+        if interval is not None:
+            try:
+                self.snapshot = Snapshot(self.directory, interval, lambda: self._inbox.put(_WAKE))
+                self.snapshot.adopt(projection)
+            except Exception:  # the state serves without it; the log says why
+                log.exception("the analysts' snapshot could not be opened; going on without")
+                self.snapshot = None
         self._ready.set_result(None)
         stopping = False
         while not stopping:
@@ -396,6 +415,11 @@ class Engine:
                     if future is not None and not future.done():
                         future.set_exception(exc)
                 stopping = any(item is _STOP for item in items)
+        try:
+            if self.snapshot is not None:
+                self.snapshot.close(projection)  # waits for a copy; the last changes
+        except Exception:
+            log.exception("refreshing the analysts' snapshot at the stop failed")
         try:
             projection.close()
         except Exception:
@@ -473,6 +497,8 @@ class Engine:
             or (bulk and projection.unflushed >= self.settings.checkpoint_events),
             save=stopping,
             bulk=self._bulk,
+            changed_at=self._busy_at if entries else time.monotonic(),
+            stopping=stopping,
         )
         for future in waiting:
             if not future.done():  # a caller may have given up (cancelled) meanwhile
@@ -487,6 +513,8 @@ class Engine:
         if projection.scrub_since is not None:  # (SQL readers in flight: look again soon)
             scrub = projection.scrub_since + self._scrub_after()
             due.append(scrub if self.lent == 0 else max(scrub, now + 0.1))
+        if self.snapshot is not None and (snapshot := self.snapshot.due()) is not None:
+            due.append(snapshot)
         if projection.dirty:
             due.append(projection.last_flush + self.settings.flush_interval)
         elif projection.saved_seq < projection.flushed_seq:
@@ -573,11 +601,24 @@ class Engine:
             self._apply_or_split(projection, entries[middle:])
 
     def _housekeeping(
-        self, projection: Projection, *, flush: bool, save: bool, bulk: bool = False
+        self,
+        projection: Projection,
+        *,
+        flush: bool,
+        save: bool,
+        bulk: bool = False,
+        changed_at: float = 0.0,
+        stopping: bool = False,
     ) -> None:
-        """Write DuckDB when it is due (or asked), save the indexes when that is due;
-        in a bulk round only when asked."""
+        """Write DuckDB when it is due (or asked), save the indexes when that is due,
+        rewrite the files when a delete waits for it, and refresh the analysts' snapshot
+        when it is due; in a bulk round only write DuckDB, and only when asked.
+        ``changed_at``: when what this round applied was applied."""
         now = time.monotonic()
+        snapshot = self.snapshot
+        if snapshot is not None:
+            snapshot.ended()
+            snapshot.note(projection, changed_at)
         try:
             if projection.dirty and (
                 flush
@@ -600,7 +641,7 @@ class Engine:
                 and self.lent == 0
             ):
                 try:
-                    took = projection.scrub()
+                    took = self._scrub(projection)
                 except Exception:  # tried again after the bound, not at once
                     projection.scrub_since = now
                     raise
@@ -609,12 +650,40 @@ class Engine:
         except Exception:  # DuckDB refused: keep applying in memory, try again later
             log.exception("writing the projection failed; retrying at the next interval")
             projection.last_flush = projection.last_save = now
+        if (
+            snapshot is not None
+            and not bulk
+            and not stopping
+            and (due := snapshot.due()) is not None
+            and due <= time.monotonic()
+        ):
+            try:
+                snapshot.refresh(projection)
+            except Exception:  # (its copy's own failures are logged by its thread)
+                log.exception("refreshing the analysts' snapshot failed; trying again later")
+
+    def _scrub(self, projection: Projection) -> dict[str, float]:
+        """``Projection.scrub``, once the snapshot's copy in flight has ended; the
+        snapshot becomes a copy of the rewritten file (live rows only)."""
+        snapshot = self.snapshot
+        if snapshot is None:
+            return projection.scrub()
+        snapshot.settle()
+
+        def copy(fresh: Path) -> None:
+            try:
+                snapshot.publish(fresh, projection)
+            except Exception:  # forgetting first: no snapshot rather than a stale one
+                log.exception("copying the rewritten state to the snapshot failed; removed it")
+                snapshot.drop()
+
+        return projection.scrub(copy)
 
 
 def _scrub_when_free(projection: Projection, engine: Engine) -> dict[str, float]:
     if engine.lent > 0:  # a cursor handed out since the loop looked
         raise PulseError("SQL queries started meanwhile: compact again")
-    return projection.scrub()
+    return engine._scrub(projection)
 
 
 def _out_of_the_collectors_sight(_: Projection, generation: int) -> None:

@@ -2,6 +2,7 @@
 indexes and the full-text index of one state directory.
 
     <state dir>/state.duckdb       rows, views and the checkpoint (written in bulk)
+    <state dir>/snapshot.duckdb    a copy for other processes (``projections.snapshot``)
     <state dir>/vectors/*.faiss    FAISS indexes + manifest.json (the sequence they reflect)
     <state dir>/vectors/exact-*.f32 the exact vectors, memory-mapped (rows point into them)
     <state dir>/text/              the tantivy index (committed before the manifest)
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import fcntl
 import logging
 import os
@@ -90,6 +92,10 @@ class ProjectionSettings:
     # seconds a deleted entity's text and vector may stay in this host's files (DuckDB,
     # FAISS, tantivy) before they are rewritten without it (``Projection.scrub``)
     scrub_after: float = 5.0
+    # seconds between refreshes of the analysts' snapshot (``projections.snapshot``:
+    # ``snapshot.duckdb``, which other processes open while this one writes the state);
+    # at least ten times what the last refresh took. None: no snapshot
+    snapshot_interval: float | None = 1.0
 
 
 _DELETES = (
@@ -113,6 +119,10 @@ class Projection:
         self.flushed_seq = self._seq
         self._unflushed = 0  # events applied in memory since the last DuckDB write
         self._readmitted: set[int] = set()  # dead letters no longer, not yet so in DuckDB
+        self.writes = 0  # DuckDB writes of rows since it opened (the snapshot follows them)
+        # changes that remove rows or add them under old sequences (deletes, backfills,
+        # dead letters read again): the snapshot is then copied whole, not caught up
+        self.reshaped = 0
         self.memory = MemoryState()
         self.memory.load(
             (
@@ -190,6 +200,7 @@ class Projection:
         if not entries:
             return 0
         self._fold(list(entries))
+        self.reshaped += 1
         for key in [k for k in self.caches if k[0] == "past"]:
             self.caches.pop(key)  # the history before them changed: pasts are made again
         self.sync_indexes()
@@ -234,6 +245,7 @@ class Projection:
             del memory.rejected[seq]
         memory.unflushed_rejected = [r for r in memory.unflushed_rejected if r.seq not in dropped]
         self._readmitted |= dropped
+        self.reshaped += 1
         if again:
             self._fold(again)
         self.flush()
@@ -255,8 +267,10 @@ class Projection:
                 )  # fmt: skip
                 continue
             event = entry.event
-            if isinstance(event, _DELETES) and self.scrub_since is None:
-                self.scrub_since = time.monotonic()
+            if isinstance(event, _DELETES):
+                self.reshaped += 1
+                if self.scrub_since is None:
+                    self.scrub_since = time.monotonic()
             try:
                 row = row_of(event)
                 if row is not None:
@@ -352,6 +366,7 @@ class Projection:
                 self.memory.unflushed_counts = counted + self.memory.unflushed_counts
                 raise
             self._readmitted = set()
+            self.writes += 1
             self.flushed_seq = self._seq
             self._unflushed = 0
             if self.scrub_since is not None:
@@ -378,18 +393,20 @@ class Projection:
         self.saved_seq = self.flushed_seq
         self.last_save = time.monotonic()
 
-    def scrub(self) -> dict[str, float]:
+    def scrub(self, copy: Callable[[Path], None] | None = None) -> dict[str, float]:
         """Rewrite every file of this state so that what deletes forgot is in none of
         them: DuckDB into a fresh file put in place of the old one (a delete only marks
         rows, and freed blocks are not overwritten), the tantivy index emptied and filled
         again from the live rows in one commit (tantivy offers no forced merge), and the
         vector files saved (a removed vector is gone from what FAISS writes, and its copy
-        in the exact file was overwritten). Returns the seconds each took."""
+        in the exact file was overwritten). ``copy`` is handed the fresh DuckDB file
+        before it takes the old one's place (the analysts' snapshot copies it:
+        ``projections.snapshot``). Returns the seconds each took."""
         self._check_owner()
         took: dict[str, float] = {}
         start = time.perf_counter()
         self.flush()
-        self.store.rewrite()
+        self.store.rewrite(copy)
         took["duckdb"] = time.perf_counter() - start
         start = time.perf_counter()
         self.text.rewrite(self._text_documents())
@@ -640,6 +657,8 @@ class Projection:
         self._check_owner()
         self.flush()
         self.store.drop_history(collective_id, up_to)
+        self.writes += 1
+        self.reshaped += 1
 
     def close(self) -> None:
         self.save()
@@ -803,7 +822,9 @@ async def _rebuild(
         if scope is not None:
             scope.collectives = dict.fromkeys(scope.collectives, 0)
             scope.save(target)
-        engine = await Engine.start(target, settings)
+        # (no analysts' snapshot while it is built: the instance that opens it makes one)
+        quiet = dataclasses.replace(settings or ProjectionSettings(), snapshot_interval=None)
+        engine = await Engine.start(target, quiet)
         try:
             await engine.catch_up(
                 log, progress=progress, subjects=None if scope is None else scope.filters()

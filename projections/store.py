@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -146,12 +146,13 @@ class Store:
     def close(self) -> None:
         self.con.close()
 
-    def rewrite(self) -> None:
+    def rewrite(self, copy: Callable[[Path], None] | None = None) -> None:
         """Put a fresh copy of the database in place of its file, so that nothing deleted
         from it is left in free blocks (DuckDB neither overwrites nor returns them; not
-        on CHECKPOINT, not on VACUUM). The copy is made on a connection of its own (the
-        SQL sandbox forbids ATTACH), and this store's connection is opened again on the
-        new file. No other connection may be open (the engine waits for SQL readers)."""
+        on CHECKPOINT, not on VACUUM). The copy is made on a connection of its own, and
+        this store's connection is opened again on the new file. No other connection
+        may be open (the engine waits for SQL readers and the snapshot's copy).
+        ``copy(fresh)``: called with the fresh file, complete, before it is put in place."""
         fresh = self.path.with_name(self.path.name + ".rewrite")
         for leftover in (fresh, Path(f"{fresh}.wal")):
             leftover.unlink(missing_ok=True)
@@ -171,8 +172,10 @@ class Store:
                 con.execute("DETACH pulse_rewrite")
             finally:
                 con.close()
-            with open(fresh, "rb+") as copy:
-                os.fsync(copy.fileno())
+            with open(fresh, "rb+") as written:
+                os.fsync(written.fileno())
+            if copy is not None:
+                copy(fresh)
             os.replace(fresh, self.path)
             Path(f"{self.path}.wal").unlink(missing_ok=True)  # (none after the checkpoint)
             directory = os.open(self.path.parent, os.O_RDONLY)

@@ -52,6 +52,7 @@ from projections import analytics, past, queries
 from projections.analytics import SqlResult
 from projections.engine import Engine
 from projections.projection import Projection, ProjectionSettings, state_dir
+from projections.snapshot import SnapshotStatus
 from sync import access, models
 from sync.access import Principal
 from sync.core import InstanceCore, InstanceSettings, check_rows_limit, uuid_of
@@ -111,6 +112,7 @@ class HostStatus(msgspec.Struct, frozen=True, kw_only=True):
     stream: StreamState
     replicating: bool  # False: the replication loop stopped (see the log)
     leaf: LeafStatus | None = None  # an edge host (``open(leaf_of=...)``): its link
+    snapshot: SnapshotStatus | None = None  # the analysts' copy (``projections.snapshot``)
 
 
 class PulseDB(
@@ -431,6 +433,7 @@ class PulseDB(
             dead_letters=len(await self._read(queries.dead_letters)), stream=stream,
             replicating=self._failure is None,
             leaf=await self.log.leaf_status() if isinstance(self.log, LeafLog) else None,
+            snapshot=self.engine.snapshot_status(),
         )  # fmt: skip
 
     async def dead_letters(
