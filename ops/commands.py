@@ -10,7 +10,6 @@ on stdout, so ``E=$(pulse record -c demo "...")`` works in scripts.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
 import inspect
 import json
@@ -20,18 +19,21 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from eventlog.errors import NotFoundError, PulseError, ValidationError
 from ops.encoding import to_json
 from ops.remote import RemotePulseDB, running_service
-from projections import queries
-from sync import PulseDB, access, models
-from sync.presence import Activity
-from sync.tokens import EXPIRES_MAX_S, NewToken, Token
+from sync import access
 
-Run = Callable[[PulseDB, argparse.Namespace], Awaitable[tuple[Any, str]]]
+if TYPE_CHECKING:  # (the instance is imported where it is used: `pulse --help` goes without)
+    from projections import queries
+    from sync import PulseDB
+    from sync.presence import Activity
+    from sync.tokens import NewToken, Token
+
+Run = Callable[["PulseDB", argparse.Namespace], Awaitable[tuple[Any, str]]]
 Setup = Callable[[argparse.ArgumentParser], object]
 
 
@@ -67,6 +69,8 @@ class Passing:
         self._db, self._name, self._value = db, name, value
 
     def __getattr__(self, name: str) -> Any:
+        from sync import PulseDB
+
         found = getattr(self._db, name)
         method = getattr(PulseDB, name, None)
         if callable(method) and (
@@ -101,6 +105,8 @@ T = TypeVar("T")
 async def every_page(read: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> list[T]:
     """Every item of a paged listing (``list_collectives``, ``get_related_experiences``,
     ``get_active_agents``, ``dead_letters``): the largest pages, following ``next``."""
+    from sync import models
+
     found: list[T] = []
     after: str | None = None
     while True:
@@ -1156,6 +1162,8 @@ async def wisdom_delete(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str
 
 def duration(text: str) -> int:
     """``--expires``: 30d, 12h, 45m, 90s or 2w, as whole seconds."""
+    from sync.tokens import EXPIRES_MAX_S
+
     try:
         ms = access.parse_duration_ms(text)
     except ValidationError as exc:
@@ -1464,6 +1472,8 @@ async def export(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
       pulse export ./pulse-export
       duckdb -c "SELECT * FROM './pulse-export/experiences.parquet' LIMIT 3"
     """
+    from sync import PulseDB
+
     if not isinstance(db, PulseDB):
         raise ValidationError(
             "export: `pulse up` serves this data directory and holds its files; stop it to "
@@ -1483,6 +1493,8 @@ async def open_instance(args: argparse.Namespace) -> Any:
     this process when none runs. Either way the command acts for the access token in
     $PULSE_TOKEN, if it holds one (``sync.access``); an instance of this process acts as
     the local operator otherwise."""
+    from sync import PulseDB
+
     token = os.environ.get("PULSE_TOKEN") or None
     service = running_service(args.data_dir)
     if service is not None:
@@ -1496,6 +1508,8 @@ async def open_instance(args: argparse.Namespace) -> Any:
 
 
 def execute(cmd: Command, args: argparse.Namespace) -> int:
+    import asyncio
+
     async def go() -> int:
         db = await open_instance(args)
         key = getattr(args, "idempotency_key", None)

@@ -10,7 +10,7 @@ import itertools
 import math
 import time
 from types import EllipsisType
-from typing import Any, Iterable, Literal, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence, TypeVar
 from uuid import UUID
 
 import msgspec
@@ -19,9 +19,11 @@ import numpy.typing as npt
 
 from eventlog import events as ev
 from projections.fold import CollectiveRow, ExperienceRow, InsightRow, RelationRow, SessionRow
-from projections.past import Past
-from projections.projection import Projection
 from sync.access import Principal, TokenInfo, Viewer
+
+if TYPE_CHECKING:  # (the result types above come without the engines: see ops.remote)
+    from projections.past import Past
+    from projections.projection import Projection
 
 
 class ExperienceFilter(msgspec.Struct, frozen=True, kw_only=True):
@@ -529,6 +531,8 @@ NO_END = np.iinfo(np.int64).max  # the valid_to of what is still true
 
 
 def _columns(p: Projection | Past, collective_id: UUID) -> _Columns:
+    from projections.past import Past
+
     if isinstance(p, Past):
         found: _Columns = p.columns(collective_id)
         return found
@@ -573,6 +577,8 @@ def similar_ids(
     flt: ExperienceFilter = ANY_LIVE,
 ) -> list[tuple[UUID, float]]:
     """(id, cosine similarity) of the k nearest live experiences, best first."""
+    from projections.past import Past
+
     p.sync_indexes()
     index = p.vectors.get(("experience", collective_id))
     if index is None or k <= 0 or p.live_dimension(collective_id) is None:
@@ -776,6 +782,8 @@ def similar_insights(
     k: int = 10,
     viewer: Viewer | None = None,
 ) -> list[ScoredInsight]:
+    from projections.past import Past
+
     p.sync_indexes()
     index = p.vectors.get(("insight", collective_id))
     if index is None or k <= 0:
