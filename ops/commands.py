@@ -105,12 +105,12 @@ T = TypeVar("T")
 async def every_page(read: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> list[T]:
     """Every item of a paged listing (``list_collectives``, ``get_related_experiences``,
     ``get_active_agents``, ``dead_letters``): the largest pages, following ``next``."""
-    from sync import models
+    from sync.pages import PAGE_MAX
 
     found: list[T] = []
     after: str | None = None
     while True:
-        page = await read(*args, **kwargs, limit=models.PAGE_MAX, after=after)
+        page = await read(*args, **kwargs, limit=PAGE_MAX, after=after)
         found.extend(page)
         if page.next is None:
             return found
@@ -1493,13 +1493,13 @@ async def open_instance(args: argparse.Namespace) -> Any:
     this process when none runs. Either way the command acts for the access token in
     $PULSE_TOKEN, if it holds one (``sync.access``); an instance of this process acts as
     the local operator otherwise."""
-    from sync import PulseDB
-
     token = os.environ.get("PULSE_TOKEN") or None
     service = running_service(args.data_dir)
     if service is not None:
         return RemotePulseDB(service["url"], token)
     access_token = token if token and access.token_id_of(token) is not None else None
+    from sync import PulseDB
+
     return await PulseDB.open(
         args.data_dir, args.nats_url or None,
         nats_credentials=getattr(args, "nats_creds", None), nats_ca=getattr(args, "nats_ca", None),

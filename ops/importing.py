@@ -4,7 +4,6 @@ through ``record_experiences``, with a progress line and a summary."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import itertools
 import json
@@ -69,6 +68,8 @@ async def import_(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
       pulse import a.jsonl -c demo
       pulse import notes.parquet -c demo --ids ids.txt --json
     """
+    import asyncio
+
     from sync.experiences import BATCH_MAX
 
     if not 1 <= args.batch <= BATCH_MAX:

@@ -220,8 +220,8 @@ def decode(name: str, content: bytes, returns: Any = None) -> Any:
     """A method's result from its msgspec JSON, as the method's return type."""
     returns = return_type(name) if returns is None else returns
     origin = typing.get_origin(returns)
-    models = sys.modules.get("sync.models")  # (imported with the type, if it is a page)
-    if models is not None and origin is models.Page:
+    pages = sys.modules.get("sync.pages")  # (imported with the type, if it is a page)
+    if pages is not None and origin is pages.Page:
         item: Any = typing.get_args(returns)[0]
         page = msgspec.json.decode(content, type=PageBody[item])
         return origin(page.items, page.next)
