@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from eventlog.errors import NotFoundError, PulseError, ValidationError
-from ops.encoding import to_json
 from ops.remote import RemotePulseDB, running_service
 from sync import access
 
@@ -209,6 +208,8 @@ def visibility_arg(p: argparse.ArgumentParser, team: str = "the collective's mem
 
 def plain(value: Any) -> Any:
     """JSON-ready builtins: UUIDs as strings, embeddings left out (``dimension`` instead)."""
+    from ops.encoding import to_json
+
     return to_json(value)
 
 
@@ -1368,6 +1369,8 @@ async def status(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
       pulse status
       pulse status --json
     """
+    from ops.encoding import to_json
+
     found = await db.status()
     record = to_json(found)
     stream = found.stream
@@ -1435,6 +1438,8 @@ async def compact(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     example:
       pulse delete 01a22b60-9f07-75f6-ab51-e7ce5c2af5c1 && pulse compact
     """
+    from ops.encoding import to_json
+
     done = await db.compact()
     return to_json(done), (
         f"rewrote the state's files at sequence {done.applied_seq:,}: DuckDB "
@@ -1456,6 +1461,8 @@ async def keys_rotate(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     example:
       pulse keys rotate
     """
+    from ops.encoding import to_json
+
     done = await db.rotate_keys()
     return to_json(
         done

@@ -30,8 +30,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
-import msgspec
-
 from eventlog.errors import (
     ConflictError,
     Forbidden,
@@ -204,26 +202,39 @@ def _enc_hook(value: Any) -> Any:
     raise NotImplementedError(f"cannot send a {type(value).__name__}")
 
 
-_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
+@functools.cache
+def _encoder() -> Any:
+    import msgspec  # (here, as PageBody: `pulse --help` goes without)
+
+    return msgspec.json.Encoder(enc_hook=_enc_hook)
+
 
 T = TypeVar("T")
 
 
-class PageBody(msgspec.Struct, Generic[T]):
-    """A page of a listing as the service sends it."""
+@functools.cache
+def _page_body() -> Any:
+    import msgspec
 
-    items: list[T]
-    next: str | None = None
+    class PageBody(msgspec.Struct, Generic[T]):
+        """A page of a listing as the service sends it."""
+
+        items: list[T]
+        next: str | None = None
+
+    return PageBody
 
 
 def decode(name: str, content: bytes, returns: Any = None) -> Any:
     """A method's result from its msgspec JSON, as the method's return type."""
+    import msgspec
+
     returns = return_type(name) if returns is None else returns
     origin = typing.get_origin(returns)
     pages = sys.modules.get("sync.pages")  # (imported with the type, if it is a page)
     if pages is not None and origin is pages.Page:
         item: Any = typing.get_args(returns)[0]
-        page = msgspec.json.decode(content, type=PageBody[item])
+        page = msgspec.json.decode(content, type=_page_body()[item])
         return origin(page.items, page.next)
     return msgspec.json.decode(content, type=returns)
 
@@ -290,7 +301,7 @@ class RemotePulseDB:
         import asyncio
 
         method = self._method(name)
-        body = _encoder.encode(method.payload(args, kwargs))
+        body = _encoder().encode(method.payload(args, kwargs))
         path = f"{self._prefix}/v1/{name}?format=msgspec"
         try:
             response = await asyncio.to_thread(self._post, path, body)
