@@ -642,8 +642,37 @@ class _CommandParser(argparse.ArgumentParser):
         return super().format_usage()
 
 
+class _PulseParser(argparse.ArgumentParser):
+    """The top parser: the summaries of the commands named "module:function" are read
+    from their modules' source when its help is shown, not for every command."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.unread: list[tuple[argparse.Action, str]] = []  # (a command's help line, name)
+
+    def format_help(self) -> str:
+        for line, name in self.unread:
+            line.help = _doc(name)[0]
+        self.unread = []
+        return super().format_help()
+
+
+def _described(
+    name: str, setup: Callable[[argparse.ArgumentParser], object] | None
+) -> Callable[[argparse.ArgumentParser], None]:
+    """The setup of command "module:function", with its description read first."""
+
+    def set_up(sub: argparse.ArgumentParser) -> None:
+        summary, body = _doc(name)
+        sub.description = f"{summary}\n\n{body}"
+        if setup is not None:
+            setup(sub)
+
+    return set_up
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _PulseParser(
         prog="pulse",
         description="Pulse: a shared memory for collectives of AI agents, on a NATS JetStream log.",
         epilog="example:\n  pulse up\n  pulse tail --json",
@@ -681,15 +710,25 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command", metavar="COMMAND", required=True, parser_class=_CommandParser
     )
     for name, func in COMMANDS.items():
-        summary, body = _doc(func)
-        sub = commands.add_parser(
-            name,
-            help=summary,
-            description=f"{summary}\n\n{body}",
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-            setup=_SETUPS[name],
-        )
-        sub.set_defaults(func=func if callable(func) else _call(func))
+        if callable(func):
+            summary, body = _doc(func)
+            sub = commands.add_parser(
+                name,
+                help=summary,
+                description=f"{summary}\n\n{body}",
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                setup=_SETUPS[name],
+            )
+            sub.set_defaults(func=func)
+        else:
+            sub = commands.add_parser(
+                name,
+                help="",
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                setup=_described(func, _SETUPS[name]),
+            )
+            parser.unread.append((commands._choices_actions[-1], func))
+            sub.set_defaults(func=_call(func))
     groups: dict[str, Any] = {}
     for cmd in REGISTRY:
         summary, body = _doc(cmd.run)
