@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m ops.bench.as_of
 	$(VENV)/bin/python -m ops.bench.following
 	$(VENV)/bin/python -m ops.bench.sealing
+	$(VENV)/bin/python -m ops.bench.cli_start
 
 clean:
 	rm -rf $(VENV) .pulse .pytest_cache .hypothesis

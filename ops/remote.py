@@ -173,7 +173,10 @@ class _Method:
 
     @functools.cached_property
     def returns(self) -> Any:
-        return _type(self._returns)
+        try:
+            return _type(self._returns)
+        except (ImportError, AttributeError):  # a service of another version: this one's
+            return return_type(self.name)
 
     @functools.cached_property
     def optional(self) -> bool:

@@ -126,3 +126,12 @@ def test_the_service_file_describes_the_api_the_cli_calls(service: Any) -> None:
     assert written["api"] == describe_api()
     for name, method in written["api"].items():
         assert _type(method["returns"]) == return_type(name), name
+
+
+def test_a_description_from_another_version_falls_back_to_this_pulsedb() -> None:
+    """A service started by another version may name a type this one moved or lacks: the
+    client then decodes into the type its own PulseDB declares."""
+    from ops.remote import _Method, describe_api, return_type
+
+    described = dict(describe_api()["get_experience"], returns={"class": "nowhere:Gone"})
+    assert _Method("get_experience", described).returns == return_type("get_experience")
