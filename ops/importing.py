@@ -29,7 +29,7 @@ Numbered = Generator[tuple[int, dict[str, Any]], None, None]  # (line or row num
 
 
 def _setup_import(p: argparse.ArgumentParser) -> None:
-    from sync.experiences import BATCH_MAX
+    from sync.models import BATCH_MAX
 
     p.add_argument(
         "file", type=Path, metavar="FILE", help="JSON lines, or Parquet when it ends in .parquet"
@@ -70,7 +70,7 @@ async def import_(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     """
     import asyncio
 
-    from sync.experiences import BATCH_MAX
+    from sync.models import BATCH_MAX
 
     if not 1 <= args.batch <= BATCH_MAX:
         raise ValidationError(f"batch: must be 1..{BATCH_MAX}, got {args.batch}")
@@ -126,7 +126,7 @@ def _numbered(path: Path) -> tuple[int, str, Numbered]:
     """How many records a file holds, what a position in it is called, and the records
     with their line (row) numbers."""
     from projections import analytics
-    from sync.experiences import BATCH_MAX
+    from sync.models import BATCH_MAX
 
     if path.suffix.lower() == ".parquet":
         total, rows = analytics.read_parquet_records(path, BATCH_MAX)
