@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.remote import RemotePulseDB, running_service
-from sync.models import PAGE_MAX
+from sync.pages import PAGE_MAX
 
 HELP = (["--help"], ["record", "--help"], ["search", "--help"], ["collective", "list", "--help"])
 
