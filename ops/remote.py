@@ -25,6 +25,7 @@ import operator
 import os
 import select
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -124,7 +125,7 @@ def _describe(tp: Any) -> Any:
     if tp is None or tp is type(None):
         return None
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Union or type(tp).__name__ == "UnionType":
+    if origin is typing.Union or isinstance(tp, types.UnionType):
         return {"union": [_describe(a) for a in args]}
     if origin is typing.Literal:
         return {"literal": list(args)}
