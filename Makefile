@@ -36,6 +36,8 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m ops.bench.following
 	$(VENV)/bin/python -m ops.bench.sealing
 	$(VENV)/bin/python -m ops.bench.snapshot
+	$(VENV)/bin/python -m ops.bench.cli_start
+	$(VENV)/bin/python -m ops.bench.languages
 
 clean:
 	rm -rf $(VENV) .pulse .pytest_cache .hypothesis

@@ -17,12 +17,14 @@ raw little-endian float32 bytes (``pack_vector`` / ``unpack_vector``).
 
 from __future__ import annotations
 
-from typing import Literal, Sequence, TypeAlias
+from typing import TYPE_CHECKING, Literal, Sequence, TypeAlias
 from uuid import UUID
 
 import msgspec
-import numpy as np
-import numpy.typing as npt
+
+if TYPE_CHECKING:  # (numpy is imported where vectors are packed: `pulse --help` goes without)
+    import numpy as np
+    import numpy.typing as npt
 
 # --- hybrid logical clock values ---------------------------------------------------------
 
@@ -52,6 +54,8 @@ def hlc_logical(hlc: int) -> int:
 
 def pack_vector(values: Sequence[float] | npt.ArrayLike) -> bytes:
     """Raw little-endian float32 bytes of a 1-D vector (the wire form of an embedding)."""
+    import numpy as np
+
     array = np.asarray(values, dtype="<f4")
     if array.ndim != 1:
         raise ValueError(f"an embedding must be one-dimensional, got shape {array.shape}")
@@ -60,6 +64,8 @@ def pack_vector(values: Sequence[float] | npt.ArrayLike) -> bytes:
 
 def unpack_vector(raw: bytes) -> npt.NDArray[np.float32]:
     """A read-only float32 array over the wire bytes of an embedding (no copy)."""
+    import numpy as np
+
     return np.frombuffer(raw, dtype="<f4")
 
 

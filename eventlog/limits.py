@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from eventlog import events as ev
+from eventlog.languages import LANGUAGES
 
 # -- the data model (DESIGN.md, the data-model table) ---------------------------------------
 
@@ -46,22 +47,7 @@ TYPE_TEXT_LOG_MAX_BYTES = CONTENT_MAX_BYTES
 PATTERN_MAX = 10_000  # a wisdom pattern (not in PulseDB: our cap)
 EMBEDDER_NAME_MAX = 64  # the name of a collective's text embedder ("" = none)
 
-# the text analyzers a collective may name (projections.language says what each does);
-# "" in an event (one from before languages) is English
-ENGLISH = "english"  # tantivy's en_stem
-SIMPLE = "simple"  # lower case, no stemming: language-independent
-# those with a Snowball stemmer (PyStemmer), English aside
-SNOWBALL = (
-    "arabic", "armenian", "basque", "catalan", "czech", "danish", "dutch", "esperanto",
-    "estonian", "finnish", "french", "german", "greek", "hindi", "hungarian", "indonesian",
-    "irish", "italian", "lithuanian", "nepali", "norwegian", "persian", "polish",
-    "portuguese", "romanian", "russian", "serbian", "spanish", "swedish", "tamil",
-    "turkish", "yiddish",
-)  # fmt: skip
-LEMMATIZED = ("ukrainian",)  # a dictionary's lemmas (pymorphy3)
-SPACELESS = ("chinese", "japanese")  # written without spaces: character pairs
-LANGUAGES = (ENGLISH, SIMPLE, *SNOWBALL, *LEMMATIZED, *SPACELESS)
-LANGUAGE_MAX = max(len(name) for name in LANGUAGES)
+# the text analyzers a collective may name: eventlog.languages
 SOURCE_TASK_MAX = 1024  # characters of an experience's source_task
 SOURCE_EXPERIENCE_COUNT_MAX = 2**32  # how many experiences a wisdom was distilled from
 TOKEN_COLLECTIVES_MAX = 100  # collectives an access token may be limited to

@@ -39,27 +39,21 @@ import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import msgspec
-from nats.aio.client import Client as NATS
 
-from eventlog import SCHEMA_VERSION as EVENT_SCHEMA
-from eventlog import EmbeddedNats, StreamSettings, ValidationError
-from eventlog.embedded import NatsCredentials
+from eventlog import ValidationError
 from eventlog.errors import NotFoundError
-from eventlog.snapshots import (
-    SnapshotError,
-    StreamExists,
-    delete_stream,
-    restore_stream,
-    snapshot_stream,
-    stream_exists,
-)
-from ops.connect import open_log
 from ops.progress import ProgressBar
 from ops.remote import running_service
 from projections.schema import SCHEMA_VERSION as STATE_SCHEMA
+
+if TYPE_CHECKING:  # (NATS is imported where it is used: `pulse --help` goes without)
+    from nats.aio.client import Client as NATS
+
+    from eventlog import EmbeddedNats
+    from eventlog.embedded import NatsCredentials
 
 FORMAT = "pulse-backup"
 FORMAT_VERSION = 2  # 2: the key bucket, with --with-keys
@@ -123,6 +117,9 @@ def _hosts(urls: str) -> str:
 async def _connected(args: argparse.Namespace) -> AsyncIterator[tuple[NATS, EmbeddedNats | None]]:
     """A NATS connection to the deployment (``ops.connect.open_log``), creating no
     stream. An edge host's data directory is refused: its events are in the hub's."""
+    from eventlog import EmbeddedNats
+    from ops.connect import open_log
+
     if not args.nats_url and EmbeddedNats.remembered_leaf(args.data_dir) is not None:
         raise ValidationError(
             f"data_dir: {args.data_dir} is an edge host's (a leaf node of a hub); back up "
@@ -201,6 +198,9 @@ async def take_backup(
     ``credentials`` (the file's bytes and where they came from), and with ``keys`` the
     stream of the key bucket too. Written beside the destination and renamed into place
     when complete: a failed backup leaves nothing."""
+    from eventlog import SCHEMA_VERSION as EVENT_SCHEMA
+    from eventlog.snapshots import snapshot_stream
+
     _check_destination(destination)
     staging = destination.parent / f".{destination.name}.staging-{os.getpid()}"
     staging.mkdir(mode=0o700)
@@ -294,6 +294,8 @@ def _sync_directory(directory: Path) -> None:
 
 def _credentials_of(args: argparse.Namespace) -> tuple[bytes, str] | None:
     """The credentials file the deployment's clients use, and where it came from."""
+    from eventlog.embedded import NatsCredentials
+
     if args.nats_url:
         if not args.nats_creds:
             return None
@@ -350,6 +352,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
       pulse --nats-url tls://h1:4222 --nats-creds nats-conf/client-credentials.json \\
         --nats-ca nats-conf/ca.pem backup /backups/pulse.tar
     """
+    from eventlog import StreamSettings
+
     destination = Path(args.destination)
     _check_destination(destination)
     if not args.nats_url and not (Path(args.data_dir) / "nats").is_dir():
@@ -463,6 +467,9 @@ def check_backup(path: Path) -> CheckedBackup:
     """Open ``path`` and check it whole: the manifest, then the size and SHA-256 of every
     file it lists, the stream's description and the schema versions. ``ValidationError``
     saying what is wrong, and nothing else done, if anything is."""
+    from eventlog import SCHEMA_VERSION as EVENT_SCHEMA
+    from eventlog.embedded import NatsCredentials
+
     files = _BackupFiles(path)
     try:
         if not files.has(MANIFEST):
@@ -567,6 +574,8 @@ async def restore_backup(
     (``eventlog.snapshots.restore_stream``). A backup without keys is refused, before
     anything is touched, by a deployment that has none either: what its events seal
     could not be read."""
+    from eventlog.snapshots import delete_stream, restore_stream, stream_exists
+
     manifest = backup.manifest
     bucket = f"KV_{manifest.stream}_KEYS"
     keys_here = await stream_exists(nc, bucket)
@@ -620,6 +629,8 @@ class _CheckedReader:
         self.size = 0
 
     def read(self, n: int) -> bytes:
+        from eventlog.snapshots import SnapshotError
+
         block = self.data.read(n)
         self.hash.update(block)
         self.size += len(block)
@@ -715,6 +726,8 @@ def _install_credentials(
 ) -> tuple[str, Path | None]:
     """Give a data directory without NATS credentials the backup's, before its embedded
     server starts; what was done, and the file written (None: nothing written)."""
+    from eventlog.embedded import NatsCredentials
+
     if args.nats_url:
         kept = f" (the backup's are in {backup.path})" if backup.credentials else ""
         return f"those of --nats-creds, untouched{kept}", None
@@ -734,6 +747,8 @@ def _install_credentials(
 
 
 async def _restore(args: argparse.Namespace, backup: CheckedBackup) -> dict[str, Any]:
+    from eventlog.snapshots import SnapshotError, StreamExists
+
     async with _connected(args) as (nc, server):
         try:
             return await restore_backup(

@@ -4,8 +4,10 @@ docstring (shown by --help, with an example)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
+import ast
 import contextlib
+import importlib
+import importlib.util
 import json
 import os
 import re
@@ -13,33 +15,23 @@ import signal
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Sequence
 from uuid import UUID
 
-import duckdb
-import msgspec
-
-from eventlog import PulseError, ValidationError
-from eventlog.errors import Forbidden, Unauthorized
-from eventlog.events import Event, Sealed, event_type_name, unpack_vector
-from eventlog.jetstream import _without_password
-from eventlog.keys import Keyring
-from eventlog.leaf import LeafLog
-from eventlog.log import LogEntry
-from eventlog.sealing import Sealer
-from eventlog.subjects import collective_filter
-from ops.backup import cmd_backup, cmd_restore, setup_backup, setup_restore
+from eventlog.errors import Forbidden, PulseError, Unauthorized, ValidationError
 from ops.commands import GROUPS, REGISTRY, Command, execute, open_instance
-from ops.connect import open_log
-from ops.demo import run_demo
-from ops.natsconf import cmd_nats_config, setup_nats_config
 from ops.progress import ProgressBar
 from ops.remote import running_service, service_file
-from projections.engine import Engine
-from projections.projection import ProjectionSettings, rebuild, state_dir, state_link
-from projections.scope import Scope
-from projections.store import StateInUse
-from sync import PulseDB, access
+
+if TYPE_CHECKING:
+    from eventlog.events import Event
+    from eventlog.log import LogEntry
+
+# Start-up: agent hosts run `pulse` once per action, so this module imports only what
+# building the parser needs (argparse, the command registry, the docstrings). Asyncio,
+# msgspec, NATS, DuckDB, FAISS, tantivy, the web stack and the instance are imported in
+# the commands that use them (tests/test_cli_startup.py keeps it so; ops/bench/cli_start.py
+# measures it).
 
 DEFAULT_DATA_DIR = ".pulse"
 
@@ -48,6 +40,8 @@ SWITCH_INTERVAL = 0.0005  # seconds; see cmd_up
 
 
 async def _wait_for_signal() -> None:
+    import asyncio
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -103,6 +97,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     others), never fewer. A request about another collective is refused, naming what
     the host follows.
     """
+    import asyncio
+
+    from sync import access
+
     if args.leaf_of and args.nats_url:
         raise ValidationError(
             "leaf_of: an edge host runs its own embedded NATS server; give --leaf-of or "
@@ -124,10 +122,17 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace, token: str | None) -> int:
-    import uvicorn  # (here: the other commands start faster without the web stack)
+    import asyncio
 
+    import uvicorn
+
+    from eventlog.jetstream import _without_password
+    from eventlog.leaf import LeafLog
+    from ops.connect import open_log
     from ops.mcp_server import build_mcp
+    from ops.remote import describe_api
     from ops.service import create_app, is_loopback
+    from sync import PulseDB
 
     class QuietServer(uvicorn.Server):
         """uvicorn without its own signal handling: `pulse up` stops it on its signals."""
@@ -180,7 +185,8 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
             host, port = web.servers[0].sockets[0].getsockname()[:2]
             host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # how to reach it here
             url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-            info = {"url": url, "pid": os.getpid(), "token": bool(token)}
+            # the API description: what the CLI's requests need of PulseDB (ops.remote)
+            info = {"url": url, "pid": os.getpid(), "token": bool(token), "api": describe_api()}
             service_file(args.data_dir).write_text(json.dumps(info))
             last = await log.last_seq()
             if server is not None:
@@ -265,6 +271,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
       pulse mcp
       pulse --data-dir ~/.pulse mcp
     """
+    import asyncio
 
     from ops.mcp_server import build_mcp
 
@@ -282,6 +289,10 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 def _jsonable(event: Event) -> dict[str, object]:
     """The event as JSON-ready builtins, embeddings as lists of floats (not base64); a
     sealed event's box (its key destroyed) as its size only."""
+    import msgspec
+
+    from eventlog.events import Sealed, unpack_vector
+
     record: dict[str, object] = msgspec.to_builtins(event, builtin_types=(bytes,))
     for key, value in record.items():
         if isinstance(value, bytes):
@@ -293,6 +304,8 @@ def _jsonable(event: Event) -> dict[str, object]:
 
 
 def _summary(entry: LogEntry) -> str:
+    from eventlog.events import event_type_name
+
     if entry.event is None:
         return f"{entry.seq:>8}  UNREADABLE  {entry.subject}  {entry.error}"
     event = entry.event
@@ -320,6 +333,15 @@ def cmd_tail(args: argparse.Namespace) -> int:
       pulse tail --new --json            # only what arrives from now on, as JSON lines
       pulse tail --collective 0193f1c2-7a4e-7c3b-9d2e-5f6a7b8c9d0e --limit 10
     """
+    import asyncio
+
+    import msgspec
+
+    from eventlog.events import Sealed
+    from eventlog.keys import Keyring
+    from eventlog.sealing import Sealer
+    from eventlog.subjects import collective_filter
+    from ops.connect import open_log
 
     async def run() -> int:
         async with open_log(args) as (log, _server):
@@ -368,6 +390,12 @@ def cmd_catch_up(args: argparse.Namespace) -> int:
       pulse catch-up
       pulse --data-dir /srv/pulse catch-up --json
     """
+    import asyncio
+
+    from ops.connect import open_log
+    from projections.engine import Engine
+    from projections.projection import ProjectionSettings, state_dir
+    from projections.scope import Scope
 
     async def run() -> int:
         async with open_log(args) as (log, _server):
@@ -410,6 +438,11 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
       pulse rebuild
       pulse --data-dir /srv/pulse rebuild --json
     """
+    import asyncio
+
+    from ops.connect import open_log
+    from projections.projection import ProjectionSettings, rebuild
+    from projections.store import StateInUse
 
     async def run() -> int:
         async with open_log(args) as (log, _server):
@@ -440,6 +473,11 @@ def _holding_state(data_dir: Path) -> Iterator[None]:
     """Hold the current state's DuckDB file the way its owner does (one writer per file):
     refuse while another process has it open, and keep any from opening it (a service
     starting meanwhile fails) until the rebuild has swapped it out."""
+    import duckdb
+
+    from projections.projection import state_link
+    from projections.store import StateInUse
+
     link = state_link(data_dir)
     database = link.resolve() / "state.duckdb" if link.exists() else None
     con = None
@@ -474,6 +512,10 @@ def cmd_digest(args: argparse.Namespace) -> int:
       pulse digest
       pulse --data-dir /srv/pulse digest --json
     """
+    import asyncio
+
+    from projections.engine import Engine
+    from projections.projection import state_dir
 
     async def read() -> tuple[int, int, str]:
         engine = await Engine.start(state_dir(args.data_dir))
@@ -502,6 +544,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
       pulse demo
       pulse demo --experiences 10 --reinforcements 50 --dir /tmp/pulse-demo
     """
+    import asyncio
+
+    from ops.demo import run_demo
+
     agree = asyncio.run(run_demo(args.dir, args.experiences, args.reinforcements))
     return 0 if agree else 1
 
@@ -513,7 +559,10 @@ def _report(args: argparse.Namespace, record: dict[str, object], text: str) -> N
         print(text, flush=True)
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+# The commands of this module, and those of modules too heavy to import for the parser,
+# named "module:function": their docstrings are read from the source (_docstring) and the
+# module is imported when the command (or its --help) needs it.
+COMMANDS: dict[str, Callable[[argparse.Namespace], int] | str] = {
     "up": cmd_up,
     "mcp": cmd_mcp,
     "tail": cmd_tail,
@@ -521,20 +570,109 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "rebuild": cmd_rebuild,
     "digest": cmd_digest,
     "demo": cmd_demo,
-    "nats-config": cmd_nats_config,
-    "backup": cmd_backup,
-    "restore": cmd_restore,
+    "nats-config": "ops.natsconf:cmd_nats_config",
+    "backup": "ops.backup:cmd_backup",
+    "restore": "ops.backup:cmd_restore",
 }
 
 
-def _doc(func: Callable[..., object]) -> tuple[str, str]:
-    doc = textwrap.dedent(func.__doc__ or "").strip()
+def _doc(func: Callable[..., object] | str) -> tuple[str, str]:
+    doc = textwrap.dedent((func.__doc__ if callable(func) else _docstring(func)) or "").strip()
     summary, _, rest = doc.partition("\n")
     return summary, textwrap.dedent(rest).strip()
 
 
+def _docstring(name: str) -> str | None:
+    """The docstring of "module:function", from the module's source, without importing it."""
+    module, _, function = name.partition(":")
+    for node in _module_ast(module).body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            return ast.get_docstring(node, clean=False)
+    raise LookupError(f"no function {function} in {module}")
+
+
+_ASTS: dict[str, ast.Module] = {}
+
+
+def _module_ast(module: str) -> ast.Module:
+    if module not in _ASTS:
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin is not None, module
+        _ASTS[module] = ast.parse(Path(spec.origin).read_text(), spec.origin)
+    return _ASTS[module]
+
+
+def _resolve(name: str) -> Any:
+    """The object "module:attribute" names (importing the module)."""
+    module, _, attribute = name.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def _call(name: str) -> Callable[[argparse.Namespace], int]:
+    return lambda args: int(_resolve(name)(args))
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser whose arguments are added when it is first used (to parse its
+    arguments or print its --help): `pulse record ...` sets up the options of `record`
+    only, and none of them costs `pulse --help` anything."""
+
+    def __init__(
+        self, *args: Any, setup: Callable[[argparse.ArgumentParser], object] | None = None,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self._setup = setup
+
+    def _set_up(self) -> None:
+        setup, self._setup = self._setup, None
+        if setup is not None:
+            setup(self)
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        self._set_up()
+        return super().parse_known_args(*args, **kwargs)
+
+    def format_help(self) -> str:
+        self._set_up()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self._set_up()
+        return super().format_usage()
+
+
+class _PulseParser(argparse.ArgumentParser):
+    """The top parser: the summaries of the commands named "module:function" are read
+    from their modules' source when its help is shown, not for every command."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.unread: list[tuple[argparse.Action, str]] = []  # (a command's help line, name)
+
+    def format_help(self) -> str:
+        for line, name in self.unread:
+            line.help = _doc(name)[0]
+        self.unread = []
+        return super().format_help()
+
+
+def _described(
+    name: str, setup: Callable[[argparse.ArgumentParser], object] | None
+) -> Callable[[argparse.ArgumentParser], None]:
+    """The setup of command "module:function", with its description read first."""
+
+    def set_up(sub: argparse.ArgumentParser) -> None:
+        summary, body = _doc(name)
+        sub.description = f"{summary}\n\n{body}"
+        if setup is not None:
+            setup(sub)
+
+    return set_up
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _PulseParser(
         prog="pulse",
         description="Pulse: a shared memory for collectives of AI agents, on a NATS JetStream log.",
         epilog="example:\n  pulse up\n  pulse tail --json",
@@ -568,101 +706,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--replicas", type=int, default=1, help="stream replicas: 1, or 3 on a cluster (default 1)"
     )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=_CommandParser
+    )
     for name, func in COMMANDS.items():
-        summary, body = _doc(func)
-        sub = commands.add_parser(
-            name,
-            help=summary,
-            description=f"{summary}\n\n{body}",
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        sub.set_defaults(func=func)
-        if name == "up":
-            edge = sub.add_mutually_exclusive_group()
-            edge.add_argument(
-                "--leaf-of",
-                metavar="URL",
-                help="run as an edge host: the embedded NATS becomes a leaf node of the hub "
-                "at this leafnode URL, with its leaf credentials (e.g. "
-                "nats-leaf://leaf:PASSWORD@hub.example:7422); writes are kept while the link "
-                "is down and converge when it returns. The data directory remembers it",
+        if callable(func):
+            summary, body = _doc(func)
+            sub = commands.add_parser(
+                name,
+                help=summary,
+                description=f"{summary}\n\n{body}",
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                setup=_SETUPS[name],
             )
-            edge.add_argument(
-                "--leaf-listen",
-                type=int,
-                metavar="PORT",
-                help="run as a hub: accept edge hosts' leaf nodes on this port (e.g. 7422; "
-                "their password is generated in <data dir>/nats/leaf-credentials.json)",
+            sub.set_defaults(func=func)
+        else:
+            sub = commands.add_parser(
+                name,
+                help="",
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                setup=_described(func, _SETUPS[name]),
             )
-            sub.add_argument(
-                "--hub-domain",
-                default="hub",
-                help="with --leaf-of: the hub's JetStream domain (default hub, what "
-                "--leaf-listen gives)",
-            )
-            sub.add_argument(
-                "--leaf-ca",
-                metavar="PEM",
-                help="with --leaf-of: the CA of the hub's leafnode TLS (tls:// URLs)",
-            )
-            sub.add_argument(
-                "--no-sync",
-                action="store_true",
-                help="let the embedded server fsync periodically instead of before every ack",
-            )
-            sub.add_argument("--host", default="127.0.0.1", help="listen here (127.0.0.1)")
-            sub.add_argument(
-                "--follow",
-                metavar="C1,C2",
-                help="follow only these collectives (ids, names, owner:<owner id>); "
-                "default: what the data directory followed before, every collective at first",
-            )
-            sub.add_argument(
-                "--port", type=int, default=8765, help="HTTP port (default 8765; 0: any free)"
-            )
-            sub.add_argument(
-                "--token",
-                help="a bearer token of the service's own ($PULSE_TOKEN): requests that "
-                "carry it act as the local operator, and every request needs a token",
-            )
-        if name == "nats-config":
-            setup_nats_config(sub)
-        if name == "backup":
-            setup_backup(sub)
-        if name == "restore":
-            setup_restore(sub)
-        if name == "demo":
-            sub.add_argument("--dir", type=Path, help="keep the demo's data here")
-            sub.add_argument("--experiences", type=_positive, default=5, help="default 5")
-            sub.add_argument(
-                "--reinforcements", type=_positive, default=20, help="per host (default 20)"
-            )
-        if name in ("catch-up", "rebuild", "digest"):
-            sub.add_argument("--json", action="store_true", help="print one JSON object")
-        if name in ("catch-up", "rebuild"):
-            sub.add_argument(
-                "--checkpoint-every",
-                type=_positive,
-                default=ProjectionSettings().checkpoint_events,
-                metavar="N",
-                help="write the state's checkpoint every N events (default %(default)s); "
-                "killed, it resumes from the last one",
-            )
-        if name == "tail":
-            where = sub.add_mutually_exclusive_group()
-            where.add_argument(
-                "--from-seq", type=_positive, default=1, help="first stream sequence"
-            )
-            where.add_argument("--new", action="store_true", help="only events stored from now on")
-            sub.add_argument(
-                "--collective",
-                type=UUID,
-                action="append",
-                help="only this collective (repeatable); wisdom events are always shown",
-            )
-            sub.add_argument("--limit", type=_positive, help="stop after this many events")
-            sub.add_argument("--json", action="store_true", help="one JSON object per line")
+            parser.unread.append((commands._choices_actions[-1], func))
+            sub.set_defaults(func=_call(func))
     groups: dict[str, Any] = {}
     for cmd in REGISTRY:
         summary, body = _doc(cmd.run)
@@ -678,7 +744,14 @@ def build_parser() -> argparse.ArgumentParser:
             help=summary,
             description=f"{summary}\n\n{body}",
             formatter_class=argparse.RawDescriptionHelpFormatter,
+            setup=_registry_setup(cmd),
         )
+        sub.set_defaults(func=_runner(cmd))
+    return parser
+
+
+def _registry_setup(cmd: Command) -> Callable[[argparse.ArgumentParser], None]:
+    def setup(sub: argparse.ArgumentParser) -> None:
         cmd.setup(sub)
         if cmd.writes:
             sub.add_argument(
@@ -694,8 +767,109 @@ def build_parser() -> argparse.ArgumentParser:
                 "or a time (ISO 8601, e.g. 2026-11-30T09:00:00Z)",
             )  # fmt: skip
         sub.add_argument("--json", action="store_true", help="print one JSON document")
-        sub.set_defaults(func=_runner(cmd))
-    return parser
+
+    return setup
+
+
+def _setup_up(sub: argparse.ArgumentParser) -> None:
+    edge = sub.add_mutually_exclusive_group()
+    edge.add_argument(
+        "--leaf-of",
+        metavar="URL",
+        help="run as an edge host: the embedded NATS becomes a leaf node of the hub "
+        "at this leafnode URL, with its leaf credentials (e.g. "
+        "nats-leaf://leaf:PASSWORD@hub.example:7422); writes are kept while the link "
+        "is down and converge when it returns. The data directory remembers it",
+    )
+    edge.add_argument(
+        "--leaf-listen",
+        type=int,
+        metavar="PORT",
+        help="run as a hub: accept edge hosts' leaf nodes on this port (e.g. 7422; "
+        "their password is generated in <data dir>/nats/leaf-credentials.json)",
+    )
+    sub.add_argument(
+        "--hub-domain",
+        default="hub",
+        help="with --leaf-of: the hub's JetStream domain (default hub, what --leaf-listen gives)",
+    )
+    sub.add_argument(
+        "--leaf-ca",
+        metavar="PEM",
+        help="with --leaf-of: the CA of the hub's leafnode TLS (tls:// URLs)",
+    )
+    sub.add_argument(
+        "--no-sync",
+        action="store_true",
+        help="let the embedded server fsync periodically instead of before every ack",
+    )
+    sub.add_argument("--host", default="127.0.0.1", help="listen here (127.0.0.1)")
+    sub.add_argument(
+        "--follow",
+        metavar="C1,C2",
+        help="follow only these collectives (ids, names, owner:<owner id>); "
+        "default: what the data directory followed before, every collective at first",
+    )
+    sub.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765; 0: any free)")
+    sub.add_argument(
+        "--token",
+        help="a bearer token of the service's own ($PULSE_TOKEN): requests that "
+        "carry it act as the local operator, and every request needs a token",
+    )
+
+
+def _setup_demo(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--dir", type=Path, help="keep the demo's data here")
+    sub.add_argument("--experiences", type=_positive, default=5, help="default 5")
+    sub.add_argument("--reinforcements", type=_positive, default=20, help="per host (default 20)")
+
+
+def _setup_state(sub: argparse.ArgumentParser, *, checkpoints: bool = True) -> None:
+    """catch-up, rebuild (checkpoints) and digest."""
+    sub.add_argument("--json", action="store_true", help="print one JSON object")
+    if checkpoints:
+        from projections.projection import ProjectionSettings  # (its default, one place)
+
+        sub.add_argument(
+            "--checkpoint-every",
+            type=_positive,
+            default=ProjectionSettings().checkpoint_events,
+            metavar="N",
+            help="write the state's checkpoint every N events (default %(default)s); "
+            "killed, it resumes from the last one",
+        )
+
+
+def _setup_tail(sub: argparse.ArgumentParser) -> None:
+    where = sub.add_mutually_exclusive_group()
+    where.add_argument("--from-seq", type=_positive, default=1, help="first stream sequence")
+    where.add_argument("--new", action="store_true", help="only events stored from now on")
+    sub.add_argument(
+        "--collective",
+        type=UUID,
+        action="append",
+        help="only this collective (repeatable); wisdom events are always shown",
+    )
+    sub.add_argument("--limit", type=_positive, help="stop after this many events")
+    sub.add_argument("--json", action="store_true", help="one JSON object per line")
+
+
+def _setup_by_name(name: str) -> Callable[[argparse.ArgumentParser], object]:
+    return lambda sub: _resolve(name)(sub)
+
+
+_SETUPS: dict[str, Callable[[argparse.ArgumentParser], object] | None] = {
+    "up": _setup_up,
+    "mcp": None,
+    "tail": _setup_tail,
+    "catch-up": _setup_state,
+    "rebuild": _setup_state,
+    "digest": lambda sub: _setup_state(sub, checkpoints=False),
+    "demo": _setup_demo,
+    "nats-config": _setup_by_name("ops.natsconf:setup_nats_config"),
+    "backup": _setup_by_name("ops.backup:setup_backup"),
+    "restore": _setup_by_name("ops.backup:setup_restore"),
+}
 
 
 def _runner(cmd: Command) -> Callable[[argparse.Namespace], int]:

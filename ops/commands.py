@@ -10,7 +10,6 @@ on stdout, so ``E=$(pulse record -c demo "...")`` works in scripts.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
 import inspect
 import json
@@ -20,19 +19,21 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from eventlog.errors import NotFoundError, PulseError, ValidationError
-from eventlog.limits import LANGUAGES
-from ops.encoding import to_json
+from eventlog.languages import LANGUAGES
 from ops.remote import RemotePulseDB, running_service
-from projections import queries
-from sync import PulseDB, access, models
-from sync.presence import Activity
-from sync.tokens import EXPIRES_MAX_S, NewToken, Token
+from sync import access
 
-Run = Callable[[PulseDB, argparse.Namespace], Awaitable[tuple[Any, str]]]
+if TYPE_CHECKING:  # (the instance is imported where it is used: `pulse --help` goes without)
+    from projections import queries
+    from sync import PulseDB
+    from sync.presence import Activity
+    from sync.tokens import NewToken, Token
+
+Run = Callable[["PulseDB", argparse.Namespace], Awaitable[tuple[Any, str]]]
 Setup = Callable[[argparse.ArgumentParser], object]
 
 
@@ -68,6 +69,8 @@ class Passing:
         self._db, self._name, self._value = db, name, value
 
     def __getattr__(self, name: str) -> Any:
+        from sync import PulseDB
+
         found = getattr(self._db, name)
         method = getattr(PulseDB, name, None)
         if callable(method) and (
@@ -102,10 +105,12 @@ T = TypeVar("T")
 async def every_page(read: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> list[T]:
     """Every item of a paged listing (``list_collectives``, ``get_related_experiences``,
     ``get_active_agents``, ``dead_letters``): the largest pages, following ``next``."""
+    from sync.pages import PAGE_MAX
+
     found: list[T] = []
     after: str | None = None
     while True:
-        page = await read(*args, **kwargs, limit=models.PAGE_MAX, after=after)
+        page = await read(*args, **kwargs, limit=PAGE_MAX, after=after)
         found.extend(page)
         if page.next is None:
             return found
@@ -204,6 +209,8 @@ def visibility_arg(p: argparse.ArgumentParser, team: str = "the collective's mem
 
 def plain(value: Any) -> Any:
     """JSON-ready builtins: UUIDs as strings, embeddings left out (``dimension`` instead)."""
+    from ops.encoding import to_json
+
     return to_json(value)
 
 
@@ -1170,6 +1177,8 @@ async def wisdom_delete(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str
 
 def duration(text: str) -> int:
     """``--expires``: 30d, 12h, 45m, 90s or 2w, as whole seconds."""
+    from sync.tokens import EXPIRES_MAX_S
+
     try:
         ms = access.parse_duration_ms(text)
     except ValidationError as exc:
@@ -1376,6 +1385,8 @@ async def status(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
       pulse status
       pulse status --json
     """
+    from ops.encoding import to_json
+
     found = await db.status()
     record = to_json(found)
     stream = found.stream
@@ -1448,6 +1459,8 @@ async def compact(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     example:
       pulse delete 01a22b60-9f07-75f6-ab51-e7ce5c2af5c1 && pulse compact
     """
+    from ops.encoding import to_json
+
     done = await db.compact()
     return to_json(done), (
         f"rewrote the state's files at sequence {done.applied_seq:,}: DuckDB "
@@ -1469,6 +1482,8 @@ async def keys_rotate(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     example:
       pulse keys rotate
     """
+    from ops.encoding import to_json
+
     done = await db.rotate_keys()
     return to_json(
         done
@@ -1485,6 +1500,8 @@ async def export(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
       pulse export ./pulse-export
       duckdb -c "SELECT * FROM './pulse-export/experiences.parquet' LIMIT 3"
     """
+    from sync import PulseDB
+
     if not isinstance(db, PulseDB):
         raise ValidationError(
             "export: `pulse up` serves this data directory and holds its files; stop it to "
@@ -1509,6 +1526,8 @@ async def open_instance(args: argparse.Namespace) -> Any:
     if service is not None:
         return RemotePulseDB(service["url"], token)
     access_token = token if token and access.token_id_of(token) is not None else None
+    from sync import PulseDB
+
     return await PulseDB.open(
         args.data_dir, args.nats_url or None,
         nats_credentials=getattr(args, "nats_creds", None), nats_ca=getattr(args, "nats_ca", None),
@@ -1517,6 +1536,8 @@ async def open_instance(args: argparse.Namespace) -> Any:
 
 
 def execute(cmd: Command, args: argparse.Namespace) -> int:
+    import asyncio
+
     async def go() -> int:
         db = await open_instance(args)
         key = getattr(args, "idempotency_key", None)

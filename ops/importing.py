@@ -4,7 +4,6 @@ through ``record_experiences``, with a progress line and a summary."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import itertools
 import json
@@ -14,15 +13,15 @@ import time
 from collections.abc import Generator
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from eventlog.errors import NotFoundError, PulseError, ValidationError
 from ops.commands import collective_of, command, experience_type
 from ops.progress import ProgressBar
-from projections import analytics
-from sync import PulseDB
-from sync.experiences import BATCH_MAX
+
+if TYPE_CHECKING:
+    from sync import PulseDB
 
 # -- import --------------------------------------------------------------------------------
 
@@ -30,6 +29,8 @@ Numbered = Generator[tuple[int, dict[str, Any]], None, None]  # (line or row num
 
 
 def _setup_import(p: argparse.ArgumentParser) -> None:
+    from sync.models import BATCH_MAX
+
     p.add_argument(
         "file", type=Path, metavar="FILE", help="JSON lines, or Parquet when it ends in .parquet"
     )
@@ -67,6 +68,10 @@ async def import_(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
       pulse import a.jsonl -c demo
       pulse import notes.parquet -c demo --ids ids.txt --json
     """
+    import asyncio
+
+    from sync.models import BATCH_MAX
+
     if not 1 <= args.batch <= BATCH_MAX:
         raise ValidationError(f"batch: must be 1..{BATCH_MAX}, got {args.batch}")
     c = await collective_of(db, args.collective)
@@ -120,6 +125,9 @@ async def import_(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
 def _numbered(path: Path) -> tuple[int, str, Numbered]:
     """How many records a file holds, what a position in it is called, and the records
     with their line (row) numbers."""
+    from projections import analytics
+    from sync.models import BATCH_MAX
+
     if path.suffix.lower() == ".parquet":
         total, rows = analytics.read_parquet_records(path, BATCH_MAX)
 

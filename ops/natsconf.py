@@ -56,17 +56,17 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-from eventlog.embedded import NatsCredentials, write_private
 from eventlog.errors import ValidationError
-from eventlog.streams import DEFAULT_MAX_MSG_SIZE
 from ops.deploy import systemd
 from ops.deploy.systemd import AppHost, Layout, check_host
+
+if TYPE_CHECKING:  # (imported where used: `pulse --help` goes without them)
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from eventlog.embedded import NatsCredentials
 
 CLIENT_USER, ROUTE_USER, LEAF_USER = "pulse", "route", "leaf"
 PORTS = {"client": "client_port", "cluster": "cluster_port", "leaf": "leaf_port",
@@ -143,6 +143,8 @@ def node_config(
     cluster_name: str,
 ) -> str:
     """The nats.conf of ``node`` (files under ``directory`` on its host)."""
+    from eventlog.streams import DEFAULT_MAX_MSG_SIZE
+
     client, route, leaf = secrets_["client"], secrets_["route"], secrets_["leaf"]
     routes = [
         f"nats-route://{route.user}:{route.password}@{_hostport(peer.host, peer.cluster_port)}"
@@ -191,6 +193,8 @@ def leaf_config(
     leaf: Leaf, nodes: Sequence[Node], secrets_: dict[str, NatsCredentials], *, directory: str
 ) -> str:
     """The nats.conf of a leaf node that joins the cluster of ``nodes``."""
+    from eventlog.streams import DEFAULT_MAX_MSG_SIZE
+
     client, hub = secrets_["client"], secrets_["leaf"]
     urls = [f"tls://{hub.user}:{hub.password}@{_hostport(n.host, n.leaf_port)}" for n in nodes]
     return "\n".join(
@@ -222,6 +226,8 @@ def leaf_config(
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
     return key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
@@ -230,6 +236,13 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def _load_or_make_ca(out: Path, days: int) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from eventlog.embedded import write_private
+
     cert_file, key_file = out / "ca.pem", out / "ca-key.pem"
     if cert_file.exists() and key_file.exists():
         key = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
@@ -259,6 +272,8 @@ def _load_or_make_ca(out: Path, days: int) -> tuple[x509.Certificate, ec.Ellipti
 
 def _key_usage(*, ca: bool) -> x509.KeyUsage:
     """A CA signs certificates (and CRLs); a server signs and agrees keys (ECDHE)."""
+    from cryptography import x509
+
     return x509.KeyUsage(
         digital_signature=True, content_commitment=False, key_encipherment=False,
         data_encipherment=False, key_agreement=not ca, key_cert_sign=ca, crl_sign=ca,
@@ -270,6 +285,11 @@ def _server_cert(
     host: str, ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, days: int
 ) -> tuple[bytes, bytes]:
     """A certificate for ``host`` (DNS name or IP) good for serving and for routes."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
     key = ec.generate_private_key(ec.SECP256R1())
     try:
         alt: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(host))]
@@ -307,6 +327,8 @@ def _server_cert(
 
 def _secrets(out: Path) -> dict[str, NatsCredentials]:
     """The passwords of ``out/secrets.json``, made (0600) when missing."""
+    from eventlog.embedded import NatsCredentials, write_private
+
     path = out / "secrets.json"
     if path.exists():
         try:
@@ -404,6 +426,8 @@ def write_cluster(
     every node is an app host (running `pulse up`) unless ``apps`` says which are; an app
     host that is no node gets a directory of its own. ``replicas`` (default 3 on three
     nodes or more, else 1) is what `pulse up --replicas` says in the units."""
+    from eventlog.embedded import write_private
+
     if apps is None:
         apps = [AppHost(n.name) for n in nodes] if layout is not None else []
     check_hosts(nodes, apps, leaves=leaves, replicas=replicas,
@@ -463,6 +487,8 @@ def _write_services(
     cluster_name: str,
 ) -> None:
     """Each host's systemd units, pulse.env and install.sh, next to its node's files."""
+    from eventlog.embedded import NatsCredentials
+
     by_name = {n.name: n for n in nodes}
     app_of = {a.name: a for a in apps}
     for name in dict.fromkeys([*by_name, *app_of]):  # nodes first, in order

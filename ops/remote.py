@@ -4,21 +4,32 @@ same async methods and the same typed results as ``sync.PulseDB``.
 The CLI and ``pulse mcp`` use it when a service runs on the data directory (DuckDB has
 one writer, so a second process cannot open the files). Results travel in msgspec's JSON
 form (``?format=msgspec``) and are decoded into the exact return types of PulseDB.
+
+Start-up: the CLI calls this once per command, so the module imports neither the
+instance nor an HTTP library. What a call needs of PulseDB (each method's parameters and
+its return type) is its API description (``describe_api``), derived from PulseDB itself:
+``pulse up`` writes it into ``service.json`` beside its URL, and a client of that service
+reads it there, so PulseDB stays the one source of truth and the description is always
+the running service's own. A client given only a URL derives it from PulseDB (importing
+it). The return types are imported from their modules (``projections.queries``, ...)
+when a result needs them; requests go through ``http.client``.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import json
+import operator
 import os
+import select
+import sys
+import types
 import typing
 from pathlib import Path
-from typing import Any, Generic, TypeVar
-
-import httpx
-import msgspec
-import numpy as np
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from urllib.parse import urlsplit
 
 from eventlog.errors import (
     ConflictError,
@@ -32,15 +43,12 @@ from eventlog.errors import (
     Unauthorized,
     ValidationError,
 )
-from sync import models
-from sync.instance import PulseDB
 
-# every public coroutine of PulseDB is a method of the API
-API_METHODS: dict[str, Any] = {
-    name: func
-    for name, func in inspect.getmembers(PulseDB, inspect.iscoroutinefunction)
-    if not name.startswith("_") and name not in ("close", "open", "attach", "export")
-}
+if TYPE_CHECKING:
+    import http.client
+
+# PulseDB's coroutines that are not methods of the API
+NOT_API = ("close", "open", "attach", "export")
 
 ERRORS: dict[str, type[PulseError]] = {
     cls.__name__: cls
@@ -59,51 +67,197 @@ ERRORS: dict[str, type[PulseError]] = {
 }
 
 
+def __getattr__(name: str) -> Any:
+    """``API_METHODS``: every public coroutine of PulseDB, by name (the service's routes);
+    computed on first use, since it imports the instance."""
+    if name == "API_METHODS":
+        return _api_methods()
+    raise AttributeError(f"module 'ops.remote' has no attribute {name!r}")
+
+
+@functools.cache
+def _api_methods() -> dict[str, Any]:
+    from sync.instance import PulseDB
+
+    return {
+        name: func
+        for name, func in inspect.getmembers(PulseDB, inspect.iscoroutinefunction)
+        if not name.startswith("_") and name not in NOT_API
+    }
+
+
 @functools.cache
 def return_type(name: str) -> Any:
-    return typing.get_type_hints(API_METHODS[name])["return"]
+    return typing.get_type_hints(_api_methods()[name])["return"]
 
 
 @functools.cache
 def optional_getter(name: str) -> bool:
     """A ``get_*`` method that answers None when there is nothing (or nothing the caller
     may see): the service says 404."""
-    return name.startswith("get_") and type(None) in typing.get_args(return_type(name))
+    return _optional(name, return_type(name))
+
+
+def _optional(name: str, returns: Any) -> bool:
+    return name.startswith("get_") and type(None) in typing.get_args(returns)
+
+
+# -- the API description ------------------------------------------------------------------
+#
+# {method: {"params": [[name, kind, has default], ...], "returns": type}}, a type being
+# null (None), {"class": "module:qualname"}, {"union": [types]}, {"generic": type, "args":
+# [types]} or {"literal": [values]}: JSON, so that service.json holds data, not code.
+
+
+def describe_api() -> dict[str, Any]:
+    """What a client needs of each API method: its parameters and its return type."""
+    described: dict[str, Any] = {}
+    for name, func in _api_methods().items():
+        params = [
+            [p.name, p.kind.name, p.default is not inspect.Parameter.empty]
+            for p in inspect.signature(func).parameters.values()
+        ][1:]  # (self)
+        described[name] = {"params": params, "returns": _describe(return_type(name))}
+    return described
+
+
+def _describe(tp: Any) -> Any:
+    if tp is None or tp is type(None):
+        return None
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union or isinstance(tp, types.UnionType):
+        return {"union": [_describe(a) for a in args]}
+    if origin is typing.Literal:
+        return {"literal": list(args)}
+    if origin is not None:
+        return {"generic": _describe(origin), "args": [_describe(a) for a in args]}
+    if tp is typing.Any:
+        return {"class": "typing:Any"}
+    return {"class": f"{tp.__module__}:{tp.__qualname__}"}
+
+
+def _type(described: Any) -> Any:
+    """The type a description names, importing the modules of its classes."""
+    if described is None:
+        return type(None)
+    if "class" in described:
+        module, _, qualname = described["class"].partition(":")
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+        return found
+    if "union" in described:
+        return functools.reduce(operator.or_, map(_type, described["union"]))
+    if "literal" in described:
+        return typing.Literal[tuple(described["literal"])]
+    args = tuple(_type(a) for a in described["args"])
+    return _type(described["generic"])[args if len(args) > 1 else args[0]]
+
+
+class _Method:
+    """One method of the API as a client calls it: binds arguments, decodes the result."""
+
+    def __init__(self, name: str, described: dict[str, Any]) -> None:
+        self.name = name
+        self.signature = inspect.Signature(
+            [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+            + [
+                inspect.Parameter(
+                    param,
+                    getattr(inspect.Parameter, kind),
+                    default=None if has_default else inspect.Parameter.empty,
+                )  # fmt: skip
+                for param, kind, has_default in described["params"]
+            ]
+        )
+        self._returns = described["returns"]
+
+    @functools.cached_property
+    def returns(self) -> Any:
+        try:
+            return _type(self._returns)
+        except (ImportError, AttributeError):  # a service of another version: this one's
+            return return_type(self.name)
+
+    @functools.cached_property
+    def optional(self) -> bool:
+        return _optional(self.name, self.returns)
+
+    def payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        bound = self.signature.bind(None, *args, **kwargs)
+        payload: dict[str, Any] = {}
+        for key, value in list(bound.arguments.items())[1:]:
+            kind = self.signature.parameters[key].kind
+            if kind is inspect.Parameter.VAR_KEYWORD:
+                payload.update({k: v for k, v in value.items() if v is not None})
+            elif value is not None:  # None is every parameter's default (or "no change")
+                payload[key] = value
+        if self.name == "get_context_candidates" and "request" in payload:
+            request = payload.pop("request")
+            payload.update(_enc_hook(request) if hasattr(request, "model_dump") else request)
+        return payload
 
 
 def _enc_hook(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
+    if hasattr(value, "tolist"):  # a numpy array or scalar (numpy is not imported here)
         return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json", exclude_unset=True)
     raise NotImplementedError(f"cannot send a {type(value).__name__}")
 
 
-_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
+@functools.cache
+def _encoder() -> Any:
+    import msgspec  # (here, as PageBody: `pulse --help` goes without)
+
+    return msgspec.json.Encoder(enc_hook=_enc_hook)
+
 
 T = TypeVar("T")
 
 
-class PageBody(msgspec.Struct, Generic[T]):
-    """A page of a listing as the service sends it."""
+@functools.cache
+def _page_body() -> Any:
+    import msgspec
 
-    items: list[T]
-    next: str | None = None
+    class PageBody(msgspec.Struct, Generic[T]):
+        """A page of a listing as the service sends it."""
+
+        items: list[T]
+        next: str | None = None
+
+    return PageBody
 
 
-def decode(name: str, content: bytes) -> Any:
+def decode(name: str, content: bytes, returns: Any = None) -> Any:
     """A method's result from its msgspec JSON, as the method's return type."""
-    returns = return_type(name)
-    if typing.get_origin(returns) is models.Page:
+    import msgspec
+
+    returns = return_type(name) if returns is None else returns
+    origin = typing.get_origin(returns)
+    pages = sys.modules.get("sync.pages")  # (imported with the type, if it is a page)
+    if pages is not None and origin is pages.Page:
         item: Any = typing.get_args(returns)[0]
-        page = msgspec.json.decode(content, type=PageBody[item])
-        return models.Page(page.items, page.next)
+        page = msgspec.json.decode(content, type=_page_body()[item])
+        return origin(page.items, page.next)
     return msgspec.json.decode(content, type=returns)
 
 
-def raise_for(response: httpx.Response) -> None:
+class Response:
+    """What the service answered: status, body, and the host asked."""
+
+    def __init__(self, status_code: int, content: bytes, host: str) -> None:
+        self.status_code, self.content, self.host = status_code, content, host
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+def raise_for(response: Response) -> None:
     """The API's error body as the library's exception (or a PulseError)."""
     if response.status_code < 400:
         return
@@ -114,54 +268,108 @@ def raise_for(response: httpx.Response) -> None:
         raise PulseError(f"HTTP {response.status_code}: {response.text[:200]}") from None
     if response.status_code == 401:
         message = (
-            f"the Pulse service at {response.url.host} refused the request ({message}): "
+            f"the Pulse service at {response.host} refused the request ({message}): "
             "set $PULSE_TOKEN to an access token"
         )
     raise ERRORS.get(kind, PulseError)(message)
 
 
 class RemotePulseDB:
-    def __init__(self, url: str, token: str | None = None, *, timeout: float = 120.0) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.url = url
-        self._client = httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout)
+    def __init__(
+        self, url: str, token: str | None = None, *, timeout: float = 120.0,
+        api: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
+        self.url = url.rstrip("/")
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._timeout = timeout
+        parts = urlsplit(self.url)
+        self._tls = parts.scheme == "https"
+        self._host = parts.hostname or "127.0.0.1"
+        self._port = parts.port or (443 if self._tls else 80)
+        self._prefix = parts.path
+        described = api if api is not None else _DESCRIBED.get(self.url)
+        self._api = described if described is not None else describe_api()
+        self._methods: dict[str, _Method] = {}
+        self._idle: list[http.client.HTTPConnection] = []  # kept alive between calls
+
+    def _method(self, name: str) -> _Method:
+        if name not in self._methods:
+            if name not in self._api:
+                raise AttributeError(name)
+            self._methods[name] = _Method(name, self._api[name])
+        return self._methods[name]
 
     async def call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
-        if name not in API_METHODS:
-            raise AttributeError(name)
-        bound = inspect.signature(API_METHODS[name]).bind(None, *args, **kwargs)
-        payload: dict[str, Any] = {}
-        for key, value in list(bound.arguments.items())[1:]:
-            kind = inspect.signature(API_METHODS[name]).parameters[key].kind
-            if kind is inspect.Parameter.VAR_KEYWORD:
-                payload.update({k: v for k, v in value.items() if v is not None})
-            elif value is not None:  # None is every parameter's default (or "no change")
-                payload[key] = value
-        if name == "get_context_candidates" and "request" in payload:
-            request = payload.pop("request")
-            payload.update(_enc_hook(request) if hasattr(request, "model_dump") else request)
+        import asyncio
+
+        method = self._method(name)
+        body = _encoder().encode(method.payload(args, kwargs))
+        path = f"{self._prefix}/v1/{name}?format=msgspec"
         try:
-            response = await self._client.post(
-                f"/v1/{name}", content=_encoder.encode(payload),
-                params={"format": "msgspec"}, headers={"Content-Type": "application/json"},
-            )  # fmt: skip
-        except httpx.HTTPError as exc:
+            response = await asyncio.to_thread(self._post, path, body)
+        except OSError as exc:  # (http.client's errors are OSErrors too)
             raise LogUnavailable(f"cannot reach the Pulse service at {self.url}: {exc}") from exc
-        if response.status_code == 404 and optional_getter(name):
+        if response.status_code == 404 and method.optional:
             return None  # the service answers a getter's None with 404
         raise_for(response)
-        return decode(name, response.content)
+        return decode(name, response.content, method.returns)
+
+    def _post(self, path: str, body: bytes) -> Response:
+        """One request, on a kept-alive connection when one is idle (blocking: a thread)."""
+        import http.client
+
+        connection = self._connection()
+        try:
+            connection.request("POST", path, body=body, headers=self._headers)
+            answer = connection.getresponse()
+            content = answer.read()
+        except (OSError, http.client.HTTPException) as exc:
+            connection.close()
+            if isinstance(exc, OSError):
+                raise
+            raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
+        if answer.will_close:
+            connection.close()
+        else:
+            self._idle.append(connection)
+        return Response(answer.status, content, self._host)
+
+    def _connection(self) -> http.client.HTTPConnection:
+        import http.client
+
+        while self._idle:
+            connection = self._idle.pop()
+            sock = connection.sock
+            # one the service closed (idle too long) reads as ready: at its end
+            if sock is not None and not select.select([sock], [], [], 0)[0]:
+                return connection
+            connection.close()
+        if self._tls:
+            import ssl
+
+            return http.client.HTTPSConnection(
+                self._host, self._port, timeout=self._timeout,
+                context=ssl.create_default_context(),
+            )  # fmt: skip
+        return http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
 
     def __getattr__(self, name: str) -> Any:
-        if name not in API_METHODS:
+        if name.startswith("_") or name not in self._api:
             raise AttributeError(name)
         return functools.partial(self.call, name)
 
     async def close(self) -> None:
-        await self._client.aclose()
+        while self._idle:
+            self._idle.pop().close()
 
 
 # -- finding the service of a data directory ----------------------------------------------
+
+# the API description of each service found by running_service, by URL (RemotePulseDB
+# takes it from here when it is not given one)
+_DESCRIBED: dict[str, dict[str, Any]] = {}
 
 
 def service_file(data_dir: str | os.PathLike[str]) -> Path:
@@ -175,4 +383,8 @@ def running_service(data_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
         os.kill(int(info["pid"]), 0)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return info if isinstance(info, dict) else None
+    if not isinstance(info, dict):
+        return None
+    if isinstance(info.get("api"), dict) and isinstance(info.get("url"), str):
+        _DESCRIBED[info["url"].rstrip("/")] = info["api"]
+    return info

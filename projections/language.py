@@ -36,7 +36,7 @@ import unicodedata
 from collections.abc import Callable, Iterator
 from functools import lru_cache
 
-from eventlog.limits import (
+from eventlog.languages import (
     ENGLISH,
     LANGUAGE_MAX,
     LANGUAGES,

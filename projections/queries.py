@@ -10,19 +10,22 @@ import itertools
 import math
 import time
 from types import EllipsisType
-from typing import Any, Iterable, Literal, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence, TypeVar
 from uuid import UUID
 
 import msgspec
-import numpy as np
-import numpy.typing as npt
 
 from eventlog import events as ev
-from eventlog.limits import ENGLISH
+from eventlog.languages import ENGLISH
 from projections.fold import CollectiveRow, ExperienceRow, InsightRow, RelationRow, SessionRow
-from projections.past import Past
-from projections.projection import Projection
 from sync.access import Principal, TokenInfo, Viewer
+
+if TYPE_CHECKING:  # (the result types come without numpy or the engines: see ops.remote)
+    import numpy as np
+    import numpy.typing as npt
+
+    from projections.past import Past
+    from projections.projection import Projection
 
 
 class ExperienceFilter(msgspec.Struct, frozen=True, kw_only=True):
@@ -357,6 +360,8 @@ class _Columns:
         self._reset()
 
     def _reset(self) -> None:
+        import numpy as np
+
         self.version = -1
         self.index_of: dict[UUID, int] = {}
         self.vec_ids = np.zeros(0, dtype=np.int64)
@@ -378,6 +383,8 @@ class _Columns:
         self._by_domain: dict[str, npt.NDArray[np.bool_]] = {}
 
     def refresh(self, p: Projection, collective_id: UUID) -> None:
+        import numpy as np
+
         version = p.memory.versions.get(collective_id, 0)
         if version == self.version:
             return
@@ -413,6 +420,8 @@ class _Columns:
         return twin
 
     def append(self, p: Projection | Past, rows: list[ExperienceRow]) -> None:
+        import numpy as np
+
         vec_ids = p.memory.vec_ids
         rows = [r for r in rows if r.experience_id in vec_ids]
         if not rows:
@@ -451,6 +460,8 @@ class _Columns:
         self._by_domain.clear()
 
     def domain(self, name: str) -> npt.NDArray[np.bool_]:
+        import numpy as np
+
         found = self._by_domain.get(name)
         if found is None:
             found = self._by_domain[name] = np.fromiter(
@@ -461,6 +472,8 @@ class _Columns:
     def restricts(self, viewer: Viewer | None) -> bool:
         """Whether ``viewer`` is kept from any live row (a member with no private row of
         another author around sees them all)."""
+        import numpy as np
+
         if viewer is None:
             return False
         if not viewer.member:
@@ -473,6 +486,8 @@ class _Columns:
         return self.authors.get((viewer.owner, viewer.agent), -1)
 
     def any_org(self) -> bool:
+        import numpy as np
+
         return bool(np.any(self.alive & (self.visibility == 2)))
 
     def _valid(self, validity: tuple[int, bool] | None) -> npt.NDArray[np.bool_] | None:
@@ -486,6 +501,8 @@ class _Columns:
 
     def invalid_any(self, flt: ExperienceFilter) -> bool:
         """Whether the filter's validity leaves out a live row."""
+        import numpy as np
+
         validity = flt.validity()
         if validity is None:
             return False
@@ -499,6 +516,8 @@ class _Columns:
 
     def select(self, flt: ExperienceFilter) -> npt.NDArray[np.int64]:
         """The vec_ids of the rows that pass ``flt``."""
+        import numpy as np
+
         keep = self.alive.copy() if flt.include_archived else self.alive & ~self.archived
         viewer = flt.viewer
         if viewer is not None:
@@ -527,10 +546,12 @@ class _Columns:
 
 
 VISIBILITY_CODE = {"private": 0, "team": 1, "org": 2}  # None (rows from before): team
-NO_END = np.iinfo(np.int64).max  # the valid_to of what is still true
+NO_END = 2**63 - 1  # the valid_to of what is still true (the largest int64)
 
 
 def _columns(p: Projection | Past, collective_id: UUID) -> _Columns:
+    from projections.past import Past
+
     if isinstance(p, Past):
         found: _Columns = p.columns(collective_id)
         return found
@@ -575,6 +596,10 @@ def similar_ids(
     flt: ExperienceFilter = ANY_LIVE,
 ) -> list[tuple[UUID, float]]:
     """(id, cosine similarity) of the k nearest live experiences, best first."""
+    import numpy as np
+
+    from projections.past import Past
+
     p.sync_indexes()
     index = p.vectors.get(("experience", collective_id))
     if index is None or k <= 0 or p.live_dimension(collective_id) is None:
@@ -779,6 +804,10 @@ def similar_insights(
     k: int = 10,
     viewer: Viewer | None = None,
 ) -> list[ScoredInsight]:
+    import numpy as np
+
+    from projections.past import Past
+
     p.sync_indexes()
     index = p.vectors.get(("insight", collective_id))
     if index is None or k <= 0:
@@ -1013,6 +1042,8 @@ def energy(
     distance to 1) and halves every ``half_life_days`` since the experience was last
     reinforced (or recorded, if never). Never stored: it depends on when it is read.
     """
+    import numpy as np
+
     importance = np.asarray(importance, dtype=np.float64)
     applications = np.asarray(applications, dtype=np.float64)
     raised = 1.0 - (1.0 - importance) * np.power(0.5, applications / boost_every)
@@ -1041,6 +1072,8 @@ def cold_experiences(
     **settings: float,
 ) -> list[ScoredExperience]:
     """Experiences whose energy is below ``threshold``, coldest first (score = energy)."""
+    import numpy as np
+
     if p.live_dimension(collective_id) is None or limit <= 0:
         return []
     validity = flt.validity()
@@ -1146,6 +1179,8 @@ def similar_wisdom(
     principal: Principal | None = None,
 ) -> list[ScoredWisdom]:
     """The owner's wisdom nearest to ``query`` (cosine), best first; other dimensions skipped."""
+    import numpy as np
+
     q = np.asarray(query, dtype=np.float32)
     q = q / (np.linalg.norm(q) or 1.0)
     scored = []

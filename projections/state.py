@@ -28,7 +28,7 @@ from typing import Any, TypeAlias, TypeVar
 from uuid import UUID
 
 from eventlog import events as ev
-from eventlog.limits import ENGLISH
+from eventlog.languages import ENGLISH
 from projections.crdt import GCounter
 from projections.fold import (
     ROW_TYPES,

@@ -1,6 +1,35 @@
-"""Many hosts as one: CRDTs, the instance (``PulseDB``) and its blocking facade."""
+"""Many hosts as one: CRDTs, the instance (``PulseDB``) and its blocking facade.
 
-from sync.blocking import PulseDBSync
-from sync.instance import Activity, Context, ExperienceChange, InstanceSettings, PulseDB
+The names below are imported on first use (PEP 562), not with the package: a light
+module of it (``sync.access``, say) must not bring the whole instance (DuckDB, FAISS,
+tantivy, NATS) into a process that only needs it, such as ``pulse --help``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sync.blocking import PulseDBSync
+    from sync.instance import Activity, Context, ExperienceChange, InstanceSettings, PulseDB
+
+_HOMES = {
+    "PulseDBSync": "sync.blocking",
+    "Activity": "sync.instance",
+    "Context": "sync.instance",
+    "ExperienceChange": "sync.instance",
+    "InstanceSettings": "sync.instance",
+    "PulseDB": "sync.instance",
+}
 
 __all__ = ["Activity", "Context", "ExperienceChange", "InstanceSettings", "PulseDB", "PulseDBSync"]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'sync' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # once
+    return value

@@ -14,7 +14,7 @@ import binascii
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 from uuid import UUID
 
@@ -35,6 +35,7 @@ from pydantic import (
 
 from eventlog import events as ev
 from eventlog.errors import ValidationError
+from eventlog.languages import LANGUAGES as LANGUAGES
 
 # -- limits (DESIGN.md, the data-model table) ----------------------------------------------
 # Defined once, in eventlog.limits (the codec checks every event from the log against them);
@@ -47,7 +48,6 @@ from eventlog.limits import EMBEDDER_NAME_MAX as EMBEDDER_NAME_MAX
 from eventlog.limits import FILE_PATH_MAX as FILE_PATH_MAX
 from eventlog.limits import FILES_MAX as FILES_MAX
 from eventlog.limits import INSIGHT_MAX_BYTES as INSIGHT_MAX_BYTES
-from eventlog.limits import LANGUAGES as LANGUAGES
 from eventlog.limits import METADATA_MAX_BYTES as METADATA_MAX_BYTES
 from eventlog.limits import NAME_MAX as NAME_MAX
 from eventlog.limits import PATTERN_MAX as PATTERN_MAX
@@ -67,10 +67,11 @@ from eventlog.limits import WORKING_ON_ITEM_MAX as WORKING_ON_ITEM_MAX
 from eventlog.limits import WORKING_ON_MAX as WORKING_ON_MAX
 from projections.language import AUTO
 from projections.language import check as check_language
+from sync.pages import PAGE_MAX as PAGE_MAX
+from sync.pages import Page as Page
 
 K_MAX = 1000  # a search's k (a limit of the API, not of the data model)
 PAGE_DEFAULT = 100  # items per page of a listing (limits of the API, not of the data model)
-PAGE_MAX = 1000
 CONTEXT_ITEMS_MAX = 300  # k + recent + insights of one get_context_candidates
 
 Vector = npt.NDArray[np.float32]
@@ -561,25 +562,7 @@ class ContextIn(SearchIn):
         return self
 
 
-# -- pages of a listing ----------------------------------------------------------------------
-
-T = TypeVar("T")
-
-
-class Page(list[T]):
-    """One page of a listing: a list of at most ``limit`` items, and ``next``, the cursor
-    of the page after it (pass it as ``after=``), or None when this page is the last.
-
-    Cursors are keyset cursors (the sort key of the last item, opaque to callers): a page
-    never repeats an item of an earlier page, and an item that stays put while a caller
-    pages is listed exactly once, whatever else is written meanwhile."""
-
-    def __init__(self, items: Iterable[T] = (), next: str | None = None) -> None:
-        super().__init__(items)
-        self.next = next
-
-    def __repr__(self) -> str:
-        return f"Page({list.__repr__(self)}, next={self.next!r})"
+# -- pages of a listing (Page and PAGE_MAX: sync.pages) -------------------------------------
 
 
 def check_page_limit(limit: Any) -> int:

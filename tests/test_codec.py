@@ -24,7 +24,7 @@ from eventlog.codec import (
     register_upcaster,
 )
 from eventlog.errors import DecodeError
-from eventlog.limits import LANGUAGES
+from eventlog.languages import LANGUAGES
 from eventlog.sealing import SEALED_ENTITY, seal_with, sealed_name
 from eventlog.subjects import subject_for
 from tests.golden_events import SAMPLES, golden_path
