@@ -27,6 +27,7 @@ from eventlog.limits import (
     TOKEN_COLLECTIVES_MAX,
 )
 from sync import models
+from sync.embedders import EMBEDDERS
 from sync.tokens import EXPIRES_MAX_S
 
 # -- the error body and the statuses ------------------------------------------------------
@@ -347,6 +348,11 @@ def document(app: FastAPI, request_models: dict[str, type[pydantic.BaseModel]]) 
     )
     schema.setdefault("components", {}).setdefault("schemas", {}).update(found.get("$defs", {}))
     tagged(schema)
+    # a collective's embedder is one this service has (sync.embedders)
+    embedder = schema["components"]["schemas"]["create_collective_request"]["properties"]
+    for option in embedder["embedder"].get("anyOf", []):
+        if option.get("type") == "string":
+            option["enum"] = sorted(EMBEDDERS)
     for name, model in request_models.items():
         example = example_of(name, model)
         check_example(model, example)

@@ -189,11 +189,17 @@ def _vector(value: Any) -> Vector:
     return array
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # a vector's values are float32
 VectorField = Annotated[
     Any,
     BeforeValidator(_vector),
     WithJsonSchema(
-        {"type": "array", "items": {"type": "number"}, "minItems": 1, "maxItems": DIMENSION_MAX}
+        {
+            "type": "array",
+            "items": {"type": "number", "minimum": -FLOAT32_MAX, "maximum": FLOAT32_MAX},
+            "minItems": 1,
+            "maxItems": DIMENSION_MAX,
+        }
     ),
 ]
 

@@ -32,6 +32,8 @@ STATE_DEPENDENT = (
     r"^embedder: unknown embedder ",
     # SQL: one read-only query DuckDB can parse and bind
     r"^query: ",
+    # a rule across fields the description states: one context holds at most 300 items
+    r"^k \+ recent \+ insights: at most ",
     # a host following some collectives creates only those
     r"^name: this host follows only ",
 )
