@@ -20,6 +20,7 @@ from pydantic import Field, StringConstraints
 from pydantic.json_schema import models_json_schema
 
 from eventlog import events as ev
+from eventlog.errors import ValidationError
 from eventlog.limits import (
     EMBEDDER_NAME_MAX,
     REASON_MAX_BYTES,
@@ -330,6 +331,31 @@ SQL_RESULTS: dict[int | str, dict[str, Any]] = {
 }
 
 
+def embedder_dimensions() -> list[dict[str, Any]]:
+    """The JSON Schema of "an embedder that makes vectors of one size only takes that
+    embedding_dimension (or none)": one option for the embedders of any size (or none),
+    one for each of those (found by asking each for another size)."""
+    fixed: dict[str, int] = {}
+    for name, kind in EMBEDDERS.items():
+        try:
+            kind(kind.default_dimension + 1)
+        except ValidationError:
+            fixed[name] = kind.default_dimension
+    free = [name for name in sorted(EMBEDDERS) if name not in fixed]
+    options: list[dict[str, Any]] = [{"properties": {"embedder": {"enum": [*free, None]}}}]
+    for name, dimension in sorted(fixed.items()):
+        options.append(
+            {
+                "required": ["embedder"],
+                "properties": {
+                    "embedder": {"const": name},
+                    "embedding_dimension": {"enum": [dimension, None]},
+                },
+            }
+        )
+    return options
+
+
 def document(app: FastAPI, request_models: dict[str, type[pydantic.BaseModel]]) -> dict[str, Any]:
     """The OpenAPI schema of ``app``, whose ``POST /v1/<name>`` routes read their bodies
     themselves (``ops.service.read_body``): each gets its request model, whether a body is
@@ -348,11 +374,13 @@ def document(app: FastAPI, request_models: dict[str, type[pydantic.BaseModel]]) 
     )
     schema.setdefault("components", {}).setdefault("schemas", {}).update(found.get("$defs", {}))
     tagged(schema)
-    # a collective's embedder is one this service has (sync.embedders)
-    embedder = schema["components"]["schemas"]["create_collective_request"]["properties"]
-    for option in embedder["embedder"].get("anyOf", []):
+    # a collective's embedder is one this service has (sync.embedders), and some make
+    # vectors of one size only
+    collective = schema["components"]["schemas"]["create_collective_request"]
+    for option in collective["properties"]["embedder"].get("anyOf", []):
         if option.get("type") == "string":
             option["enum"] = sorted(EMBEDDERS)
+    collective.setdefault("allOf", []).append({"anyOf": embedder_dimensions()})
     for name, model in request_models.items():
         example = example_of(name, model)
         check_example(model, example)

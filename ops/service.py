@@ -726,7 +726,7 @@ async def read_body(request: Request, model: type[M]) -> M:
         try:
             return model.model_validate_json(raw, strict=True)
         except pydantic.ValidationError as exc:
-            if not any(e["type"] == "int_type" and _integral(e["input"]) for e in exc.errors()):
+            if not any(_integral(error.get("input")) for error in exc.errors()):
                 raise
             # JSON Schema counts 3.0 as an integer: read integral numbers as integers
             data = json.loads(raw, parse_float=_number)

@@ -170,6 +170,9 @@ AsOf = Annotated[
 ]
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # a vector's values are float32
+
+
 def _vector(value: Any) -> Vector:
     """A 1-D array of finite float32 values (from a list, a tuple or an array)."""
     if isinstance(value, (str, bytes)) or (
@@ -177,19 +180,20 @@ def _vector(value: Any) -> Vector:
     ):
         raise ValueError("must be a list of numbers")  # (numpy would convert "1" and True)
     try:
-        array = np.asarray(value, dtype=np.float32)
+        wide = np.asarray(value, dtype=np.float64)  # (checked before float32 rounds it)
     except (TypeError, ValueError) as exc:
         raise ValueError("must be a list of numbers") from exc
-    if array.ndim != 1 or array.size == 0:
-        raise ValueError(f"must be a non-empty list of numbers, got shape {array.shape}")
-    if array.size > DIMENSION_MAX:
-        raise ValueError(f"has {array.size} values, the limit is {DIMENSION_MAX}")
-    if not np.isfinite(array).all():
+    if wide.ndim != 1 or wide.size == 0:
+        raise ValueError(f"must be a non-empty list of numbers, got shape {wide.shape}")
+    if wide.size > DIMENSION_MAX:
+        raise ValueError(f"has {wide.size} values, the limit is {DIMENSION_MAX}")
+    if not np.isfinite(wide).all():
         raise ValueError("every value must be a finite number (no NaN or infinity)")
-    return array
+    if (np.abs(wide) > FLOAT32_MAX).any():
+        raise ValueError(f"every value must fit a float32 (-{FLOAT32_MAX:.9g}..{FLOAT32_MAX:.9g})")
+    return wide.astype(np.float32)
 
 
-FLOAT32_MAX = float(np.finfo(np.float32).max)  # a vector's values are float32
 VectorField = Annotated[
     Any,
     BeforeValidator(_vector),

@@ -46,8 +46,8 @@ def positive_data_accepted(ctx, response, case):  # type: ignore[no-untyped-def]
         return positive_data_acceptance(ctx, response, case)
     except AssertionError:
         if response.status_code == 422:
-            message = str(response.json().get("message", ""))
-            problems = [part.strip() for part in message.split("; ")]
+            body = response.json()
+            problems = body.get("problems") or [str(body.get("message", ""))]
             if all(any(re.search(p, part) for p in STATE_DEPENDENT) for part in problems):
                 return None
         raise

@@ -51,7 +51,10 @@ def schemathesis(service: Service, workdir: Path, *extra: str) -> subprocess.Com
          "--checks", "all", "--exclude-checks", "positive_data_acceptance",
          "--seed", str(SEED), "--max-examples", str(MAX_EXAMPLES),
          "--workers", "1", "--request-timeout", "30", "--no-shrink",
-         "--output-truncate", "true", *extra],
+         "--output-truncate", "true",
+         # a watch is a stream without end: schemathesis would read each until its
+         # request timeout (test_a_watch_is_an_event_stream holds it to its schema)
+         "--exclude-path", "/v1/watch_experiences", *extra],
         capture_output=True, text=True, timeout=600, cwd=workdir, env=env,
     )  # fmt: skip
 
@@ -63,7 +66,7 @@ def test_the_service_keeps_to_its_openapi_schema(guarded: Service, tmp_path: Pat
     took = time.monotonic() - started
     summary = run.stdout[run.stdout.find("SUMMARY") :]
     assert run.returncode == 0, run.stdout[-20000:] + run.stderr[-3000:]
-    assert "Tested: 56" in summary or "Tested:" in summary, summary
+    assert "Tested: 55" in summary, summary
     print(f"schemathesis: {took:.0f} s\n{summary}")
 
 
@@ -135,6 +138,19 @@ async def test_json_types_are_strict_and_refusals_name_the_field(guarded: Servic
             "body: must be"
         )
         assert (await client.post("/v1/status")).status_code == 200
+
+
+async def test_a_watch_is_an_event_stream(guarded: Service) -> None:
+    async with guarded.client() as client:
+        async with client.stream("GET", "/v1/watch_experiences") as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            lines = aiter(response.aiter_lines())
+            assert await anext(lines) == ": watching"
+        async with guarded.client(token="not-a-token") as stranger:
+            refused = await stranger.get("/v1/watch_experiences")
+    assert refused.status_code == 401
+    assert set(refused.json()) == {"error", "message"} and refused.json()["error"] == "Unauthorized"
 
 
 # -- /metrics from prometheus_client ------------------------------------------------------------
