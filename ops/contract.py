@@ -13,6 +13,7 @@ import typing
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
+import msgspec
 import pydantic
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -27,6 +28,7 @@ from eventlog.limits import (
     TASK_MAX_BYTES,
     TOKEN_COLLECTIVES_MAX,
 )
+from ops.remote import PageBody, optional_getter, return_type
 from sync import models
 from sync.embedders import EMBEDDERS
 from sync.tokens import EXPIRES_MAX_S
@@ -356,6 +358,91 @@ def embedder_dimensions() -> list[dict[str, Any]]:
     return options
 
 
+# -- what each method answers -------------------------------------------------------------------
+
+
+def result_type(name: str) -> Any:
+    """The type of ``POST /v1/<name>``'s 200 body: the method's return type, with a page as
+    ``{"items", "next"}`` and a getter's None left out (that is a 404)."""
+    returns = return_type(name)
+    if typing.get_origin(returns) is models.Page:
+        return PageBody[typing.get_args(returns)[0]]  # type: ignore[misc]
+    if optional_getter(name):
+        found = [arg for arg in typing.get_args(returns) if arg is not type(None)]
+        return found[0] if len(found) == 1 else typing.Union[tuple(found)]  # noqa: UP007
+    return returns
+
+
+def _any_value(kind: Any) -> dict[str, Any]:
+    if kind is object:
+        return {"description": "any JSON value"}  # (free-form details of a status)
+    raise NotImplementedError
+
+
+VECTOR_FORMS = {
+    "anyOf": [
+        {"type": "array", "items": {"type": "number"}},
+        {"type": "string", "contentEncoding": "base64"},
+    ],
+    "description": "only with ?embeddings=true (the floats) or ?format=msgspec (base64 of the "
+    "float32 values); otherwise left out, and `dimension` says its size",
+}
+
+
+def _vectors_as_sent(schema: dict[str, Any]) -> None:
+    """Results carry vectors as bytes; ``ops.encoding.to_json`` sends each as its
+    ``dimension`` (or the floats), ``?format=msgspec`` as base64: say so."""
+    properties = schema.get("properties", {})
+    for key, value in list(properties.items()):
+        if value == {"type": "string", "contentEncoding": "base64"}:
+            properties[key] = VECTOR_FORMS
+            if key in schema.get("required", []):
+                schema["required"].remove(key)
+            properties["dimension"] = {"type": "integer", "minimum": 0}
+
+
+def results(names: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The 200 body schema of each method, and the components they refer to."""
+    types = [result_type(name) for name in names]
+    found, components = msgspec.json.schema_components(
+        types, schema_hook=_any_value, ref_template="#/components/schemas/{name}"
+    )
+    for component in components.values():
+        _vectors_as_sent(component)
+    return dict(zip(names, found, strict=True)), components
+
+
+# The methods that make something, and where their answer holds its id: OpenAPI links
+# from each to every method that takes that id (schemathesis' stateful phase follows them)
+MADE: dict[str, tuple[str, str]] = {
+    "create_collective": ("collective_id", "$response.body"),
+    "record_experience": ("experience_id", "$response.body"),
+    "store_insight": ("insight_id", "$response.body"),
+    "store_relation": ("relation_id", "$response.body"),
+    "store_wisdom": ("wisdom_id", "$response.body"),
+    "start_session": ("session_id", "$response.body#/session_id"),
+    "create_token": ("token_id", "$response.body#/token_id"),
+}
+
+
+def operation_id(name: str) -> str:
+    """FastAPI's operationId of ``POST /v1/<name>``."""
+    return f"{name}_v1_{name}_post"
+
+
+def links(request_models: dict[str, type[pydantic.BaseModel]]) -> dict[str, dict[str, Any]]:
+    """The links of each making method's 200 answer: to every method with that id."""
+    found: dict[str, dict[str, Any]] = {}
+    for source, (field, expression) in MADE.items():
+        for target, model in request_models.items():
+            if target != source and field in model.model_fields:
+                found.setdefault(source, {})[target] = {
+                    "operationId": operation_id(target),
+                    "requestBody": {field: expression},
+                }
+    return found
+
+
 def document(app: FastAPI, request_models: dict[str, type[pydantic.BaseModel]]) -> dict[str, Any]:
     """The OpenAPI schema of ``app``, whose ``POST /v1/<name>`` routes read their bodies
     themselves (``ops.service.read_body``): each gets its request model, whether a body is
@@ -372,7 +459,14 @@ def document(app: FastAPI, request_models: dict[str, type[pydantic.BaseModel]]) 
         [(model, "validation") for model in request_models.values()],
         ref_template="#/components/schemas/{model}",
     )
-    schema.setdefault("components", {}).setdefault("schemas", {}).update(found.get("$defs", {}))
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.update(found.get("$defs", {}))
+    answers, answered = results(list(request_models))
+    made = links(request_models)
+    clashes = set(answered) & set(components)
+    if clashes:
+        raise RuntimeError(f"result and request schemas share names: {sorted(clashes)}")
+    components.update(answered)
     tagged(schema)
     # a collective's embedder is one this service has (sync.embedders), and some make
     # vectors of one size only
@@ -384,7 +478,11 @@ def document(app: FastAPI, request_models: dict[str, type[pydantic.BaseModel]]) 
     for name, model in request_models.items():
         example = example_of(name, model)
         check_example(model, example)
-        schema["paths"][f"/v1/{name}"]["post"]["requestBody"] = {
+        operation = schema["paths"][f"/v1/{name}"]["post"]
+        operation["responses"]["200"]["content"]["application/json"]["schema"] = answers[name]
+        if name in made:
+            operation["responses"]["200"]["links"] = made[name]
+        operation["requestBody"] = {
             "required": any(field.is_required() for field in model.model_fields.values()),
             "content": {
                 "application/json": {"schema": refs[(model, "validation")], "example": example}

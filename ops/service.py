@@ -141,13 +141,18 @@ def _is_array(tp: Any) -> bool:
 
 
 def _schema_type(tp: Any) -> Any:
-    """A JSON-friendly annotation for a parameter's annotation (numpy arrays become lists
-    of numbers, sequences lists, ``Any`` filters the filter model)."""
+    """A JSON-friendly annotation for a parameter's annotation (numpy arrays become vectors,
+    and so do the sequences of floats offered beside one; other sequences lists)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType):
+        vector = any(_is_array(arg) for arg in args)
         mapped: list[Any] = []
         for arg in args:
-            item = models.VectorField if _is_array(arg) else _schema_type(arg)
+            floats = typing.get_origin(arg) in (collections.abc.Sequence, list, tuple) and (
+                typing.get_args(arg) == (float,)
+            )
+            is_vector = _is_array(arg) or (vector and floats)
+            item = models.VectorField if is_vector else _schema_type(arg)
             if item not in mapped:
                 mapped.append(item)
         return mapped[0] if len(mapped) == 1 else Union[tuple(mapped)]  # noqa: UP007

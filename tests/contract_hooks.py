@@ -48,6 +48,21 @@ def positive_data_accepted(ctx, response, case):  # type: ignore[no-untyped-def]
         if response.status_code == 422:
             body = response.json()
             problems = body.get("problems") or [str(body.get("message", ""))]
+            # (a field of a batch's item is named with its place: items.3.embedder)
+            problems = [re.sub(r"^(\w+\.\d+\.)+", "", part) for part in problems]
             if all(any(re.search(p, part) for p in STATE_DEPENDENT) for part in problems):
                 return None
         raise
+
+
+@schemathesis.hook
+def filter_case(context, case):  # type: ignore[no-untyped-def]
+    """No collectives that embed with e5-small: the real model embeds a text in tens of ms
+    on a small machine, so a batch of 1,000 (which the schema allows) outlasts the run's
+    request timeout. Its embedding is tried by tests/test_search_quality.py."""
+    body = case.body
+    return not (
+        case.operation.path == "/v1/create_collective"
+        and isinstance(body, dict)
+        and body.get("embedder") == "e5-small"
+    )
