@@ -17,7 +17,7 @@ import msgspec
 import pydantic
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import Field, StringConstraints
+from pydantic import Field, StringConstraints, WithJsonSchema
 from pydantic.json_schema import models_json_schema
 
 from eventlog import events as ev
@@ -112,40 +112,61 @@ def responses(errors: dict[int, str]) -> dict[int | str, dict[str, Any]]:
 _SPACES = "".join(f"\\u{ord(c):04x}" for c in map(chr, range(0x3001)) if c.isspace())
 NON_BLANK = f"[^{_SPACES}]"
 
-Limit = Annotated[int, Field(ge=1, le=models.K_MAX)]
-Cursor = Annotated[
-    str,
-    StringConstraints(min_length=1, max_length=1000),
-    Field(description="the `next` of the page before (a cursor of this listing; 422 otherwise)"),
-]
-Words = Annotated[str, StringConstraints(max_length=10_000, pattern=NON_BLANK)]
-Query = Annotated[str, StringConstraints(min_length=1, max_length=10_000)]
+
+def stated(base: Any, schema: dict[str, Any]) -> Any:
+    """``base`` (a strict JSON type at the edge) whose limits the library checks itself,
+    with its own message (``limit: must be an integer in 1..1000 (items per page)``):
+    the schema states them, and the contract test holds the two to each other."""
+    return Annotated[base, WithJsonSchema(schema)]
+
+
+def _integer(low: int, high: int | None = None) -> Any:
+    schema: dict[str, Any] = {"type": "integer", "minimum": low}
+    if high is not None:
+        schema["maximum"] = high
+    return stated(int, schema)
+
+
+NAME = stated(str, {"type": "string", "minLength": 1, "maxLength": models.NAME_MAX})
+FRACTION = stated(float, {"type": "number", "minimum": 0, "maximum": 1})
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Weight = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
-Reference = Annotated[
-    str,
-    StringConstraints(min_length=1, max_length=models.NAME_MAX, pattern=NON_BLANK),
-    Field(description="a collective id, name or owner:<owner id>"),
-]
+Query = Annotated[str, StringConstraints(min_length=1, max_length=10_000)]
 
 # a parameter's annotation by name, where the signature's says less than the library checks
 PARAMETERS: dict[str, Any] = {
-    "owner_id": models.Name,
-    "agent_id": models.Name,
-    "k": Limit,
-    "limit": Annotated[int, Field(ge=1, le=models.PAGE_MAX)],
-    "offset": Annotated[int, Field(ge=0)],
-    "after": Cursor,
+    "owner_id": NAME,
+    "agent_id": NAME,
+    "k": _integer(1, models.K_MAX),
+    "limit": _integer(1, models.PAGE_MAX),
+    "offset": _integer(0),
+    "after": stated(
+        str,
+        {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 1000,
+            "description": "the `next` of the page before (a cursor of this listing; 422 "
+            "otherwise)",
+        },
+    ),
+    "text": stated(str, {"type": "string", "maxLength": 10_000, "pattern": NON_BLANK}),
+    "threshold": FRACTION,
+    "min_strength": FRACTION,
+    "stale_after": stated(float, {"type": "number", "exclusiveMinimum": 0}),
+    "expires_in": stated(
+        float, {"type": "number", "exclusiveMinimum": 0, "maximum": EXPIRES_MAX_S}
+    ),
+    "relation_types": stated(
+        list[str],
+        {"type": "array", "items": {"enum": list(typing.get_args(ev.RelationType))}},
+    ),
+    # ... and where the library has no check of its own, or the same pydantic one
     "reason": Annotated[str, models._utf8_limit(REASON_MAX_BYTES)],
-    "text": Words,
-    "threshold": models.Score,
-    "min_strength": models.Score,
     "energy_weight": models.Score,
     "vector_weight": Weight,
     "text_weight": Weight,
-    "stale_after": Seconds,
     "timeout": Seconds,
-    "expires_in": Annotated[float, Field(gt=0, le=EXPIRES_MAX_S, allow_inf_nan=False)],
     "task_description": Annotated[str, models._utf8_limit(TASK_MAX_BYTES, allow_empty=True)],
     "working_on": Annotated[
         list[
@@ -153,19 +174,43 @@ PARAMETERS: dict[str, Any] = {
         ],
         Field(max_length=models.WORKING_ON_MAX),
     ],
-    "relation_types": list[ev.RelationType],
     "embedder": Annotated[str, StringConstraints(min_length=1, max_length=EMBEDDER_NAME_MAX)],
     "at": models.Moment,
 }
 # ... and where one method's parameter differs from the others of its name
 METHOD_PARAMETERS: dict[tuple[str, str], Any] = {
-    ("sql", "query"): Annotated[str, StringConstraints(pattern=NON_BLANK)],
-    ("sql", "limit"): Annotated[int, Field(ge=1, le=1_000_000)],
+    # a listing's filter: any text (one no owner has matches nothing)
+    ("list_collectives", "owner_id"): str,
+    ("list_tokens", "owner_id"): str,
+    ("sql", "query"): stated(str, {"type": "string", "pattern": NON_BLANK}),
+    ("sql", "limit"): _integer(1, 1_000_000),
     ("search_similar", "query"): Query | models.VectorField,
     ("get_insights", "query"): Query | models.VectorField,
     ("get_wisdom", "query"): models.VectorField,
-    ("create_token", "collectives"): Annotated[list[UUID], Field(max_length=TOKEN_COLLECTIVES_MAX)],
-    ("follow", "collectives"): Annotated[list[Reference], Field(min_length=1)],
+    ("create_token", "collectives"): stated(
+        list[UUID],
+        {
+            "type": "array",
+            "items": {"type": "string", "format": "uuid"},
+            "maxItems": TOKEN_COLLECTIVES_MAX,
+        },
+    ),
+    ("follow", "collectives"): stated(
+        list[str],
+        {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": models.NAME_MAX,
+                "pattern": NON_BLANK,
+                "x-max-bytes": models.NAME_MAX,
+                "description": "a collective id, name or owner:<owner id> (at most 256 "
+                "bytes of UTF-8)",
+            },
+        },
+    ),
 }
 
 

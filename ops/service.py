@@ -20,9 +20,13 @@ dead_letters) answer one page, ``{"items": [...], "next": cursor or null}``: ``l
 
 Results are JSON with embeddings left out (their ``dimension`` instead), or as lists of
 floats with ``?embeddings=true``; ``?format=msgspec`` is the exact typed form
-``ops.remote.RemotePulseDB`` decodes. Also: ``GET /v1/watch_experiences`` (server-sent
-events), ``GET /health``, ``GET /metrics`` (Prometheus text), and the MCP server's
+``ops.remote.RemotePulseDB`` decodes; ``POST /v1/sql`` also answers Arrow IPC or Parquet
+(``ops.tables``). Also: ``GET /v1/watch_experiences`` (server-sent events), ``GET
+/health``, ``GET /metrics`` (Prometheus text, ``ops.metrics``), and the MCP server's
 streamable-HTTP transport at ``/mcp``.
+
+What the OpenAPI schema promises of every route (statuses, the error body, strict JSON
+types, limits, examples) is stated in ``ops.contract``; bodies are read by ``read_body``.
 
 (No ``from __future__ import annotations`` here: FastAPI reads the endpoint annotations.)
 """
@@ -810,15 +814,15 @@ def _sql_endpoint(
 
     async def endpoint(
         request: Request,
-        format: Literal["json", "msgspec", "arrow", "parquet"] | None = Query(
-            None,
-            description="json (the default), msgspec, arrow (Arrow IPC stream) or parquet; "
-            "without it, an Accept of " + " or ".join(tables.MEDIA_TYPES.values()) + " asks "
-            "for that one",
+        format: Literal["json", "msgspec", "arrow", "parquet"] = Query(
+            "json",
+            description="json, msgspec, arrow (Arrow IPC stream) or parquet; without it, an "
+            "Accept of " + " or ".join(tables.MEDIA_TYPES.values()) + " asks for that one",
         ),
         embeddings: bool = EMBEDDINGS,
     ) -> Response:
-        form = format or tables.asked(request.headers.get("accept", ""))
+        given = "format" in request.query_params
+        form = format if given else tables.asked(request.headers.get("accept", ""))
         await request.body()  # read before waiting for the client to go (one receiver)
         answering = asyncio.ensure_future(answer(request))
         gone = asyncio.ensure_future(_client_gone(request))
