@@ -11,13 +11,12 @@ metadata, as ``pulse.seq`` and so on.
 from __future__ import annotations
 
 import io
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.ipc
-import pyarrow.parquet
+from typing import TYPE_CHECKING, Any
 
 from projections.analytics import SqlResult
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 MEDIA_TYPES = {
     "arrow": "application/vnd.apache.arrow.stream",
@@ -37,6 +36,8 @@ def asked(accept: str) -> str:
 
 
 def table(result: SqlResult) -> pa.Table:
+    import pyarrow as pa  # (imported when a table is asked for: `pulse mcp` never needs it)
+
     arrays = []
     for i in range(len(result.columns)):
         values = [row[i] for row in result.rows]
@@ -58,6 +59,9 @@ def table(result: SqlResult) -> pa.Table:
 
 def encode(result: Any, form: str) -> bytes:
     """``result`` (a ``SqlResult``) in ``form``: "arrow" or "parquet"."""
+    import pyarrow.ipc
+    import pyarrow.parquet
+
     found = table(result)
     sink = io.BytesIO()
     if form == "arrow":

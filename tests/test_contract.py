@@ -7,7 +7,6 @@ and POST /v1/sql as Arrow IPC or Parquet."""
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 import sys
 import time
@@ -203,7 +202,3 @@ async def test_sql_answers_in_arrow_and_parquet(guarded: Service) -> None:
         assert found.schema.field("importance").type == pa.float64()
         assert found.schema.metadata[b"pulse.seq"] == str(plain["seq"]).encode()
     assert unknown.status_code == 422 and unknown.json()["message"].startswith("format:")
-
-
-def test_schemathesis_is_installed() -> None:
-    assert os.access(ST, os.X_OK)
