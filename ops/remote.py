@@ -217,7 +217,7 @@ T = TypeVar("T")
 
 
 @functools.cache
-def _page_body() -> Any:
+def page_body() -> Any:
     import msgspec
 
     class PageBody(msgspec.Struct, Generic[T]):
@@ -238,7 +238,7 @@ def decode(name: str, content: bytes, returns: Any = None) -> Any:
     pages = sys.modules.get("sync.pages")  # (imported with the type, if it is a page)
     if pages is not None and origin is pages.Page:
         item: Any = typing.get_args(returns)[0]
-        page = msgspec.json.decode(content, type=_page_body()[item])
+        page = msgspec.json.decode(content, type=page_body()[item])
         return origin(page.items, page.next)
     return msgspec.json.decode(content, type=returns)
 

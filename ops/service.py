@@ -20,9 +20,13 @@ dead_letters) answer one page, ``{"items": [...], "next": cursor or null}``: ``l
 
 Results are JSON with embeddings left out (their ``dimension`` instead), or as lists of
 floats with ``?embeddings=true``; ``?format=msgspec`` is the exact typed form
-``ops.remote.RemotePulseDB`` decodes. Also: ``GET /v1/watch_experiences`` (server-sent
-events), ``GET /health``, ``GET /metrics`` (Prometheus text), and the MCP server's
+``ops.remote.RemotePulseDB`` decodes; ``POST /v1/sql`` also answers Arrow IPC or Parquet
+(``ops.tables``). Also: ``GET /v1/watch_experiences`` (server-sent events), ``GET
+/health``, ``GET /metrics`` (Prometheus text, ``ops.metrics``), and the MCP server's
 streamable-HTTP transport at ``/mcp``.
+
+What the OpenAPI schema promises of every route (statuses, the error body, strict JSON
+types, limits, examples) is stated in ``ops.contract``; bodies are read by ``read_body``.
 
 (No ``from __future__ import annotations`` here: FastAPI reads the endpoint annotations.)
 """
@@ -45,7 +49,7 @@ from typing import Any, Literal, Union
 import msgspec
 import numpy as np
 import pydantic
-from fastapi import Body, FastAPI, Query
+from fastapi import FastAPI, Query
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import Request
@@ -62,7 +66,10 @@ from eventlog.errors import (
     Unauthorized,
     ValidationError,
 )
+from ops import contract, tables
 from ops.encoding import to_json
+from ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ops.metrics import Metrics
 from ops.remote import API_METHODS, optional_getter
 from sync import models
 from sync.access import Principal
@@ -138,15 +145,18 @@ def _is_array(tp: Any) -> bool:
 
 
 def _schema_type(tp: Any) -> Any:
-    """A JSON-friendly annotation for a parameter's annotation (numpy arrays become lists
-    of numbers, sequences lists, ``Any`` filters the filter model)."""
+    """A JSON-friendly annotation for a parameter's annotation (numpy arrays become vectors,
+    and so do the sequences of floats offered beside one; other sequences lists)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType):
+        vector = any(_is_array(arg) for arg in args)
         mapped: list[Any] = []
         for arg in args:
-            if _is_array(arg):
-                arg = list[float]
-            item = _schema_type(arg)
+            floats = typing.get_origin(arg) in (collections.abc.Sequence, list, tuple) and (
+                typing.get_args(arg) == (float,)
+            )
+            is_vector = _is_array(arg) or (vector and floats)
+            item = models.VectorField if is_vector else _schema_type(arg)
             if item not in mapped:
                 mapped.append(item)
         return mapped[0] if len(mapped) == 1 else Union[tuple(mapped)]  # noqa: UP007
@@ -154,7 +164,7 @@ def _schema_type(tp: Any) -> Any:
         item_type = _schema_type(args[0]) if args else Any
         return list[item_type]  # type: ignore[valid-type]
     if _is_array(tp):
-        return list[float]
+        return models.VectorField
     return tp
 
 
@@ -164,20 +174,29 @@ def derived_model(name: str, method: Callable[..., Any]) -> type[pydantic.BaseMo
     for param in list(inspect.signature(method).parameters.values())[1:]:
         if param.kind is inspect.Parameter.VAR_KEYWORD:
             continue
-        annotation = _schema_type(hints.get(param.name, Any))
+        annotation = contract.parameter(name, param.name, _schema_type(hints.get(param.name, Any)))
         if param.name == "flt":
             annotation = models.FilterIn | None
         if param.name == "idempotency_key":
-            annotation = models.IdempotencyKey | None
+            annotation = contract.IdempotencyKey | None
         if param.name == "as_of":  # (get_type_hints drops its validator)
             annotation = models.AsOf
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[param.name] = (annotation, default)
     base = models.ExperienceUpdateIn if name == "update_experience" else models._Input
     model: type[pydantic.BaseModel] = pydantic.create_model(
-        f"{name}_request", __base__=base, **fields
+        f"{name}_request", __base__=_based(name, base), **fields
     )
     return model
+
+
+def _based(name: str, base: type[pydantic.BaseModel]) -> type[pydantic.BaseModel]:
+    """``base``, or a subclass whose schema says more (an update's "at least one of")."""
+    fields = contract.AT_LEAST_ONE.get(name)
+    if fields is None:
+        return base
+    config = pydantic.ConfigDict(json_schema_extra=contract.at_least_one(fields))
+    return type(base.__name__, (base,), {"model_config": config, "__module__": __name__})
 
 
 def request_model(name: str) -> type[pydantic.BaseModel]:
@@ -187,79 +206,11 @@ def request_model(name: str) -> type[pydantic.BaseModel]:
     if "idempotency_key" in inspect.signature(API_METHODS[name]).parameters:
         # a write: its library model plus the key (sync.idempotency)
         keyed: type[pydantic.BaseModel] = pydantic.create_model(
-            f"{name}_request", __base__=given,
-            idempotency_key=(models.IdempotencyKey | None, None),
+            f"{name}_request", __base__=_based(name, given),
+            idempotency_key=(contract.IdempotencyKey | None, None),
         )  # fmt: skip
         return keyed
     return given
-
-
-# -- metrics (Prometheus text format, no client library needed) -----------------------------
-
-BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-
-class Metrics:
-    def __init__(self) -> None:
-        self.requests: collections.Counter[tuple[str, str, int]] = collections.Counter()
-        self.latency: dict[str, list[float]] = {}  # route -> bucket counts + [sum, count]
-
-    def observe(self, route: str, method: str, status: int, seconds: float) -> None:
-        self.requests[(route, method, status)] += 1
-        counts = self.latency.setdefault(route, [0.0] * (len(BUCKETS) + 2))
-        for i, bound in enumerate(BUCKETS):
-            if seconds <= bound:
-                counts[i] += 1
-        counts[-2] += seconds
-        counts[-1] += 1
-
-    def render(self, db: PulseDB, stream_seq: int | None) -> str:
-        lines = [
-            "# HELP pulse_http_requests_total HTTP requests by route, method and status.",
-            "# TYPE pulse_http_requests_total counter",
-        ]
-        for (route, method, status), n in sorted(self.requests.items()):
-            lines.append(
-                f'pulse_http_requests_total{{route="{route}",method="{method}",'
-                f'status="{status}"}} {n}'
-            )
-        lines += [
-            "# HELP pulse_http_request_duration_seconds HTTP request latency by route.",
-            "# TYPE pulse_http_request_duration_seconds histogram",
-        ]
-        for route, counts in sorted(self.latency.items()):
-            for bound, count in zip(BUCKETS, counts, strict=False):
-                lines.append(
-                    f'pulse_http_request_duration_seconds_bucket{{route="{route}",le="{bound}"}} '
-                    f"{int(count)}"
-                )
-            lines.append(
-                f'pulse_http_request_duration_seconds_bucket{{route="{route}",le="+Inf"}} '
-                f"{int(counts[-1])}"
-            )
-            lines.append(f'pulse_http_request_duration_seconds_sum{{route="{route}"}} {counts[-2]}')
-            lines.append(
-                f'pulse_http_request_duration_seconds_count{{route="{route}"}} {int(counts[-1])}'
-            )
-        lag = None if stream_seq is None else max(0, stream_seq - db.applied_seq)
-        lines += [
-            "# HELP pulse_events_applied_total Events applied by the replication loop.",
-            "# TYPE pulse_events_applied_total counter",
-            f"pulse_events_applied_total {db.events_applied}",
-            "# HELP pulse_applied_sequence Last stream sequence applied to the local state.",
-            "# TYPE pulse_applied_sequence gauge",
-            f"pulse_applied_sequence {db.applied_seq}",
-        ]
-        if stream_seq is not None:
-            lines += [
-                "# HELP pulse_stream_sequence Last sequence of what this host reads.",
-                "# TYPE pulse_stream_sequence gauge",
-                f"pulse_stream_sequence {stream_seq}",
-                "# HELP pulse_replication_lag_events Stream events not yet applied here.",
-                "# TYPE pulse_replication_lag_events gauge",
-                f"pulse_replication_lag_events {lag}",
-            ]
-        return "\n".join(lines) + "\n"
 
 
 METHODS = {"GET", "POST", "HEAD", "OPTIONS", "DELETE"}  # metric labels; others: "other"
@@ -488,7 +439,7 @@ def create_app(
         description=__doc__,
         lifespan=lifespan,
     )
-    metrics = Metrics()
+    metrics = Metrics(db)
     app.add_middleware(BodyLimit, limit=body_limit)
     app.add_middleware(Guard, metrics=metrics, token=token, db=db)  # outermost: sees the 413s
 
@@ -508,35 +459,48 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = list(exc.errors())
-        for error in errors:
-            if error["type"] == "json_invalid":
-                reason = (error.get("ctx") or {}).get("error", "not valid JSON")
-                where = error["loc"][-1] if len(error["loc"]) > 1 else "?"
-                return _error(ValidationError(f"body: not valid JSON ({reason} at {where})"))
-        if any(tuple(e["loc"]) == ("body",) and e["type"] != "value_error" for e in errors):
-            return _error(
-                ValidationError(
-                    "body: must be a JSON object of the method's arguments "
-                    "(Content-Type: application/json)"
-                )
-            )
-        return _error(models.from_errors(errors, skip=("body", "query")))
+        # (the query parameters: bodies are read by read_body)
+        return _error(models.from_errors(list(exc.errors()), skip=("body", "query")))
 
+    request_models: dict[str, type[pydantic.BaseModel]] = {}
     for name, method in API_METHODS.items():
+        model = request_models[name] = request_model(name)
         app.add_api_route(
             f"/v1/{name}",
-            (_sql_endpoint if name == "sql" else _endpoint)(db, name, request_model(name)),
+            (_sql_endpoint if name == "sql" else _endpoint)(db, name, model),
             methods=["POST"],
             summary=(inspect.getdoc(method) or name).split("\n")[0],
             description=inspect.getdoc(method) or "",
             name=name,
             tags=[_tag(name)],
+            responses={
+                **contract.responses(contract.errors_of(name, model)),
+                **(contract.SQL_RESULTS if name == "sql" else {}),
+            },
         )
-
     watching = Watchers(watch_limit)
 
-    @app.get("/v1/watch_experiences", tags=["experiences"], response_model=None)
+    @app.get(
+        "/v1/watch_experiences",
+        tags=["experiences"],
+        response_model=None,
+        response_class=StreamingResponse,
+        responses={
+            200: {
+                "description": "a stream of server-sent events",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            },
+            **contract.responses(
+                {
+                    **contract.EVERY_ROUTE,
+                    **contract.UNAUTHORIZED,
+                    403: contract.EVERY_METHOD[403],
+                    503: "TooManyWatchers: $PULSE_MAX_WATCHERS streams are open (see "
+                    "Retry-After); or LogUnavailable",
+                }
+            ),
+        },
+    )
     async def watch_experiences(request: Request) -> Response:
         """Changes to experiences as this instance applies them (server-sent events):
         one ``data: {json}`` line per change the caller may see, from the moment of the
@@ -595,7 +559,16 @@ def create_app(
 
     stream_head = StreamHead(db)
 
-    @app.get("/health", tags=["service"])
+    @app.get(
+        "/health",
+        tags=["service"],
+        response_model=None,
+        responses={
+            200: {"model": contract.Health, "description": "up (with a token: the details)"},
+            503: {"model": contract.Health, "description": "down (with a token: why)"},
+            **contract.responses(contract.EVERY_ROUTE),
+        },
+    )
     async def health(request: Request) -> JSONResponse:
         """Up or down; with the bearer token (or on a service without one), also the NATS
         connection, last applied vs stream sequence, and the lag."""
@@ -623,14 +596,33 @@ def create_app(
             body = {"status": "up" if ok else "down"}  # the rest is for those with a token
         return JSONResponse(body, status_code=200 if ok else 503)
 
-    @app.get("/metrics", tags=["service"])
+    @app.get(
+        "/metrics",
+        tags=["service"],
+        response_model=None,
+        response_class=Response,
+        responses={
+            200: {
+                "description": "the Prometheus text exposition format 0.0.4",
+                "content": {METRICS_CONTENT_TYPE: {"schema": {"type": "string"}}},
+            },
+            **contract.responses({**contract.EVERY_ROUTE, **contract.UNAUTHORIZED}),
+        },
+    )
     async def prometheus() -> Response:
         """Prometheus metrics: requests, latencies, events applied, replication lag."""
         try:
             stream_seq: int | None = await asyncio.wait_for(db.log.last_seq(db.subjects_read()), 5)
         except (PulseError, TimeoutError):
             stream_seq = None
-        return Response(metrics.render(db, stream_seq), media_type="text/plain; version=0.0.4")
+        return Response(metrics.render(stream_seq), media_type=METRICS_CONTENT_TYPE)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = contract.document(app, request_models)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     for route in mcp_routes or []:
         app.router.routes.append(route)
@@ -711,6 +703,65 @@ def _tag(name: str) -> str:
     return next((tag for word, tag in TAGS if word in name), "state")
 
 
+M = typing.TypeVar("M", bound=pydantic.BaseModel)
+
+
+def _integral(value: Any) -> bool:
+    return isinstance(value, float) and value.is_integer()
+
+
+def _number(text: str) -> int | float:
+    value = float(text)
+    return int(value) if value.is_integer() and abs(value) < 2**63 else value
+
+
+async def read_body(request: Request, model: type[M]) -> M:
+    """The request's body as ``model``: a JSON object of the method's arguments, with the
+    JSON types the schema states (strict: no ``false`` for an integer, no ``"1"`` for a
+    number); no body at all stands for ``{}`` where every argument has a default."""
+    raw = await request.body()
+    content_type = request.headers.get("content-type", "application/json")
+    if raw.strip() and "json" not in content_type.lower():
+        raise ValidationError(
+            "body: must be a JSON object of the method's arguments (Content-Type: application/json)"
+        )
+    try:
+        if not raw.strip():
+            if any(field.is_required() for field in model.model_fields.values()):
+                raise ValidationError(
+                    "body: required, a JSON object of the method's arguments "
+                    "(Content-Type: application/json)"
+                )
+            return model.model_validate({}, strict=True)
+        try:
+            return model.model_validate_json(raw, strict=True)
+        except pydantic.ValidationError as exc:
+            if not any(_integral(error.get("input")) for error in exc.errors()):
+                raise
+            # JSON Schema counts 3.0 as an integer: read integral numbers as integers
+            data = json.loads(raw, parse_float=_number)
+            return model.model_validate_json(json.dumps(data), strict=True)
+    except pydantic.ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        for error in errors:
+            if error["type"] == "json_invalid":
+                reason = (error.get("ctx") or {}).get("error", "not valid JSON")
+                raise ValidationError(f"body: not valid JSON ({reason})") from None
+        if any(not error["loc"] and error["type"] == "model_type" for error in errors):
+            raise ValidationError(
+                "body: must be a JSON object of the method's arguments "
+                "(Content-Type: application/json)"
+            ) from None
+        raise models.translate(exc) from None
+
+
+FORMAT = Query(
+    "json",
+    description="json: plain JSON; msgspec: the exact typed form ops.remote decodes",
+)
+EMBEDDINGS = Query(False, description="embeddings as lists of floats")
+
+
 def _endpoint(
     db: PulseDB, name: str, model: type[pydantic.BaseModel]
 ) -> Callable[..., Awaitable[Response]]:
@@ -721,14 +772,8 @@ def _endpoint(
     large = typing.get_origin(returns) in (list, models.Page) or returns is Context
     optional = optional_getter(name)
 
-    async def endpoint(
-        request: Request,
-        body: Any = Body(default=None),
-        format: Literal["json", "msgspec"] = Query("json"),
-        embeddings: bool = Query(False, description="embeddings as lists of floats"),
-    ) -> Response:
-        if body is None:
-            body = models.validated(model)
+    async def answer(request: Request) -> Any:
+        body = await read_body(request, model)
         with db.acting_as(principal_of(request)):
             if takes_request:
                 result = await method(body)
@@ -738,6 +783,14 @@ def _endpoint(
             raise NotFoundError(f"{_subject(name)}: none with that id")
         if isinstance(result, models.Page):  # a page of a listing, and where the rest is
             result = {"items": result, "next": result.next}
+        return result
+
+    async def endpoint(
+        request: Request,
+        format: Literal["json", "msgspec"] = FORMAT,
+        embeddings: bool = EMBEDDINGS,
+    ) -> Response:
+        result = await answer(request)
 
         def render() -> Response:
             if format == "msgspec":
@@ -746,8 +799,8 @@ def _endpoint(
 
         return await asyncio.to_thread(render) if large else render()
 
-    endpoint.__annotations__["body"] = model | None  # the request schema FastAPI shows
     endpoint.__name__ = name
+    endpoint.answer = answer  # type: ignore[attr-defined]
     return endpoint
 
 
@@ -756,18 +809,23 @@ def _sql_endpoint(
 ) -> Callable[..., Awaitable[Response]]:
     """``POST /v1/sql``: the endpoint of ``_endpoint``, but a client that goes away
     cancels its query (interrupted in DuckDB: ``analytics.run_async``) instead of leaving
-    it to run to its time limit for nobody; what little is sent then is a 499."""
-    answer = _endpoint(db, name, model)
+    it to run to its time limit for nobody; what little is sent then is a 499. The
+    result is JSON, or Arrow IPC or Parquet when asked (``format=``, or ``Accept``)."""
+    answer = _endpoint(db, name, model).answer  # type: ignore[attr-defined]
 
     async def endpoint(
         request: Request,
-        body: Any = Body(default=None),
-        format: Literal["json", "msgspec"] = Query("json"),
-        embeddings: bool = Query(False, description="embeddings as lists of floats"),
+        format: Literal["json", "msgspec", "arrow", "parquet"] = Query(
+            "json",
+            description="json, msgspec, arrow (Arrow IPC stream) or parquet; without it, an "
+            "Accept of " + " or ".join(tables.MEDIA_TYPES.values()) + " asks for that one",
+        ),
+        embeddings: bool = EMBEDDINGS,
     ) -> Response:
-        answering = asyncio.ensure_future(
-            answer(request=request, body=body, format=format, embeddings=embeddings)
-        )
+        given = "format" in request.query_params
+        form = format if given else tables.asked(request.headers.get("accept", ""))
+        await request.body()  # read before waiting for the client to go (one receiver)
+        answering = asyncio.ensure_future(answer(request))
         gone = asyncio.ensure_future(_client_gone(request))
         try:
             await asyncio.wait({answering, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -784,9 +842,15 @@ def _sql_endpoint(
                 },
                 status_code=499,
             )
-        return answering.result()
+        result = answering.result()
+        if form in tables.MEDIA_TYPES:
+            media_type = tables.MEDIA_TYPES[form]
+            content = await asyncio.to_thread(tables.encode, result, form)
+            return Response(content, media_type=media_type)
+        if form == "msgspec":
+            return Response(msgspec.json.encode(result), media_type="application/json")
+        return JSONResponse(to_json(result, embeddings=embeddings))
 
-    endpoint.__annotations__["body"] = model | None  # the request schema FastAPI shows
     endpoint.__name__ = name
     return endpoint
 

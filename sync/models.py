@@ -105,7 +105,22 @@ def moment_ms(value: Any) -> Any:
     return value
 
 
-Moment = Annotated[int, BeforeValidator(moment_ms), Field(ge=0, le=MOMENT_MAX)]
+# What JSON Schema can say of a moment: Unix ms, or an RFC 3339 time in the years that
+# fit (1970..6429; moment_ms also reads a date alone, or a time without its zone, as UTC)
+TIME_PATTERN = r"^(19[7-9][0-9]|[2-5][0-9]{3}|6[0-3][0-9]{2}|64[01][0-9]|642[0-8])-"
+MOMENT_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "integer", "minimum": 0, "maximum": MOMENT_MAX},
+        {"type": "string", "format": "date-time", "pattern": TIME_PATTERN},
+    ],
+    "description": "Unix milliseconds, or an ISO 8601 time (2026-11-30T09:00:00Z)",
+}
+Moment = Annotated[
+    int,
+    BeforeValidator(moment_ms),
+    Field(ge=0, le=MOMENT_MAX),
+    WithJsonSchema(MOMENT_SCHEMA),
+]
 
 
 def as_of_value(value: Any) -> tuple[Literal["seq", "ms"], int]:
@@ -143,46 +158,109 @@ def _as_of_input(value: Any) -> Any:
 
 
 # as_of: a stream sequence, or a time (ISO 8601); None: now
-AsOf = Annotated[int | str | None, BeforeValidator(_as_of_input)]
+AsOf = Annotated[
+    int | str | None,
+    BeforeValidator(_as_of_input),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+                {"type": "string", "format": "date-time", "pattern": TIME_PATTERN},
+                {"type": "null"},
+            ],
+            "description": "a stream sequence, or an ISO 8601 time (2026-11-30T09:00:00Z); "
+            "null: now",
+        }
+    ),
+]
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # a vector's values are float32
 
 
 def _vector(value: Any) -> Vector:
     """A 1-D array of finite float32 values (from a list, a tuple or an array)."""
-    if isinstance(value, (str, bytes)):
-        raise ValueError("must be a list of numbers")
+    if isinstance(value, (str, bytes)) or (
+        isinstance(value, (list, tuple)) and any(isinstance(v, (bool, str, bytes)) for v in value)
+    ):
+        raise ValueError("must be a list of numbers")  # (numpy would convert "1" and True)
     try:
-        array = np.asarray(value, dtype=np.float32)
+        wide = np.asarray(value, dtype=np.float64)  # (checked before float32 rounds it)
     except (TypeError, ValueError) as exc:
         raise ValueError("must be a list of numbers") from exc
-    if array.ndim != 1 or array.size == 0:
-        raise ValueError(f"must be a non-empty list of numbers, got shape {array.shape}")
-    if array.size > DIMENSION_MAX:
-        raise ValueError(f"has {array.size} values, the limit is {DIMENSION_MAX}")
-    if not np.isfinite(array).all():
+    if wide.ndim != 1 or wide.size == 0:
+        raise ValueError(f"must be a non-empty list of numbers, got shape {wide.shape}")
+    if wide.size > DIMENSION_MAX:
+        raise ValueError(f"has {wide.size} values, the limit is {DIMENSION_MAX}")
+    if not np.isfinite(wide).all():
         raise ValueError("every value must be a finite number (no NaN or infinity)")
-    return array
+    if (np.abs(wide) > FLOAT32_MAX).any():
+        raise ValueError(f"every value must fit a float32 (-{FLOAT32_MAX:.9g}..{FLOAT32_MAX:.9g})")
+    return wide.astype(np.float32)
 
 
 VectorField = Annotated[
     Any,
     BeforeValidator(_vector),
     WithJsonSchema(
-        {"type": "array", "items": {"type": "number"}, "minItems": 1, "maxItems": DIMENSION_MAX}
+        {
+            "type": "array",
+            "items": {"type": "number", "minimum": -FLOAT32_MAX, "maximum": FLOAT32_MAX},
+            "minItems": 1,
+            "maxItems": DIMENSION_MAX,
+        }
     ),
 ]
 
 
-def _utf8_limit(limit: int, *, allow_empty: bool = False) -> Any:
-    def check(value: str) -> str:
-        size = len(value.encode("utf-8"))
-        if size > limit or (size == 0 and not allow_empty):
-            low = "0" if allow_empty else "1 byte"
+class _Utf8Limit:
+    """A text of at most ``limit`` bytes of UTF-8 (and at least one, unless
+    ``allow_empty``), as the data model counts content.
+
+    JSON Schema counts characters, not bytes, so its schema says what it can exactly:
+    ``minLength`` 1 (one character is at least one byte) and ``maxLength`` ``limit`` (no
+    text of more characters fits, a character being 1..4 bytes), and the byte limit
+    itself in ``x-max-bytes`` and the description, which a client must keep to as
+    well: a text of ``limit`` characters fits only if they are ASCII."""
+
+    def __init__(self, limit: int, allow_empty: bool) -> None:
+        self.limit, self.allow_empty = limit, allow_empty
+
+    def check(self, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > self.limit or (size == 0 and not self.allow_empty):
+            low = "0" if self.allow_empty else "1 byte"
             raise ValueError(
-                f"must be {low} to {limit:,} bytes of UTF-8 ({limit // 1024} KB), got {size:,}"
+                f"must be {low} to {self.limit:,} bytes of UTF-8 ({self.limit // 1024} KB), "
+                f"got {size:,}"
             )
         return value
 
-    return BeforeValidator(lambda v: check(v) if isinstance(v, str) else v)
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: pydantic.GetCoreSchemaHandler
+    ) -> Any:
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_before_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: Any, handler: pydantic.GetJsonSchemaHandler
+    ) -> Any:
+        found = handler(schema)
+        low = 0 if self.allow_empty else 1
+        found.update(minLength=low, maxLength=self.limit)
+        found["x-max-bytes"] = self.limit
+        found["description"] = (
+            f"{low}..{self.limit:,} bytes of UTF-8 ({self.limit // 1024} KB; maxLength is "
+            "the bound in characters, which only ASCII text reaches)"
+        )
+        return found
+
+
+def _utf8_limit(limit: int, *, allow_empty: bool = False) -> Any:
+    return _Utf8Limit(limit, allow_empty)
 
 
 Score = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
@@ -452,7 +530,10 @@ class InsightIn(_Input):
     content: Annotated[str, _utf8_limit(INSIGHT_MAX_BYTES)]
     embedding: VectorField | None = None
     embedder: str | None = None
-    source_experiences: Annotated[list[UUID], Field(min_length=1, max_length=SOURCES_MAX)]
+    source_experiences: Annotated[
+        list[UUID],
+        Field(min_length=1, max_length=SOURCES_MAX, json_schema_extra={"uniqueItems": True}),
+    ]
     confidence: Score = 0.5
     domain: Domains = Field(default_factory=list)
     visibility: ev.Visibility = "team"

@@ -225,7 +225,7 @@ def test_import_goes_through_the_running_service(
             assert out.startswith("imported 1,500 experiences into served in ")
             assert call("get_collective_stats", collective_id=cid)["experiences"] == 1500
             metrics = client.get("/metrics").text
-            assert 'route="/v1/record_experiences",method="POST",status="200"} 2' in metrics
+            assert 'method="POST",route="/v1/record_experiences",status="200"} 2.0' in metrics
     finally:
         stop(service)
 

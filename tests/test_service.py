@@ -262,13 +262,16 @@ async def test_health_and_metrics(service: Service) -> None:
         assert health["stream_seq"] == health["applied_seq"] == 2 and health["lag"] == 0
         text = (await client.get("/metrics")).text
     assert re.search(
-        r'^pulse_http_requests_total\{route="/v1/record_experience",method="POST",'
-        r'status="200"\} 1$', text, re.M)  # fmt: skip
+        r'^pulse_http_requests_total\{method="POST",route="/v1/record_experience",'
+        r'status="200"\} 1\.0$',
+        text,
+        re.M,
+    )  # fmt: skip (labels in prometheus_client's order)
     assert re.search(
-        r'^pulse_http_request_duration_seconds_count\{route="/v1/create_collective"\} 1$',
+        r'^pulse_http_request_duration_seconds_count\{route="/v1/create_collective"\} 1\.0$',
         text, re.M)  # fmt: skip
     assert re.search(r"^pulse_events_applied_total [2-9]", text, re.M)
-    assert re.search(r"^pulse_replication_lag_events 0$", text, re.M)
+    assert re.search(r"^pulse_replication_lag_events 0\.0$", text, re.M)
 
 
 async def test_health_reports_a_lost_nats(tmp_path: Path) -> None:

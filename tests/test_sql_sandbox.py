@@ -275,7 +275,7 @@ async def test_over_http_refusals_and_limits_have_their_status_and_a_gone_client
 
             async def cancelled() -> bool:
                 metrics = (await client.get("/metrics")).text
-                return 'route="/v1/sql",method="POST",status="499"} 1' in metrics
+                return 'method="POST",route="/v1/sql",status="499"} 1.0' in metrics
 
             await eventually(cancelled, timeout=10, what="the query cancelled")
             again = await client.post("/v1/sql", json={"query": "SELECT 1 AS one"})

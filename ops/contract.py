@@ -1,0 +1,545 @@
+"""The HTTP contract of ``pulse up`` as its OpenAPI schema states it: what each route
+accepts (request models, with the limits of the data model), every status it can answer
+with and the one error body they share, its media types and an example of each request.
+
+``ops.service`` builds the routes; this module says what they promise, in one place for
+every route, so a client generated from ``/openapi.json`` is right about what it will
+get. ``tests/test_contract.py`` holds a live service to it with schemathesis.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+import msgspec
+import pydantic
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import Field, StringConstraints, WithJsonSchema
+from pydantic.json_schema import models_json_schema
+
+from eventlog import events as ev
+from eventlog.errors import ValidationError
+from eventlog.limits import (
+    EMBEDDER_NAME_MAX,
+    REASON_MAX_BYTES,
+    TASK_MAX_BYTES,
+    TOKEN_COLLECTIVES_MAX,
+)
+from ops.remote import optional_getter, page_body, return_type
+from sync import models
+from sync.embedders import EMBEDDERS
+from sync.tokens import EXPIRES_MAX_S
+
+# -- the error body and the statuses ------------------------------------------------------
+
+
+class ErrorBody(pydantic.BaseModel):
+    """What every refusal and failure answers: the error's type and a message naming the
+    field and the limit (or what to do)."""
+
+    error: str = Field(
+        description="the kind of error: ValidationError, NotFoundError, ConflictError, "
+        "Unauthorized, Forbidden, LogUnavailable, PayloadTooLarge, BadHost, InternalError, ..."
+    )
+    message: str
+    problems: list[str] | None = Field(
+        default=None, description="a ValidationError's problems, one per field"
+    )
+    error_id: str | None = Field(
+        default=None, description="an InternalError's id: the service log has the details"
+    )
+
+
+# status -> what it means; every route can answer these (the guard and the body limit
+# stand before every route; anything unexpected is a 500)
+EVERY_ROUTE = {
+    400: "BadHost: a service open to loopback callers answers loopback Host names only",
+    413: "PayloadTooLarge: a body over the service's limit ($PULSE_MAX_BODY_BYTES, 8 MiB)",
+    500: "InternalError: the service log has the traceback under error_id",
+}
+UNAUTHORIZED = {401: "Unauthorized: no bearer token, or an unknown, revoked or expired one"}
+# ... and every method of the API these
+EVERY_METHOD = {
+    403: "Forbidden: the token's scope (or membership) does not allow this",
+    422: "ValidationError: the body breaks a limit of the data model (the message names "
+    "the field and the limit), or what it names cannot be done now",
+    503: "LogUnavailable: the event log (NATS JetStream) did not answer; a write may be "
+    "retried (with the same idempotency_key)",
+}
+NOT_FOUND = {404: "NotFoundError: what an id names does not exist, or the caller may not see it"}
+CONFLICT = {
+    409: "ConflictError: the idempotency_key was used for other arguments, or what is "
+    "changed moved on meanwhile (an ended session)"
+}
+SQL = {
+    408: "QueryTimedOut: the query ran past $PULSE_SQL_TIME_LIMIT",
+    413: "QueryOutOfMemory: the query needed more than $PULSE_SQL_MEMORY_LIMIT (or a body "
+    "over $PULSE_MAX_BODY_BYTES: PayloadTooLarge)",
+    499: "ClientClosedRequest: the client went away; the query was cancelled",
+}
+
+
+def _mentions_uuid(annotation: Any) -> bool:
+    if annotation is UUID:
+        return True
+    return any(_mentions_uuid(arg) for arg in typing.get_args(annotation))
+
+
+def errors_of(name: str, model: type[pydantic.BaseModel]) -> dict[int, str]:
+    """The error statuses ``POST /v1/<name>`` can answer with, and what each means."""
+    found = {**EVERY_ROUTE, **UNAUTHORIZED, **EVERY_METHOD}
+    if any(_mentions_uuid(f.annotation) for f in model.model_fields.values()):
+        found |= NOT_FOUND
+    if "idempotency_key" in model.model_fields:
+        found |= CONFLICT
+    if name == "sql":
+        found |= SQL
+    return dict(sorted(found.items()))
+
+
+def responses(errors: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """FastAPI's ``responses=`` for these error statuses (each with ``ErrorBody``)."""
+    return {status: {"model": ErrorBody, "description": text} for status, text in errors.items()}
+
+
+# -- the parameters of methods without an input model of their own ------------------------
+
+# Text with something in it besides white space, in the exact sense of str.strip (spelled
+# out: "\S" means other characters in Python, JavaScript and the Rust regex pydantic uses)
+_SPACES = "".join(f"\\u{ord(c):04x}" for c in map(chr, range(0x3001)) if c.isspace())
+NON_BLANK = f"[^{_SPACES}]"
+
+
+def stated(base: Any, schema: dict[str, Any]) -> Any:
+    """``base`` (a strict JSON type at the edge) whose limits the library checks itself,
+    with its own message (``limit: must be an integer in 1..1000 (items per page)``):
+    the schema states them, and the contract test holds the two to each other."""
+    return Annotated[base, WithJsonSchema(schema)]
+
+
+def _integer(low: int, high: int | None = None) -> Any:
+    schema: dict[str, Any] = {"type": "integer", "minimum": low}
+    if high is not None:
+        schema["maximum"] = high
+    return stated(int, schema)
+
+
+NAME = stated(str, {"type": "string", "minLength": 1, "maxLength": models.NAME_MAX})
+FRACTION = stated(float, {"type": "number", "minimum": 0, "maximum": 1})
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Weight = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+Query = Annotated[str, StringConstraints(min_length=1, max_length=10_000)]
+
+# a parameter's annotation by name, where the signature's says less than the library checks
+PARAMETERS: dict[str, Any] = {
+    "owner_id": NAME,
+    "agent_id": NAME,
+    "k": _integer(1, models.K_MAX),
+    "limit": _integer(1, models.PAGE_MAX),
+    "offset": _integer(0),
+    "after": stated(
+        str,
+        {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 1000,
+            "description": "the `next` of the page before (a cursor of this listing; 422 "
+            "otherwise)",
+        },
+    ),
+    "text": stated(str, {"type": "string", "maxLength": 10_000, "pattern": NON_BLANK}),
+    "threshold": FRACTION,
+    "min_strength": FRACTION,
+    "stale_after": stated(float, {"type": "number", "exclusiveMinimum": 0}),
+    "expires_in": stated(
+        float, {"type": "number", "exclusiveMinimum": 0, "maximum": EXPIRES_MAX_S}
+    ),
+    "relation_types": stated(
+        list[str],
+        {"type": "array", "items": {"enum": list(typing.get_args(ev.RelationType))}},
+    ),
+    # ... and where the library has no check of its own, or the same pydantic one
+    "reason": Annotated[str, models._utf8_limit(REASON_MAX_BYTES)],
+    "energy_weight": models.Score,
+    "vector_weight": Weight,
+    "text_weight": Weight,
+    "timeout": Seconds,
+    "task_description": Annotated[str, models._utf8_limit(TASK_MAX_BYTES, allow_empty=True)],
+    "working_on": Annotated[
+        list[
+            Annotated[str, StringConstraints(min_length=1, max_length=models.WORKING_ON_ITEM_MAX)]
+        ],
+        Field(max_length=models.WORKING_ON_MAX),
+    ],
+    "embedder": Annotated[str, StringConstraints(min_length=1, max_length=EMBEDDER_NAME_MAX)],
+    "at": models.Moment,
+}
+# ... and where one method's parameter differs from the others of its name
+METHOD_PARAMETERS: dict[tuple[str, str], Any] = {
+    # a listing's filter: any text (one no owner has matches nothing)
+    ("list_collectives", "owner_id"): str,
+    ("list_tokens", "owner_id"): str,
+    ("sql", "query"): stated(str, {"type": "string", "pattern": NON_BLANK}),
+    ("sql", "limit"): _integer(1, 1_000_000),
+    ("search_similar", "query"): Query | models.VectorField,
+    ("get_insights", "query"): Query | models.VectorField,
+    ("get_wisdom", "query"): models.VectorField,
+    ("create_token", "collectives"): stated(
+        list[UUID],
+        {
+            "type": "array",
+            "items": {"type": "string", "format": "uuid"},
+            "maxItems": TOKEN_COLLECTIVES_MAX,
+        },
+    ),
+    ("follow", "collectives"): stated(
+        list[str],
+        {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": models.NAME_MAX,
+                "pattern": NON_BLANK,
+                "x-max-bytes": models.NAME_MAX,
+                "description": "a collective id, name or owner:<owner id> (at most 256 "
+                "bytes of UTF-8)",
+            },
+        },
+    ),
+}
+
+
+def parameter(method: str, name: str, annotation: Any) -> Any:
+    """The annotation of ``method``'s parameter ``name`` in its request model: the
+    constrained one of the tables above, optional where the signature's is."""
+    given = METHOD_PARAMETERS.get((method, name), PARAMETERS.get(name))
+    if given is None:
+        return annotation
+    optional = type(None) in typing.get_args(annotation)
+    return given | None if optional else given
+
+
+# "at least one of": an update must change something (the library refuses an empty one)
+AT_LEAST_ONE: dict[str, tuple[str, ...]] = {
+    "create_collective": ("embedding_dimension", "embedder"),
+    "update_experience": ("importance", "confidence", "domain", "related_files"),
+    "update_session": models.SESSION_FIELDS,
+}
+
+
+def at_least_one(fields: tuple[str, ...]) -> dict[str, Any]:
+    """The JSON Schema of "one of ``fields`` is given, and not null"."""
+    return {
+        "anyOf": [
+            {"required": [name], "properties": {name: {"not": {"type": "null"}}}} for name in fields
+        ]
+    }
+
+
+# The idempotency key over HTTP: printable ASCII, a pattern every JSON Schema validator
+# reads alike (the library takes any printable text, a test no regex dialect shares)
+IdempotencyKey = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=models.IDEMPOTENCY_KEY_MAX, pattern=r"^[ -~]*$"),
+    Field(
+        description="makes the call idempotent: a retry with the same key and arguments "
+        "returns the first call's result and stores nothing new; the same key with other "
+        "arguments is a ConflictError (409). Printable ASCII, e.g. a UUID made per call."
+    ),
+]
+
+
+def tagged(schema: dict[str, Any]) -> None:
+    """Make the tag of every discriminated union required in the variants it maps to:
+    the models give it a default for Python callers, but a JSON body must name it."""
+    components = schema.get("components", {}).get("schemas", {})
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            found = node.get("discriminator")
+            if isinstance(found, dict):
+                tag = found.get("propertyName")
+                for ref in (found.get("mapping") or {}).values():
+                    variant = components.get(str(ref).rsplit("/", 1)[-1])
+                    if variant is not None and tag not in variant.setdefault("required", []):
+                        variant["required"].append(tag)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+
+
+# -- examples ---------------------------------------------------------------------------------
+
+TEAM = "0b9f5e8e-1c55-4d0a-9f4e-3c1d2b7a6e01"
+EXPERIENCE = "5a3c2e1f-7d4b-4c8a-9e6f-2b1d0c9a8e02"
+OTHER = "8e7d6c5b-4a39-4281-b0f1-e2d3c4b5a603"
+
+# an example value by parameter name (a method's own first); every example is checked
+# against its request model when the app is built
+EXAMPLES: dict[str | tuple[str, str], Any] = {
+    "collective_id": TEAM,
+    "experience_id": EXPERIENCE,
+    "source_id": EXPERIENCE,
+    "target_id": OTHER,
+    "insight_id": "3f2e1d0c-9b8a-4765-8432-10fedcba9804",
+    "relation_id": "7c6b5a49-3827-4165-9f4e-3d2c1b0a9805",
+    "session_id": "1e2d3c4b-5a69-4788-9a6b-5c4d3e2f1a06",
+    "wisdom_id": "9a8b7c6d-5e4f-4321-8fed-cba987654307",
+    "token_id": "2b3c4d5e-6f70-4182-93a4-b5c6d7e8f908",
+    "owner_id": "ana",
+    "name": "payments-team",
+    "embedder": "hash",
+    "content": "Retry NATS publishes with the same message id: the stream drops duplicates",
+    "domain": ["nats", "reliability"],
+    "importance": 0.8,
+    "items": [{"content": "Timeouts came from a slow fsync on the NATS store"}],
+    "relation_type": "Supports",
+    "source_experiences": [EXPERIENCE],
+    "agent_id": "reviewer-1",
+    "task_description": "reviewing the retry policy",
+    "category": "WorkflowPreference",
+    "pattern": "retry idempotent writes with a stable id",
+    "embedding": [0.12, -0.4, 0.33],
+    "text": "nats publish retry",
+    "query": "SELECT name, count(*) FROM experiences JOIN collectives USING (collective_id) "
+    "GROUP BY name",
+    ("search_similar", "query"): "why do publishes time out",
+    ("get_insights", "query"): "publish timeouts",
+    ("get_wisdom", "query"): [0.12, -0.4, 0.33],
+    "reason": "the fsync setting was changed; publishes no longer time out",
+    "summary": "reviewing the retry policy of the publisher",
+    "collectives": ["payments-team"],
+    ("create_token", "collectives"): [TEAM],
+    "scope": "write",
+    "k": 5,
+    "timeout": 10.0,
+}
+
+
+def example_of(method: str, model: type[pydantic.BaseModel]) -> dict[str, Any]:
+    """A request of ``method``: its required fields, and the optional ones with an
+    example value, from ``EXAMPLES``."""
+    example: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        value = EXAMPLES.get((method, name), EXAMPLES.get(name))
+        if value is None and field.is_required():
+            raise LookupError(f"{method}: no example of the required field {name!r}")
+        if value is not None:
+            example[name] = value
+    return example
+
+
+def check_example(model: type[pydantic.BaseModel], example: dict[str, Any]) -> None:
+    """Raise unless ``example`` is a valid request of ``model`` (as the service reads it)."""
+    model.model_validate_json(json.dumps(example), strict=True)
+
+
+# -- the other answers ------------------------------------------------------------------------
+
+
+class SnapshotHealth(pydantic.BaseModel):
+    """The analysts' snapshot in ``/health`` (``projections.snapshot.SnapshotStatus``)."""
+
+    path: str
+    seq: int
+    taken_at: str | None
+    age: float
+    bound: float
+    took: float
+
+
+class Health(pydantic.BaseModel):
+    """``GET /health``: "up" or "down" to anyone; with a token, "ok" or "degraded" and
+    the details."""
+
+    status: Literal["ok", "degraded", "up", "down"]
+    nats_connected: bool | None = None
+    replicating: bool | None = None
+    applied_seq: int | None = None
+    stream_seq: int | None = None
+    lag: int | None = None
+    instance_id: str | None = None
+    error: str | None = None
+    snapshot: SnapshotHealth | None = None
+
+
+BINARY = {"schema": {"type": "string", "format": "binary"}}
+SQL_RESULTS: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "the columns and rows (JSON), or the table in Arrow IPC (stream "
+        "format) or Parquet, asked for with format= or Accept",
+        "content": {
+            "application/json": {"schema": {}},
+            "application/vnd.apache.arrow.stream": BINARY,
+            "application/vnd.apache.parquet": BINARY,
+        },
+    }
+}
+
+
+def embedder_dimensions() -> list[dict[str, Any]]:
+    """The JSON Schema of "an embedder that makes vectors of one size only takes that
+    embedding_dimension (or none)": one option for the embedders of any size (or none),
+    one for each of those (found by asking each for another size)."""
+    fixed: dict[str, int] = {}
+    for name, kind in EMBEDDERS.items():
+        try:
+            kind(kind.default_dimension + 1)
+        except ValidationError:
+            fixed[name] = kind.default_dimension
+    free = [name for name in sorted(EMBEDDERS) if name not in fixed]
+    options: list[dict[str, Any]] = [{"properties": {"embedder": {"enum": [*free, None]}}}]
+    for name, dimension in sorted(fixed.items()):
+        options.append(
+            {
+                "required": ["embedder"],
+                "properties": {
+                    "embedder": {"const": name},
+                    "embedding_dimension": {"enum": [dimension, None]},
+                },
+            }
+        )
+    return options
+
+
+# -- what each method answers -------------------------------------------------------------------
+
+
+def result_type(name: str) -> Any:
+    """The type of ``POST /v1/<name>``'s 200 body: the method's return type, with a page as
+    ``{"items", "next"}`` and a getter's None left out (that is a 404)."""
+    returns = return_type(name)
+    if typing.get_origin(returns) is models.Page:
+        return page_body()[typing.get_args(returns)[0]]
+    if optional_getter(name):
+        found = [arg for arg in typing.get_args(returns) if arg is not type(None)]
+        return found[0] if len(found) == 1 else typing.Union[tuple(found)]  # noqa: UP007
+    return returns
+
+
+def _any_value(kind: Any) -> dict[str, Any]:
+    if kind is object:
+        return {"description": "any JSON value"}  # (free-form details of a status)
+    raise NotImplementedError
+
+
+VECTOR_FORMS = {
+    "anyOf": [
+        {"type": "array", "items": {"type": "number"}},
+        {"type": "string", "contentEncoding": "base64"},
+    ],
+    "description": "only with ?embeddings=true (the floats) or ?format=msgspec (base64 of the "
+    "float32 values); otherwise left out, and `dimension` says its size",
+}
+
+
+def _vectors_as_sent(schema: dict[str, Any]) -> None:
+    """Results carry vectors as bytes; ``ops.encoding.to_json`` sends each as its
+    ``dimension`` (or the floats), ``?format=msgspec`` as base64: say so."""
+    properties = schema.get("properties", {})
+    for key, value in list(properties.items()):
+        if value == {"type": "string", "contentEncoding": "base64"}:
+            properties[key] = VECTOR_FORMS
+            if key in schema.get("required", []):
+                schema["required"].remove(key)
+            properties["dimension"] = {"type": "integer", "minimum": 0}
+
+
+def results(names: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The 200 body schema of each method, and the components they refer to."""
+    types = [result_type(name) for name in names]
+    found, components = msgspec.json.schema_components(
+        types, schema_hook=_any_value, ref_template="#/components/schemas/{name}"
+    )
+    for component in components.values():
+        _vectors_as_sent(component)
+    return dict(zip(names, found, strict=True)), components
+
+
+# The methods that make something, and where their answer holds its id: OpenAPI links
+# from each to every method that takes that id (schemathesis' stateful phase follows them)
+MADE: dict[str, tuple[str, str]] = {
+    "create_collective": ("collective_id", "$response.body"),
+    "record_experience": ("experience_id", "$response.body"),
+    "store_insight": ("insight_id", "$response.body"),
+    "store_relation": ("relation_id", "$response.body"),
+    "store_wisdom": ("wisdom_id", "$response.body"),
+    "start_session": ("session_id", "$response.body#/session_id"),
+    "create_token": ("token_id", "$response.body#/token_id"),
+}
+
+
+def operation_id(name: str) -> str:
+    """FastAPI's operationId of ``POST /v1/<name>``."""
+    return f"{name}_v1_{name}_post"
+
+
+def links(request_models: dict[str, type[pydantic.BaseModel]]) -> dict[str, dict[str, Any]]:
+    """The links of each making method's 200 answer: to every method with that id."""
+    found: dict[str, dict[str, Any]] = {}
+    for source, (field, expression) in MADE.items():
+        for target, model in request_models.items():
+            if target != source and field in model.model_fields:
+                found.setdefault(source, {})[target] = {
+                    "operationId": operation_id(target),
+                    "requestBody": {field: expression},
+                }
+    return found
+
+
+def document(app: FastAPI, request_models: dict[str, type[pydantic.BaseModel]]) -> dict[str, Any]:
+    """The OpenAPI schema of ``app``, whose ``POST /v1/<name>`` routes read their bodies
+    themselves (``ops.service.read_body``): each gets its request model, whether a body is
+    required (when an argument has no default), and an example, checked here against the
+    model as the service reads it."""
+    schema = get_openapi(
+        title=app.title,
+        version=app.version,
+        summary=app.summary,
+        description=app.description,
+        routes=app.routes,
+    )
+    refs, found = models_json_schema(
+        [(model, "validation") for model in request_models.values()],
+        ref_template="#/components/schemas/{model}",
+    )
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.update(found.get("$defs", {}))
+    answers, answered = results(list(request_models))
+    made = links(request_models)
+    clashes = set(answered) & set(components)
+    if clashes:
+        raise RuntimeError(f"result and request schemas share names: {sorted(clashes)}")
+    components.update(answered)
+    tagged(schema)
+    # a collective's embedder is one this service has (sync.embedders), and some make
+    # vectors of one size only
+    collective = schema["components"]["schemas"]["create_collective_request"]
+    for option in collective["properties"]["embedder"].get("anyOf", []):
+        if option.get("type") == "string":
+            option["enum"] = sorted(EMBEDDERS)
+    collective.setdefault("allOf", []).append({"anyOf": embedder_dimensions()})
+    for name, model in request_models.items():
+        example = example_of(name, model)
+        check_example(model, example)
+        operation = schema["paths"][f"/v1/{name}"]["post"]
+        operation["responses"]["200"]["content"]["application/json"]["schema"] = answers[name]
+        if name in made:
+            operation["responses"]["200"]["links"] = made[name]
+        operation["requestBody"] = {
+            "required": any(field.is_required() for field in model.model_fields.values()),
+            "content": {
+                "application/json": {"schema": refs[(model, "validation")], "example": example}
+            },
+        }
+    return schema

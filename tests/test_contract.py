@@ -1,0 +1,204 @@
+"""The HTTP contract: a live `pulse up` answers as its OpenAPI schema says, tried with
+schemathesis (property-based requests made from /openapi.json: the schema's examples,
+its boundaries, random valid and invalid bodies) with every check it has; and what the
+schema promises beyond JSON: Prometheus text from prometheus_client, server-sent events,
+and POST /v1/sql as Arrow IPC or Parquet."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc
+import pyarrow.parquet
+import pytest
+
+from tests.test_service import Service, _env, call, start, stop
+
+ST = str(Path(sys.executable).parent / "st")
+TOKEN = "contract-s3cret"
+SEED = 17
+MAX_EXAMPLES = 5  # per operation and phase: about a minute on two cores
+
+
+@pytest.fixture
+def guarded(tmp_path: Path) -> Any:
+    """`pulse up` with a bearer token of its own."""
+    running = start(tmp_path / "data", "--token", TOKEN, env=_env())
+    running.token = TOKEN
+    yield running
+    if running.process.poll() is None:
+        stop(running)
+
+
+def schemathesis(service: Service, workdir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`st run` against the service: every phase, every check (schemathesis' own
+    positive_data_acceptance replaced by tests.contract_hooks'), a fixed seed. One
+    worker: schemathesis' threads trip over Python 3.11's ast (a runtime error of the
+    run, not of the service)."""
+    env = {**_env(), "SCHEMATHESIS_HOOKS": "tests.contract_hooks", "NO_COLOR": "1"}
+    env["PYTHONPATH"] = str(Path(__file__).parent.parent)
+    return subprocess.run(
+        [ST, "run", f"{service.url}/openapi.json",
+         "--header", f"Authorization: Bearer {TOKEN}",
+         "--phases", "examples,coverage,fuzzing,stateful",
+         "--checks", "all", "--exclude-checks", "positive_data_acceptance",
+         "--seed", str(SEED), "--max-examples", str(MAX_EXAMPLES),
+         "--workers", "1", "--request-timeout", "30", "--no-shrink",
+         "--output-truncate", "true",
+         # a watch is a stream without end: schemathesis would read each until its
+         # request timeout (test_a_watch_is_an_event_stream holds it to its schema)
+         "--exclude-path", "/v1/watch_experiences", *extra],
+        capture_output=True, text=True, timeout=600, cwd=workdir, env=env,
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(400)
+def test_the_service_keeps_to_its_openapi_schema(guarded: Service, tmp_path: Path) -> None:
+    started = time.monotonic()
+    run = schemathesis(guarded, tmp_path)
+    took = time.monotonic() - started
+    summary = run.stdout[run.stdout.find("SUMMARY") :]
+    assert run.returncode == 0, run.stdout[-20000:] + run.stderr[-3000:]
+    assert "Tested: 55" in summary, summary
+    print(f"schemathesis: {took:.0f} s\n{summary}")
+
+
+# -- what the schema says beyond JSON ----------------------------------------------------------
+
+
+async def test_the_schema_states_media_types_statuses_and_limits(guarded: Service) -> None:
+    async with guarded.client() as client:
+        schema = (await client.get("/openapi.json")).json()
+    paths, components = schema["paths"], schema["components"]["schemas"]
+    assert (
+        "text/event-stream" in paths["/v1/watch_experiences"]["get"]["responses"]["200"]["content"]
+    )
+    assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == [
+        "text/plain; version=0.0.4; charset=utf-8"
+    ]
+    sql = paths["/v1/sql"]["post"]
+    assert set(sql["responses"]["200"]["content"]) == {
+        "application/json", "application/vnd.apache.arrow.stream", "application/vnd.apache.parquet"
+    }  # fmt: skip
+    assert {"408", "413", "499"} <= set(sql["responses"])
+    record = paths["/v1/record_experience"]["post"]
+    assert record["requestBody"]["required"] is True
+    assert {"401", "403", "404", "409", "413", "422", "500", "503"} <= set(record["responses"])
+    assert record["responses"]["404"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ErrorBody"
+    }
+    assert paths["/v1/status"]["post"]["requestBody"]["required"] is False
+    content = components["record_experience_request"]["properties"]["content"]
+    assert (content["minLength"], content["maxLength"], content["x-max-bytes"]) == (
+        1, 102400, 102400
+    )  # fmt: skip
+    assert "bytes of UTF-8" in content["description"]
+    for name, path in paths.items():
+        if name.startswith("/v1/") and "post" in path:
+            assert "example" in path["post"]["requestBody"]["content"]["application/json"], name
+
+
+async def test_json_types_are_strict_and_refusals_name_the_field(guarded: Service) -> None:
+    async with guarded.client() as client:
+        for body, problem in [
+            ({"timeout": False}, "timeout: Input should be a valid number"),
+            ({"timeout": "5"}, "timeout: Input should be a valid number"),
+        ]:
+            response = await client.post("/v1/sync", json=body)
+            assert response.status_code == 422, response.text
+            assert response.json()["problems"] == [f"{problem} (got {body['timeout']!r})"]
+        team = await call(client, "create_collective", owner_id="o", name="t",
+                          embedding_dimension=2)  # fmt: skip
+        for body, field in [
+            ({"collective_id": team, "content": ""}, "content: must be 1 byte"),
+            ({"collective_id": team, "content": "x", "embedding": [True, 1]}, "embedding:"),
+            ({"collective_id": team, "content": "x", "embedding": ["1", 1]}, "embedding:"),
+        ]:
+            response = await client.post("/v1/record_experience", json=body)
+            assert response.status_code == 422 and response.json()["message"].startswith(field)
+        too_long = "é" * 51_201  # 51,201 characters: within maxLength, past 102,400 bytes
+        response = await client.post("/v1/record_experience",
+                                     json={"collective_id": team, "content": too_long})  # fmt: skip
+        assert response.status_code == 422
+        assert "102,400 bytes of UTF-8" in response.json()["message"]
+        # no body where arguments are required; none where none is: the defaults
+        response = await client.post("/v1/record_experience")
+        assert response.status_code == 422 and response.json()["message"].startswith(
+            "body: required"
+        )
+        response = await client.post("/v1/record_experience", content=b"null")
+        assert response.status_code == 422 and response.json()["message"].startswith(
+            "body: must be"
+        )
+        assert (await client.post("/v1/status")).status_code == 200
+
+
+async def test_a_watch_is_an_event_stream(guarded: Service) -> None:
+    async with guarded.client() as client:
+        async with client.stream("GET", "/v1/watch_experiences") as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            lines = aiter(response.aiter_lines())
+            assert await anext(lines) == ": watching"
+        async with guarded.client(token="not-a-token") as stranger:
+            refused = await stranger.get("/v1/watch_experiences")
+    assert refused.status_code == 401
+    assert set(refused.json()) == {"error", "message"} and refused.json()["error"] == "Unauthorized"
+
+
+# -- /metrics from prometheus_client ------------------------------------------------------------
+
+
+async def test_metrics_are_prometheus_text(guarded: Service) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with guarded.client() as client:
+        await client.post("/v1/status")
+        response = await client.get("/metrics")
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    assert {"pulse_http_requests", "pulse_http_request_duration_seconds",
+            "pulse_events_applied", "pulse_applied_sequence", "pulse_stream_sequence",
+            "pulse_replication_lag_events"} <= set(families)  # fmt: skip
+    requests = {
+        (s.labels["route"], s.labels["status"]): s.value
+        for s in families["pulse_http_requests"].samples
+        if s.name == "pulse_http_requests_total"
+    }
+    assert requests[("/v1/status", "200")] == 1
+
+
+# -- POST /v1/sql in Arrow IPC and Parquet --------------------------------------------------------
+
+
+async def test_sql_answers_in_arrow_and_parquet(guarded: Service) -> None:
+    async with guarded.client() as client:
+        team = await call(client, "create_collective", owner_id="o", name="t",
+                          embedding_dimension=2)  # fmt: skip
+        for i in range(3):
+            await call(client, "record_experience", collective_id=team, content=f"note {i}",
+                       embedding=[1, i], importance=i / 4)  # fmt: skip
+        query = {"query": "SELECT content, importance FROM experiences ORDER BY content"}
+        plain = (await client.post("/v1/sql", json=query)).json()
+        arrow = await client.post("/v1/sql", params={"format": "arrow"}, json=query)
+        assert arrow.headers["content-type"] == "application/vnd.apache.arrow.stream"
+        parquet = await client.post(
+            "/v1/sql", json=query, headers={"Accept": "application/vnd.apache.parquet"}
+        )
+        assert parquet.headers["content-type"] == "application/vnd.apache.parquet"
+        unknown = await client.post("/v1/sql", params={"format": "csv"}, json=query)
+    from_arrow = pyarrow.ipc.open_stream(arrow.content).read_all()
+    from_parquet = pyarrow.parquet.read_table(io.BytesIO(parquet.content))
+    for found in (from_arrow, from_parquet):
+        assert found.column_names == plain["columns"] == ["content", "importance"]
+        rows = [dict(zip(plain["columns"], row, strict=True)) for row in plain["rows"]]
+        assert found.to_pylist() == rows
+        assert found.schema.field("importance").type == pa.float64()
+        assert found.schema.metadata[b"pulse.seq"] == str(plain["seq"]).encode()
+    assert unknown.status_code == 422 and unknown.json()["message"].startswith("format:")
