@@ -67,6 +67,7 @@ from eventlog.limits import WORKING_ON_ITEM_MAX as WORKING_ON_ITEM_MAX
 from eventlog.limits import WORKING_ON_MAX as WORKING_ON_MAX
 from projections.language import AUTO
 from projections.language import check as check_language
+from sync import pages
 from sync.pages import PAGE_MAX as PAGE_MAX
 from sync.pages import Page as Page
 
@@ -647,9 +648,10 @@ class ContextIn(SearchIn):
 
 
 def check_page_limit(limit: Any) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE_MAX:
+    most = pages.PAGE_MAX  # (read at each call, as the CLI's every_page reads it)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= most:
         raise ValidationError(
-            f"limit: must be an integer in 1..{PAGE_MAX} (items per page), got {limit!r}; "
+            f"limit: must be an integer in 1..{most} (items per page), got {limit!r}; "
             "follow `next` for more"
         )
     return limit

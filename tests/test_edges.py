@@ -31,7 +31,7 @@ from ops.commands import every_page
 from ops.mcp_server import build_mcp
 from ops.service import create_app
 from projections import queries
-from sync import PulseDB, models
+from sync import PulseDB, pages
 from tests.conftest import eventually
 from tests.test_service import Service, _env, start, stop
 
@@ -266,7 +266,7 @@ async def test_the_cli_helpers_follow_every_page(
     """What the CLI and MCP read whole (names, listings) is not cut at one page."""
     from ops.commands import collective_of
 
-    monkeypatch.setattr(models, "PAGE_MAX", 2)
+    monkeypatch.setattr(pages, "PAGE_MAX", 2)
     db = await PulseDB.open(tmp_path / "db", nats_server.url)
     try:
         made = [await db.create_collective("o", f"n{i}", 2) for i in range(5)]
