@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from ops.bench.service import start_service
 from ops.remote import RemotePulseDB, running_service
 from sync.pages import PAGE_MAX
 
@@ -55,28 +56,12 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
     return elapsed
 
 
-def start_service(data_dir: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    pulse = str(Path(sys.executable).parent / "pulse")
-    process = subprocess.Popen(
-        [pulse, "--data-dir", str(data_dir), "up", "--port", "0"],
-        stdout=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
-    assert process.stdout is not None
-    seen = ""
-    while "Ctrl-C stops" not in seen:
-        line = process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"pulse up ended: {seen}")
-        seen += line
-    return process
-
-
 def main(runs: int) -> None:
     pulse = str(Path(sys.executable).parent / "pulse")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PULSE_")}
     with tempfile.TemporaryDirectory(prefix="pulse-bench-cli-") as tmp:
         data_dir = Path(tmp) / "data"
-        process = start_service(data_dir, env)
+        process, _url = start_service(data_dir)  # (it leaves PULSE_* out, as env does)
         try:
             run = [pulse, "--data-dir", str(data_dir)]
             out = subprocess.run(
