@@ -25,7 +25,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from eventlog import events as ev
-from eventlog.languages import LANGUAGES
 
 # -- the data model (DESIGN.md, the data-model table) ---------------------------------------
 
@@ -48,6 +47,7 @@ PATTERN_MAX = 10_000  # a wisdom pattern (not in PulseDB: our cap)
 EMBEDDER_NAME_MAX = 64  # the name of a collective's text embedder ("" = none)
 
 # the text analyzers a collective may name: eventlog.languages
+LANGUAGE_NAME_MAX = 64  # the name of one, as an event may carry it
 SOURCE_TASK_MAX = 1024  # characters of an experience's source_task
 SOURCE_EXPERIENCE_COUNT_MAX = 2**32  # how many experiences a wisdom was distilled from
 TOKEN_COLLECTIVES_MAX = 100  # collectives an access token may be limited to
@@ -153,8 +153,9 @@ def check_ranges(event: ev.Event) -> None:
             _chars("name", event.name, 1, NAME_MAX)
             _integer("embedding_dimension", event.embedding_dimension, 1, DIMENSION_MAX)
             _chars("embedder", event.embedder, 0, EMBEDDER_NAME_MAX)
-            if event.language and event.language not in LANGUAGES:
-                raise ValueError(f"language: {event.language!r:.40} is not a known analyzer")
+            # a name this release does not know (a later one's) is not refused: the
+            # projection analyzes such a collective as "simple" (projections.language)
+            _chars("language", event.language, 0, LANGUAGE_NAME_MAX)
         case ev.ExperienceRecorded():
             _utf8("content", event.content, 1, CONTENT_MAX_BYTES)
             _embedding("embedding", event.embedding)

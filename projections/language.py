@@ -50,11 +50,7 @@ __all__ = ["ENGLISH", "LANGUAGES", "LEMMATIZED", "SIMPLE", "SNOWBALL", "SPACELES
 
 AUTO = "auto"  # chosen from the collective's name at creation (``detect``)
 
-WORD_MAX = 40  # characters; longer runs (hashes, base64) are not words anyone searches for
-
-# runs of letters or digits, with inner apostrophes (Ukrainian з'єднання, English don't);
-# the underscore is a separator, as in snake_case names
-_WORD = re.compile(r"[^\W_]+(?:['’ʼ][^\W_]+)*")
+WORD_MAX = 64  # characters; longer runs (hashes, base64) are not words anyone searches for
 # the scripts written without spaces: Han, kana, hangul syllables and their extensions
 _SPACELESS_CHAR = (
     "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
@@ -64,26 +60,68 @@ _SPACELESS_RUN = re.compile(f"[{_SPACELESS_CHAR}]+")
 _APOSTROPHES = str.maketrans({"’": "'", "ʼ": "'"})
 
 
+@lru_cache(maxsize=1)
+def _word() -> re.Pattern[str]:
+    """Runs of letters or digits and the combining marks that belong to them, with inner
+    apostrophes (Ukrainian з'єднання, English don't); the underscore is a separator, as in
+    snake_case names. Python's ``\\w`` leaves the marks out, and they are letters' parts in
+    many scripts: Devanagari's and Tamil's vowel signs and viramas, Arabic's and Hebrew's
+    vowel points. Their ranges are read from the Unicode database once, when first used."""
+    ranges: list[list[int]] = []
+    for code in [*range(0x20000), *range(0xE0100, 0xE01F0)]:
+        if unicodedata.category(chr(code))[0] == "M":
+            if ranges and ranges[-1][1] == code - 1:
+                ranges[-1][1] = code
+            else:
+                ranges.append([code, code])
+    marks = "".join(f"{chr(a)}-{chr(b)}" if b > a else chr(a) for a, b in ranges)
+    part = f"[^\\W_](?:[^\\W_]|[{marks}])*"  # a letter or digit first, then marks too
+    return re.compile(f"{part}(?:['’ʼ]{part})*")
+
+
+ANALYSIS_VERSION = 1  # this module's own rules (the word pattern, the grams, the caching)
+ANALYSIS_PACKAGES = ("PyStemmer", "pymorphy3", "pymorphy3-dicts-uk")
+
+
+def fingerprint() -> str:
+    """What the terms of an index depend on beyond its schema: these rules' version and
+    the versions of the stemmers and the dictionary. An index made under another is
+    made again (``projections.text``): a stemmer's new release may stem a word otherwise."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = [f"pulse-analysis {ANALYSIS_VERSION}"]
+    for package in ANALYSIS_PACKAGES:
+        try:
+            parts.append(f"{package} {version(package)}")
+        except PackageNotFoundError:
+            parts.append(f"{package} none")
+    return "\n".join(parts) + "\n"
+
+
 def check(language: str) -> str:
     """``language`` if Pulse has an analyzer of that name, else ValueError naming them."""
-    if language not in LANGUAGES:
+    if language not in LANGUAGES:  # (the caller's error names the field)
         raise ValueError(
-            f"language: {language!r:.{LANGUAGE_MAX}} is not one Pulse analyzes; choose one "
-            f"of {', '.join(LANGUAGES)} (or {AUTO})"
+            f"{language[:LANGUAGE_MAX]!r} is not a language Pulse analyzes; choose one of "
+            f"{', '.join(LANGUAGES)} (or {AUTO})"
         )
     return language
 
 
 def detect(text: str) -> str:
     """The language a collective named ``text`` is most likely written in, judged by its
-    script: Han or kana (Chinese, Japanese), Cyrillic letters only Ukrainian has (і ї є ґ)
-    or only Russian has (ы э ъ ё), Greek, Arabic. Plain ASCII means English (as every
-    collective before languages); anything else it cannot tell is ``simple``."""
+    script: kana (Japanese), Han (Chinese), Cyrillic letters of Ukrainian's that Russian
+    lacks (і ї є ґ; Belarusian's і too reads as Ukrainian) or of Russian's that Ukrainian
+    lacks (ы э ъ ё), Greek, Arabic. Plain ASCII means English (as every collective before
+    languages); anything else it cannot tell, Korean included, is ``simple`` (whose
+    analysis cuts hangul into pairs as it does Han)."""
     letters = [c for c in text if c.isalpha()]
     if not letters or all(c.isascii() for c in letters):
         return ENGLISH
     if any("\u3040" <= c <= "\u30ff" for c in letters):
         return "japanese"
+    if any("\uac00" <= c <= "\ud7af" for c in letters):
+        return SIMPLE  # Korean: no analyzer of its own; hangul runs become pairs in any
     if any(_SPACELESS_RUN.fullmatch(c) for c in letters):
         return "chinese"
     lowered = set(text.lower())
@@ -109,7 +147,8 @@ class Analysis:
 
 
 def _normal(text: str) -> str:
-    return unicodedata.normalize("NFKC", text).translate(_APOSTROPHES).casefold()
+    folded = unicodedata.normalize("NFKC", text).translate(_APOSTROPHES).casefold()
+    return folded.replace("i\u0307", "i")  # Turkish İ folds to i and a dot above: just i
 
 
 def _trigrams(word: str) -> Iterator[str]:
@@ -157,7 +196,9 @@ def _token_terms(language: str) -> Callable[[str], Terms]:
             _add_word(token[start:], form, words, grams)
         return tuple(words), tuple(grams)
 
-    return lru_cache(maxsize=TOKENS_CACHED)(terms)
+    cached = lru_cache(maxsize=TOKENS_CACHED)(terms)
+    # a token longer than a word (a run of Chinese, a hash) is analyzed but not kept
+    return lambda token: cached(token) if len(token) <= WORD_MAX else terms(token)
 
 
 def _word_form(language: str) -> Callable[[str], tuple[str, ...]]:
@@ -178,7 +219,11 @@ def _word_form(language: str) -> Callable[[str], tuple[str, ...]]:
             # match when they share any (даних and дані both read as даний)
             if not word.replace("'", "").isalpha():  # numbers, codes: nothing to read
                 return (word,)
-            forms = dict.fromkeys(str(parse.normal_form) for parse in morph.parse(word))
+            try:
+                parses = morph.parse(word)
+            except ValueError:  # it asks unicodedata for names some letters lack (Tangut)
+                return (word,)
+            forms = dict.fromkeys(str(parse.normal_form) for parse in parses)
             return tuple(forms)[:LEMMAS_MAX] or (word,)
 
         return lemmas
@@ -191,7 +236,7 @@ def analyze(language: str, text: str) -> Analysis:
     terms = _token_terms(language)
     words: list[str] = []
     grams: list[str] = []
-    for token in _WORD.findall(_normal(text)):
+    for token in _word().findall(_normal(text)):
         token_words, token_grams = terms(token)
         words += token_words
         grams += token_grams

@@ -28,7 +28,7 @@ from typing import Any, TypeAlias, TypeVar
 from uuid import UUID
 
 from eventlog import events as ev
-from eventlog.languages import ENGLISH
+from eventlog.languages import ENGLISH, LANGUAGES, SIMPLE
 from projections.crdt import GCounter
 from projections.fold import (
     ROW_TYPES,
@@ -405,9 +405,11 @@ class MemoryState:
         return row.embedding_dimension
 
     def collective_language(self, collective_id: UUID | None) -> str:
-        """The text analyzer of a collective (English when it names none, or is unknown)."""
+        """The text analyzer of a collective: English when it names none (or is unknown
+        here), ``simple`` when it names one this release does not have (a later one's)."""
         row = self.collectives.get((collective_id,))
-        return (row.language if row is not None else None) or ENGLISH
+        language = (row.language if row is not None else None) or ENGLISH
+        return language if language in LANGUAGES else SIMPLE
 
     def live_collective(self, collective_id: UUID) -> CollectiveRow | None:
         row = self.collectives.get((collective_id,))

@@ -32,6 +32,7 @@ KINDS = ("experience", "insight")
 # its words and its grams go to fields of their own, as terms separated by spaces
 WORDS, GRAMS = "_words", "_grams"
 GRAM_WEIGHT = 0.5  # a matching gram counts for less than a matching word
+ANALYSIS_STAMP = "analysis.txt"  # which analysis made the index's terms (lang.fingerprint)
 
 
 def _schema() -> tantivy.Schema:
@@ -62,7 +63,17 @@ class TextIndex:
 
     def __init__(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        self.recreated = False  # it held another schema: emptied, to be filled again
+        # it held another schema, or terms another analysis made (the stemmers' or the
+        # dictionary's versions changed, so queries would be analyzed otherwise than what
+        # they look for): emptied, to be filled again
+        self.recreated = False
+        stamp, analysis = directory / ANALYSIS_STAMP, lang.fingerprint()
+        if any(directory.iterdir()) and (
+            not stamp.exists() or stamp.read_text(encoding="utf-8") != analysis
+        ):
+            shutil.rmtree(directory)
+            directory.mkdir(parents=True)
+            self.recreated = True
         try:
             self.index = tantivy.Index(_schema(), path=str(directory))
         except ValueError:
@@ -70,6 +81,7 @@ class TextIndex:
             directory.mkdir(parents=True)
             self.index = tantivy.Index(_schema(), path=str(directory))
             self.recreated = True
+        stamp.write_text(analysis, encoding="utf-8")
         self._writer: tantivy.IndexWriter | None = None
         self._dirty = False
 

@@ -72,6 +72,7 @@ OUT_OF_RANGE: list[tuple[str, dict[str, Any], str]] = [
     ("collective.created", {"name": ""}, "name: must be 1..256 characters, got 0"),
     ("collective.created", {"name": "n" * 257}, "name: must be 1..256 characters, got 257"),
     ("collective.created", {"embedder": "e" * 65}, "embedder: must be 0..64 characters, got 65"),
+    ("collective.created", {"language": "l" * 65}, "language: must be 0..64 characters, got 65"),
     # experiences
     (RECORDED, {"content": ""}, "content: must be 1..102400 bytes of UTF-8, got 0"),
     (RECORDED, {"content": "c" * (100 * KB + 1)}, "content: must be 1..102400 bytes of UTF-8, got 102401"),

@@ -18,7 +18,7 @@ from eventlog import EmbeddedNats, ValidationError
 from eventlog import events as ev
 from eventlog.ids import uuid7
 from ops.bench.language_corpora import CORPORA, DISTRACTORS
-from projections.language import analyze, detect
+from projections.language import analyze, detect, fingerprint
 from projections.text import TextIndex
 from sync import PulseDB
 from tests.conftest import eventually
@@ -112,6 +112,11 @@ def test_the_analyzers_meet_inflected_forms_compounds_and_spaceless_scripts() ->
     assert shared("german", "Häuser", "Haus") == {"haus"}
     assert shared("chinese", "数据库连接失败", "数据库") == {"数据", "据库"}
     assert shared("simple", "Publikation", "publikation") == {"publikation"}
+    # combining marks are parts of words (vowel signs, viramas, vowel points)
+    assert analyze("hindi", "भाषाओं").words == ["भाष"]
+    assert analyze("tamil", "தமிழ் மொழி").words == ["தமிழ்", "மொழி"]
+    assert analyze("arabic", "الكِتَابُ").words == analyze("arabic", "الكتاب").words
+    assert shared("turkish", "İstanbul", "istanbul") == {"istanbul"}
     # a compound holds the grams of its parts
     compound = set(analyze("german", "Datenbankverbindung").grams)
     assert set(analyze("german", "Verbindung").grams) <= compound
@@ -139,7 +144,9 @@ def test_the_command_line_creates_a_collective_in_a_language(tmp_path: Path) -> 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    language=st.sampled_from(["ukrainian", "german", "chinese", "simple", "english"]),
+    language=st.sampled_from(
+        ["ukrainian", "german", "chinese", "simple", "english", "hindi", "arabic", "turkish"]
+    ),
     text=st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=200),
 )
 def test_any_text_in_any_language_is_found_by_itself(
@@ -157,3 +164,45 @@ def test_any_text_in_any_language_is_found_by_itself(
         assert [hit[0] for hit in hits] in ([], [doc])
     finally:
         index.close()
+
+
+def test_a_language_this_release_lacks_is_analyzed_as_simple(tmp_path: Path) -> None:
+    """A later release's language in a created event is not refused (a host that refused
+    it would set aside every event of the collective): its text is analyzed as simple."""
+    import msgspec
+
+    from eventlog.codec import decode_event, encode_event
+    from eventlog.log import LogEntry
+    from projections.projection import Projection
+    from tests import factories as f
+
+    cid = f.uuid7()
+    created = msgspec.structs.replace(f.collective(cid), language="klingon")
+    wire = encode_event(created)
+    assert decode_event(wire.payload, wire.headers, subject=wire.subject) == created
+    lesson = f.experience(cid, "Qapla' batlh")
+    projection = Projection(tmp_path / "state")
+    try:
+        projection.apply([LogEntry(1, "pulse.test", created), LogEntry(2, "pulse.test", lesson)])
+        projection.sync_indexes()  # (as the engine does after a batch)
+        assert projection.memory.collective_language(cid) == "simple"
+        hits = projection.text.search("experience", cid, "BATLH", 3, language="simple")
+        assert [hit[0] for hit in hits] == [lesson.experience_id]
+    finally:
+        projection.close()
+
+
+def test_an_index_made_by_another_analysis_is_made_again(tmp_path: Path) -> None:
+    """The stemmers' or the dictionary's versions are stamped beside the text index; one
+    made under others is emptied (the projection fills it again from its rows)."""
+    from projections.text import ANALYSIS_STAMP
+
+    index = TextIndex(tmp_path / "text")
+    index.put("experience", uuid7(), uuid7(), "Häuser", "german")
+    index.close()
+    assert not TextIndex(tmp_path / "text").recreated  # the same analysis: kept
+    stamp = tmp_path / "text" / ANALYSIS_STAMP
+    stamp.write_text(stamp.read_text().replace("PyStemmer", "PyStemmer 2.2.0 was"))
+    again = TextIndex(tmp_path / "text")
+    assert again.recreated and stamp.read_text() == fingerprint()
+    again.close()
