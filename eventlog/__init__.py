@@ -8,8 +8,7 @@ the NATS client into a process that only needs that, such as ``pulse --help``.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from eventlog.errors import (
     ConflictError,
@@ -19,6 +18,7 @@ from eventlog.errors import (
     PulseError,
     ValidationError,
 )
+from eventlog.lazy import lazy_names
 
 if TYPE_CHECKING:
     from eventlog.codec import SCHEMA_VERSION, WireMessage, decode_event, encode_event
@@ -71,10 +71,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'eventlog' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # once
-    return value
+__getattr__ = lazy_names(__name__, _HOMES)

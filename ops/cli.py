@@ -187,7 +187,10 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
             url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
             # the API description: what the CLI's requests need of PulseDB (ops.remote)
             info = {"url": url, "pid": os.getpid(), "token": bool(token), "api": describe_api()}
-            service_file(args.data_dir).write_text(json.dumps(info))
+            # whole or not at all for a CLI reading it meanwhile: written aside, renamed
+            written = service_file(args.data_dir).with_suffix(".json.tmp")
+            written.write_text(json.dumps(info))
+            os.replace(written, service_file(args.data_dir))
             last = await log.last_seq()
             if server is not None:
                 where = (
@@ -399,7 +402,10 @@ def cmd_catch_up(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         async with open_log(args) as (log, _server):
-            settings = ProjectionSettings(checkpoint_events=args.checkpoint_every)
+            # no analysts' snapshot (a whole copy at the end): `pulse up` refreshes it
+            settings = ProjectionSettings(
+                checkpoint_events=args.checkpoint_every, snapshot_interval=None
+            )
             state = state_dir(args.data_dir)
             scope = Scope.load(state)  # a host that follows some collectives: those
             engine = await Engine.start(state, settings)
@@ -515,10 +521,11 @@ def cmd_digest(args: argparse.Namespace) -> int:
     import asyncio
 
     from projections.engine import Engine
-    from projections.projection import state_dir
+    from projections.projection import ProjectionSettings, state_dir
 
     async def read() -> tuple[int, int, str]:
-        engine = await Engine.start(state_dir(args.data_dir))
+        settings = ProjectionSettings(snapshot_interval=None)  # (it reads; nothing to copy)
+        engine = await Engine.start(state_dir(args.data_dir), settings)
         try:
             seq, applied = await engine.checkpoint()
             return seq, applied, await engine.digest()

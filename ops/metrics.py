@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -63,6 +69,9 @@ class Metrics:
     """The metrics of one app over ``db``."""
 
     def __init__(self, db: PulseDB) -> None:
+        # no `*_created` series beside the counter and the histogram: the names stay those
+        # listed above (a process-wide switch of prometheus_client; Pulse has no other use)
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "pulse_http_requests",

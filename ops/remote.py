@@ -339,11 +339,14 @@ class RemotePulseDB:
     def _connection(self) -> http.client.HTTPConnection:
         import http.client
 
-        while self._idle:
-            connection = self._idle.pop()
+        while True:
+            try:  # (calls run on threads of their own: another may take the last one)
+                connection = self._idle.pop()
+            except IndexError:
+                break
             sock = connection.sock
             # one the service closed (idle too long) reads as ready: at its end
-            if sock is not None and not select.select([sock], [], [], 0)[0]:
+            if sock is not None and not _readable(sock):
                 return connection
             connection.close()
         if self._tls:
@@ -363,6 +366,13 @@ class RemotePulseDB:
     async def close(self) -> None:
         while self._idle:
             self._idle.pop().close()
+
+
+def _readable(sock: Any) -> bool:
+    """Whether ``sock`` has something to read now (poll: select refuses fds past 1023)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 # -- finding the service of a data directory ----------------------------------------------

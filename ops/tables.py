@@ -43,7 +43,7 @@ def table(result: SqlResult) -> pa.Table:
         values = [row[i] for row in result.rows]
         try:
             arrays.append(pa.array(values))
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # (2**64: HUGEINT)
             arrays.append(pa.array([None if v is None else str(v) for v in values], pa.string()))
     metadata = {
         "pulse.seq": str(result.seq),

@@ -7,8 +7,9 @@ tantivy, NATS) into a process that only needs it, such as ``pulse --help``.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from eventlog.lazy import lazy_names
 
 if TYPE_CHECKING:
     from sync.blocking import PulseDBSync
@@ -26,10 +27,4 @@ _HOMES = {
 __all__ = ["Activity", "Context", "ExperienceChange", "InstanceSettings", "PulseDB", "PulseDBSync"]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'sync' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # once
-    return value
+__getattr__ = lazy_names(__name__, _HOMES)

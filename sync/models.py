@@ -109,11 +109,9 @@ def moment_ms(value: Any) -> Any:
 # What JSON Schema can say of a moment: Unix ms, or an RFC 3339 time in the years that
 # fit (1970..6429; moment_ms also reads a date alone, or a time without its zone, as UTC)
 TIME_PATTERN = r"^(19[7-9][0-9]|[2-5][0-9]{3}|6[0-3][0-9]{2}|64[01][0-9]|642[0-8])-"
+TIME_SCHEMA: dict[str, Any] = {"type": "string", "format": "date-time", "pattern": TIME_PATTERN}
 MOMENT_SCHEMA: dict[str, Any] = {
-    "anyOf": [
-        {"type": "integer", "minimum": 0, "maximum": MOMENT_MAX},
-        {"type": "string", "format": "date-time", "pattern": TIME_PATTERN},
-    ],
+    "anyOf": [{"type": "integer", "minimum": 0, "maximum": MOMENT_MAX}, TIME_SCHEMA],
     "description": "Unix milliseconds, or an ISO 8601 time (2026-11-30T09:00:00Z)",
 }
 Moment = Annotated[
@@ -166,7 +164,7 @@ AsOf = Annotated[
         {
             "anyOf": [
                 {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
-                {"type": "string", "format": "date-time", "pattern": TIME_PATTERN},
+                TIME_SCHEMA,
                 {"type": "null"},
             ],
             "description": "a stream sequence, or an ISO 8601 time (2026-11-30T09:00:00Z); "

@@ -202,3 +202,20 @@ async def test_sql_answers_in_arrow_and_parquet(guarded: Service) -> None:
         assert found.schema.field("importance").type == pa.float64()
         assert found.schema.metadata[b"pulse.seq"] == str(plain["seq"]).encode()
     assert unknown.status_code == 422 and unknown.json()["message"].startswith("format:")
+
+
+def test_integers_past_64_bits_travel_as_text_in_arrow_and_parquet() -> None:
+    """DuckDB's HUGEINT (or a column of unsigned and negative values) has no Arrow
+    integer type: the column is text, as a column of mixed types is, never a 500."""
+    from ops import tables
+    from projections.analytics import SqlResult
+
+    result = SqlResult(columns=["n", "m"], rows=[[2**64 - 1, 2**70], [-1, 1]], seq=3)
+    for form in ("arrow", "parquet"):
+        body = tables.encode(result, form)
+        found = (
+            pyarrow.ipc.open_stream(body).read_all()
+            if form == "arrow"
+            else pyarrow.parquet.read_table(io.BytesIO(body))
+        )
+        assert found.to_pylist() == [{"n": str(2**64 - 1), "m": str(2**70)}, {"n": "-1", "m": "1"}]

@@ -26,7 +26,6 @@ Moments: ``recent`` (100 events before the end), ``middle`` (half way) and ``old
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import tempfile
 import time
@@ -40,6 +39,7 @@ from eventlog import events as ev
 from eventlog.ids import uuid7
 from eventlog.log import LogEntry
 from eventlog.subjects import subject_for
+from ops.bench import emitter
 from ops.bench.projection import alternate, pct
 from projections import analytics, past, queries
 from projections.projection import Projection, ProjectionSettings
@@ -48,8 +48,7 @@ BATCH = 5000
 VOCABULARY, CLUSTERS = 5000, 40
 
 
-def emit(figure: str, **values: object) -> None:
-    print(json.dumps({"bench": "as_of", "figure": figure, **values}), flush=True)
+emit = emitter("as_of")
 
 
 def history(n: int, dim: int, seed: int = 7) -> list[ev.Event]:

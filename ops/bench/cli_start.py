@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -30,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from ops.bench import emitter
 from ops.bench.service import start_service
 from ops.remote import RemotePulseDB, running_service
 from sync.pages import PAGE_MAX
@@ -37,8 +37,7 @@ from sync.pages import PAGE_MAX
 HELP = (["--help"], ["record", "--help"], ["search", "--help"], ["collective", "list", "--help"])
 
 
-def emit(figure: str, **values: object) -> None:
-    print(json.dumps({"bench": "cli_start", "figure": figure, **values}), flush=True)
+emit = emitter("cli_start")
 
 
 def summary(seconds: list[float]) -> dict[str, float]:

@@ -60,6 +60,7 @@ from eventlog import EmbeddedNats, encode_event
 from eventlog import events as ev
 from eventlog.codec import WireMessage
 from eventlog.ids import uuid7
+from ops.bench import emitter
 from ops.bench.service import corpus, fill, start_service, words
 from sync import PulseDB
 
@@ -79,8 +80,7 @@ Vectors = npt.NDArray[np.float32]
 Action = Callable[[], Awaitable[None]]
 
 
-def emit(figure: str, **values: object) -> None:
-    print(json.dumps({"bench": "engine", "figure": figure, **values}), flush=True)
+emit = emitter("engine")
 
 
 def pct(samples_ms: Sequence[float], p: float) -> float:

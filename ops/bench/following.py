@@ -77,6 +77,7 @@ from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
 from eventlog import events as ev
 from eventlog.ids import uuid7
 from eventlog.subjects import collective_filter
+from ops.bench import emitter
 from ops.bench.peers import raw_drain
 from ops.bench.projection import append_all, sig
 from sync import PulseDB
@@ -88,8 +89,7 @@ EVERYTHING = ">"  # the raw peer of the full host: a consumer without a filter
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def emit(figure: str, **values: object) -> None:
-    print(json.dumps({"bench": "following", "figure": figure, **values}), flush=True)
+emit = emitter("following")
 
 
 def say(line: str) -> None:

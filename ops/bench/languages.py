@@ -19,18 +19,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
 from pathlib import Path
 from uuid import UUID
 
 from eventlog.ids import uuid7
+from ops.bench import emitter
 from ops.bench.language_corpora import CORPORA, DISTRACTORS
 
-
-def emit(figure: str, **values: object) -> None:
-    print(json.dumps({"bench": "languages", "figure": figure, **values}), flush=True)
+emit = emitter("languages")
 
 
 async def recall() -> None:

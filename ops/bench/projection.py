@@ -66,7 +66,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import subprocess
 import sys
 import tempfile
@@ -84,6 +83,7 @@ from eventlog.ids import uuid7
 from eventlog.keys import Keyring
 from eventlog.log import LogEntry
 from eventlog.sealing import Sealer
+from ops.bench import emitter
 from ops.bench.peers import raw_drain
 from projections import queries as q
 from projections.projection import Projection, ProjectionSettings, rebuild, state_dir
@@ -109,8 +109,7 @@ EF_SEARCH = ProjectionSettings().ef_search
 Vectors = npt.NDArray[np.float32]
 
 
-def emit(figure: str, **values: object) -> None:
-    print(json.dumps({"bench": "projection", "figure": figure, **values}), flush=True)
+emit = emitter("projection")
 
 
 def pct(samples_ms: Sequence[float], p: float) -> float:

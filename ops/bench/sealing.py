@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import tempfile
 import time
@@ -38,12 +37,12 @@ from eventlog.keys import Keyring, MemoryKeyStore
 from eventlog.log import LogEntry
 from eventlog.sealing import Sealer
 from eventlog.subjects import subject_for
+from ops.bench import emitter
 
 BATCH = 5000
 
 
-def emit(figure: str, **values: object) -> None:
-    print(json.dumps({"bench": "sealing", "figure": figure, **values}), flush=True)
+emit = emitter("sealing")
 
 
 def records(count: int) -> list[ev.Event]:

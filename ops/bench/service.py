@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import signal
@@ -34,6 +33,7 @@ import numpy as np
 from eventlog import EmbeddedNats, JetStreamLog
 from eventlog import events as ev
 from eventlog.ids import uuid7
+from ops.bench import emitter
 from sync import PulseDB
 
 DIM, CLUSTERS, VOCABULARY = 384, 40, 2000
@@ -99,8 +99,7 @@ def summary(latencies: list[float]) -> dict[str, float]:
             "p99_ms": round(float(np.percentile(ms, 99)), 2), "calls": len(latencies)}  # fmt: skip
 
 
-def emit(figure: str, **values: object) -> None:
-    print(json.dumps({"bench": "service", "figure": figure, **values}), flush=True)
+emit = emitter("service")
 
 
 async def over_http(

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import statistics
 import tempfile
@@ -40,6 +39,7 @@ import numpy as np
 from eventlog import events as ev
 from eventlog.ids import uuid7
 from eventlog.log import LogEntry
+from ops.bench import emitter
 from projections.engine import Engine
 from projections.projection import Projection, ProjectionSettings
 from projections.snapshot import SNAPSHOT_DUTY, SNAPSHOT_NAME, Snapshot
@@ -47,8 +47,7 @@ from projections.snapshot import SNAPSHOT_DUTY, SNAPSHOT_NAME, Snapshot
 BATCH = 1000
 
 
-def emit(figure: str, **values: object) -> None:
-    print(json.dumps({"bench": "snapshot", "figure": figure, **values}), flush=True)
+emit = emitter("snapshot")
 
 
 CID = uuid7()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 import time
@@ -35,11 +34,10 @@ import numpy as np
 from nats.js import api
 
 from eventlog import EmbeddedNats
+from ops.bench import emitter
 from sync import PulseDB
 
-
-def emit(figure: str, **values: object) -> None:
-    print(json.dumps({"bench": "sync", "figure": figure, **values}), flush=True)
+emit = emitter("sync")
 
 
 def pct(samples: list[float], p: float) -> float:
