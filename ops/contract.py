@@ -30,6 +30,7 @@ from eventlog.limits import (
     TOKEN_COLLECTIVES_MAX,
 )
 from ops.remote import optional_getter, page_body, return_type
+from projections.snapshot import SnapshotStatus
 from sync import models
 from sync.embedders import EMBEDDERS
 from sync.tokens import EXPIRES_MAX_S
@@ -347,15 +348,11 @@ def check_example(model: type[pydantic.BaseModel], example: dict[str, Any]) -> N
 # -- the other answers ------------------------------------------------------------------------
 
 
-class SnapshotHealth(pydantic.BaseModel):
-    """The analysts' snapshot in ``/health`` (``projections.snapshot.SnapshotStatus``)."""
-
-    path: str
-    seq: int
-    taken_at: str | None
-    age: float
-    bound: float
-    took: float
+def struct_schema(struct: type[msgspec.Struct]) -> dict[str, Any]:
+    """The JSON Schema of a msgspec struct without nested structs, inline (no refs)."""
+    (_ref,), components = msgspec.json.schema_components([struct])
+    found: dict[str, Any] = components[struct.__name__]
+    return found
 
 
 class Health(pydantic.BaseModel):
@@ -370,7 +367,10 @@ class Health(pydantic.BaseModel):
     lag: int | None = None
     instance_id: str | None = None
     error: str | None = None
-    snapshot: SnapshotHealth | None = None
+    snapshot: Annotated[
+        dict[str, Any] | None,
+        WithJsonSchema({"anyOf": [struct_schema(SnapshotStatus), {"type": "null"}]}),
+    ] = None  # the analysts' snapshot (projections.snapshot)
 
 
 BINARY = {"schema": {"type": "string", "format": "binary"}}
