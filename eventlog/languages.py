@@ -19,3 +19,4 @@ LEMMATIZED = ("ukrainian",)  # a dictionary's lemmas (pymorphy3)
 SPACELESS = ("chinese", "japanese")  # written without spaces: character pairs
 LANGUAGES = (ENGLISH, SIMPLE, *SNOWBALL, *LEMMATIZED, *SPACELESS)
 LANGUAGE_MAX = max(len(name) for name in LANGUAGES)
+AUTO = "auto"  # not an analyzer: asks for one chosen from the collective's name

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from eventlog.errors import NotFoundError, PulseError, ValidationError
-from eventlog.languages import LANGUAGES
+from eventlog.languages import AUTO, LANGUAGES
 from ops.remote import RemotePulseDB, running_service
 from sync import access
 
@@ -266,7 +266,7 @@ def _setup_collective_create(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--language",
         metavar="NAME",
-        choices=(*LANGUAGES, "auto"),
+        choices=(*LANGUAGES, AUTO),
         help="how its text is analyzed for search, fixed for good: one of "
         f"{', '.join(LANGUAGES)}; default auto: from the name's script (english for "
         "plain ASCII)",

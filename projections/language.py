@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from functools import lru_cache
 
 from eventlog.languages import (
+    AUTO,
     ENGLISH,
     LANGUAGE_MAX,
     LANGUAGES,
@@ -47,8 +48,6 @@ from eventlog.languages import (
 )
 
 __all__ = ["ENGLISH", "LANGUAGES", "LEMMATIZED", "SIMPLE", "SNOWBALL", "SPACELESS", "AUTO"]
-
-AUTO = "auto"  # chosen from the collective's name at creation (``detect``)
 
 WORD_MAX = 64  # characters; longer runs (hashes, base64) are not words anyone searches for
 # the scripts written without spaces: Han, kana, hangul syllables and their extensions
@@ -227,7 +226,9 @@ def _word_form(language: str) -> Callable[[str], tuple[str, ...]]:
             return tuple(forms)[:LEMMAS_MAX] or (word,)
 
         return lemmas
-    return lambda word: (word,)  # simple, and the words between spaceless runs
+    # simple, chinese and japanese: words as they are (every analyzer cuts spaceless runs
+    # into pairs, so the three analyze alike; the names say what a collective holds)
+    return lambda word: (word,)
 
 
 def analyze(language: str, text: str) -> Analysis:
