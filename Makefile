@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 STAMP  := $(VENV)/.installed-stamp
 HYPOTHESIS_PROFILE ?= ci
+# test processes: one per core (pytest-xdist; each test file stays in one process, so its
+# module-wide servers are started once)
+TEST_WORKERS ?= auto
 export HYPOTHESIS_PROFILE
 
 .PHONY: run test lint bench clean
@@ -19,7 +22,7 @@ run: $(STAMP)
 	$(VENV)/bin/pulse up
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
