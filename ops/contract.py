@@ -30,6 +30,7 @@ from eventlog.limits import (
     TOKEN_COLLECTIVES_MAX,
 )
 from ops.remote import optional_getter, page_body, return_type
+from projections import naming
 from projections.snapshot import SnapshotStatus
 from sync import models
 from sync.embedders import EMBEDDERS
@@ -184,6 +185,21 @@ METHOD_PARAMETERS: dict[tuple[str, str], Any] = {
     # a listing's filter: any text (one no owner has matches nothing)
     ("list_collectives", "owner_id"): str,
     ("list_tokens", "owner_id"): str,
+    # where an owner or a collective name is made: without "/" (projections.naming)
+    ("create_collective", "owner_id"): stated(str, models.OWN_NAME_SCHEMA),
+    ("create_collective", "name"): stated(str, models.OWN_NAME_SCHEMA),
+    ("create_token", "owner_id"): stated(str, models.OWN_NAME_SCHEMA),
+    ("store_wisdom", "owner_id"): stated(str, models.OWN_NAME_SCHEMA),
+    ("find_collective", "collective"): stated(
+        str,
+        {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": naming.REFERENCE_MAX,
+            "pattern": naming.REFERENCE_PATTERN,
+            "description": "a collective id, a name of the caller's owner, or owner/name",
+        },
+    ),
     ("sql", "query"): stated(str, {"type": "string", "pattern": NON_BLANK}),
     ("sql", "limit"): _integer(1, 1_000_000),
     ("search_similar", "query"): Query | models.VectorField,

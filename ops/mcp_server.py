@@ -56,9 +56,17 @@ INSTRUCTIONS = """Pulse is the shared memory of a collective of agents. Before a
 `recall` what others learned (mode "context" also returns insights, relations and who is
 active); after it, `remember` what you learned and `reinforce` what helped. At your start,
 `session` "resume" (or "start" one); at your end, `session` "end" with your notes.
-Collectives are named by name or id."""
+A collective is named by its name (one of your owner's), as owner/name (another owner's)
+or by its id."""
 
-Collective = Annotated[str, Field(description="collective name or id", min_length=1)]
+Collective = Annotated[
+    str,
+    Field(
+        description="a collective of yours by name, another owner's as owner/name, or an id",
+        min_length=1,
+        max_length=2 * models.NAME_MAX + 1,
+    ),
+]
 Content = Annotated[
     str,
     Field(
