@@ -92,7 +92,7 @@ GROUPS = {
     "collective": "Create, list, inspect and delete collectives.",
     "insight": "Store, search and delete distilled insights.",
     "activity": "Say what an agent works on; see who is active.",
-    "session": "An agent's sessions: start, update, end, resume, get and list.",
+    "session": "An agent's sessions: start, update, end, resume, get, list and delete.",
     "wisdom": "Patterns learned across an owner's collectives.",
     "token": "Create, list and revoke access tokens (admins only).",
     "keys": "The keys that seal what entities say (admins only).",
@@ -1034,6 +1034,21 @@ async def session_get(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     if s is None:
         raise NotFoundError(f"session_id: no session {args.session_id}")
     return plain(s), session_text(s)
+
+
+@command(
+    "session", "delete", setup=lambda p: p.add_argument("session_id", help="session id"),
+    writes=True,
+)  # fmt: skip
+async def session_delete(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Delete a session and forget it: its summary, todo and notes, and every summary it
+    had before, gone from every host, the log and rebuilds.
+
+    example:
+      pulse session delete $S
+    """
+    await db.delete_session(args.session_id)
+    return {"deleted": str(args.session_id)}, f"deleted session {args.session_id}"
 
 
 def _setup_session_list(p: argparse.ArgumentParser) -> None:

@@ -388,7 +388,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
     @mcp.tool()
     @guard
     async def session(
-        action: Literal["start", "update", "end", "resume", "get"],
+        action: Literal["start", "update", "end", "resume", "get", "delete"],
         collective: Collective | None = None,
         agent: Agent | None = None,
         session_id: UUID | None = None,
@@ -418,7 +418,8 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         summary ({"session": null} when there is none: then "start" one, with a summary).
         As you go, "update" (session_id and any of summary, todo, changes, bugs,
         architecture: each replaces that field as a whole). At your end, "end"
-        (session_id, with your final summary and notes). "get" shows a session."""
+        (session_id, with your final summary and notes). "get" shows a session; "delete"
+        forgets it, with every summary it had (when it holds what must not be kept)."""
         fields = {
             "summary": summary, "todo": todo, "changes": changes, "bugs": bugs,
             "architecture": architecture,
@@ -445,6 +446,9 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
             return {"session": to_json(started)}
         if session_id is None:
             raise ValidationError(f"session_id: required to {action} a session")
+        if action == "delete":
+            await db.delete_session(session_id, idempotency_key=idempotency_key)
+            return {"deleted": str(session_id)}
         if action == "get":
             got = await db.get_session(session_id)
             if got is None:

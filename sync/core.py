@@ -100,6 +100,7 @@ DELETES_OF: dict[str, Any] = {
     "relation": ev.RelationDeleted,
     "insight": ev.InsightDeleted,
     "wisdom": ev.WisdomDeleted,
+    "session": ev.SessionDeleted,
 }
 WRITTEN_MAX = 20_000  # own sealed writes remembered for the tail
 BACKLOG_LIMIT = 50_000  # entries handed to the engine and not applied: the tail waits
