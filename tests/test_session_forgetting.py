@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
@@ -208,3 +209,35 @@ async def test_delete_session_over_http_the_cli_and_mcp(tmp_path: Path) -> None:
             await eventually(forgotten, timeout=SCRUB_BOUND, what="the sessions leaving disk")
     finally:
         stop(running)
+
+
+async def test_an_update_checked_before_the_delete_leaves_nothing_in_the_log(
+    tmp_path: Path, nats_server: EmbeddedNats
+) -> None:
+    """Host b checked an update against a state without a's delete_session (a race) and
+    writes it: the session's data key is destroyed, so it is refused (nothing is
+    appended); were it sealed with a copy of the key, it would land after the tombstone
+    and be forgotten (``InstanceCore._forget``)."""
+    from eventlog import events as ev
+    from eventlog.errors import NotFoundError
+    from eventlog.ids import uuid7
+
+    a = await PulseDB.open(tmp_path / "a", nats_server.url)
+    b = await PulseDB.open(tmp_path / "b", nats_server.url)
+    try:
+        cid = await a.create_collective("o", "c", 2)
+        s = (await a.start_session(cid, "agent", "soon forgotten")).session_id
+        await b.sync()
+        await a.delete_session(s)  # (b has not applied it: it still holds the data key)
+        late = ev.SessionUpdated(
+            event_id=uuid7(), instance_id=b.instance_id, hlc=b.clock.now(), session_id=s,
+            collective_id=cid, summary="written after the delete ZEBRA",
+        )  # fmt: skip
+        with pytest.raises(NotFoundError, match=f"session_id: session {s} was deleted"):
+            await b._write(late)  # what update_session does once its check has passed
+        left = [p for p in await raw_payloads(a.log) if str(s) in p]
+        assert len(left) >= 1 and all(p.startswith("SessionDeleted(") for p in left), left
+        assert await a.digest() == await b.digest()
+    finally:
+        await a.close()
+        await b.close()
