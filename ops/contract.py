@@ -337,6 +337,7 @@ EXAMPLES: dict[str | tuple[str, str], Any] = {
     "summary": "reviewing the retry policy of the publisher",
     "collectives": ["payments-team"],
     ("create_token", "collectives"): [TEAM],
+    ("find_collective", "collective"): "ana/payments-team",
     "scope": "write",
     "k": 5,
     "timeout": 10.0,
