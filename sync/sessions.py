@@ -11,6 +11,13 @@ context for its summary) or ``start_session`` when it has none; ``update_session
 it goes; ``end_session`` (with its final notes) when it stops. Sessions are the members'
 of their collective (they have no visibility of their own): a principal that is not a
 member sees none. A token of an agent acts for that agent's sessions only.
+
+A session is an entity like an experience: its start and updates are sealed with its own
+data key (``eventlog.sealing``), and ``delete_session`` forgets it as
+``delete_experience`` forgets an experience (``sync.forgetting``): a tombstone that wins,
+its key destroyed, its subject purged, its rows and history rows scrubbed from every host's
+files. So a summary that held what must not be kept, and every summary it replaced (the
+``history`` view), can be forgotten.
 """
 
 from __future__ import annotations
