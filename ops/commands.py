@@ -1112,7 +1112,12 @@ def _setup_wisdom_add(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--embedding", required=True, help="JSON list of floats or @file")
     p.add_argument("--confidence", type=float, default=0.5, help="0..1 (default 0.5)")
-    p.add_argument("--source", action="append", default=[], help=f"a source {COLLECTIVE}")
+    p.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        help="a source collective of the owner: its id or name (another owner's: owner/name)",
+    )
     p.add_argument("--domain", action="append", default=[], help="an applicable domain")
     visibility_arg(p, team="every principal of the owner")
 
@@ -1124,7 +1129,7 @@ async def wisdom_add(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     example:
       pulse wisdom add "Prefer small functions" --owner me --category CodingStyle --embedding '[1, 0]'
     """  # noqa: E501
-    sources = [(await collective_of(db, s)).collective_id for s in args.source]
+    sources = [(await collective_of(db, s, args.owner)).collective_id for s in args.source]
     wid = await db.store_wisdom(
         args.owner, args.category, args.pattern, vector(args.embedding) or [],
         confidence=args.confidence, source_collectives=sources, applicable_domains=args.domain,
