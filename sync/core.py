@@ -94,7 +94,7 @@ def as_of_read(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
 
 
 DELETES = (ev.CollectiveDeleted, ev.ExperienceDeleted, ev.RelationDeleted, ev.InsightDeleted,
-           ev.WisdomDeleted)  # fmt: skip
+           ev.WisdomDeleted, ev.SessionDeleted)  # fmt: skip
 DELETES_OF: dict[str, Any] = {
     "experience": ev.ExperienceDeleted,
     "relation": ev.RelationDeleted,
