@@ -28,6 +28,7 @@ from eventlog.errors import NotFoundError, PulseError, Unauthorized, ValidationE
 from ops.commands import as_of_db, collective_of
 from ops.encoding import to_json
 from ops.service import internal_error, internal_message, principal_of
+from projections import naming
 from sync import access, models
 from sync.access import Principal
 
@@ -64,7 +65,7 @@ Collective = Annotated[
     Field(
         description="a collective of yours by name, another owner's as owner/name, or an id",
         min_length=1,
-        max_length=2 * models.NAME_MAX + 1,
+        max_length=naming.REFERENCE_MAX,
     ),
 ]
 Content = Annotated[
