@@ -85,6 +85,9 @@ SQL = {
 }
 
 
+NAMES = ("find_collective",)  # what a name names may not exist either: 404
+
+
 def _mentions_uuid(annotation: Any) -> bool:
     if annotation is UUID:
         return True
@@ -94,7 +97,7 @@ def _mentions_uuid(annotation: Any) -> bool:
 def errors_of(name: str, model: type[pydantic.BaseModel]) -> dict[int, str]:
     """The error statuses ``POST /v1/<name>`` can answer with, and what each means."""
     found = {**EVERY_ROUTE, **UNAUTHORIZED, **EVERY_METHOD}
-    if any(_mentions_uuid(f.annotation) for f in model.model_fields.values()):
+    if name in NAMES or any(_mentions_uuid(f.annotation) for f in model.model_fields.values()):
         found |= NOT_FOUND
     if "idempotency_key" in model.model_fields:
         found |= CONFLICT

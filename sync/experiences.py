@@ -152,7 +152,8 @@ class Collectives(InstanceCore):
             hint = " (another owner's: owner/name, or its id)" if ref.owner_id is None else ""
             raise NotFoundError(f"collective: no collective named {ref.name!r}{of}{among}{hint}")
         if len(named) > 1:
-            each = ", ".join(f"{c.owner_id}/{c.name} ({c.collective_id})" for c in named)
+            each = ", ".join(f"{c.owner_id}/{c.name} ({c.collective_id})" for c in named[:10])
+            each += f" and {len(named) - 10} more" if len(named) > 10 else ""
             raise ValidationError(
                 f"collective: {len(named)} collectives are named {ref.text!r}; name one by "
                 f"owner/name or id: {each}"
