@@ -7,6 +7,8 @@ of that name yet, so that an agent writes to, or recalls from, a collective some
 planted). Another owner's collective is named ``owner/name`` or by its id; it is found
 only if the caller may see something of it (``sync.access``), as with an id.
 
+An admin token belongs to an owner like any other token: its bare names are that
+owner's collectives, and it names any other owner's as ``owner/name`` (it sees them all).
 The local operator holds every owner's data and has no owner of its own (it writes as
 ``local``, and creates collectives for whichever owner it names), so a bare name it gives
 is looked up among every owner's collectives and must be unique there; when it is not,
