@@ -91,6 +91,12 @@ async def test_names_belong_to_owners(tmp_path: Path) -> None:
                 assert f"alice/alice-team ({alice_team})" in message
                 assert f"bob/alice-team ({bob_team})" in message
                 assert await found(op, "alice/alice-team") == alice_team
+                # an admin token's bare names are its own owner's; it names others' fully
+                admin = (await call(op, "create_token", owner_id="root", scope="admin"))["token"]
+            async with running.client(admin) as root:
+                none = await root.post("/v1/find_collective", json={"collective": "alice-team"})
+                assert none.status_code == 404, none.text
+                assert await found(root, "bob/alice-team") == bob_team
 
             # the CLI, as alice
             recorded = _cli(running, alice_t, "record", "-c", "alice-team", "alice's note")
