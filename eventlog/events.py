@@ -400,7 +400,7 @@ class SessionEnded(EventBase, frozen=True, tag="session.ended"):
 
 
 class SessionDeleted(EventBase, frozen=True, tag="session.deleted"):
-    """A tombstone: a session is forgotten with its collective (``delete_collective``)."""
+    """A tombstone: a session is forgotten (``delete_session``, or with its collective)."""
 
     session_id: UUID
     collective_id: UUID

@@ -814,7 +814,8 @@ def _setup_up(sub: argparse.ArgumentParser) -> None:
     sub.add_argument(
         "--follow",
         metavar="C1,C2",
-        help="follow only these collectives (ids, names, owner:<owner id>); "
+        help="follow only these collectives (ids, names of any owner, owner/name, "
+        "owner:<owner id>); "
         "default: what the data directory followed before, every collective at first",
     )
     sub.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765; 0: any free)")

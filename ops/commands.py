@@ -3,7 +3,8 @@
 text or, with --json, as one JSON document. Each command's docstring is its --help: a
 summary, details, and examples.
 
-Collectives are named by id or by name (``-c demo``); a new entity's id is printed alone
+Collectives are named by id, by a name of the caller's own (``-c demo``) or as owner/name
+(``-c ana/demo``: ``projections.naming``); a new entity's id is printed alone
 on stdout, so ``E=$(pulse record -c demo "...")`` works in scripts.
 """
 
@@ -22,9 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
-from eventlog.errors import NotFoundError, PulseError, ValidationError
+from eventlog.errors import NotFoundError, ValidationError
 from eventlog.languages import AUTO, LANGUAGES
 from ops.remote import RemotePulseDB, running_service
+from projections import naming
 from sync import access
 
 if TYPE_CHECKING:  # (the instance is imported where it is used: `pulse --help` goes without)
@@ -90,7 +92,7 @@ GROUPS = {
     "collective": "Create, list, inspect and delete collectives.",
     "insight": "Store, search and delete distilled insights.",
     "activity": "Say what an agent works on; see who is active.",
-    "session": "An agent's sessions: start, update, end, resume, get and list.",
+    "session": "An agent's sessions: start, update, end, resume, get, list and delete.",
     "wisdom": "Patterns learned across an owner's collectives.",
     "token": "Create, list and revoke access tokens (admins only).",
     "keys": "The keys that seal what entities say (admins only).",
@@ -98,6 +100,8 @@ GROUPS = {
 
 
 # -- input helpers -------------------------------------------------------------------------
+
+COLLECTIVE = "collective: its id, its name (yours), or owner/name (another owner's)"
 
 T = TypeVar("T")
 
@@ -118,38 +122,14 @@ async def every_page(read: Callable[..., Awaitable[Any]], *args: Any, **kwargs: 
 
 
 async def collective_of(db: Any, ref: str, owner: str | None = None) -> queries.Collective:
-    """A collective by id or by (unique) name; with ``owner``, a name among that owner's
-    collectives."""
-    try:
-        found: queries.Collective | None = await db.get_collective(UUID(ref))
-        if found is None:
-            raise NotFoundError(f"collective: no collective {ref}")
-        return found
-    except ValueError:
-        pass
-    collectives: list[queries.Collective] = await every_page(db.list_collectives, owner)
-    named = [c for c in collectives if c.name == ref]
-    if not named:
-        whose = f" of owner {owner!r}" if owner is not None else ""
-        raise NotFoundError(
-            f"collective: no collective{whose} named {ref!r}{await _scope_of(db)} (see "
-            "`pulse collective list`)"
-        )
-    if len(named) > 1:
-        ids = ", ".join(str(c.collective_id) for c in named)
-        raise ValidationError(
-            f"collective: {len(named)} collectives are named {ref!r}; use an id: {ids}"
-        )
-    return named[0]
-
-
-async def _scope_of(db: Any) -> str:
-    """On a host that follows some collectives, which (for a name it did not find)."""
-    try:
-        following = (await db.status()).following
-    except PulseError:  # (a caller that may not read the status: the plain message)
-        return ""
-    return "" if following is None else f" among those this host follows ({', '.join(following)})"
+    """The collective ``ref`` names (``PulseDB.find_collective``: an id, a name of the
+    caller's own, or owner/name); with ``owner``, a bare name is one of that owner's."""
+    if owner is not None:
+        named = naming.reference(ref)
+        if named.collective_id is None and named.owner_id is None:
+            ref = f"{owner}{naming.SEPARATOR}{ref}"
+    found: queries.Collective = await db.find_collective(ref)
+    return found
 
 
 def vector(text: str | None, field: str = "embedding") -> list[float] | None:
@@ -318,7 +298,7 @@ async def collective_list(db: PulseDB, args: argparse.Namespace) -> tuple[Any, s
 
 
 def _collective_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("collective", help="collective id or name")
+    p.add_argument("collective", help=COLLECTIVE)
 
 
 @command("collective", "stats", setup=_collective_arg, reads=True)
@@ -368,7 +348,7 @@ async def collective_delete(db: PulseDB, args: argparse.Namespace) -> tuple[Any,
 
 def _setup_record(p: argparse.ArgumentParser) -> None:
     p.add_argument("content", help="what was learned (1 byte..100 KB); '-' reads stdin")
-    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("-c", "--collective", required=True, help=COLLECTIVE)
     p.add_argument("--embedding", help="JSON list of floats, or @file (default: embed the text)")
     p.add_argument("--embedder", help="the embedder --embedding came from")
     p.add_argument(
@@ -439,7 +419,7 @@ async def get(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _setup_list(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("-c", "--collective", required=True, help=COLLECTIVE)
     p.add_argument("--limit", type=int, default=20, help="page size 1..1000 (default 20)")
     p.add_argument("--offset", type=int, default=0, help="skip this many (default 0)")
     p.add_argument("--oldest-first", action="store_true", help="stable paging order")
@@ -583,7 +563,7 @@ async def reinforce(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _setup_cold(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("-c", "--collective", required=True, help=COLLECTIVE)
     p.add_argument("--threshold", type=float, default=0.1, help="energy below this (0.1)")
     p.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
 
@@ -608,7 +588,7 @@ async def cold(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
 
 def _setup_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("query", nargs="?", default="", help="the text to look for")
-    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("-c", "--collective", required=True, help=COLLECTIVE)
     p.add_argument(
         "--mode", choices=("similar", "text", "hybrid"), default="hybrid",
         help="by meaning (vector), by words (BM25) or both fused (default hybrid)",
@@ -648,7 +628,7 @@ async def search(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
 
 def _setup_context(p: argparse.ArgumentParser) -> None:
     p.add_argument("task", help="what the agent is about to do")
-    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("-c", "--collective", required=True, help=COLLECTIVE)
     p.add_argument("-k", type=int, default=5, help="similar experiences (default 5)")
     p.add_argument("--recent", type=int, default=5, help="recent experiences (default 5, 0: off)")
     p.add_argument("--insights", type=int, default=3, help="insights (default 3, 0: off)")
@@ -782,7 +762,7 @@ async def related(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
 
 def _setup_insight_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("content", help="the insight (≤50 KB)")
-    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("-c", "--collective", required=True, help=COLLECTIVE)
     p.add_argument("--source", action="append", required=True, help="source experience id (1..100)")
     p.add_argument("--embedding", help="JSON list of floats or @file (default: embed the text)")
     p.add_argument("--confidence", type=float, default=0.5, help="0..1 (default 0.5)")
@@ -807,7 +787,7 @@ async def insight_add(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
 
 def _setup_insight_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("query", nargs="?", default="", help="text to look for")
-    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("-c", "--collective", required=True, help=COLLECTIVE)
     p.add_argument("--embedding", help="query vector as JSON or @file")
     p.add_argument("-k", type=int, default=10, help="how many (default 10)")
 
@@ -851,7 +831,7 @@ async def insight_delete(db: PulseDB, args: argparse.Namespace) -> tuple[Any, st
 
 def _setup_activity(p: argparse.ArgumentParser, *, task: bool) -> None:
     p.add_argument("agent", help="agent id (1..256 characters)")
-    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("-c", "--collective", required=True, help=COLLECTIVE)
     if task:
         p.add_argument("--task", default=None, help="what it works on (≤1 KB)")
         p.add_argument("--on", action="append", default=None, help="an item (repeatable)")
@@ -901,7 +881,7 @@ async def activity_end(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]
 
 
 def _setup_activity_list(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("-c", "--collective", required=True, help=COLLECTIVE)
     p.add_argument("--stale-after", type=float, help="seconds without heartbeat (default 300)")
 
 
@@ -924,7 +904,7 @@ async def activity_list(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str
 
 def _setup_session_start(p: argparse.ArgumentParser) -> None:
     p.add_argument("agent", help="agent id (1..256 characters)")
-    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("-c", "--collective", required=True, help=COLLECTIVE)
     p.add_argument("--summary", default="", help="what the session is about (≤8 KB)")
 
 
@@ -1056,8 +1036,23 @@ async def session_get(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     return plain(s), session_text(s)
 
 
+@command(
+    "session", "delete", setup=lambda p: p.add_argument("session_id", help="session id"),
+    writes=True,
+)  # fmt: skip
+async def session_delete(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+    """Delete a session and forget it: its summary, todo and notes, and every summary it
+    had before, gone from every host, the log and rebuilds.
+
+    example:
+      pulse session delete $S
+    """
+    await db.delete_session(args.session_id)
+    return {"deleted": str(args.session_id)}, f"deleted session {args.session_id}"
+
+
 def _setup_session_list(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("-c", "--collective", required=True, help=COLLECTIVE)
     p.add_argument("--agent", help="only this agent's sessions")
     p.add_argument("--open", action="store_true", help="only the sessions not ended")
 
@@ -1078,7 +1073,7 @@ async def session_list(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]
 
 def _setup_session_resume(p: argparse.ArgumentParser) -> None:
     p.add_argument("agent", help="agent id (1..256 characters)")
-    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("-c", "--collective", required=True, help=COLLECTIVE)
     p.add_argument("-k", type=int, default=5, help="experiences for its summary (default 5)")
 
 
@@ -1117,7 +1112,12 @@ def _setup_wisdom_add(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--embedding", required=True, help="JSON list of floats or @file")
     p.add_argument("--confidence", type=float, default=0.5, help="0..1 (default 0.5)")
-    p.add_argument("--source", action="append", default=[], help="a source collective (id or name)")
+    p.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        help="a source collective of the owner: its id or name (another owner's: owner/name)",
+    )
     p.add_argument("--domain", action="append", default=[], help="an applicable domain")
     visibility_arg(p, team="every principal of the owner")
 
@@ -1129,7 +1129,7 @@ async def wisdom_add(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
     example:
       pulse wisdom add "Prefer small functions" --owner me --category CodingStyle --embedding '[1, 0]'
     """  # noqa: E501
-    sources = [(await collective_of(db, s)).collective_id for s in args.source]
+    sources = [(await collective_of(db, s, args.owner)).collective_id for s in args.source]
     wid = await db.store_wisdom(
         args.owner, args.category, args.pattern, vector(args.embedding) or [],
         confidence=args.confidence, source_collectives=sources, applicable_domains=args.domain,

@@ -30,6 +30,7 @@ from eventlog.limits import (
     TOKEN_COLLECTIVES_MAX,
 )
 from ops.remote import optional_getter, page_body, return_type
+from projections import naming
 from projections.snapshot import SnapshotStatus
 from sync import models
 from sync.embedders import EMBEDDERS
@@ -84,6 +85,9 @@ SQL = {
 }
 
 
+NAMES = ("find_collective",)  # what a name names may not exist either: 404
+
+
 def _mentions_uuid(annotation: Any) -> bool:
     if annotation is UUID:
         return True
@@ -93,7 +97,7 @@ def _mentions_uuid(annotation: Any) -> bool:
 def errors_of(name: str, model: type[pydantic.BaseModel]) -> dict[int, str]:
     """The error statuses ``POST /v1/<name>`` can answer with, and what each means."""
     found = {**EVERY_ROUTE, **UNAUTHORIZED, **EVERY_METHOD}
-    if any(_mentions_uuid(f.annotation) for f in model.model_fields.values()):
+    if name in NAMES or any(_mentions_uuid(f.annotation) for f in model.model_fields.values()):
         found |= NOT_FOUND
     if "idempotency_key" in model.model_fields:
         found |= CONFLICT
@@ -184,6 +188,21 @@ METHOD_PARAMETERS: dict[tuple[str, str], Any] = {
     # a listing's filter: any text (one no owner has matches nothing)
     ("list_collectives", "owner_id"): str,
     ("list_tokens", "owner_id"): str,
+    # where an owner or a collective name is made: without "/" (projections.naming)
+    ("create_collective", "owner_id"): stated(str, models.OWN_NAME_SCHEMA),
+    ("create_collective", "name"): stated(str, models.OWN_NAME_SCHEMA),
+    ("create_token", "owner_id"): stated(str, models.OWN_NAME_SCHEMA),
+    ("store_wisdom", "owner_id"): stated(str, models.OWN_NAME_SCHEMA),
+    ("find_collective", "collective"): stated(
+        str,
+        {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": naming.REFERENCE_MAX,
+            "pattern": naming.REFERENCE_PATTERN,
+            "description": "a collective id, a name of the caller's owner, or owner/name",
+        },
+    ),
     ("sql", "query"): stated(str, {"type": "string", "pattern": NON_BLANK}),
     ("sql", "limit"): _integer(1, 1_000_000),
     ("search_similar", "query"): Query | models.VectorField,
@@ -321,6 +340,7 @@ EXAMPLES: dict[str | tuple[str, str], Any] = {
     "summary": "reviewing the retry policy of the publisher",
     "collectives": ["payments-team"],
     ("create_token", "collectives"): [TEAM],
+    ("find_collective", "collective"): "ana/payments-team",
     "scope": "write",
     "k": 5,
     "timeout": 10.0,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from eventlog.errors import NotFoundError, PulseError, ValidationError
-from ops.commands import collective_of, command, experience_type
+from ops.commands import COLLECTIVE, collective_of, command, experience_type
 from ops.progress import ProgressBar
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def _setup_import(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "file", type=Path, metavar="FILE", help="JSON lines, or Parquet when it ends in .parquet"
     )
-    p.add_argument("-c", "--collective", required=True, help="collective id or name")
+    p.add_argument("-c", "--collective", required=True, help=COLLECTIVE)
     p.add_argument(
         "--batch", type=int, default=BATCH_MAX,
         help=f"experiences per call, 1..{BATCH_MAX} (default {BATCH_MAX})",

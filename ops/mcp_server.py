@@ -28,6 +28,7 @@ from eventlog.errors import NotFoundError, PulseError, Unauthorized, ValidationE
 from ops.commands import as_of_db, collective_of
 from ops.encoding import to_json
 from ops.service import internal_error, internal_message, principal_of
+from projections import naming
 from sync import access, models
 from sync.access import Principal
 
@@ -56,9 +57,17 @@ INSTRUCTIONS = """Pulse is the shared memory of a collective of agents. Before a
 `recall` what others learned (mode "context" also returns insights, relations and who is
 active); after it, `remember` what you learned and `reinforce` what helped. At your start,
 `session` "resume" (or "start" one); at your end, `session` "end" with your notes.
-Collectives are named by name or id."""
+A collective is named by its name (one of your owner's), as owner/name (another owner's)
+or by its id."""
 
-Collective = Annotated[str, Field(description="collective name or id", min_length=1)]
+Collective = Annotated[
+    str,
+    Field(
+        description="a collective of yours by name, another owner's as owner/name, or an id",
+        min_length=1,
+        max_length=naming.REFERENCE_MAX,
+    ),
+]
 Content = Annotated[
     str,
     Field(
@@ -380,7 +389,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
     @mcp.tool()
     @guard
     async def session(
-        action: Literal["start", "update", "end", "resume", "get"],
+        action: Literal["start", "update", "end", "resume", "get", "delete"],
         collective: Collective | None = None,
         agent: Agent | None = None,
         session_id: UUID | None = None,
@@ -410,7 +419,8 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         summary ({"session": null} when there is none: then "start" one, with a summary).
         As you go, "update" (session_id and any of summary, todo, changes, bugs,
         architecture: each replaces that field as a whole). At your end, "end"
-        (session_id, with your final summary and notes). "get" shows a session."""
+        (session_id, with your final summary and notes). "get" shows a session; "delete"
+        forgets it, with every summary it had (when it holds what must not be kept)."""
         fields = {
             "summary": summary, "todo": todo, "changes": changes, "bugs": bugs,
             "architecture": architecture,
@@ -437,6 +447,9 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
             return {"session": to_json(started)}
         if session_id is None:
             raise ValidationError(f"session_id: required to {action} a session")
+        if action == "delete":
+            await db.delete_session(session_id, idempotency_key=idempotency_key)
+            return {"deleted": str(session_id)}
         if action == "get":
             got = await db.get_session(session_id)
             if got is None:

@@ -999,6 +999,7 @@ def anchor_of(p: Projection, entity: str, entity_id: UUID) -> Any:
         "relation": p.memory.relations,
         "insight": p.memory.insights,
         "wisdom": p.memory.wisdom,
+        "session": p.memory.sessions,
     }
     row = tables[entity].get((entity_id,))
     if row is None or (row.create_event is None and not row.deleted):

@@ -4,8 +4,8 @@ A host that follows some collectives (``PulseDB.open(..., collectives=[...])``, 
 up --follow``) reads only their subjects from the log, plus every wisdom and access-token
 event (wisdom belongs to no collective, and every host checks tokens). What it follows is
 kept in its state directory, ``following.json``, beside the state it describes: the
-references it was given (ids, names, ``owner:<owner id>``), and every collective id they
-came to stand for, each with the sequence its backfill must reach.
+references it was given (ids, names, ``owner/name``, ``owner:<owner id>``), and every
+collective id they came to stand for, each with the sequence its backfill must reach.
 
 A collective followed later is brought in without replaying the others: the host goes on
 from where it is with the collective's subjects added to its filters, and reads the
@@ -25,6 +25,7 @@ from uuid import UUID
 
 from eventlog.errors import ValidationError
 from eventlog.subjects import PREFIX, collective_filter
+from projections import naming
 
 FILE = "following.json"
 OWNER = "owner:"  # a reference to every collective of an owner, now and later
@@ -112,11 +113,13 @@ def parse_refs(given: object) -> tuple[str, ...]:
 
 
 def matches(refs: tuple[str, ...], collective_id: UUID, owner_id: str, name: str) -> bool:
-    """Whether a collective is one the references stand for."""
+    """Whether a collective is one the references stand for. A name is the operator's
+    (``projections.naming``): every owner's collective of that name; ``owner/name`` one
+    owner's."""
     for ref in refs:
         if ref.startswith(OWNER):
             if ref[len(OWNER) :] == owner_id:
                 return True
-        elif ref == name or ref == str(collective_id):
+        elif naming.reference(ref).matches(collective_id, owner_id, name, None):
             return True
     return False

@@ -334,6 +334,7 @@ class MemoryState:
             ("experience_id", self.experiences),
             ("relation_id", self.relations),
             ("insight_id", self.insights),
+            ("session_id", self.sessions),
         ):
             entity_id = getattr(event, name, None)
             if entity_id is not None:

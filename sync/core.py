@@ -94,12 +94,13 @@ def as_of_read(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
 
 
 DELETES = (ev.CollectiveDeleted, ev.ExperienceDeleted, ev.RelationDeleted, ev.InsightDeleted,
-           ev.WisdomDeleted)  # fmt: skip
+           ev.WisdomDeleted, ev.SessionDeleted)  # fmt: skip
 DELETES_OF: dict[str, Any] = {
     "experience": ev.ExperienceDeleted,
     "relation": ev.RelationDeleted,
     "insight": ev.InsightDeleted,
     "wisdom": ev.WisdomDeleted,
+    "session": ev.SessionDeleted,
 }
 WRITTEN_MAX = 20_000  # own sealed writes remembered for the tail
 BACKLOG_LIMIT = 50_000  # entries handed to the engine and not applied: the tail waits

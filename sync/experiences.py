@@ -20,7 +20,7 @@ import pydantic
 
 from eventlog import events as ev
 from eventlog.errors import Forbidden, NotFollowed, NotFoundError, ValidationError
-from projections import queries
+from projections import naming, queries
 from projections.language import AUTO
 from projections.language import detect as detect_language
 from projections.projection import Projection
@@ -118,6 +118,47 @@ class Collectives(InstanceCore):
             queries.collectives_page, owner_id, limit, key, None if me.admin else me
         )
         return models.Page(found, None if last is None else models.cursor("collectives", last))
+
+    @as_of_read
+    async def find_collective(
+        self, collective: str, *, as_of: models.AsOf = None
+    ) -> queries.Collective:
+        """The collective a caller names: by id, by a name of its own owner's collectives,
+        or as ``owner/name`` (another owner's). A bare name never finds another owner's
+        collective, so nobody can shadow or stand in for a caller's names; the local
+        operator's bare names are every owner's, and must be unique (``projections.naming``
+        has the rule). NotFoundError when there is none the caller may see; ValidationError
+        when one owner has two of that name (then name it by id)."""
+        ref = naming.reference(collective)
+        if ref.collective_id is not None:
+            found = await self.get_collective(ref.collective_id)
+            if found is None:
+                raise NotFoundError(f"collective: no collective {ref.collective_id}")
+            return found
+        me = self._me()
+        own = None if me.local else me.owner
+        whose = ref.owner_id if ref.owner_id is not None else own
+        listed, _ = await self._read(
+            queries.collectives_page, whose, None, None, None if me.admin else me
+        )
+        named = [
+            c for c in listed if ref.matches(c.collective_id, c.owner_id, c.name, own)
+        ]  # fmt: skip
+        if not named:
+            of = "" if whose is None else f" of owner {whose!r}"
+            among = ""
+            if me.admin and self.scope is not None:
+                among = f" among those this host follows ({self.scope.describe()})"
+            hint = " (another owner's: owner/name, or its id)" if ref.owner_id is None else ""
+            raise NotFoundError(f"collective: no collective named {ref.name!r}{of}{among}{hint}")
+        if len(named) > 1:
+            each = ", ".join(f"{c.owner_id}/{c.name} ({c.collective_id})" for c in named[:10])
+            each += f" and {len(named) - 10} more" if len(named) > 10 else ""
+            raise ValidationError(
+                f"collective: {len(named)} collectives are named {ref.text!r}; name one by "
+                f"owner/name or id: {each}"
+            )
+        return named[0]
 
     @as_of_read
     async def get_collective_stats(

@@ -3,12 +3,13 @@
 ``PulseDB.open(..., collectives=[...])`` (``pulse up --follow C1,C2``) makes a host that
 reads only those collectives' subjects from the log, plus every wisdom and access-token
 event: its memory, disk and catch-up time grow with what it follows, not with the whole
-organisation. A reference is a collective id, a collective name (of any owner), or
-``owner:<owner id>`` (every collective of that owner, now and later). What the host
-follows is kept in its state (``projections.scope``), so it follows the same after a
-restart without being told again; more references may be given later (the new
-collectives are caught up without replaying the others), but none taken away: a host
-does not forget what it holds on request (start one on a new data directory instead).
+organisation. A reference is a collective id, a collective name (every owner's of that
+name: ``projections.naming``), one owner's as ``owner/name``, or ``owner:<owner id>``
+(every collective of that owner, now and later). What the host follows is kept in its
+state (``projections.scope``), so it follows the same after a restart without being told
+again; more references may be given later (the new collectives are caught up without
+replaying the others), but none taken away: a host does not forget what it holds on
+request (start one on a new data directory instead).
 
 To resolve names and owners, and to hear of collectives created later that its references
 match, a partial host reads the log's *directory*: the subject of every collective's own

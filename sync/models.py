@@ -65,6 +65,7 @@ from eventlog.limits import TODO_TASK_MAX_BYTES as TODO_TASK_MAX_BYTES
 from eventlog.limits import TYPE_TEXT_MAX as TYPE_TEXT_MAX
 from eventlog.limits import WORKING_ON_ITEM_MAX as WORKING_ON_ITEM_MAX
 from eventlog.limits import WORKING_ON_MAX as WORKING_ON_MAX
+from projections import naming
 from projections.language import AUTO
 from projections.language import check as check_language
 from sync import pages
@@ -264,6 +265,10 @@ def _utf8_limit(limit: int, *, allow_empty: bool = False) -> Any:
 
 Score = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME_MAX)]
+# an owner id or a collective name where one is made: without "/", which separates the
+# two when a caller names a collective as owner/name (projections.naming)
+OWN_NAME_SCHEMA = {"type": "string", "minLength": 1, "maxLength": NAME_MAX, "pattern": "^[^/]*$"}
+OwnName = Annotated[Name, AfterValidator(naming.unslashed), WithJsonSchema(OWN_NAME_SCHEMA)]
 TypeText = Annotated[str, StringConstraints(max_length=TYPE_TEXT_MAX)]
 DomainTag = Annotated[str, StringConstraints(min_length=1, max_length=DOMAIN_TAG_MAX)]
 FilePath = Annotated[str, StringConstraints(min_length=1, max_length=FILE_PATH_MAX)]
@@ -398,8 +403,8 @@ Language = Annotated[
 
 
 class CollectiveIn(_Input):
-    owner_id: Name
-    name: Name
+    owner_id: OwnName
+    name: OwnName
     embedding_dimension: Annotated[int, Field(ge=1, le=DIMENSION_MAX)] | None = None
     embedder: (
         Annotated[str, StringConstraints(min_length=1, max_length=EMBEDDER_NAME_MAX)] | None
@@ -561,7 +566,7 @@ class ActivityIn(_Input):
 class WisdomIn(_Input):
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    owner_id: Name
+    owner_id: OwnName
     category: ev.WisdomCategory
     pattern: Annotated[str, StringConstraints(min_length=1, max_length=PATTERN_MAX)]
     confidence: Score = 0.5

@@ -11,6 +11,13 @@ context for its summary) or ``start_session`` when it has none; ``update_session
 it goes; ``end_session`` (with its final notes) when it stops. Sessions are the members'
 of their collective (they have no visibility of their own): a principal that is not a
 member sees none. A token of an agent acts for that agent's sessions only.
+
+A session is an entity like an experience: its start and updates are sealed with its own
+data key (``eventlog.sealing``), and ``delete_session`` forgets it as
+``delete_experience`` forgets an experience (``sync.forgetting``): a tombstone that wins,
+its key destroyed, its subject purged, its rows and history rows scrubbed from every host's
+files. So a summary that held what must not be kept, and every summary it replaced (the
+``history`` view), can be forgotten.
 """
 
 from __future__ import annotations
@@ -132,6 +139,28 @@ class Sessions(Recall, InstanceCore):
         else:
             await self._write(ended)
         return await self._written(found.session_id)
+
+    @idempotent
+    async def delete_session(self, session_id: UUID, *, idempotency_key: str | None = None) -> None:
+        """Delete a session and forget it, as an experience is forgotten: its summary,
+        todo and notes, and every summary and note it had before (its history), leave
+        every host's state, files and the stream, where only the tombstone stays. Every
+        event of the session was sealed with its own data key, which the delete destroys,
+        so a copy of one (a backup, another store) is noise. Who may: whoever may change
+        it (a member of its collective with a write scope; a token of an agent, that
+        agent's sessions). Repeating it is harmless and finishes forgetting if an earlier
+        call was interrupted."""
+        key = uuid_of("session_id", session_id)
+        if await self._read(queries.get_session, key) is not None:
+            await self._session_for(key, write=True)
+        else:  # deleted here already (or never seen): finishing it is a member's
+            anchor = await self._read(queries.anchor_of, "session", key)
+            collective = await self._read(queries.get_collective, anchor) if anchor else None
+            me = self._me()
+            if not me.admin and (collective is None or not me.member(collective.owner_id, anchor)):
+                raise NotFoundError(f"session_id: no session {session_id}")
+            me.need_write()
+        await self._delete("session", key)
 
     async def get_session(self, session_id: UUID) -> queries.Session | None:
         """The session (ended or not), or None: also when the caller is not a member of

@@ -16,7 +16,7 @@ import msgspec
 from eventlog import events as ev
 from eventlog.errors import NotFoundError, ValidationError
 from eventlog.limits import NAME_MAX, TOKEN_COLLECTIVES_MAX
-from projections import queries
+from projections import naming, queries
 from sync import access
 from sync.core import InstanceCore, check_text, uuid_of
 from sync.idempotency import idempotent
@@ -72,6 +72,10 @@ class Tokens(InstanceCore):
         (None: never). The secret is in the answer only: keep it. Admins only."""
         self._me().need_admin("creating tokens")
         check_text("owner_id", owner_id, NAME_MAX)
+        try:
+            naming.unslashed(owner_id)
+        except ValueError as exc:
+            raise ValidationError(f"owner_id: {exc}") from None
         if agent_id is not None:
             check_text("agent_id", agent_id, NAME_MAX)
         if scope not in access.SCOPES:

@@ -798,6 +798,11 @@ CASES: dict[str, Case] = {
         {"bob": bob_collectives, "limited": limited_collectives},
         collectives("team", "shared", "other", exactly=False),
     ),
+    "find_collective": reads(  # by owner/name: bob sees "alice/shared", not "alice/team"
+        static(lambda c: {"collective": f"alice/{_name_of(c)}"}),
+        collective_named("shared"),
+        collective_named("team"),
+    ),
     "get_collective_stats": reads(
         static(lambda c: {"collective_id": c.at.collective}),
         stats(2, 1, 1),
@@ -973,6 +978,11 @@ CASES: dict[str, Case] = {
         {"bob": NF, "bob@shared": NF, "reader": FB, "limited": NF, "agent": FB},
         session_now(changes=["a change"], ended=True),
     ),
+    "delete_session": Case(
+        lambda c: _one("session_id", c.session()),
+        {"bob": NF, "bob@shared": NF, "reader": FB, "limited": NF, "agent": FB},
+        gone("get_session", "session_id"),
+    ),
     "get_session": Case(
         lambda c: _one("session_id", c.session()),
         {"bob": NF, "bob@shared": NF, "limited": NF, "reader": session_now(ended=False)},
@@ -1057,6 +1067,18 @@ CASES: dict[str, Case] = {
     "compact": admin_only(static(lambda c: {}), compacted),
     "rotate_keys": admin_only(static(lambda c: {}), rotated),
 }
+
+
+def _name_of(c: Ctx) -> str:
+    """The name of the collective a case's place points at."""
+    return next(name for name in ("team", "shared") if c.w.ids[name] == c.at.collective)
+
+
+async def mcp_gone(w: World, args: dict[str, Any], answer: Any) -> None:
+    """After the session tool's delete: the session is no more, for anyone."""
+    assert answer == {"deleted": args["session_id"]}, answer
+    response = await as_op(w, "get_session", session_id=args["session_id"])
+    assert response.status_code == NF, response.text
 
 
 async def _one(name: str, made: Awaitable[str], **more: Any) -> dict[str, Any]:
@@ -1360,6 +1382,11 @@ MCP_CASES: dict[str, Case] = {
         {"bob": NF, "bob@shared": NF, "reader": FB, "limited": NF, "agent": FB},
         session_now(summary=f"{TEAM_MARK} ended", ended=True),
     ),
+    "session:delete": Case(
+        lambda c: _mcp_session(c, "delete"),
+        {"bob": NF, "bob@shared": NF, "reader": FB, "limited": NF, "agent": FB},
+        mcp_gone,
+    ),
     "session:get": Case(
         lambda c: _mcp_session(c, "get"),
         {"bob": NF, "bob@shared": NF, "limited": NF, "reader": session_now(ended=False)},
@@ -1434,12 +1461,17 @@ async def test_every_mcp_tool_has_a_case(world: World) -> None:
 
 
 async def test_mcp_names_a_collective_only_among_those_it_may_see(world: World) -> None:
-    """A collective named by name: bob's names are those he may see."""
+    """A collective named by name: bob's bare names are his own (projections.naming);
+    alice's he names alice/name, and finds only those he may see something of."""
     args = {"collective": "team", "query": SEARCH}
     error, text = await mcp_call(world, "bob", "recall", args)
     assert error and tool_error(text) == "NotFoundError", text
-    assert "no collective named 'team'" in text
+    assert "no collective named 'team' of owner 'bob'" in text
     error, text = await mcp_call(world, "bob", "recall", {**args, "collective": "shared"})
+    assert error and tool_error(text) == "NotFoundError", text  # alice's is not his
+    error, text = await mcp_call(world, "bob", "recall", {**args, "collective": "alice/team"})
+    assert error and tool_error(text) == "NotFoundError", text
+    error, text = await mcp_call(world, "bob", "recall", {**args, "collective": "alice/shared"})
     assert not error and mcp_ids(json.loads(text)) == {world.ids["o1"], world.ids["o2"]}
 
 

@@ -442,3 +442,42 @@ async def _knows(db: PulseDB, cid: UUID) -> bool:
 
 async def _has(db: PulseDB, experience_id: UUID) -> bool:
     return await db.get_experience(experience_id) is not None
+
+
+async def test_an_edge_host_forgets_its_copies_of_a_session_deleted_at_the_hub(
+    edge: Edge, tmp_path: Path
+) -> None:
+    """An edge host keeps its own copy of the log and of the key bucket: a session deleted
+    at the hub leaves both (the tombstone alone stays; the key's value is erased)."""
+    hub, leaf = edge.hub, edge.leaf
+    cid = await hub.create_collective("owner", "edge", 2)
+    s = (await hub.start_session(cid, "agent", "held at the edge too")).session_id
+    await hub.update_session(s, summary="replaced at the edge too")
+    subject = f"pulse.c.{cid}.session.{s}"
+    name = key_name("session", s, cid)
+    wrapped = await hub.sealer.keyring.store.get(name)
+    assert isinstance(wrapped, bytes)
+
+    async def held(stream: str) -> int:
+        info = await leaf.log.admin.stream_info(stream, subjects_filter=subject)  # type: ignore[attr-defined]
+        return int((info.state.subjects or {}).get(subject, 0))
+
+    async def at_the_edge() -> bool:
+        found = await leaf.get_session(s)
+        return found is not None and found.summary == "replaced at the edge too"
+
+    await eventually(at_the_edge, what="the session at the edge", timeout=20)
+    assert await held("PULSE") == 2  # its start and its update
+    leaf_store = tmp_path / "leaf"
+    await eventually(lambda: bool(_stores_holding(leaf_store, wrapped)), what="the key at the edge")
+
+    await hub.delete_session(s)
+
+    async def forgotten() -> bool:
+        return (
+            await leaf.get_session(s) is None
+            and await held("PULSE") == 1  # the tombstone alone
+            and _stores_holding(leaf_store, wrapped) == []
+        )
+
+    await eventually(forgotten, what="the edge host's copies forgotten", timeout=20)

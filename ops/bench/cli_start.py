@@ -117,14 +117,14 @@ async def warm_calls(
     db = RemotePulseDB(service["url"])
 
     async def by_name() -> Any:  # what `-c bench` costs: finding the collective by name
-        return await db.list_collectives(limit=PAGE_MAX)
+        return await db.find_collective("bench")
 
     calls: dict[str, Callable[[], Awaitable[Any]]] = {
         "pulse record": lambda: _both(by_name(), db.record_experience(collective, "Pin CI")),
         "pulse search": lambda: _both(by_name(), db.search_hybrid(collective, "nats timeout")),
         "pulse get": lambda: db.get_experience(experience),
         "pulse reinforce": lambda: db.reinforce_experience(experience),
-        "pulse collective list": by_name,
+        "pulse collective list": lambda: db.list_collectives(limit=PAGE_MAX),
     }
     times: dict[str, list[float]] = {name: [] for name in calls}
     try:
