@@ -154,6 +154,7 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
         def capture_signals(self) -> Iterator[None]:
             yield
 
+    _log_in_lines()
     origins = tuple(origin_of(o) for o in _allowed_origins(args))
     metrics_at = _listen_address(args.metrics_listen) if args.metrics_listen else None
     secret = ensure_secret(args.data_dir, token)
@@ -283,6 +284,25 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
                 service_file(args.data_dir).unlink()
             await db.close()
     return 0
+
+
+def _log_in_lines() -> None:
+    """Pulse's own log (``pulse.*``) to stderr, one record a line: an unexpected error
+    is one line with its id (ops.service.internal_error), whatever width the terminal
+    has (the MCP SDK's handler on the root logger wraps lines to it). $PULSE_LOG_LEVEL
+    (default WARNING; DEBUG adds each error's traceback)."""
+    import logging
+
+    level = os.environ.get("PULSE_LOG_LEVEL", "WARNING").strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ValidationError(
+            f"PULSE_LOG_LEVEL: must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {level!r:.40}"
+        )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    pulse_log = logging.getLogger("pulse")
+    pulse_log.handlers, pulse_log.propagate = [handler], False
+    pulse_log.setLevel(level)
 
 
 def _allowed_origins(args: argparse.Namespace) -> list[str]:

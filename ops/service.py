@@ -307,11 +307,12 @@ class Guard:
         path: str = scope["path"]
         started = time.perf_counter()
         status = 500
+        answered = False
 
         async def sending(message: Message) -> None:
-            nonlocal status
+            nonlocal status, answered
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, answered = message["status"], True
             await send(message)
 
         try:
@@ -320,6 +321,12 @@ class Guard:
                 await refusal(scope, receive, sending)
                 return
             await self.inner(scope, receive, sending)
+        except Exception as exc:  # anything unexpected: an id, one line in the log
+            # (caught here, not by an app exception handler: Starlette would raise it on
+            # to the server after the answer, which logs a traceback for every request)
+            error_id = internal_error(f"{scope['method']} {path}", exc)
+            if not answered:  # (a stream that already began just ends)
+                await internal_response(error_id)(scope, receive, sending)
         finally:
             method = scope["method"] if scope["method"] in METHODS else "other"
             self.metrics.observe(route_of(path), method, status, time.perf_counter() - started)
@@ -502,6 +509,14 @@ def internal_message(error_id: str) -> str:
     return f"internal error {error_id}: the service log has the details under this id"
 
 
+def internal_response(error_id: str) -> JSONResponse:
+    """The answer to an unexpected error: its id, never its type, message or traceback."""
+    return JSONResponse(
+        {"error": "InternalError", "message": internal_message(error_id), "error_id": error_id},
+        status_code=500,
+    )
+
+
 def create_app(
     db: PulseDB,
     *,
@@ -545,16 +560,6 @@ def create_app(
     @app.exception_handler(PulseError)
     async def pulse_error(_: Request, exc: PulseError) -> JSONResponse:
         return _error(exc)
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # the id, not the exception: its type and message stay in the log
-        error_id = internal_error(f"{request.method} {request.url.path}", exc)
-        return JSONResponse(
-            {"error": "InternalError", "message": internal_message(error_id),
-             "error_id": error_id},
-            status_code=500,
-        )  # fmt: skip
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
