@@ -360,6 +360,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     from ops.mcp_server import build_mcp
 
+    _log_in_lines()
+
     async def run() -> int:
         db = await open_instance(args)
         try:

@@ -363,8 +363,8 @@ def struct_schema(struct: type[msgspec.Struct]) -> dict[str, Any]:
 
 
 class Health(pydantic.BaseModel):
-    """``GET /health``: "up" or "down" to anyone; with a token, "ok" or "degraded" and
-    the details."""
+    """``GET /health``: "up" or "down" to anyone; to an admin token or the operator, "ok"
+    or "degraded" and the details."""
 
     status: Literal["ok", "degraded", "up", "down"]
     nats_connected: bool | None = None

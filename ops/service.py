@@ -495,7 +495,8 @@ def _error(exc: PulseError) -> JSONResponse:
 
 def internal_error(where: str, exc: BaseException, logger: logging.Logger = log) -> str:
     """Log an unexpected error under a short random id, in one line at ERROR (the id,
-    where, and the exception's type) and its traceback once at DEBUG: a stream of bad
+    where, the exception's type and the start of its message, newlines escaped) and its
+    traceback once at DEBUG ($PULSE_LOG_LEVEL of `pulse up`): a stream of bad
     requests grows the log by a line each, not a traceback each. The id is all a caller
     gets (never the exception's type, message or traceback)."""
     error_id = secrets.token_hex(6)
