@@ -35,6 +35,7 @@ from eventlog import events as ev
 from eventlog.errors import ConflictError, Forbidden, NotFoundError, ValidationError
 from eventlog.ids import uuid7
 from ops import cli
+from ops.operator_secret import ensure_secret
 from ops.remote import RemotePulseDB
 from projections import fold, queries
 from sync import PulseDB
@@ -509,6 +510,7 @@ async def test_sessions_over_http_mcp_and_the_cli(
         data_dir = tmp_path / "cli"
         data_dir.mkdir()
         (data_dir / "service.json").write_text(json.dumps({"url": url, "pid": os.getpid()}))
+        ensure_secret(data_dir, IN_PROCESS_SECRET)  # (what pulse up keeps there)
 
         async def pulse(*argv: str) -> str:
             capsys.readouterr()
