@@ -201,6 +201,18 @@ async def test_a_configured_origin_gets_cors_and_no_other(configured: Service) -
         response = await operator.post("/v1/list_collectives", json={}, headers={"Origin": APP})
         assert response.status_code == 200
         assert response.headers["access-control-allow-origin"] == APP
+        initialize = {
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-03-26", "capabilities": {},
+                       "clientInfo": {"name": "app", "version": "1"}},
+        }  # fmt: skip
+        mcp = await operator.post(
+            "/mcp",
+            json=initialize,
+            headers={"Origin": APP, "Accept": "application/json, text/event-stream"},
+        )  # (the MCP SDK checks Origin too: it takes the configured ones)
+        assert mcp.status_code == 200, mcp.text
+        assert mcp.headers["access-control-allow-origin"] == APP
 
 
 # -- 10. the contract is readable -----------------------------------------------------------
