@@ -223,11 +223,13 @@ def route_of(path: str) -> str:
     return path if path in KNOWN_ROUTES else "other"
 
 
-def own_origins(host: str, port: int) -> set[str]:
+def own_origins(hosts: collections.abc.Iterable[str], port: int) -> set[str]:
     """The origins of this service's own pages (``/docs``): its loopback names and the
-    address it listens on, at its port."""
-    names = {"127.0.0.1", "localhost", "[::1]", f"[{host}]" if ":" in host else host}
-    return {f"http://{name}:{port}".lower() for name in names}
+    addresses it is reached at (--host, and the one a request came to), at its port. (A
+    page that rebinds its own name to one of them still has its own name as Origin.)"""
+    names = {"127.0.0.1", "localhost", "::1", *hosts}
+    return {f"http://[{name}]:{port}" if ":" in name else f"http://{name.lower()}:{port}"
+            for name in names}  # fmt: skip
 
 
 def origin_of(text: str) -> str:
@@ -335,8 +337,8 @@ class Guard:
         """The answer to a request a browser may have been made to send, if it is one."""
         origins = _header(scope, b"origin")
         if origins:
-            port = (scope.get("server") or ("", None))[1]
-            own = own_origins(self.host, port) if port else set()
+            address, port = scope.get("server") or ("", None)
+            own = own_origins((self.host, str(address)), port) if port else set()
             foreign = [o for o in origins if o.strip().lower() not in own | self.allowed]
             if foreign or len(origins) > 1:
                 named = foreign[0] if foreign else ", ".join(origins)
