@@ -78,6 +78,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     (repeatable; or $PULSE_ALLOW_ORIGINS, comma-separated), which also turns CORS on
     for exactly those origins.
 
+    An unexpected error answers 500 with an id, and is one line on stderr under that
+    id; $PULSE_LOG_LEVEL=DEBUG adds its traceback (default WARNING).
+
     The embedded NATS server refuses clients without the user and password of
     <data dir>/nats/credentials.json (generated on first start, mode 0600); the first
     lines printed say where it listens and where that file is. A TLS cluster of your own
