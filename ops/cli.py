@@ -59,14 +59,27 @@ def cmd_up(args: argparse.Namespace) -> int:
     (streamable HTTP), GET /health and GET /metrics. While it runs, the other `pulse`
     commands on this data directory go through it.
 
-    It listens on loopback (127.0.0.1:8765) unless --host. Once an access token exists
-    (`pulse token create`), every request must carry one (Authorization: Bearer; the
-    CLI sends $PULSE_TOKEN), or the service's own --token, which acts as the local
-    operator; before that, loopback requests act as the local operator. Any other
-    address needs a way to authenticate: --token (or $PULSE_TOKEN), or an access token
-    created first (`pulse token create --owner me --scope admin`, before pulse up). The
-    service's token is a secret of its own: an access token there is refused. The
-    banner's "access" line says what requests need.
+    It listens on loopback (127.0.0.1:8765) unless --host. Every request needs a
+    credential (Authorization: Bearer), wherever it comes from: an access token (`pulse
+    token create`), or the operator secret, which acts as the local operator. pulse up
+    keeps that secret in <data dir>/operator-token (mode 0600, made on first start and
+    reused); the CLI, `pulse mcp` and RemotePulseDB.from_data_dir read it there by
+    themselves ($PULSE_TOKEN, when set, is sent instead), and other users of the machine
+    cannot. --token (or $PULSE_TOKEN) chooses its value (written to that file); an access
+    token there is refused. The banner's "access" line shows a curl that uses it. Only
+    /health (up or down), /openapi.json and /docs answer without a credential
+    (--private-docs: those two need one too); /metrics is for admins and the operator,
+    or for anyone on --metrics-listen's address.
+
+    A request whose Origin header is not this service's own (http://127.0.0.1:PORT,
+    http://localhost:PORT, http://[::1]:PORT, the --host's) is refused (403), and so is
+    a body that is not Content-Type application/json (415): web pages cannot act for
+    you. A web app of yours may call it from an origin given with --allow-origin
+    (repeatable; or $PULSE_ALLOW_ORIGINS, comma-separated), which also turns CORS on
+    for exactly those origins.
+
+    An unexpected error answers 500 with an id, and is one line on stderr under that
+    id; $PULSE_LOG_LEVEL=DEBUG adds its traceback (default WARNING).
 
     The embedded NATS server refuses clients without the user and password of
     <data dir>/nats/credentials.json (generated on first start, mode 0600); the first
@@ -76,8 +89,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     example:
       pulse up                       # embedded NATS, data in ./.pulse, API on 127.0.0.1:8765
       pulse --data-dir /srv/pulse up --port 9000
-      PULSE_TOKEN=s3cret pulse up --host 0.0.0.0
-      pulse token create --owner me --scope admin && pulse up --host 0.0.0.0
+      curl -H "Authorization: Bearer $(cat .pulse/operator-token)" \\
+        -H 'Content-Type: application/json' -d '{}' http://127.0.0.1:8765/v1/status
+      pulse up --host 0.0.0.0 --allow-origin https://dashboard.example
+      pulse up --metrics-listen 127.0.0.1:9101    # /metrics without a token, there only
       pulse --nats-url nats://10.0.0.5:4222,nats://10.0.0.6:4222 --replicas 3 up
       pulse --nats-url tls://h1:4222,tls://h2:4222,tls://h3:4222 --nats-creds \\
         nats-conf/client-credentials.json --nats-ca nats-conf/ca.pem --replicas 3 up
@@ -111,8 +126,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         where = "--token" if args.token else "$PULSE_TOKEN"
         raise ValidationError(
             f"token: {where} holds an access token (pulse_...), and whoever sends the "
-            "service's own token acts as the local operator; give pulse up a secret of its "
-            "own with --token, or unset $PULSE_TOKEN to rely on access tokens"
+            "operator secret acts as the local operator; give pulse up a secret of its own "
+            "with --token, or unset $PULSE_TOKEN to use the one in <data dir>/operator-token"
         )
     # The loop shares the interpreter with the engine thread and SQL queries: hand the
     # GIL over every 0.5 ms instead of 5 so /health and small requests never wait long
@@ -130,8 +145,9 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
     from eventlog.leaf import LeafLog
     from ops.connect import open_log
     from ops.mcp_server import build_mcp
+    from ops.operator_secret import ensure_secret, secret_file
     from ops.remote import describe_api
-    from ops.service import create_app, is_loopback
+    from ops.service import create_app, metrics_app, origin_of
     from sync import PulseDB
 
     class QuietServer(uvicorn.Server):
@@ -141,6 +157,10 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
         def capture_signals(self) -> Iterator[None]:
             yield
 
+    _log_in_lines()
+    origins = tuple(origin_of(o) for o in _allowed_origins(args))
+    metrics_at = _listen_address(args.metrics_listen) if args.metrics_listen else None
+    secret = ensure_secret(args.data_dir, token)
     async with open_log(args) as (log, server):
         bar = ProgressBar("catching up")
         db = await PulseDB.attach(
@@ -148,13 +168,7 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
         )
         bar.finish()
         try:
-            if not is_loopback(args.host) and not token and not db.tokens_required:
-                raise ValidationError(
-                    f"host: {args.host} is not a loopback address; serving beyond this host "
-                    "needs a bearer token (--token or $PULSE_TOKEN) or an access token "
-                    "created first (pulse token create --owner ME --scope admin)"
-                )
-            mcp = build_mcp(db, host=args.host)
+            mcp = build_mcp(db, host=args.host, **_mcp_security(args.host, origins))
             mcp_app = mcp.streamable_http_app()
 
             @contextlib.asynccontextmanager
@@ -162,7 +176,11 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
                 async with mcp.session_manager.run():
                     yield
 
-            app = create_app(db, token=token, mcp_routes=list(mcp_app.routes), lifespan=lifespan)
+            app = create_app(
+                db, secret=secret, host=args.host, allow_origins=origins,
+                private_docs=args.private_docs, mcp_routes=list(mcp_app.routes),
+                lifespan=lifespan,
+            )  # fmt: skip
             web = QuietServer(
                 uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                lifespan="on", timeout_graceful_shutdown=5)
@@ -186,11 +204,24 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
             host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # how to reach it here
             url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
             # the API description: what the CLI's requests need of PulseDB (ops.remote)
-            info = {"url": url, "pid": os.getpid(), "token": bool(token), "api": describe_api()}
+            info = {"url": url, "pid": os.getpid(), "api": describe_api()}
             # whole or not at all for a CLI reading it meanwhile: written aside, renamed
             written = service_file(args.data_dir).with_suffix(".json.tmp")
             written.write_text(json.dumps(info))
             os.replace(written, service_file(args.data_dir))
+            scraped = None
+            if metrics_at is not None:
+                scraped = QuietServer(
+                    uvicorn.Config(metrics_app(db, app.state.metrics), host=metrics_at[0],
+                                   port=metrics_at[1], log_level="warning", lifespan="off")
+                )  # fmt: skip
+                scraping = asyncio.create_task(scraped.serve())
+                while not scraped.started:
+                    if scraping.done():
+                        raise PulseError(
+                            f"metrics_listen: cannot listen on {args.metrics_listen} (in use?)"
+                        )
+                    await asyncio.sleep(0.02)
             last = await log.last_seq()
             if server is not None:
                 where = (
@@ -230,13 +261,24 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
                     "/leaf-credentials.json)"
                 )
             print(f"  HTTP     {url}  (API /v1, OpenAPI {url}/docs, MCP {url}/mcp)")
-            print(f"  access   {_access(bool(token), db.tokens_required)}")
+            print(
+                f"  access   a credential on every request; as the operator: curl -H "
+                f'"Authorization: Bearer $(cat {secret_file(args.data_dir)})" {url}/health'
+            )
+            if origins:
+                print(f"  origins  {', '.join(origins)} (CORS) besides this service's own")
+            if scraped is not None:
+                host, port = scraped.servers[0].sockets[0].getsockname()[:2]
+                print(f"  metrics  http://{host}:{port}/metrics (no credential: scrapers only)")
             print(f"Point other hosts here with {connect} (a copy of the file). Ctrl-C stops."
                   if creds else f"Point other hosts here with {connect}. Ctrl-C stops.",
                   flush=True)  # fmt: skip
             stop = asyncio.ensure_future(_wait_for_signal())
             await asyncio.wait({stop, serving}, return_when=asyncio.FIRST_COMPLETED)
             web.should_exit = True
+            if scraped is not None:
+                scraped.should_exit = True
+                await scraping
             await serving
             stop.cancel()
             print("Pulse stopped.", flush=True)
@@ -247,19 +289,62 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
     return 0
 
 
-def _access(service_token: bool, tokens_required: bool) -> str:
-    """What the banner of `pulse up` says about authentication (ops.service.Guard)."""
-    if tokens_required:
-        return "access tokens required: every request needs one " + (
-            "or the service token (Authorization: Bearer)"
-            if service_token
-            else "(Authorization: Bearer; the CLI sends $PULSE_TOKEN)"
+def _log_in_lines() -> None:
+    """Pulse's own log (``pulse.*``) to stderr, one record a line: an unexpected error
+    is one line with its id (ops.service.internal_error), whatever width the terminal
+    has (the MCP SDK's handler on the root logger wraps lines to it). $PULSE_LOG_LEVEL
+    (default WARNING; DEBUG adds each error's traceback)."""
+    import logging
+
+    level = os.environ.get("PULSE_LOG_LEVEL", "WARNING").strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ValidationError(
+            f"PULSE_LOG_LEVEL: must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {level!r:.40}"
         )
-    if service_token:
-        return "bearer token required: the service token (or an access token, once one exists)"
-    return (
-        "access tokens not required yet (none exists): loopback requests act as the local operator"
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    pulse_log = logging.getLogger("pulse")
+    pulse_log.handlers, pulse_log.propagate = [handler], False
+    pulse_log.setLevel(level)
+
+
+def _allowed_origins(args: argparse.Namespace) -> list[str]:
+    """--allow-origin (repeatable), else $PULSE_ALLOW_ORIGINS (comma-separated)."""
+    given: list[str] = args.allow_origin or []
+    if not given:
+        given = [o for o in os.environ.get("PULSE_ALLOW_ORIGINS", "").split(",") if o.strip()]
+    return given
+
+
+def _listen_address(text: str) -> tuple[str, int]:
+    """HOST:PORT (an IPv6 host in brackets) of --metrics-listen."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValidationError(
+            f"metrics_listen: must be HOST:PORT, e.g. 127.0.0.1:9101, got {text!r:.100}"
+        )
+    return host.strip("[]"), int(port)
+
+
+def _mcp_security(host: str, origins: tuple[str, ...]) -> dict[str, Any]:
+    """The MCP SDK checks Origin itself on a loopback host: let it take the configured
+    origins too (ops.service.Guard has refused every other one already)."""
+    if not origins or host not in ("127.0.0.1", "localhost", "::1"):
+        return {}
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    return {
+        "transport_security": TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+            allowed_origins=[
+                "http://127.0.0.1:*",
+                "http://localhost:*",
+                "http://[::1]:*",
+                *origins,
+            ],
+        )  # fmt: skip
+    }
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -277,6 +362,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     import asyncio
 
     from ops.mcp_server import build_mcp
+
+    _log_in_lines()
 
     async def run() -> int:
         db = await open_instance(args)
@@ -821,8 +908,28 @@ def _setup_up(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765; 0: any free)")
     sub.add_argument(
         "--token",
-        help="a bearer token of the service's own ($PULSE_TOKEN): requests that "
-        "carry it act as the local operator, and every request needs a token",
+        help="the operator secret's value ($PULSE_TOKEN; default: the one in <data "
+        "dir>/operator-token, made on first start): requests that carry it act as the "
+        "local operator; it is written to that file",
+    )
+    sub.add_argument(
+        "--allow-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="a web app's origin that may call the API (e.g. https://app.example; "
+        "repeatable; default: $PULSE_ALLOW_ORIGINS, comma-separated), with CORS; any "
+        "other Origin but the service's own is refused (403)",
+    )
+    sub.add_argument(
+        "--private-docs",
+        action="store_true",
+        help="/openapi.json and /docs need a credential too (default: they answer anyone)",
+    )
+    sub.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="also serve GET /metrics there, without a credential, for scrapers (on the "
+        "API's address it is for admins and the operator only)",
     )
 
 

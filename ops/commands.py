@@ -25,6 +25,7 @@ from uuid import UUID
 
 from eventlog.errors import NotFoundError, ValidationError
 from eventlog.languages import AUTO, LANGUAGES
+from ops.operator_secret import read_secret
 from ops.remote import RemotePulseDB, running_service
 from projections import naming
 from sync import access
@@ -1519,12 +1520,12 @@ async def export(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
 async def open_instance(args: argparse.Namespace) -> Any:
     """The running service of the data directory (through its API), or an instance of
     this process when none runs. Either way the command acts for the access token in
-    $PULSE_TOKEN, if it holds one (``sync.access``); an instance of this process acts as
-    the local operator otherwise."""
+    $PULSE_TOKEN, if it holds one (``sync.access``), and as the local operator otherwise
+    (with a service: by the data directory's operator secret, ``ops.operator_secret``)."""
     token = os.environ.get("PULSE_TOKEN") or None
     service = running_service(args.data_dir)
     if service is not None:
-        return RemotePulseDB(service["url"], token)
+        return RemotePulseDB(service["url"], token or read_secret(args.data_dir))
     access_token = token if token and access.token_id_of(token) is not None else None
     from sync import PulseDB
 

@@ -45,7 +45,8 @@ class ErrorBody(pydantic.BaseModel):
 
     error: str = Field(
         description="the kind of error: ValidationError, NotFoundError, ConflictError, "
-        "Unauthorized, Forbidden, LogUnavailable, PayloadTooLarge, BadHost, InternalError, ..."
+        "Unauthorized, Forbidden, LogUnavailable, PayloadTooLarge, UnsupportedMediaType, "
+        "InternalError, ..."
     )
     message: str
     problems: list[str] | None = Field(
@@ -58,15 +59,21 @@ class ErrorBody(pydantic.BaseModel):
 
 # status -> what it means; every route can answer these (the guard and the body limit
 # stand before every route; anything unexpected is a 500)
+FOREIGN_ORIGIN = "an Origin header that is not this service's (see pulse up --allow-origin)"
 EVERY_ROUTE = {
-    400: "BadHost: a service open to loopback callers answers loopback Host names only",
+    403: f"Forbidden: {FOREIGN_ORIGIN}",
     413: "PayloadTooLarge: a body over the service's limit ($PULSE_MAX_BODY_BYTES, 8 MiB)",
-    500: "InternalError: the service log has the traceback under error_id",
+    415: "UnsupportedMediaType: a body whose Content-Type is not application/json",
+    500: "InternalError: the service log has the error under error_id",
 }
-UNAUTHORIZED = {401: "Unauthorized: no bearer token, or an unknown, revoked or expired one"}
+UNAUTHORIZED = {
+    401: "Unauthorized: no bearer token (an access token or the operator secret), or an "
+    "unknown, revoked or expired one"
+}
+ADMINS_ONLY = f"Forbidden: not an admin token or the operator secret; or {FOREIGN_ORIGIN}"
 # ... and every method of the API these
 EVERY_METHOD = {
-    403: "Forbidden: the token's scope (or membership) does not allow this",
+    403: f"Forbidden: the token's scope (or membership) does not allow this; or {FOREIGN_ORIGIN}",
     422: "ValidationError: the body breaks a limit of the data model (the message names "
     "the field and the limit), or what it names cannot be done now",
     503: "LogUnavailable: the event log (NATS JetStream) did not answer; a write may be "
@@ -376,8 +383,8 @@ def struct_schema(struct: type[msgspec.Struct]) -> dict[str, Any]:
 
 
 class Health(pydantic.BaseModel):
-    """``GET /health``: "up" or "down" to anyone; with a token, "ok" or "degraded" and
-    the details."""
+    """``GET /health``: "up" or "down" to anyone; to an admin token or the operator, "ok"
+    or "degraded" and the details."""
 
     status: Literal["ok", "degraded", "up", "down"]
     nats_connected: bool | None = None

@@ -2,8 +2,10 @@
 same async methods and the same typed results as ``sync.PulseDB``.
 
 The CLI and ``pulse mcp`` use it when a service runs on the data directory (DuckDB has
-one writer, so a second process cannot open the files). Results travel in msgspec's JSON
-form (``?format=msgspec``) and are decoded into the exact return types of PulseDB.
+one writer, so a second process cannot open the files): ``RemotePulseDB.from_data_dir``
+finds the service and sends the data directory's operator secret (or a given token).
+Results travel in msgspec's JSON form (``?format=msgspec``) and are decoded into the
+exact return types of PulseDB.
 
 Start-up: the CLI calls this once per command, so the module imports neither the
 instance nor an HTTP library. What a call needs of PulseDB (each method's parameters and
@@ -269,7 +271,8 @@ def raise_for(response: Response) -> None:
     if response.status_code == 401:
         message = (
             f"the Pulse service at {response.host} refused the request ({message}): "
-            "set $PULSE_TOKEN to an access token"
+            "set $PULSE_TOKEN to an access token, or run as the user whose data directory "
+            "it serves (its operator-token file)"
         )
     raise ERRORS.get(kind, PulseError)(message)
 
@@ -293,6 +296,27 @@ class RemotePulseDB:
         self._api = described if described is not None else describe_api()
         self._methods: dict[str, _Method] = {}
         self._idle: list[http.client.HTTPConnection] = []  # kept alive between calls
+
+    @classmethod
+    def from_data_dir(
+        cls, data_dir: str | os.PathLike[str], token: str | None = None, **kwargs: Any
+    ) -> RemotePulseDB:
+        """The ``pulse up`` serving ``data_dir`` (its URL and API description from
+        ``service.json``), acting for ``token``, or, without one, as the local operator
+        with the data directory's operator secret (``ops.operator_secret``)::
+
+            db = RemotePulseDB.from_data_dir(".pulse")
+            print(await db.list_collectives())
+
+        LogUnavailable when no service runs there."""
+        from ops.operator_secret import read_secret
+
+        service = running_service(data_dir)
+        if service is None:
+            raise LogUnavailable(
+                f"service: no pulse up serves {data_dir} (start it: pulse --data-dir {data_dir} up)"
+            )
+        return cls(service["url"], token or read_secret(data_dir), **kwargs)
 
     def _method(self, name: str) -> _Method:
         if name not in self._methods:

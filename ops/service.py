@@ -9,10 +9,17 @@ carries the data-model limits, and a bad request gets the library's messages:
 
     422 {"error": "ValidationError", "message": "importance: Input should be ...",
          "problems": ["importance: ..."]}
-    404 NotFoundError, 409 ConflictError, 503 LogUnavailable, 401 without the token,
-    413 PayloadTooLarge (a body over $PULSE_MAX_BODY_BYTES, 8 MiB), and for anything
-    unexpected 500 {"error": "InternalError", "message": ..., "error_id": "..."}: the
-    traceback is in the service log under that id, never in the response
+    404 NotFoundError, 409 ConflictError, 503 LogUnavailable, 401 without a credential,
+    403 Forbidden (also: an Origin not of this service), 415 UnsupportedMediaType (a body
+    that is not Content-Type application/json), 413 PayloadTooLarge (a body over
+    $PULSE_MAX_BODY_BYTES, 8 MiB), and for anything unexpected 500 {"error":
+    "InternalError", "message": ..., "error_id": "..."}: one line in the service log
+    under that id (its traceback at debug level), never the details in the response
+
+Every request carries a credential (``Guard``): an access token, or the data
+directory's operator secret (``ops.operator_secret``), as ``Authorization: Bearer``;
+only ``/health`` (up or down), ``/openapi.json`` and ``/docs`` (its assets shipped in the
+package) answer without one, and the last two can be made private too.
 
 Listings (list_collectives, get_related_experiences, get_active_agents, list_sessions,
 dead_letters) answer one page, ``{"items": [...], "next": cursor or null}``: ``limit``
@@ -22,7 +29,8 @@ Results are JSON with embeddings left out (their ``dimension`` instead), or as l
 floats with ``?embeddings=true``; ``?format=msgspec`` is the exact typed form
 ``ops.remote.RemotePulseDB`` decodes; ``POST /v1/sql`` also answers Arrow IPC or Parquet
 (``ops.tables``). Also: ``GET /v1/watch_experiences`` (server-sent events), ``GET
-/health``, ``GET /metrics`` (Prometheus text, ``ops.metrics``), and the MCP server's
+/health``, ``GET /metrics`` (Prometheus text, ``ops.metrics``; admins and the operator,
+or anyone on an address of its own: ``metrics_app``), and the MCP server's
 streamable-HTTP transport at ``/mcp``.
 
 What the OpenAPI schema promises of every route (statuses, the error body, strict JSON
@@ -35,7 +43,6 @@ import asyncio
 import collections.abc
 import contextlib
 import inspect
-import ipaddress
 import json
 import logging
 import os
@@ -51,9 +58,13 @@ import numpy as np
 import pydantic
 from fastapi import FastAPI, Query
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
+from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]
 
 from eventlog.errors import (
     ConflictError,
@@ -105,8 +116,6 @@ INPUT_MODELS: dict[str, type[pydantic.BaseModel]] = {
 }
 
 
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
-
 # -- limits of the edge (environment variables of `pulse up`, or create_app's arguments) ---
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # $PULSE_MAX_BODY_BYTES: a request body, in bytes
@@ -126,15 +135,6 @@ def setting(name: str, default: int) -> int:
     if value < 1:
         raise ValidationError(f"{name}: must be a positive integer, got {text!r}")
     return value
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 # -- request models derived from signatures ------------------------------------------------
@@ -223,33 +223,84 @@ def route_of(path: str) -> str:
     return path if path in KNOWN_ROUTES else "other"
 
 
-def _host_name(scope: Scope) -> str:
-    """The host name of the Host header, without the port (IPv6 in brackets)."""
-    for key, value in scope["headers"]:
-        if key == b"host":
-            host: str = value.decode("latin-1")
-            if host.startswith("["):
-                return host[: host.find("]") + 1]
-            return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    return ""
+def own_origins(hosts: collections.abc.Iterable[str], port: int) -> set[str]:
+    """The origins of this service's own pages (``/docs``): its loopback names and the
+    addresses it is reached at (--host, and the one a request came to), at its port. (A
+    page that rebinds its own name to one of them still has its own name as Origin.)"""
+    names = {"127.0.0.1", "localhost", "::1", *hosts}
+    return {f"http://[{name}]:{port}" if ":" in name else f"http://{name.lower()}:{port}"
+            for name in names}  # fmt: skip
+
+
+def origin_of(text: str) -> str:
+    """A configured origin (``--allow-origin``) as browsers send it: scheme://host[:port],
+    lower case, no path; ValidationError naming it otherwise."""
+    given = text.strip().rstrip("/").lower()
+    scheme, sep, rest = given.partition("://")
+    if scheme not in ("http", "https") or not sep or not rest or any(c in rest for c in "/?#@ "):
+        raise ValidationError(
+            f"allow_origin: must be an origin like https://app.example or http://host:8080 "
+            f"(scheme, host and port, no path), got {text!r:.100}"
+        )
+    return given
+
+
+def _header(scope: Scope, name: bytes) -> list[str]:
+    return [value.decode("latin-1") for key, value in scope["headers"] if key == name]
+
+
+def _has_body(scope: Scope) -> bool:
+    if _header(scope, b"transfer-encoding"):
+        return True
+    return any(length.strip() not in ("", "0") for length in _header(scope, b"content-length"))
+
+
+def is_json(content_type: str) -> bool:
+    """Whether a Content-Type is the media type application/json (parameters such as
+    charset aside): the type is parsed, never searched for "json", so a browser's
+    ``text/plain;charset=json`` (a request sent without a CORS preflight) is not."""
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    return media_type == "application/json"
 
 
 PRINCIPAL = "pulse.principal"  # the scope key of a request's resolved principal
+DOCS_PATHS = ("/openapi.json", "/docs")  # and what is under /docs/ (its assets)
 
 
 class Guard:
-    """Who a request acts for, and request metrics. Plain ASGI, so streaming responses
-    (SSE, MCP) pass through untouched.
+    """What every request must show, who it acts for, and request metrics. Plain ASGI,
+    so streaming responses (SSE, MCP) pass through untouched.
+
+    A browser cannot be made to act for its user here: a request whose ``Origin`` is not
+    one of this service's own (``own_origins``) or one configured (``--allow-origin``) is
+    403 on every path, and a request with a body must say Content-Type application/json
+    (415 otherwise; a page can send other types without asking first). CORS headers are
+    sent for the configured origins only (none by default).
 
     The principal (``sync.access``) goes in the request's scope (``PRINCIPAL``) for the
-    endpoints and the MCP tools: the bearer token's (an access token, or the service's
-    own ``token``, which acts as the local operator); without a bearer token, the local
-    operator while no access token was ever created and the service has no token of its
-    own (then it answers loopback Host names only: no DNS rebinding). Everything else is
-    refused with 401, except ``/health``, which answers "up" or "down" to anyone."""
+    endpoints and the MCP tools: that of its bearer token, an access token or the data
+    directory's operator secret (``ops.operator_secret``: the local operator). Without
+    one, 401 on every path but ``/health`` (which then answers "up" or "down" only) and
+    the contract (``/openapi.json``, ``/docs``) unless ``private_docs``. Whatever the Host
+    or the peer's address: loopback is no credential, since every user of the machine
+    (and every page their browsers load) reaches it."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, token: str | None, db: PulseDB) -> None:
-        self.app, self.metrics, self.token, self.db = app, metrics, token, db
+    def __init__(
+        self, app: ASGIApp, metrics: Metrics, secret: str, db: PulseDB, *, host: str,
+        allow_origins: tuple[str, ...] = (), private_docs: bool = False,
+    ) -> None:  # fmt: skip
+        self.app, self.metrics, self.secret, self.db = app, metrics, secret, db
+        self.host, self.private_docs = host, private_docs
+        self.allowed = {origin_of(origin) for origin in allow_origins}
+        self.inner: ASGIApp = self._authenticated
+        if self.allowed:
+            self.inner = CORSMiddleware(
+                self._authenticated, allow_origins=sorted(self.allowed),
+                allow_methods=["GET", "POST", "DELETE"],
+                allow_headers=["Authorization", "Content-Type", "Accept", "Last-Event-ID",
+                               "Mcp-Session-Id", "Mcp-Protocol-Version"],
+                expose_headers=["Mcp-Session-Id", "Retry-After", "WWW-Authenticate"],
+            )  # fmt: skip
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -258,54 +309,91 @@ class Guard:
         path: str = scope["path"]
         started = time.perf_counter()
         status = 500
+        answered = False
 
         async def sending(message: Message) -> None:
-            nonlocal status
+            nonlocal status, answered
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, answered = message["status"], True
             await send(message)
 
         try:
-            open_to_loopback = self.token is None and not self.db.tokens_required
-            if open_to_loopback and _host_name(scope) not in LOOPBACK_NAMES:
-                # loopback only: another Host name is a page rebinding its DNS name to us
-                response = JSONResponse(
-                    {"error": "BadHost", "message": "this service answers loopback names only"},
-                    status_code=400,
-                )
-                await response(scope, receive, sending)
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, sending)
                 return
-            try:
-                scope[PRINCIPAL] = resolve(scope, self.token, self.db)
-            except Unauthorized as exc:
-                if path != "/health":
-                    response = JSONResponse(
-                        {"error": "Unauthorized", "message": str(exc)},
-                        status_code=401, headers={"WWW-Authenticate": "Bearer"},
-                    )  # fmt: skip
-                    await response(scope, receive, sending)
-                    return
-                scope[PRINCIPAL] = None
-            await self.app(scope, receive, sending)
+            await self.inner(scope, receive, sending)
+        except Exception as exc:  # anything unexpected: an id, one line in the log
+            # (caught here, not by an app exception handler: Starlette would raise it on
+            # to the server after the answer, which logs a traceback for every request)
+            error_id = internal_error(f"{scope['method']} {path}", exc)
+            if not answered:  # (a stream that already began just ends)
+                await internal_response(error_id)(scope, receive, sending)
         finally:
             method = scope["method"] if scope["method"] in METHODS else "other"
             self.metrics.observe(route_of(path), method, status, time.perf_counter() - started)
 
+    def _refusal(self, scope: Scope) -> JSONResponse | None:
+        """The answer to a request a browser may have been made to send, if it is one."""
+        origins = _header(scope, b"origin")
+        if origins:
+            address, port = scope.get("server") or ("", None)
+            own = own_origins((self.host, str(address)), port) if port else set()
+            foreign = [o for o in origins if o.strip().lower() not in own | self.allowed]
+            if foreign or len(origins) > 1:
+                named = foreign[0] if foreign else ", ".join(origins)
+                return JSONResponse(
+                    {"error": "Forbidden", "message": f"origin: {named!r:.200} is not an "
+                     "origin of this service; pulse up --allow-origin ORIGIN lets a web app "
+                     "of yours call it"},
+                    status_code=403,
+                )  # fmt: skip
+        if _has_body(scope):
+            types = _header(scope, b"content-type")
+            if len(types) != 1 or not is_json(types[0]):
+                given = types[0] if len(types) == 1 else (types or "none")
+                return JSONResponse(
+                    {"error": "UnsupportedMediaType", "message": "body: must be JSON with "
+                     f"Content-Type: application/json, got {given!r:.200}"},
+                    status_code=415,
+                )  # fmt: skip
+        return None
 
-def resolve(scope: Scope, token: str | None, db: PulseDB) -> Principal:
-    """The principal of a request's bearer token (``token``: the service's own), or of no
-    token on a service open to loopback; Unauthorized (naming why) when there is none. A
-    stream asks again as it goes: a token revoked (or expired) meanwhile ends it."""
+    async def _authenticated(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            scope[PRINCIPAL] = resolve(scope, self.secret, self.db)
+        except Unauthorized as exc:
+            if not self._public(scope["path"]):
+                response = JSONResponse(
+                    {"error": "Unauthorized", "message": str(exc)},
+                    status_code=401, headers={"WWW-Authenticate": "Bearer"},
+                )  # fmt: skip
+                await response(scope, receive, send)
+                return
+            scope[PRINCIPAL] = None
+        await self.app(scope, receive, send)
+
+    def _public(self, path: str) -> bool:
+        """Paths that answer without a credential: /health (up or down), and the contract
+        unless private."""
+        if path == "/health":
+            return True
+        return not self.private_docs and (path in DOCS_PATHS or path.startswith("/docs/"))
+
+
+def resolve(scope: Scope, secret: str, db: PulseDB) -> Principal:
+    """The principal of a request's bearer token (``secret``: the operator's), or
+    Unauthorized (naming why). A stream asks again as it goes: a token revoked (or
+    expired) meanwhile ends it."""
     given = _bearer(scope)
-    if given is not None:
-        if token is not None and secrets.compare_digest(given.encode(), token.encode()):
-            return Principal.operator()
-        return db.principal_of(given)
-    if token is None and not db.tokens_required:
+    if given is None:
+        raise Unauthorized(
+            "a bearer token is required: Authorization: Bearer <token> (an access token, "
+            "or the operator secret in the data directory's operator-token file)"
+        )
+    if secrets.compare_digest(given.encode(), secret.encode()):
         return Principal.operator()
-    raise Unauthorized(
-        "a bearer token is required: Authorization: Bearer <token> (pulse token create)"
-    )
+    return db.principal_of(given)
 
 
 def _bearer(scope: Scope) -> str | None:
@@ -408,10 +496,15 @@ def _error(exc: PulseError) -> JSONResponse:
 
 
 def internal_error(where: str, exc: BaseException, logger: logging.Logger = log) -> str:
-    """Log an unexpected error with its traceback under a short random id; the id is all
-    a caller gets (never the exception's type, message or traceback)."""
+    """Log an unexpected error under a short random id, in one line at ERROR (the id,
+    where, the exception's type and the start of its message, newlines escaped) and its
+    traceback once at DEBUG ($PULSE_LOG_LEVEL of `pulse up`): a stream of bad
+    requests grows the log by a line each, not a traceback each. The id is all a caller
+    gets (never the exception's type, message or traceback)."""
     error_id = secrets.token_hex(6)
-    logger.error("internal error %s in %s", error_id, where, exc_info=exc)
+    logger.error("internal error %s in %s: %s %.200r", error_id, where, type(exc).__name__,
+                 str(exc))  # fmt: skip
+    logger.debug("internal error %s in %s: the traceback", error_id, where, exc_info=exc)
     return error_id
 
 
@@ -419,16 +512,30 @@ def internal_message(error_id: str) -> str:
     return f"internal error {error_id}: the service log has the details under this id"
 
 
+def internal_response(error_id: str) -> JSONResponse:
+    """The answer to an unexpected error: its id, never its type, message or traceback."""
+    return JSONResponse(
+        {"error": "InternalError", "message": internal_message(error_id), "error_id": error_id},
+        status_code=500,
+    )
+
+
 def create_app(
     db: PulseDB,
     *,
-    token: str | None = None,
+    secret: str,
+    host: str = "127.0.0.1",
+    allow_origins: tuple[str, ...] = (),
+    private_docs: bool = False,
     mcp_routes: list[Any] | None = None,
     lifespan: Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]] | None = None,
     max_body_bytes: int | None = None,
     max_watchers: int | None = None,
 ) -> FastAPI:
-    """The app over ``db``. ``max_body_bytes`` and ``max_watchers`` default to
+    """The app over ``db``: ``secret`` is the operator secret (``ops.operator_secret``),
+    ``host`` the address it listens on (its origins are its own), ``allow_origins`` the
+    web apps' origins that may call it (with CORS), ``private_docs`` makes /openapi.json
+    and /docs want a credential too. ``max_body_bytes`` and ``max_watchers`` default to
     $PULSE_MAX_BODY_BYTES (8 MiB) and $PULSE_MAX_WATCHERS (64)."""
     body_limit = max_body_bytes or setting("PULSE_MAX_BODY_BYTES", MAX_BODY_BYTES)
     watch_limit = max_watchers or setting("PULSE_MAX_WATCHERS", MAX_WATCHERS)
@@ -438,24 +545,24 @@ def create_app(
         summary="A shared memory for collectives of AI agents",
         description=__doc__,
         lifespan=lifespan,
+        docs_url=None,  # (served below, from the package: no CDN)
+        redoc_url=None,
     )
-    metrics = Metrics(db)
+    metrics = app.state.metrics = Metrics(db)
     app.add_middleware(BodyLimit, limit=body_limit)
-    app.add_middleware(Guard, metrics=metrics, token=token, db=db)  # outermost: sees the 413s
+    app.add_middleware(
+        Guard,
+        metrics=metrics,
+        secret=secret,
+        db=db,
+        host=host,
+        allow_origins=allow_origins,
+        private_docs=private_docs,
+    )  # fmt: skip (outermost: sees the 413s)
 
     @app.exception_handler(PulseError)
     async def pulse_error(_: Request, exc: PulseError) -> JSONResponse:
         return _error(exc)
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # the id, not the exception: its type and message stay in the log
-        error_id = internal_error(f"{request.method} {request.url.path}", exc)
-        return JSONResponse(
-            {"error": "InternalError", "message": internal_message(error_id),
-             "error_id": error_id},
-            status_code=500,
-        )  # fmt: skip
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -525,7 +632,7 @@ def create_app(
         def refused() -> bytes | None:
             """The end of a stream whose token was revoked or expired since it began."""
             try:
-                resolve(request.scope, token, db)
+                resolve(request.scope, secret, db)
             except Unauthorized as exc:
                 return b"event: unauthorized\ndata: " + json.dumps(str(exc)).encode() + b"\n\n"
             return None
@@ -564,14 +671,15 @@ def create_app(
         tags=["service"],
         response_model=None,
         responses={
-            200: {"model": contract.Health, "description": "up (with a token: the details)"},
-            503: {"model": contract.Health, "description": "down (with a token: why)"},
+            200: {"model": contract.Health, "description": "up (to admins: the details)"},
+            503: {"model": contract.Health, "description": "down (to admins: why)"},
             **contract.responses(contract.EVERY_ROUTE),
         },
     )
     async def health(request: Request) -> JSONResponse:
-        """Up or down; with the bearer token (or on a service without one), also the NATS
-        connection, last applied vs stream sequence, and the lag."""
+        """Up or down; to an admin token or the operator, also the NATS connection, last
+        applied vs stream sequence, the lag, the instance id and the analysts' snapshot
+        (sequence numbers tell how much the stream holds: not for every caller)."""
         connected = bool(getattr(getattr(db.log, "nc", None), "is_connected", True))
         stream_seq: int | None = None
         try:
@@ -592,8 +700,9 @@ def create_app(
         }
         if failure is not None:
             body["error"] = repr(failure)
-        if request.scope.get(PRINCIPAL) is None:
-            body = {"status": "up" if ok else "down"}  # the rest is for those with a token
+        principal = request.scope.get(PRINCIPAL)
+        if not (isinstance(principal, Principal) and principal.admin):
+            body = {"status": "up" if ok else "down"}  # the rest is for admins
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get(
@@ -606,16 +715,16 @@ def create_app(
                 "description": "the Prometheus text exposition format 0.0.4",
                 "content": {METRICS_CONTENT_TYPE: {"schema": {"type": "string"}}},
             },
-            **contract.responses({**contract.EVERY_ROUTE, **contract.UNAUTHORIZED}),
+            **contract.responses(
+                {**contract.EVERY_ROUTE, **contract.UNAUTHORIZED, 403: contract.ADMINS_ONLY}
+            ),
         },
     )
-    async def prometheus() -> Response:
-        """Prometheus metrics: requests, latencies, events applied, replication lag."""
-        try:
-            stream_seq: int | None = await asyncio.wait_for(db.log.last_seq(db.subjects_read()), 5)
-        except (PulseError, TimeoutError):
-            stream_seq = None
-        return Response(metrics.render(stream_seq), media_type=METRICS_CONTENT_TYPE)
+    async def prometheus(request: Request) -> Response:
+        """Prometheus metrics: requests, latencies, events applied, replication lag. For
+        admin tokens and the operator (or anyone on --metrics-listen's address)."""
+        principal_of(request).need_admin("reading /metrics")
+        return await metrics_response(db, metrics)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -624,9 +733,64 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
 
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> Response:
+        """Swagger UI over /openapi.json, its scripts and styles from this service."""
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json", title="Pulse API",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
+            oauth2_redirect_url=None,
+            swagger_ui_parameters={"validatorUrl": None},  # (its default asks a web service)
+        )  # fmt: skip
+
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+
     for route in mcp_routes or []:
         app.router.routes.append(route)
     return app
+
+
+DOCS_ASSETS = "/docs/assets"
+
+
+async def metrics_response(db: PulseDB, metrics: Metrics) -> Response:
+    try:
+        stream_seq: int | None = await asyncio.wait_for(db.log.last_seq(db.subjects_read()), 5)
+    except (PulseError, TimeoutError):
+        stream_seq = None
+    return Response(metrics.render(stream_seq), media_type=METRICS_CONTENT_TYPE)
+
+
+def metrics_app(db: PulseDB, metrics: Metrics) -> ASGIApp:
+    """``GET /metrics`` alone, without a credential, for ``pulse up --metrics-listen``: an
+    address of its own that only the scrapers reach (a private network, or loopback for
+    an agent beside it). Why not a ``metrics`` token scope: a scope is a value in the
+    token events, and hosts of an older Pulse would refuse (dead-letter) a token created
+    with a scope they do not know; an address of its own needs nothing on the log. On
+    the API's address /metrics stays for admins and the operator (stream totals are not
+    for every caller). Foreign Origins are refused here too."""
+
+    async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        response: Response
+        if _header(scope, b"origin"):
+            response = JSONResponse(
+                {"error": "Forbidden", "message": "origin: this address serves scrapers only"},
+                status_code=403,
+            )
+        elif scope["path"] != "/metrics" or scope["method"] not in ("GET", "HEAD"):
+            response = JSONResponse(
+                {"error": "NotFoundError", "message": "path: this address serves GET /metrics"},
+                status_code=404,
+            )
+        else:
+            response = await metrics_response(db, metrics)
+        await response(scope, receive, send)
+
+    return serve
 
 
 TAGS = (
@@ -719,12 +883,7 @@ async def read_body(request: Request, model: type[M]) -> M:
     """The request's body as ``model``: a JSON object of the method's arguments, with the
     JSON types the schema states (strict: no ``false`` for an integer, no ``"1"`` for a
     number); no body at all stands for ``{}`` where every argument has a default."""
-    raw = await request.body()
-    content_type = request.headers.get("content-type", "application/json")
-    if raw.strip() and "json" not in content_type.lower():
-        raise ValidationError(
-            "body: must be a JSON object of the method's arguments (Content-Type: application/json)"
-        )
+    raw = await request.body()  # (JSON by its Content-Type: the Guard refused any other)
     try:
         if not raw.strip():
             if any(field.is_required() for field in model.model_fields.values()):

@@ -29,9 +29,11 @@ The rules (``Principal``):
 
 The *local operator* is the principal of a process that holds the data directory and
 the NATS credentials, which can read every file anyway: ``PulseDB.open`` without a
-principal, and requests to ``pulse up`` on loopback while no token was ever created.
-It may do anything (as Pulse did before tokens). The moment a token exists, the service
-wants one with every request, and revoking every token does not change that back.
+principal, and requests to ``pulse up`` that carry the data directory's operator secret
+(``ops.operator_secret``: a 0600 file the CLI, ``pulse mcp`` and
+``RemotePulseDB.from_data_dir`` read). It may do anything (as Pulse did before tokens).
+The service wants a credential with every request, this secret or an access token,
+whether or not a token exists; revoking every token never locks the operator out.
 """
 
 from __future__ import annotations
@@ -220,12 +222,6 @@ class Registry:
         """Hold ``tokens`` (in the order given: ``projections.queries.tokens`` gives them by
         id)."""
         self.tokens = {t.token_id: t for t in tokens}
-
-    @property
-    def required(self) -> bool:
-        """Whether any token was ever created (revoked ones count): then every request to
-        the service needs one."""
-        return bool(self.tokens)
 
     def resolve(self, token: str, now_ms: int | None = None) -> Principal:
         """The principal of a token; Unauthorized (naming why) when it is not a live one."""

@@ -359,12 +359,6 @@ class PulseDB(
         with access.acting(self._principal_from(who)) as principal:
             yield principal
 
-    @property
-    def tokens_required(self) -> bool:
-        """Whether any access token was ever created: then the service wants one with
-        every request (``sync.access``)."""
-        return self.access.required
-
     # -- the state as a whole ---------------------------------------------------------------
 
     def watch_experiences(self) -> ExperienceWatch:

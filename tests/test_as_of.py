@@ -379,7 +379,8 @@ async def test_validity_and_as_of_over_http(tmp_path: Path) -> None:
                                      "as_of": True})  # fmt: skip
             assert flag.status_code == 422 and "as_of" in flag.json()["message"]
         async with (
-            streamable_http_client(f"{service.url}/mcp") as (read, write, _),
+            service.mcp_client() as http,
+            streamable_http_client(f"{service.url}/mcp", http_client=http) as (read, write, _),
             ClientSession(read, write) as session,
         ):
             await session.initialize()

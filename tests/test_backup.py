@@ -77,7 +77,8 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Source]:
     data = root / "source"
     service = start(data)
     try:
-        with httpx.Client(base_url=service.url, timeout=60) as client:
+        operator = {"Authorization": f"Bearer {service.token}"}
+        with httpx.Client(base_url=service.url, timeout=60, headers=operator) as client:
 
             def call(method: str, **body: Any) -> Any:
                 response = client.post(f"/v1/{method}", json=body)

@@ -135,7 +135,7 @@ def test_the_blocking_facade(tmp_path: Path) -> None:
 
 async def test_over_http_and_through_the_remote_client(service: Service) -> None:
     assert "record_experiences" in API_METHODS
-    async with httpx.AsyncClient(base_url=service.url, timeout=60) as client:
+    async with service.client() as client:
 
         async def post(method: str, **body: Any) -> httpx.Response:
             return await client.post(f"/v1/{method}", json=body)
@@ -167,7 +167,7 @@ async def test_over_http_and_through_the_remote_client(service: Service) -> None
             assert message in refused.json()["message"]
         assert await unchanged() == before
 
-    remote = RemotePulseDB(service.url)
+    remote = RemotePulseDB.from_data_dir(service.data_dir)  # (as the operator)
     try:
         items = notes(30)
         items[4]["embedding"] = np.array([0.0, 1.0, 0.0], dtype=np.float32)  # numpy travels too

@@ -132,7 +132,8 @@ async def test_json_types_are_strict_and_refusals_name_the_field(guarded: Servic
         assert response.status_code == 422 and response.json()["message"].startswith(
             "body: required"
         )
-        response = await client.post("/v1/record_experience", content=b"null")
+        response = await client.post("/v1/record_experience", content=b"null",
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
         assert response.status_code == 422 and response.json()["message"].startswith(
             "body: must be"
         )

@@ -28,6 +28,7 @@ from eventlog.embedded import _die_with_parent, find_nats_server
 from ops.cli import build_parser
 from ops.cli import main as pulse_main
 from ops.cluster import LocalCluster, free_ports
+from ops.operator_secret import read_secret
 from tests.conftest import eventually
 from tests.test_service import drain
 
@@ -230,6 +231,7 @@ class PulseUp:
         self.argv = shlex.split(service["ExecStart"][0])
         self.port = int(self.argv[self.argv.index("--port") + 1])
         self.url = f"http://127.0.0.1:{self.port}"
+        self.data_dir = Path(service["WorkingDirectory"][0]) / env["PULSE_DATA_DIR"]
         self.process = subprocess.Popen(
             self.argv, cwd=service["WorkingDirectory"][0], env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -239,6 +241,10 @@ class PulseUp:
         self.logged: list[str] = []
         self.drains = [drain(self.process.stdout, self.printed),
                        drain(self.process.stderr, self.logged)]  # fmt: skip
+
+    def operator(self) -> dict[str, str]:
+        """The header of a request as the host's operator (its data directory's secret)."""
+        return {"Authorization": f"Bearer {read_secret(self.data_dir)}"}
 
     def serving(self) -> bool:
         if self.process.poll() is not None:
@@ -367,7 +373,9 @@ async def test_three_hosts_installed_from_the_generated_files_converge(tmp_path:
         assert set(streams) == {"PULSE", "PULSE_ACTIVITY", "KV_PULSE_KEYS"}
         assert all(len(s["cluster"]["replicas"]) == 2 for s in streams.values())
 
-        clients = [httpx.AsyncClient(base_url=s.url, timeout=60) for s in services]
+        clients = [
+            httpx.AsyncClient(base_url=s.url, timeout=60, headers=s.operator()) for s in services
+        ]
         try:
             team = await call(clients[0], "create_collective", owner_id="ops", name="team",
                               embedder="hash")  # fmt: skip

@@ -346,9 +346,13 @@ class _Quiet(uvicorn.Server):
         yield
 
 
+IN_PROCESS_SECRET = "in-process-operator"  # the operator secret of in_process's app
+
+
 @contextlib.asynccontextmanager
 async def in_process(db: PulseDB) -> AsyncIterator[str]:
-    """The app of `pulse up` (HTTP API and MCP) over ``db``, served in this process."""
+    """The app of `pulse up` (HTTP API and MCP) over ``db``, served in this process, with
+    the operator secret ``IN_PROCESS_SECRET``."""
     mcp = build_mcp(db)
     mcp_app = mcp.streamable_http_app()
 
@@ -357,7 +361,9 @@ async def in_process(db: PulseDB) -> AsyncIterator[str]:
         async with mcp.session_manager.run():
             yield
 
-    app = create_app(db, mcp_routes=list(mcp_app.routes), lifespan=lifespan)
+    app = create_app(
+        db, secret=IN_PROCESS_SECRET, mcp_routes=list(mcp_app.routes), lifespan=lifespan
+    )
     server = _Quiet(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     serving = asyncio.create_task(server.serve())
     try:
@@ -388,14 +394,16 @@ async def test_an_unexpected_error_answers_an_id_and_logs_the_details(
         team = await db.create_collective("o", "team", 2)
         monkeypatch.setattr(db, "get_collective_stats", broken)
         monkeypatch.setattr(db, "get_active_agents", broken)
-        caplog.set_level(logging.ERROR)
+        caplog.set_level(logging.DEBUG, logger="pulse")
+        operator = {"Authorization": f"Bearer {IN_PROCESS_SECRET}"}
         async with in_process(db) as url:
-            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            async with httpx.AsyncClient(base_url=url, timeout=30, headers=operator) as client:
                 response = await client.post("/v1/get_collective_stats",
                                              json={"collective_id": str(team)})  # fmt: skip
                 fine = await client.post("/v1/get_collective", json={"collective_id": str(team)})
             async with (
-                streamable_http_client(f"{url}/mcp") as (read, write, _),
+                httpx.AsyncClient(headers=operator, timeout=30) as http,
+                streamable_http_client(f"{url}/mcp", http_client=http) as (read, write, _),
                 ClientSession(read, write) as session,
             ):
                 await session.initialize()
@@ -428,7 +436,11 @@ async def test_an_unexpected_error_answers_an_id_and_logs_the_details(
 
     for error_id, where in ((body["error_id"], "POST /v1/get_collective_stats"),
                             (mcp_id, "MCP tool activity")):  # fmt: skip
-        (record,) = [r for r in caplog.records if error_id in r.getMessage()]
-        assert where in record.getMessage()
-        assert record.exc_info is not None and "secret detail" in str(record.exc_info[1])
-        assert "Traceback" in caplog.text and "RuntimeError: secret detail" in caplog.text
+        # one line at ERROR (the id, where, what), the traceback once at DEBUG
+        line, traceback = [r for r in caplog.records if error_id in r.getMessage()]
+        assert line.levelno == logging.ERROR and line.exc_info is None
+        assert line.getMessage() == (
+            f"internal error {error_id} in {where}: RuntimeError 'secret detail'"
+        )
+        assert traceback.levelno == logging.DEBUG and traceback.exc_info is not None
+        assert "secret detail" in str(traceback.exc_info[1])

@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 from uuid import UUID
 
-import httpx
 import pytest
 
 from eventlog import EmbeddedNats
@@ -192,7 +191,7 @@ async def test_pulse_up_follow_names_its_scope(tmp_path: Path, nats_server: Embe
     service = start(tmp_path / "host", "--follow", "alpha", env=_env(nats_server))
     try:
         assert "follows  alpha (1 collectives)" in service.banner
-        async with httpx.AsyncClient(base_url=service.url, timeout=30) as client:
+        async with service.client() as client:
             # its lag is measured on what it reads (the log's last event is gamma's)
             health = (await client.get("/health")).json()
             assert health["lag"] == 0 and health["stream_seq"] == health["applied_seq"] == 1

@@ -258,7 +258,8 @@ async def test_http_mcp_and_cli_take_the_key(service: Any) -> None:
         assert len(await call(client, "list_experiences", collective_id=team)) == 1
 
     async with (
-        streamable_http_client(f"{service.url}/mcp") as (read, write, _),
+        service.mcp_client() as http,
+        streamable_http_client(f"{service.url}/mcp", http_client=http) as (read, write, _),
         ClientSession(read, write) as session,
     ):
         await session.initialize()

@@ -209,7 +209,8 @@ def test_import_goes_through_the_running_service(
 ) -> None:
     service = start(tmp_path / "served")
     try:
-        with httpx.Client(base_url=service.url, timeout=60) as client:
+        operator = {"Authorization": f"Bearer {service.token}"}
+        with httpx.Client(base_url=service.url, timeout=60, headers=operator) as client:
 
             def call(method: str, **body: Any) -> Any:
                 response = client.post(f"/v1/{method}", json=body)

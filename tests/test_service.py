@@ -21,6 +21,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from ops.operator_secret import read_secret
 from ops.remote import API_METHODS
 from tests.conftest import eventually
 
@@ -39,9 +40,18 @@ class Service:
     drains: list[threading.Thread] = field(default_factory=list)
 
     def client(self, token: str | None = None) -> httpx.AsyncClient:
+        """A client acting for ``token``, by default the operator's secret (which
+        ``start`` read from the data directory, as the CLI does)."""
         given = token or self.token
         headers = {"Authorization": f"Bearer {given}"} if given else {}
         return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=60)
+
+    def mcp_client(self, token: str | None = None) -> httpx.AsyncClient:
+        """An HTTP client for ``streamable_http_client(..., http_client=)``: ``client``'s
+        credential, and the MCP SDK's read timeout (its streams wait long)."""
+        given = token or self.token
+        headers = {"Authorization": f"Bearer {given}"} if given else {}
+        return httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30, read=300))
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -65,6 +75,7 @@ def start(data_dir: Path, *args: str, env: dict[str, str] | None = None) -> Serv
     match = re.search(r"HTTP\s+http://[\d.]+:(\d+)", banner)  # (a --host 0.0.0.0 too)
     assert match, lines
     service = Service(f"http://127.0.0.1:{match.group(1)}", data_dir, process, banner=banner)
+    service.token = read_secret(data_dir)  # the operator's, as the CLI reads it
     service.drains = [drain(process.stdout, service.printed), drain(process.stderr, service.logged)]
     return service
 
@@ -196,26 +207,26 @@ async def test_a_body_that_is_not_json_is_named(service: Service) -> None:
     async with service.client() as client:
         form = {"Content-Type": "application/x-www-form-urlencoded"}
         response = await client.post("/v1/list_collectives", content=b"owner=me", headers=form)
-        assert response.status_code == 422
-        assert response.json()["message"] == (
-            "body: must be a JSON object of the method's arguments (Content-Type: application/json)"
-        )
+        assert response.status_code == 415
+        assert response.json() == {
+            "error": "UnsupportedMediaType",
+            "message": "body: must be JSON with Content-Type: application/json, got "
+            "'application/x-www-form-urlencoded'",
+        }
         broken = await client.post("/v1/list_collectives", content=b'{"owner_id": ',
                                    headers={"Content-Type": "application/json"})  # fmt: skip
         assert broken.status_code == 422
         assert broken.json()["message"].startswith("body: not valid JSON (")
 
 
-async def test_other_host_names_are_refused_on_loopback(service: Service) -> None:
-    """A web page that rebinds its own name to 127.0.0.1 must not reach the API."""
-    async with service.client() as client:
-        response = await client.post("/v1/list_collectives", json={},
-                                     headers={"Host": "attacker.example"})  # fmt: skip
-        assert response.status_code == 400
-        assert (await client.post("/v1/list_collectives", json={})).status_code == 200
-        for name in ("localhost:8765", "[::1]:8765", "127.0.0.1"):
+async def test_a_host_name_is_no_credential(service: Service) -> None:
+    """Loopback, or a Host name of it, lets nobody in: the credential does."""
+    async with service.client() as client, httpx.AsyncClient(base_url=service.url) as anonymous:
+        for name in ("localhost:8765", "[::1]:8765", "127.0.0.1", "attacker.example"):
             allowed = await client.post("/v1/list_collectives", json={}, headers={"Host": name})
             assert allowed.status_code == 200, name
+            refused = await anonymous.post("/v1/list_collectives", json={}, headers={"Host": name})
+            assert refused.status_code == 401, name
 
 
 async def test_a_conflict_is_409(service: Service) -> None:
@@ -313,6 +324,7 @@ async def test_health_reports_a_lost_nats(tmp_path: Path) -> None:
 def test_a_token_guards_every_request(tmp_path: Path) -> None:
     running = start(tmp_path / "data", "--token", "s3cret")
     try:
+        assert running.token == "s3cret"  # --token chose the operator secret's value
         with httpx.Client(base_url=running.url, timeout=30) as client:
             denied = client.post("/v1/list_collectives", json={})
             assert denied.status_code == 401
@@ -325,36 +337,32 @@ def test_a_token_guards_every_request(tmp_path: Path) -> None:
             allowed = client.post("/v1/list_collectives", json={},
                                   headers={"Authorization": "Bearer s3cret"})  # fmt: skip
             assert allowed.status_code == 200 and allowed.json() == {"items": [], "next": None}
-        # the CLI passes $PULSE_TOKEN to the service it finds
-        result = subprocess.run(
-            [PULSE, "--data-dir", str(tmp_path / "data"), "collective", "list"],
-            capture_output=True, text=True, timeout=60, env=_env(PULSE_TOKEN="s3cret"),
-        )  # fmt: skip
-        assert result.returncode == 0 and result.stdout.strip() == "no collectives"
-        result = subprocess.run(
-            [PULSE, "--data-dir", str(tmp_path / "data"), "collective", "list"],
-            capture_output=True, text=True, timeout=60, env=_env(),
-        )  # fmt: skip
-        assert result.returncode == 1 and result.stderr.strip() == (
-            "pulse: error: the Pulse service at 127.0.0.1 refused the request (a bearer token "
-            "is required: Authorization: Bearer <token> (pulse token create)): set $PULSE_TOKEN "
-            "to an access token"
-        )
+        # the CLI reads the secret from the data directory; $PULSE_TOKEN, when set, wins
+        for env, code in ((_env(), 0), (_env(PULSE_TOKEN="s3cret"), 0), (_env(PULSE_TOKEN="x"), 1)):
+            result = subprocess.run(
+                [PULSE, "--data-dir", str(tmp_path / "data"), "collective", "list"],
+                capture_output=True, text=True, timeout=60, env=env,
+            )  # fmt: skip
+            assert result.returncode == code, result.stderr
+        assert result.stderr.strip().startswith(
+            "pulse: error: the Pulse service at 127.0.0.1 refused the request (token: not a "
+            "Pulse token"
+        ), result.stderr
     finally:
         stop(running)
 
 
-def test_serving_beyond_loopback_needs_a_token(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [PULSE, "--data-dir", str(tmp_path / "data"), "up", "--host", "0.0.0.0", "--port", "0"],
-        capture_output=True, text=True, timeout=60, env=_env(),
-    )  # fmt: skip
-    assert result.returncode == 1
-    assert result.stderr.strip() == (
-        "pulse: error: host: 0.0.0.0 is not a loopback address; serving beyond this host "
-        "needs a bearer token (--token or $PULSE_TOKEN) or an access token created first "
-        "(pulse token create --owner ME --scope admin)"
-    )
+def test_serving_beyond_loopback_wants_a_credential_as_everywhere(tmp_path: Path) -> None:
+    running = start(tmp_path / "data", "--host", "0.0.0.0")
+    try:
+        assert running.token and running.token.startswith("pulse-operator-")
+        with httpx.Client(base_url=running.url, timeout=30) as client:
+            assert client.post("/v1/list_collectives", json={}).status_code == 401
+            allowed = client.post("/v1/list_collectives", json={},
+                                  headers={"Authorization": f"Bearer {running.token}"})  # fmt: skip
+            assert allowed.status_code == 200
+    finally:
+        stop(running)
 
 
 def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
@@ -485,13 +493,15 @@ async def test_mcp_over_streamable_http(service: Service) -> None:
     async with service.client() as client:
         await call(client, "create_collective", owner_id="o", name="team", embedder="hash")
     async with (
-        streamable_http_client(f"{service.url}/mcp") as (read, write, _),
+        service.mcp_client() as http,
+        streamable_http_client(f"{service.url}/mcp", http_client=http) as (read, write, _),
         ClientSession(read, write) as session,
     ):
         await _remember_and_recall(session)
     for _ in range(3):  # clients that come and go, as agents do
         async with (
-            streamable_http_client(f"{service.url}/mcp") as (read, write, _),
+            service.mcp_client() as http,
+            streamable_http_client(f"{service.url}/mcp", http_client=http) as (read, write, _),
             ClientSession(read, write) as session,
         ):
             await session.initialize()

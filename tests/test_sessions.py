@@ -35,6 +35,7 @@ from eventlog import events as ev
 from eventlog.errors import ConflictError, Forbidden, NotFoundError, ValidationError
 from eventlog.ids import uuid7
 from ops import cli
+from ops.operator_secret import ensure_secret
 from ops.remote import RemotePulseDB
 from projections import fold, queries
 from sync import PulseDB
@@ -42,7 +43,7 @@ from sync.access import Principal
 from sync.sessions import ResumedSession
 from tests.conftest import eventually
 from tests.histories import common, redeliveries
-from tests.test_edges import in_process
+from tests.test_edges import IN_PROCESS_SECRET, in_process
 
 # -- 1. the life of sessions, through the Python API -----------------------------------------
 
@@ -431,7 +432,7 @@ async def test_sessions_over_http_mcp_and_the_cli(
         await db.record_experience(team, "retry NATS publishes with the same message id")
 
         # HTTP, through the API's Python client: the same methods, typed results
-        remote = RemotePulseDB(url)
+        remote = RemotePulseDB(url, IN_PROCESS_SECRET)
         try:
             started = await remote.start_session(team, "agent-7", "NATS publish retries")
             assert isinstance(started, queries.Session)
@@ -452,7 +453,8 @@ async def test_sessions_over_http_mcp_and_the_cli(
             assert await remote.resume_session(team, "agent-7") is None
         finally:
             await remote.close()
-        async with httpx.AsyncClient(base_url=url, timeout=30) as client:  # plain JSON
+        operator = {"Authorization": f"Bearer {IN_PROCESS_SECRET}"}
+        async with httpx.AsyncClient(base_url=url, timeout=30, headers=operator) as client:
             refused = await client.post(
                 "/v1/update_session",
                 json={"session_id": str(started.session_id), "todo": [{"task": "x"}] * 101},
@@ -466,7 +468,8 @@ async def test_sessions_over_http_mcp_and_the_cli(
 
         # MCP: what an agent calls at its start and at its end
         async with (
-            streamable_http_client(f"{url}/mcp") as (read, write, _),
+            httpx.AsyncClient(headers=operator, timeout=30) as http,
+            streamable_http_client(f"{url}/mcp", http_client=http) as (read, write, _),
             ClientSession(read, write) as mcp,
         ):
             await mcp.initialize()
@@ -507,6 +510,7 @@ async def test_sessions_over_http_mcp_and_the_cli(
         data_dir = tmp_path / "cli"
         data_dir.mkdir()
         (data_dir / "service.json").write_text(json.dumps({"url": url, "pid": os.getpid()}))
+        ensure_secret(data_dir, IN_PROCESS_SECRET)  # (what pulse up keeps there)
 
         async def pulse(*argv: str) -> str:
             capsys.readouterr()

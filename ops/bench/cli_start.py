@@ -114,7 +114,7 @@ async def warm_calls(
     """The API calls each command makes, from this (running) process: the service's time."""
     service = running_service(data_dir)
     assert service is not None
-    db = RemotePulseDB(service["url"])
+    db = RemotePulseDB.from_data_dir(data_dir)
 
     async def by_name() -> Any:  # what `-c bench` costs: finding the collective by name
         return await db.find_collective("bench")

@@ -61,7 +61,7 @@ from eventlog import events as ev
 from eventlog.codec import WireMessage
 from eventlog.ids import uuid7
 from ops.bench import emitter
-from ops.bench.service import corpus, fill, start_service, words
+from ops.bench.service import OPERATOR, corpus, fill, start_service, words
 from sync import PulseDB
 
 faiss: Any = _faiss  # as in projections/vectors.py: its stubs miss the Python wrappers
@@ -496,8 +496,8 @@ async def generate_load(
     limits = httpx.Limits(max_connections=CALLERS, max_keepalive_connections=CALLERS)
     timeout = max_seconds + 60
     async with (
-        httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as http,
-        httpx.AsyncClient(base_url=url, timeout=timeout) as analyst,
+        httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits, headers=OPERATOR) as http,
+        httpx.AsyncClient(base_url=url, timeout=timeout, headers=OPERATOR) as analyst,
     ):
         body = {"collective_id": cid, "text": queries[0], "k": 10}
         (await http.post("/v1/search_hybrid", json=body)).raise_for_status()  # warm up
@@ -566,7 +566,7 @@ async def health_under_load(n: int, probes: int, max_seconds: float) -> None:
                                       done, results), daemon=True,
         )  # fmt: skip
         try:
-            async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+            async with httpx.AsyncClient(base_url=url, timeout=120, headers=OPERATOR) as http:
                 (await http.get("/health")).raise_for_status()  # warm up
                 idle, idle_failures = await probe_health(http, probes)
                 worker.start()

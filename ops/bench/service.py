@@ -106,7 +106,9 @@ async def over_http(
     url: str, cid: str, queries: list[str], contents: list[str], clients: int, requests: int
 ) -> tuple[list[float], list[float]]:
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+    async with httpx.AsyncClient(
+        base_url=url, timeout=120, limits=limits, headers=OPERATOR
+    ) as http:
 
         async def search(c: int, r: int) -> None:
             body = {"collective_id": cid, "text": queries[(c * requests + r) % len(queries)],
@@ -142,11 +144,15 @@ async def in_process(
         await db.close()
 
 
+SECRET = "bench-operator-secret"  # the operator secret of the service start_service starts
+OPERATOR = {"Authorization": f"Bearer {SECRET}"}  # the header of a request as the operator
+
+
 def start_service(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
     pulse = str(Path(sys.executable).parent / "pulse")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PULSE_")}
     process = subprocess.Popen(
-        [pulse, "--data-dir", str(data_dir), "up", "--port", "0"],
+        [pulse, "--data-dir", str(data_dir), "up", "--port", "0", "--token", SECRET],
         stdout=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     assert process.stdout is not None

@@ -225,13 +225,10 @@ WantedBy=multi-user.target
 def pulse_env(app: AppHost, layout: Layout, urls: list[str]) -> str:
     """``pulse.env``: what `pulse up` (and `pulse` run by hand: ``set -a; . pulse.env``)
     needs to reach the cluster."""
-    loopback = layout.http_host in ("127.0.0.1", "::1", "localhost")
     token = (
-        "# pulse up serves on loopback: no token needed. Served beyond it, a request needs\n"
-        "# an access token (pulse token create) or the service's own:\n"
-        if loopback
-        else f"# pulse up serves on {layout.http_host}: it starts once an access token exists\n"
-        "# (pulse token create --owner ME --scope admin, before) or with its own token:\n"
+        "# every request to pulse up needs a credential: an access token (pulse token\n"
+        "# create) or the operator secret in PULSE_DATA_DIR/operator-token (made on the first\n"
+        "# start, 0600; the pulse command reads it). To choose its value instead:\n"
     )
     return (
         f"# Pulse on {app.name}: pulse nats-config wrote it. pulse.service reads it; a pulse\n"
