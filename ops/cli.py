@@ -128,19 +128,14 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
 
     from eventlog.jetstream import _without_password
     from eventlog.leaf import LeafLog
+    from ops import serving as edge
     from ops.connect import open_log
     from ops.mcp_server import build_mcp
     from ops.remote import describe_api
     from ops.service import create_app, is_loopback
     from sync import PulseDB
 
-    class QuietServer(uvicorn.Server):
-        """uvicorn without its own signal handling: `pulse up` stops it on its signals."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
+    limits = edge.Limits.from_environment(edge.raise_open_files_limit())
     async with open_log(args) as (log, server):
         bar = ProgressBar("catching up")
         db = await PulseDB.attach(
@@ -154,18 +149,23 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
                     "needs a bearer token (--token or $PULSE_TOKEN) or an access token "
                     "created first (pulse token create --owner ME --scope admin)"
                 )
-            mcp = build_mcp(db, host=args.host)
+            mcp = build_mcp(db, host=args.host, session_idle_timeout=limits.mcp_session_idle,
+                            max_sessions=limits.max_mcp_sessions)  # fmt: skip
             mcp_app = mcp.streamable_http_app()
+            sessions = edge.McpSessions(edge.live_mcp_sessions(mcp.session_manager), limits)
 
             @contextlib.asynccontextmanager
             async def lifespan(_: object) -> AsyncIterator[None]:
                 async with mcp.session_manager.run():
                     yield
 
-            app = create_app(db, token=token, mcp_routes=list(mcp_app.routes), lifespan=lifespan)
-            web = QuietServer(
+            app = create_app(db, token=token, mcp_routes=sessions.capped(list(mcp_app.routes)),
+                             lifespan=lifespan, max_watchers=limits.max_watchers,
+                             max_watchers_per_token=limits.max_watchers_per_token)  # fmt: skip
+            web = edge.EdgeServer(
                 uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                               lifespan="on", timeout_graceful_shutdown=5)
+                               lifespan="on", timeout_graceful_shutdown=5),
+                limits,
             )  # fmt: skip
 
             async def serve() -> None:
