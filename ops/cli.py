@@ -96,6 +96,21 @@ def cmd_up(args: argparse.Namespace) -> int:
     remembers it; give more later to follow more (caught up without replaying the
     others), never fewer. A request about another collective is refused, naming what
     the host follows.
+
+    Slow or many clients cannot stop the service: each limit is an environment variable
+    (seconds or counts; defaults in brackets). A request's headers must arrive within
+    $PULSE_HEADER_TIMEOUT [10] of the connection (or of its first byte), its body within
+    $PULSE_BODY_TIMEOUT [60] after them, else 408 and the connection closes; an idle
+    keep-alive connection closes after $PULSE_KEEP_ALIVE_TIMEOUT [5], one whose client
+    reads nothing of its answer after $PULSE_SEND_TIMEOUT [60]. At most
+    $PULSE_MAX_CONNECTIONS connections at once (by default the open-file limit, raised to
+    its hard limit at start, less $PULSE_FD_RESERVE [128] kept for the instance's own
+    files, at most 10000); past that a new connection is answered 503 (Retry-After) and
+    closed, and the open ones go on. Server-sent event streams: $PULSE_MAX_WATCHERS [64] in all,
+    $PULSE_MAX_WATCHERS_PER_TOKEN [16] per token; MCP sessions: $PULSE_MAX_MCP_SESSIONS
+    [256] in all, $PULSE_MAX_MCP_SESSIONS_PER_TOKEN [32] per token, each ended after
+    $PULSE_MCP_SESSION_IDLE [1800] idle; past a cap, 503 with Retry-After. Request
+    bodies: at most $PULSE_MAX_BODY_BYTES [8388608], else 413.
     """
     import asyncio
 
@@ -126,16 +141,19 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
 
     import uvicorn
 
+    from ops import serving as edge
+
+    # (a bad setting is refused before the instance and the web stack are imported)
+    limits = edge.Limits.from_environment(edge.raise_open_files_limit())
+
     from eventlog.jetstream import _without_password
     from eventlog.leaf import LeafLog
-    from ops import serving as edge
     from ops.connect import open_log
     from ops.mcp_server import build_mcp
     from ops.remote import describe_api
     from ops.service import create_app, is_loopback
     from sync import PulseDB
 
-    limits = edge.Limits.from_environment(edge.raise_open_files_limit())
     async with open_log(args) as (log, server):
         bar = ProgressBar("catching up")
         db = await PulseDB.attach(

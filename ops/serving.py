@@ -45,7 +45,7 @@ import sys
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from starlette.responses import JSONResponse
@@ -55,7 +55,9 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from eventlog.errors import ValidationError
-from sync.access import Principal
+
+if TYPE_CHECKING:
+    from sync.access import Principal
 
 log = logging.getLogger("pulse.serving")
 
@@ -74,7 +76,7 @@ class Limits:
     body_timeout: float = 60.0  # $PULSE_BODY_TIMEOUT
     keep_alive_timeout: float = 5.0  # $PULSE_KEEP_ALIVE_TIMEOUT
     send_timeout: float = 60.0  # $PULSE_SEND_TIMEOUT
-    max_connections: int = 1024  # $PULSE_MAX_CONNECTIONS (default: open files less reserve)
+    max_connections: int = 1024  # $PULSE_MAX_CONNECTIONS (pulse up: open files less reserve)
     fd_reserve: int = 128  # $PULSE_FD_RESERVE
     max_watchers: int = 64  # $PULSE_MAX_WATCHERS
     max_watchers_per_token: int = 16  # $PULSE_MAX_WATCHERS_PER_TOKEN
@@ -84,35 +86,40 @@ class Limits:
 
     @classmethod
     def from_environment(cls, open_files: int) -> Limits:
-        """The limits of the environment, the connection cap derived from ``open_files``
-        (the process's open-file limit) unless given; ValidationError naming a bad one."""
-        default = cls()
-        reserve = _count("PULSE_FD_RESERVE", default.fd_reserve)
-        derived = min(MAX_CONNECTIONS_DEFAULT, max(8, open_files - reserve))
-        connections = _count("PULSE_MAX_CONNECTIONS", derived)
-        if connections + reserve > open_files:
+        """The limits of the environment (``SETTINGS``), the connection cap derived from
+        ``open_files`` (the process's open-file limit) unless given; ValidationError
+        naming a bad one."""
+        given: dict[str, Any] = {}
+        for name, variable in SETTINGS.items():
+            default = getattr(cls, name)
+            if name == "max_connections":
+                reserve = given["fd_reserve"]
+                default = min(MAX_CONNECTIONS_DEFAULT, max(8, open_files - reserve))
+            read = _seconds if isinstance(default, float) else _count
+            given[name] = read(variable, default)
+        limits = cls(**given)
+        if limits.max_connections + limits.fd_reserve > open_files:
             log.warning(
                 "PULSE_MAX_CONNECTIONS=%d and PULSE_FD_RESERVE=%d exceed the open-file limit "
                 "of %d: connections may have to wait for descriptors",
-                connections, reserve, open_files,
+                limits.max_connections, limits.fd_reserve, open_files,
             )  # fmt: skip
-        return cls(
-            header_timeout=_seconds("PULSE_HEADER_TIMEOUT", default.header_timeout),
-            body_timeout=_seconds("PULSE_BODY_TIMEOUT", default.body_timeout),
-            keep_alive_timeout=_seconds("PULSE_KEEP_ALIVE_TIMEOUT", default.keep_alive_timeout),
-            send_timeout=_seconds("PULSE_SEND_TIMEOUT", default.send_timeout),
-            max_connections=connections,
-            fd_reserve=reserve,
-            max_watchers=_count("PULSE_MAX_WATCHERS", default.max_watchers),
-            max_watchers_per_token=_count(
-                "PULSE_MAX_WATCHERS_PER_TOKEN", default.max_watchers_per_token
-            ),
-            max_mcp_sessions=_count("PULSE_MAX_MCP_SESSIONS", default.max_mcp_sessions),
-            max_mcp_sessions_per_token=_count(
-                "PULSE_MAX_MCP_SESSIONS_PER_TOKEN", default.max_mcp_sessions_per_token
-            ),
-            mcp_session_idle=_seconds("PULSE_MCP_SESSION_IDLE", default.mcp_session_idle),
-        )
+        return limits
+
+
+SETTINGS = {  # each limit's environment variable (fd_reserve before max_connections)
+    "header_timeout": "PULSE_HEADER_TIMEOUT",
+    "body_timeout": "PULSE_BODY_TIMEOUT",
+    "keep_alive_timeout": "PULSE_KEEP_ALIVE_TIMEOUT",
+    "send_timeout": "PULSE_SEND_TIMEOUT",
+    "fd_reserve": "PULSE_FD_RESERVE",
+    "max_connections": "PULSE_MAX_CONNECTIONS",
+    "max_watchers": "PULSE_MAX_WATCHERS",
+    "max_watchers_per_token": "PULSE_MAX_WATCHERS_PER_TOKEN",
+    "max_mcp_sessions": "PULSE_MAX_MCP_SESSIONS",
+    "max_mcp_sessions_per_token": "PULSE_MAX_MCP_SESSIONS_PER_TOKEN",
+    "mcp_session_idle": "PULSE_MCP_SESSION_IDLE",
+}
 
 
 def _count(name: str, default: int) -> int:
@@ -506,10 +513,10 @@ class Slots:
 
 
 def too_many(what: str, setting: str, limit: int, per_token: bool) -> dict[str, str]:
-    """The body of a 503 for a cap on streams or sessions."""
+    """The body of a 503 for a cap on sessions."""
     whose = "of this token" if per_token else "of this service"
     return {
-        "error": "TooManyStreams",
+        "error": "TooManySessions",
         "message": f"{what}: {limit} are open, the limit {whose} (${setting}); close one, "
         f"or retry in {RETRY_AFTER} s",
     }
