@@ -111,6 +111,21 @@ def cmd_up(args: argparse.Namespace) -> int:
     remembers it; give more later to follow more (caught up without replaying the
     others), never fewer. A request about another collective is refused, naming what
     the host follows.
+
+    Slow or many clients cannot stop the service: each limit is an environment variable
+    (seconds or counts; defaults in brackets). A request's headers must arrive within
+    $PULSE_HEADER_TIMEOUT [10] of the connection (or of its first byte), its body within
+    $PULSE_BODY_TIMEOUT [60] after them, else 408 and the connection closes; an idle
+    keep-alive connection closes after $PULSE_KEEP_ALIVE_TIMEOUT [5], one whose client
+    reads nothing of its answer after $PULSE_SEND_TIMEOUT [60]. At most
+    $PULSE_MAX_CONNECTIONS connections at once (by default the open-file limit, raised to
+    its hard limit at start, less $PULSE_FD_RESERVE [128] kept for the instance's own
+    files, at most 10000); past that a new connection is answered 503 (Retry-After) and
+    closed, and the open ones go on. Server-sent event streams: $PULSE_MAX_WATCHERS [64] in all,
+    $PULSE_MAX_WATCHERS_PER_TOKEN [16] per token; MCP sessions: $PULSE_MAX_MCP_SESSIONS
+    [256] in all, $PULSE_MAX_MCP_SESSIONS_PER_TOKEN [32] per token, each ended after
+    $PULSE_MCP_SESSION_IDLE [1800] idle; past a cap, 503 with Retry-After. Request
+    bodies: at most $PULSE_MAX_BODY_BYTES [8388608], else 413.
     """
     import asyncio
 
@@ -141,6 +156,11 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
 
     import uvicorn
 
+    from ops import serving as edge
+
+    # (a bad setting is refused before the instance and the web stack are imported)
+    limits = edge.Limits.from_environment(edge.raise_open_files_limit())
+
     from eventlog.jetstream import _without_password
     from eventlog.leaf import LeafLog
     from ops.connect import open_log
@@ -149,13 +169,6 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
     from ops.remote import describe_api
     from ops.service import create_app, metrics_app, origin_of
     from sync import PulseDB
-
-    class QuietServer(uvicorn.Server):
-        """uvicorn without its own signal handling: `pulse up` stops it on its signals."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
 
     _log_in_lines()
     origins = tuple(origin_of(o) for o in _allowed_origins(args))
@@ -168,8 +181,12 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
         )
         bar.finish()
         try:
-            mcp = build_mcp(db, host=args.host, **_mcp_security(args.host, origins))
+            mcp = build_mcp(
+                db, host=args.host, session_idle_timeout=limits.mcp_session_idle,
+                max_sessions=limits.max_mcp_sessions, **_mcp_security(args.host, origins),
+            )  # fmt: skip
             mcp_app = mcp.streamable_http_app()
+            sessions = edge.McpSessions(edge.live_mcp_sessions(mcp.session_manager), limits)
 
             @contextlib.asynccontextmanager
             async def lifespan(_: object) -> AsyncIterator[None]:
@@ -178,12 +195,15 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
 
             app = create_app(
                 db, secret=secret, host=args.host, allow_origins=origins,
-                private_docs=args.private_docs, mcp_routes=list(mcp_app.routes),
-                lifespan=lifespan,
+                private_docs=args.private_docs,
+                mcp_routes=sessions.capped(list(mcp_app.routes)), lifespan=lifespan,
+                max_watchers=limits.max_watchers,
+                max_watchers_per_token=limits.max_watchers_per_token,
             )  # fmt: skip
-            web = QuietServer(
+            web = edge.EdgeServer(
                 uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                               lifespan="on", timeout_graceful_shutdown=5)
+                               lifespan="on", timeout_graceful_shutdown=5),
+                limits,
             )  # fmt: skip
 
             async def serve() -> None:
@@ -211,9 +231,10 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
             os.replace(written, service_file(args.data_dir))
             scraped = None
             if metrics_at is not None:
-                scraped = QuietServer(
+                scraped = edge.EdgeServer(
                     uvicorn.Config(metrics_app(db, app.state.metrics), host=metrics_at[0],
-                                   port=metrics_at[1], log_level="warning", lifespan="off")
+                                   port=metrics_at[1], log_level="warning", lifespan="off"),
+                    limits,
                 )  # fmt: skip
                 scraping = asyncio.create_task(scraped.serve())
                 while not scraped.started:

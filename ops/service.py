@@ -61,7 +61,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]
@@ -82,6 +82,7 @@ from ops.encoding import to_json
 from ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ops.metrics import Metrics
 from ops.remote import API_METHODS, optional_getter
+from ops.serving import Slots, holder_of
 from sync import models
 from sync.access import Principal
 from sync.instance import PulseDB
@@ -120,6 +121,7 @@ INPUT_MODELS: dict[str, type[pydantic.BaseModel]] = {
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # $PULSE_MAX_BODY_BYTES: a request body, in bytes
 MAX_WATCHERS = 64  # $PULSE_MAX_WATCHERS: concurrent GET /v1/watch_experiences streams
+MAX_WATCHERS_PER_TOKEN = 16  # $PULSE_MAX_WATCHERS_PER_TOKEN: those of one token
 WATCH_RETRY_AFTER = 5  # seconds, the Retry-After of a watch refused for the cap
 
 
@@ -531,14 +533,19 @@ def create_app(
     lifespan: Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]] | None = None,
     max_body_bytes: int | None = None,
     max_watchers: int | None = None,
+    max_watchers_per_token: int | None = None,
 ) -> FastAPI:
     """The app over ``db``: ``secret`` is the operator secret (``ops.operator_secret``),
     ``host`` the address it listens on (its origins are its own), ``allow_origins`` the
     web apps' origins that may call it (with CORS), ``private_docs`` makes /openapi.json
-    and /docs want a credential too. ``max_body_bytes`` and ``max_watchers`` default to
-    $PULSE_MAX_BODY_BYTES (8 MiB) and $PULSE_MAX_WATCHERS (64)."""
+    and /docs want a credential too. ``max_body_bytes``, ``max_watchers`` and
+    ``max_watchers_per_token`` default to $PULSE_MAX_BODY_BYTES (8 MiB),
+    $PULSE_MAX_WATCHERS (64) and $PULSE_MAX_WATCHERS_PER_TOKEN (16)."""
     body_limit = max_body_bytes or setting("PULSE_MAX_BODY_BYTES", MAX_BODY_BYTES)
     watch_limit = max_watchers or setting("PULSE_MAX_WATCHERS", MAX_WATCHERS)
+    watch_per_token = max_watchers_per_token or setting(
+        "PULSE_MAX_WATCHERS_PER_TOKEN", MAX_WATCHERS_PER_TOKEN
+    )
     app = FastAPI(
         title="Pulse",
         version="1",
@@ -564,6 +571,12 @@ def create_app(
     async def pulse_error(_: Request, exc: PulseError) -> JSONResponse:
         return _error(exc)
 
+    @app.exception_handler(ClientDisconnect)
+    async def gone(_: Request, __: ClientDisconnect) -> Response:
+        # a client that went away, or was dropped for its slowness (ops.serving): nothing
+        # went wrong here, and nobody reads the answer
+        return Response(status_code=499)
+
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         # (the query parameters: bodies are read by read_body)
@@ -585,7 +598,7 @@ def create_app(
                 **(contract.SQL_RESULTS if name == "sql" else {}),
             },
         )
-    watching = Watchers(watch_limit)
+    watching = Slots(watch_limit, watch_per_token)
 
     @app.get(
         "/v1/watch_experiences",
@@ -602,8 +615,9 @@ def create_app(
                     **contract.EVERY_ROUTE,
                     **contract.UNAUTHORIZED,
                     403: contract.EVERY_METHOD[403],
-                    503: "TooManyWatchers: $PULSE_MAX_WATCHERS streams are open (see "
-                    "Retry-After); or LogUnavailable",
+                    503: "TooManyWatchers: $PULSE_MAX_WATCHERS streams are open, or "
+                    "$PULSE_MAX_WATCHERS_PER_TOKEN of this token (see Retry-After); or "
+                    "LogUnavailable",
                 }
             ),
         },
@@ -613,20 +627,25 @@ def create_app(
         one ``data: {json}`` line per change the caller may see, from the moment of the
         request. A stream whose token is revoked or expires meanwhile ends with
         ``event: unauthorized`` before the next change (or keep-alive). At most
-        $PULSE_MAX_WATCHERS (64) streams at once; past that, 503 with Retry-After."""
+        $PULSE_MAX_WATCHERS (64) streams at once, $PULSE_MAX_WATCHERS_PER_TOKEN (16) of
+        one token; past that, 503 with Retry-After."""
         principal = principal_of(request)
-        if not watching.take():
+        holder = holder_of(principal)
+        if not watching.take(holder):
+            mine = watching.refusal(holder) == "token"
+            limit = watching.per_holder if mine else watching.limit
             return JSONResponse(
-                {"error": "TooManyWatchers", "message": f"watch: {watching.limit} watch "
-                 "streams are open, the limit of this service ($PULSE_MAX_WATCHERS); "
-                 f"retry in {WATCH_RETRY_AFTER} s"},
+                {"error": "TooManyWatchers", "message": f"watch: {limit} watch streams are "
+                 + ("open for this token, its limit ($PULSE_MAX_WATCHERS_PER_TOKEN)" if mine
+                    else "open, the limit of this service ($PULSE_MAX_WATCHERS)")
+                 + f"; retry in {WATCH_RETRY_AFTER} s"},
                 status_code=503, headers={"Retry-After": str(WATCH_RETRY_AFTER)},
             )  # fmt: skip
         try:
             with db.acting_as(principal):
                 watch = db.watch_experiences()
         except BaseException:
-            watching.give_back()
+            watching.give_back(holder)
             raise
 
         def refused() -> bytes | None:
@@ -662,7 +681,7 @@ def create_app(
             finally:
                 watch.close()
 
-        return CountedStream(events(), watching, media_type="text/event-stream")
+        return CountedStream(events(), watching, holder, media_type="text/event-stream")
 
     stream_head = StreamHead(db)
 
@@ -802,35 +821,21 @@ TAGS = (
 )  # fmt: skip
 
 
-class Watchers:
-    """The count of open watch streams, and its cap."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit, self.open = limit, 0
-
-    def take(self) -> bool:
-        if self.open >= self.limit:
-            return False
-        self.open += 1
-        return True
-
-    def give_back(self) -> None:
-        self.open -= 1
-
-
 class CountedStream(StreamingResponse):
-    """A streaming response holding one of the ``Watchers`` until it ends: the client went
-    away, the stream ended, or it failed."""
+    """A streaming response holding one of the ``Slots`` of ``holder`` until it ends: the
+    client went away, the stream ended, or it failed."""
 
-    def __init__(self, content: AsyncIterator[bytes], watchers: Watchers, **kwargs: Any) -> None:
+    def __init__(
+        self, content: AsyncIterator[bytes], slots: Slots, holder: str, **kwargs: Any
+    ) -> None:
         super().__init__(content, **kwargs)
-        self.watchers = watchers
+        self.slots, self.holder = slots, holder
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.watchers.give_back()
+            self.slots.give_back(self.holder)
 
 
 class StreamHead:

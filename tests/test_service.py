@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,10 +61,14 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def start(data_dir: Path, *args: str, env: dict[str, str] | None = None) -> Service:
+def start(
+    data_dir: Path, *args: str, env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+) -> Service:  # fmt: skip
     process = subprocess.Popen(
         [PULSE, "--data-dir", str(data_dir), "up", "--port", "0", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or _env(),
+        preexec_fn=preexec_fn,
     )  # fmt: skip
     assert process.stdout is not None
     lines = []
