@@ -480,11 +480,17 @@ class PulseDB(
         if not isinstance(query, str) or not query.strip():
             raise ValidationError("query: give one SQL query")
         check_rows_limit(limit)
-        analytics.check_read_only(query)
+        limits = self.engine.limits()
+        analytics.check_read_only(query, limits)
         me = self._me()
         live = {c.collective_id for c in await self._read(queries.list_collectives)}
         activities = [a for a in await self._activities(None) if a.collective_id in live]
         moment = None if as_of is None else await self._as_of_seq(as_of)
+        workers = self.engine.sql_workers
+        if not me.admin and workers is not None:  # in a process of its own, over the snapshot
+            _, tables = await self.engine.pin_snapshot(moment)
+            asked = workers.query(query, activities, limit, limits, me, tables)
+            return await analytics.run_async(asked)  # (its seq: 0, see SqlResult)
         cursor, seq = await self.engine.cursor()
         tables = None
         if moment is not None:
@@ -496,9 +502,11 @@ class PulseDB(
                 raise
             seq = min(seq, at)
         run = analytics.SqlQuery(  # not an admin: the views filtered for it, in SQL
-            cursor, query, activities, limit, seq, self.engine.limits(),
-            viewer=None if me.admin else me, past=tables, on_close=self.engine.release,
+            cursor, query, activities, limit, seq if me.admin else 0, limits,
+            viewer=None if me.admin else me, past=tables,
+            on_close=lambda: self.engine.release(run),
         )  # fmt: skip
+        self.engine.track(run)  # a rewrite after a delete cancels it
         return await analytics.run_async(run)  # cancelling the caller interrupts it
 
     async def export(self, directory: str | os.PathLike[str]) -> dict[str, int]:
