@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import eventually
 from tests.test_service import Service, _env, call, start, stop
 
-SLOW = "SELECT count(*) FROM range(50000000) t(x) WHERE x % 7 = 3"  # most of a second
+SLOW = "SELECT count(*) FROM range(30000000) t(x) WHERE x % 7 = 3"  # part of a second
 LIMITS = {"PULSE_SQL_MEMORY_LIMIT": "256MB", "PULSE_SQL_TIME_LIMIT": "20"}
 
 
@@ -101,7 +101,9 @@ async def test_a_patient_reader_never_keeps_a_deleted_secret_on_disk(tmp_path: P
                 lambda: len(places_holding(secret, service.data_dir, service.process.pid)) >= 2,
                 timeout=30, what="the secret in the state and the snapshot",
             )  # fmt: skip
-            answers: dict[str, list[int]] = {"bob": [], "admin": []}
+            # two loops per token: while one is between two queries the other's runs
+            answers: dict[str, list[int]] = {f"{who}-{n}": [] for who in ("bob", "admin")
+                                             for n in (1, 2)}  # fmt: skip
             stop_reading = asyncio.Event()
 
             async def keep_reading(name: str, client: httpx.AsyncClient) -> None:
@@ -111,11 +113,11 @@ async def test_a_patient_reader_never_keeps_a_deleted_secret_on_disk(tmp_path: P
 
             async with service.client(bob) as as_bob, service.client() as as_admin:
                 readers = [
-                    asyncio.ensure_future(keep_reading("bob", as_bob)),
-                    asyncio.ensure_future(keep_reading("admin", as_admin)),
+                    asyncio.ensure_future(keep_reading(name, as_bob if "bob" in name else as_admin))
+                    for name in answers
                 ]
                 await eventually(lambda: all(answers.values()), timeout=60,
-                                 what="both readers' first answers")  # fmt: skip
+                                 what="every reader's first answer")  # fmt: skip
                 await call(alice, "delete_experience", experience_id=gone)
                 try:
                     await eventually(
@@ -131,7 +133,7 @@ async def test_a_patient_reader_never_keeps_a_deleted_secret_on_disk(tmp_path: P
         assert compacted.status_code == 200, compacted.text
         # the readers were answered all along: a query in the way of forgetting was
         # cancelled with a 503 that says to retry, never left to hold the files
-        assert set(answers["bob"]) <= {200, 503} and set(answers["admin"]) <= {200, 503}
+        assert all(set(found) <= {200, 503} for found in answers.values()), answers
         assert not places_holding(secret, service.data_dir, service.process.pid)
         assert not [line for line in service.logged if "Traceback" in line]
     finally:
