@@ -44,6 +44,24 @@ limit (``SqlLimits``, from ``$PULSE_SQL_*``). Where it is enforced, and why ther
 - Rows stream from DuckDB (``execute`` returns before the result is built) and are
   fetched in chunks until the rows limit or ``max_bytes`` of JSON; then the result says
   ``truncated`` and which (``truncated_by``). Nothing runs on the event loop.
+- Size, before DuckDB binds anything: the text at most ``max_query_bytes`` (256 KiB,
+  QueryTooLarge, 413), its parse tree at most ``max_nodes`` objects (10,000) and
+  ``max_depth`` levels (400: some 130 nested subqueries; QueryTooComplex, 422). Binding
+  and planning are out of reach of ``interrupt()`` (measured: a query of 6,000 ``UNION
+  ALL`` terms interrupted at 1 s stopped at 10.8 s; planning grows about quadratically
+  with the terms), so these caps are what bounds them for an admin's query, which runs
+  here. They do not bound everything a short query can do while planning: constant
+  folding evaluates ``repeat('x', 1000000000)`` outside ``memory_limit`` (31 s, 4 GB).
+  That is why the query of a principal that may not see every row runs in a process of
+  its own, under an address-space limit and a wall-clock kill (``projections.sqlworker``,
+  which says why in full); an admin holds the data directory's keys anyway.
+- Forgetting never waits for a reader: when the files are to be rewritten after a
+  delete (``Engine``: ``scrub_after`` seconds after it, or ``pulse compact``), every
+  query on a lent cursor is cancelled (QueryCancelled, 503: retry) and no cursor is lent
+  until the rewrite is done; the workers' queries on a replaced snapshot are killed.
+- Floats JSON cannot carry (NaN, Infinity, -Infinity: ``ln(0)``, ``avg(x) / 0.0``) stay
+  IEEE values in ``SqlResult`` and in Arrow and Parquet; the service's JSON writes them
+  as null (``SqlResult``).
 
 A principal that may not see every row (a ``sync.access.Principal`` without the admin scope,
 ``sync.access``) reads the same view names, each holding what it may see. How, and why

@@ -471,7 +471,16 @@ class PulseDB(
         within ``$PULSE_SQL_MEMORY_LIMIT`` and ``$PULSE_SQL_TEMP_LIMIT`` (2GB, 1GB; then
         QueryOutOfMemory). The answer stops at ``limit`` rows or ``$PULSE_SQL_MAX_BYTES``
         of JSON (16 MiB), whichever comes first: ``truncated`` and ``truncated_by`` say
-        so. Cancelling the awaiting task interrupts the query.
+        so. Cancelling the awaiting task interrupts the query. A query longer than
+        ``$PULSE_SQL_MAX_QUERY_BYTES`` (256 KiB) is QueryTooLarge; one whose parse tree has
+        more than ``$PULSE_SQL_MAX_NODES`` nodes (10,000) or ``$PULSE_SQL_MAX_DEPTH``
+        levels (400) is QueryTooComplex. A query in the way of forgetting (the rewrite of
+        the files after a delete) is cancelled: QueryCancelled, retry.
+
+        A principal that is not an admin is answered by a worker process over the
+        analysts' snapshot, brought up to date first (``projections.sqlworker``: the time
+        limit then covers parsing and planning, and the memory limit is the process's);
+        its ``SqlResult.seq`` is 0 (the stream's sequence counts events it may not see).
 
         ``as_of`` (a stream sequence, or a time): every table and view as it was then
         (``projections.past``; ``SqlResult.seq`` is that sequence); the activities are
