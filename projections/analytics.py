@@ -49,12 +49,13 @@ limit (``SqlLimits``, from ``$PULSE_SQL_*``). Where it is enforced, and why ther
   ``max_depth`` levels (400: some 130 nested subqueries; QueryTooComplex, 422). Binding
   and planning are out of reach of ``interrupt()`` (measured: a query of 6,000 ``UNION
   ALL`` terms interrupted at 1 s stopped at 10.8 s; planning grows about quadratically
-  with the terms), so these caps are what bounds them for an admin's query, which runs
-  here. They do not bound everything a short query can do while planning: constant
-  folding evaluates ``repeat('x', 1000000000)`` outside ``memory_limit`` (31 s, 4 GB).
-  That is why the query of a principal that may not see every row runs in a process of
-  its own, under an address-space limit and a wall-clock kill (``projections.sqlworker``,
-  which says why in full); an admin holds the data directory's keys anyway.
+  with the terms), so in this process these caps are what bounds them. They do not bound
+  everything a short query can do while planning: constant folding evaluates
+  ``repeat('x', 1000000000)`` outside ``memory_limit`` (31 s, 4 GB). That is why a query
+  runs in a process of its own over the analysts' snapshot, under an address-space limit
+  and a wall-clock kill (``projections.sqlworker``, which says why in full), whenever the
+  engine keeps a snapshot (the default); on a cursor of the engine (as this docstring
+  describes) only without one, and for ``export``.
 - Forgetting never waits for a reader: when the files are to be rewritten after a
   delete (``Engine``: ``scrub_after`` seconds after it, or ``pulse compact``), every
   query on a lent cursor is cancelled (QueryCancelled, 503: retry) and no cursor is lent

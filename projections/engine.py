@@ -348,9 +348,7 @@ class Engine:
             ):
                 return None
             seq = p.flush()
-            if self._sandboxed != (id(p.store.con), limits):
-                sandbox(p.store.con, limits)
-                self._sandboxed = (id(p.store.con), limits)
+            self._sandbox(p, limits)
             cursor = p.store.con.cursor()
             cursor.begin()  # its snapshot starts here, before the engine writes again
             with self._lent_lock:
@@ -361,6 +359,13 @@ class Engine:
         while (lent := await self.run(flushed_cursor)) is None:  # noqa: ASYNC110
             await asyncio.sleep(0.02)  # the rewrite stopped the queries in its way
         return lent
+
+    def _sandbox(self, p: Projection, limits: SqlLimits) -> None:
+        """Put the engine's DuckDB in the SQL sandbox (once per connection and limits):
+        the queries on its cursors, and the snapshot it copies, are the analysts'."""
+        if self._sandboxed != (id(p.store.con), limits):
+            sandbox(p.store.con, limits)
+            self._sandboxed = (id(p.store.con), limits)
 
     def track(self, query: SqlQuery) -> None:
         """``query`` runs on a cursor of ``cursor()``: a rewrite of the files after a
@@ -404,9 +409,12 @@ class Engine:
         state the snapshot copies. Returns the sequence the snapshot holds and the past
         tables (None: the present)."""
 
+        limits = self.limits()
+
         def pin(
             p: Projection,
         ) -> tuple[concurrent.futures.Future[None] | None, int, PastTables | None]:
+            self._sandbox(p, limits)
             snapshot = self.snapshot
             assert snapshot is not None
             copying = snapshot.current(p)

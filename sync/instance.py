@@ -477,10 +477,12 @@ class PulseDB(
         levels (400) is QueryTooComplex. A query in the way of forgetting (the rewrite of
         the files after a delete) is cancelled: QueryCancelled, retry.
 
-        A principal that is not an admin is answered by a worker process over the
-        analysts' snapshot, brought up to date first (``projections.sqlworker``: the time
-        limit then covers parsing and planning, and the memory limit is the process's);
-        its ``SqlResult.seq`` is 0 (the stream's sequence counts events it may not see).
+        The query runs in a worker process over the analysts' snapshot, brought up to
+        date first (``projections.sqlworker``: the time limit then covers parsing and
+        planning, and the memory limit is the process's); without a snapshot
+        (``snapshot_interval=None``), on a cursor of the engine's DuckDB. The
+        ``SqlResult.seq`` of a principal that is not an admin is 0 (the stream's sequence
+        counts events it may not see).
 
         ``as_of`` (a stream sequence, or a time): every table and view as it was then
         (``projections.past``; ``SqlResult.seq`` is that sequence); the activities are
@@ -496,11 +498,16 @@ class PulseDB(
         activities = [a for a in await self._activities(None) if a.collective_id in live]
         moment = None if as_of is None else await self._as_of_seq(as_of)
         workers = self.engine.sql_workers
-        if not me.admin and workers is not None:  # in a process of its own, over the snapshot
-            _, tables = await self.engine.pin_snapshot(moment)
-            asked = workers.query(query, activities, limit, limits, me, tables)
-            return await analytics.run_async(asked)  # (its seq: 0, see SqlResult)
-        cursor, seq = await self.engine.cursor()
+        if workers is not None:  # in a process of its own, over the snapshot
+            seq, tables = await self.engine.pin_snapshot(moment)
+            if moment is not None:
+                seq = min(seq, moment[0])
+            asked = workers.query(
+                query, activities, limit, limits, None if me.admin else me, tables,
+                seq=seq if me.admin else 0,
+            )  # fmt: skip
+            return await analytics.run_async(asked)  # cancelling the caller kills it
+        cursor, seq = await self.engine.cursor()  # (no snapshot: here, on a cursor)
         tables = None
         if moment is not None:
             at, ms = moment

@@ -29,6 +29,7 @@ from eventlog.errors import (
     ValidationError,
 )
 from projections.analytics import SqlLimits
+from projections.projection import ProjectionSettings
 from sync import PulseDB
 from sync.access import Principal
 from tests.conftest import eventually
@@ -237,23 +238,34 @@ async def test_results_stop_at_the_rows_limit_or_the_bytes_limit(db: PulseDB) ->
     assert len(json.dumps(wide.rows, separators=(",", ":"))) <= 2048
 
 
+@pytest.mark.parametrize("snapshot", [True, False], ids=["in-workers", "on-cursors"])
 async def test_a_query_in_the_way_of_forgetting_is_cancelled_and_compact_goes_on(
-    db: PulseDB,
+    tmp_path: Path, nats_server: EmbeddedNats, snapshot: bool
 ) -> None:
-    db.engine.sql_limits = SqlLimits(time_limit=120)
-    admin = asyncio.ensure_future(db.sql(LONG))  # on a cursor of the engine's DuckDB
-    with db.acting_as(Principal("ana", scope="read")):
-        reader = asyncio.ensure_future(db.sql(LONG))  # in a worker, over the snapshot
-    await eventually(
-        lambda: db.engine.lent == 1 and db.engine.sql_workers is not None
-        and db.engine.sql_workers.running == 1, timeout=30, what="both queries running",
-    )  # fmt: skip
-    done = await asyncio.wait_for(db.compact(), timeout=30)  # never waits for readers
-    assert done.applied_seq > 0
-    for task in (admin, reader):
-        with pytest.raises(QueryCancelled, match="after a delete .* retry it"):
-            await task
-    assert (await db.sql("SELECT count(*) FROM experiences")).rows == [[2]]
+    # with a snapshot, queries run in worker processes over it; without, on the
+    # engine's own DuckDB
+    settings = ProjectionSettings(snapshot_interval=1.0 if snapshot else None)
+    db = await PulseDB.open(tmp_path / "db", nats_server.url, projection_settings=settings)
+    try:
+        team = await db.create_collective("ana", "team", 3)
+        await db.record_experience(team, "kept", [1.0, 0.0, 0.0])
+        db.engine.sql_limits = SqlLimits(time_limit=120)
+        admin = asyncio.ensure_future(db.sql(LONG))
+        with db.acting_as(Principal("ana", scope="read")):
+            reader = asyncio.ensure_future(db.sql(LONG))
+        workers = db.engine.sql_workers
+        await eventually(
+            lambda: (workers.running if workers is not None else db.engine.lent) == 2,
+            timeout=30, what="both queries running",
+        )  # fmt: skip
+        done = await asyncio.wait_for(db.compact(), timeout=30)  # never waits for readers
+        assert done.applied_seq > 0
+        for task in (admin, reader):
+            with pytest.raises(QueryCancelled, match="after a delete .* retry it"):
+                await task
+        assert (await db.sql("SELECT count(*) FROM experiences")).rows == [[1]]
+    finally:
+        await db.close()
 
 
 async def test_a_query_too_long_too_large_or_too_deep_is_refused_before_it_binds(
