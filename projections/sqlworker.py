@@ -42,7 +42,7 @@ Cost: one round trip through two pipes per query (the snapshot is opened again o
 after it changed, ~50 ms), a refresh of the snapshot when the state changed since the
 last one (a catch-up copy: tens of milliseconds on a small state, more on a busy host),
 and a process start (~0.3 s) when no worker is idle (``SPARE`` stay idle for the next
-queries). At most ``most`` queries run at once (each may
+queries). At most ``$PULSE_SQL_WORKERS`` (4) queries run at once (each may
 take its memory limit); one more waits for a worker within its time limit.
 """
 
@@ -177,11 +177,22 @@ def _worker_environment() -> dict[str, str]:
     return env
 
 
+def workers_from_env() -> int:
+    """``$PULSE_SQL_WORKERS``: how many queries run at once (``MOST`` unless set)."""
+    text = os.environ.get("PULSE_SQL_WORKERS", "").strip()
+    if not text:
+        return MOST
+    if not text.isdigit() or not 1 <= int(text) <= 256:
+        raise ValidationError(f"$PULSE_SQL_WORKERS: must be an integer in 1..256, got {text!r}")
+    return int(text)
+
+
 class SqlWorkers:
     """The worker processes of one engine: ``query`` makes a ``WorkerQuery``;
     ``replaced`` kills the queries reading a snapshot file that is gone."""
 
-    def __init__(self, snapshot: Path, temp_root: Path, most: int = MOST) -> None:
+    def __init__(self, snapshot: Path, temp_root: Path, most: int | None = None) -> None:
+        most = most or workers_from_env()
         self.snapshot = snapshot
         self.temp_root = temp_root
         self._lock = threading.Lock()
