@@ -89,6 +89,20 @@ class QueryOutOfMemory(QueryLimitExceeded):
     (HTTP 413)."""
 
 
+class QueryTooLarge(QueryLimitExceeded):
+    """The query's text is longer than the sandbox takes (HTTP 413)."""
+
+
+class QueryTooComplex(QueryLimitExceeded, ValidationError):
+    """The query's parse tree has more nodes, or is nested deeper, than the sandbox takes
+    (HTTP 422): binding and planning it could take longer than any time limit reaches."""
+
+
+class QueryCancelled(PulseError):
+    """The query was stopped so that the files could be rewritten after a delete
+    (forgetting never waits for readers); nothing is wrong with it: retry (HTTP 503)."""
+
+
 class Unauthorized(PulseError):
     """No principal could be resolved: no token, an unknown, revoked or expired one."""
 

@@ -86,9 +86,15 @@ CONFLICT = {
 }
 SQL = {
     408: "QueryTimedOut: the query ran past $PULSE_SQL_TIME_LIMIT",
-    413: "QueryOutOfMemory: the query needed more than $PULSE_SQL_MEMORY_LIMIT (or a body "
+    413: "QueryOutOfMemory: the query needed more than $PULSE_SQL_MEMORY_LIMIT; or "
+    "QueryTooLarge: its text is longer than $PULSE_SQL_MAX_QUERY_BYTES (or a body "
     "over $PULSE_MAX_BODY_BYTES: PayloadTooLarge)",
+    422: "ValidationError: not a read-only query, or what it reads is not open; or "
+    "QueryTooComplex: its parse tree has more nodes than $PULSE_SQL_MAX_NODES or more "
+    "levels than $PULSE_SQL_MAX_DEPTH",
     499: "ClientClosedRequest: the client went away; the query was cancelled",
+    503: "QueryCancelled: stopped so that the files could be rewritten after a delete "
+    "(forgetting never waits for readers): retry; or LogUnavailable",
 }
 
 

@@ -72,8 +72,10 @@ from eventlog.errors import (
     LogUnavailable,
     NotFoundError,
     PulseError,
+    QueryCancelled,
     QueryOutOfMemory,
     QueryTimedOut,
+    QueryTooLarge,
     Unauthorized,
     ValidationError,
 )
@@ -99,6 +101,8 @@ STATUS: dict[type[PulseError], int] = {
     LogUnavailable: 503,
     QueryTimedOut: 408,  # /v1/sql past $PULSE_SQL_TIME_LIMIT
     QueryOutOfMemory: 413,  # /v1/sql past $PULSE_SQL_MEMORY_LIMIT (and the temp files')
+    QueryTooLarge: 413,  # /v1/sql: a query longer than $PULSE_SQL_MAX_QUERY_BYTES
+    QueryCancelled: 503,  # /v1/sql stopped for a rewrite of the files after a delete: retry
 }
 
 # methods whose arguments are exactly one of the library's input models
@@ -974,7 +978,9 @@ def _sql_endpoint(
     """``POST /v1/sql``: the endpoint of ``_endpoint``, but a client that goes away
     cancels its query (interrupted in DuckDB: ``analytics.run_async``) instead of leaving
     it to run to its time limit for nobody; what little is sent then is a 499. The
-    result is JSON, or Arrow IPC or Parquet when asked (``format=``, or ``Accept``)."""
+    result is JSON, or Arrow IPC or Parquet when asked (``format=``, or ``Accept``).
+    In JSON a float that is NaN, Infinity or -Infinity is null (JSON has no such
+    numbers; ``SqlResult``); Arrow and Parquet keep the IEEE value."""
     answer = _endpoint(db, name, model).answer  # type: ignore[attr-defined]
 
     async def endpoint(
@@ -1013,7 +1019,9 @@ def _sql_endpoint(
             return Response(content, media_type=media_type)
         if form == "msgspec":
             return Response(msgspec.json.encode(result), media_type="application/json")
-        return JSONResponse(to_json(result, embeddings=embeddings))
+        # (msgspec writes a float JSON cannot carry as null, where json.dumps would raise)
+        content = msgspec.json.encode(to_json(result, embeddings=embeddings))
+        return Response(content, media_type="application/json")
 
     endpoint.__name__ = name
     return endpoint

@@ -44,6 +44,25 @@ limit (``SqlLimits``, from ``$PULSE_SQL_*``). Where it is enforced, and why ther
 - Rows stream from DuckDB (``execute`` returns before the result is built) and are
   fetched in chunks until the rows limit or ``max_bytes`` of JSON; then the result says
   ``truncated`` and which (``truncated_by``). Nothing runs on the event loop.
+- Size, before DuckDB binds anything: the text at most ``max_query_bytes`` (256 KiB,
+  QueryTooLarge, 413), its parse tree at most ``max_nodes`` objects (10,000) and
+  ``max_depth`` levels (400: some 130 nested subqueries; QueryTooComplex, 422). Binding
+  and planning are out of reach of ``interrupt()`` (measured: a query of 6,000 ``UNION
+  ALL`` terms interrupted at 1 s stopped at 10.8 s; planning grows about quadratically
+  with the terms), so in this process these caps are what bounds them. They do not bound
+  everything a short query can do while planning: constant folding evaluates
+  ``repeat('x', 1000000000)`` outside ``memory_limit`` (31 s, 4 GB). That is why a query
+  runs in a process of its own over the analysts' snapshot, under an address-space limit
+  and a wall-clock kill (``projections.sqlworker``, which says why in full), whenever the
+  engine keeps a snapshot (the default); on a cursor of the engine (as this docstring
+  describes) only without one, and for ``export``.
+- Forgetting never waits for a reader: when the files are to be rewritten after a
+  delete (``Engine``: ``scrub_after`` seconds after it, or ``pulse compact``), every
+  query on a lent cursor is cancelled (QueryCancelled, 503: retry) and no cursor is lent
+  until the rewrite is done; the workers' queries on a replaced snapshot are killed.
+- Floats JSON cannot carry (NaN, Infinity, -Infinity: ``ln(0)``, ``avg(x) / 0.0``) stay
+  IEEE values in ``SqlResult`` and in Arrow and Parquet; the service's JSON writes them
+  as null (``SqlResult``).
 
 A principal that may not see every row (a ``sync.access.Principal`` without the admin scope,
 ``sync.access``) reads the same view names, each holding what it may see. How, and why
@@ -88,7 +107,7 @@ import threading
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
 import duckdb
@@ -98,8 +117,11 @@ import numpy as np
 from eventlog.errors import (
     Forbidden,
     PulseError,
+    QueryCancelled,
     QueryOutOfMemory,
     QueryTimedOut,
+    QueryTooComplex,
+    QueryTooLarge,
     ValidationError,
 )
 
@@ -117,6 +139,9 @@ SETTING_READERS = frozenset({"current_setting", "getvariable"})
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SIZE = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
 _CHUNK = 1024  # rows fetched from DuckDB at a time
+# the deepest parse tree Python's json reads back (its decoder recurses, one level of the
+# interpreter's 1,000 per level of the tree, some taken by the caller's frames)
+_DEEPEST = 800
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +154,12 @@ class SqlLimits:
     memory_limit: str = "2GB"  # DuckDB's memory, engine included ($PULSE_SQL_MEMORY_LIMIT)
     temp_limit: str = "1GB"  # spilled to temp files; "0B": none ($PULSE_SQL_TEMP_LIMIT)
     max_bytes: int = 16 * 1024 * 1024  # of result rows as JSON ($PULSE_SQL_MAX_BYTES)
+    # the query's size: its text in bytes, and its parse tree's nodes and depth (the
+    # time DuckDB takes to bind and plan grows with them, out of reach of the time limit
+    # in the engine's process: see the module docstring)
+    max_query_bytes: int = 256 * 1024  # $PULSE_SQL_MAX_QUERY_BYTES
+    max_nodes: int = 10_000  # $PULSE_SQL_MAX_NODES
+    max_depth: int = 400  # $PULSE_SQL_MAX_DEPTH
 
     def __post_init__(self) -> None:
         if not isinstance(self.time_limit, (int, float)) or not 0 < self.time_limit <= 86400:
@@ -143,14 +174,20 @@ class SqlLimits:
                     f"{name} ($PULSE_SQL_{variable}_LIMIT): must be a size such as 512MB or "
                     f"2GB, got {value!r}"
                 )
-        if (
-            isinstance(self.max_bytes, bool)
-            or not isinstance(self.max_bytes, int)
-            or (self.max_bytes < 1024)
+        for name, variable, least in (
+            ("max_bytes", "MAX_BYTES", 1024),
+            ("max_query_bytes", "MAX_QUERY_BYTES", 64),
+            ("max_nodes", "MAX_NODES", 16),
+            ("max_depth", "MAX_DEPTH", 16),
         ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValidationError(
+                    f"{name} ($PULSE_SQL_{variable}): must be an integer >= {least}, got {value!r}"
+                )
+        if self.max_depth > _DEEPEST:
             raise ValidationError(
-                f"max_bytes ($PULSE_SQL_MAX_BYTES): must be an integer >= 1024, "
-                f"got {self.max_bytes!r}"
+                f"max_depth ($PULSE_SQL_MAX_DEPTH): at most {_DEEPEST}, got {self.max_depth!r}"
             )
 
     @classmethod
@@ -162,6 +199,9 @@ class SqlLimits:
             ("memory_limit", "PULSE_SQL_MEMORY_LIMIT", str),
             ("temp_limit", "PULSE_SQL_TEMP_LIMIT", str),
             ("max_bytes", "PULSE_SQL_MAX_BYTES", int),
+            ("max_query_bytes", "PULSE_SQL_MAX_QUERY_BYTES", int),
+            ("max_nodes", "PULSE_SQL_MAX_NODES", int),
+            ("max_depth", "PULSE_SQL_MAX_DEPTH", int),
         ):
             text = env.get(variable, "").strip()
             if not text:
@@ -194,16 +234,32 @@ def sandbox(con: duckdb.DuckDBPyConnection, limits: SqlLimits) -> None:
 
 
 class SqlResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The answer of a query. ``rows`` hold JSON-ready values (UUIDs and times as text,
+    vectors as their sizes) but for the floats NaN, Infinity and -Infinity, kept as
+    they are (IEEE values in Arrow and Parquet); JSON has no such numbers, so the JSON
+    answers of the service carry them as null (as JavaScript's JSON.stringify does)."""
+
     columns: list[str]
-    rows: list[list[Any]]  # JSON-ready values: UUIDs and times as text, vectors as sizes
+    rows: list[list[Any]]
     truncated: bool = False  # more rows than a limit let through: see truncated_by
-    seq: int = 0  # the stream sequence the state it read reflects
+    # the stream sequence the state it read reflects; 0 for a principal that may not see
+    # every row (the sequence counts every event of the stream, hidden ones too)
+    seq: int = 0
     truncated_by: str | None = None  # "rows" (the limit argument) or "bytes" (max_bytes)
 
 
-def check_read_only(sql: str) -> str:
-    """Refuse anything but one query (a SELECT, or EXPLAIN of one); returns the query
-    (without its EXPLAIN)."""
+def check_read_only(sql: str, limits: SqlLimits | None = None) -> str:
+    """Refuse anything but one query (a SELECT, or EXPLAIN of one) of at most
+    ``limits.max_query_bytes``; returns the query (without its EXPLAIN)."""
+    limits = limits or SqlLimits()
+    size = len(sql.encode("utf-8", "surrogatepass"))
+    if size > limits.max_query_bytes:
+        raise QueryTooLarge(
+            f"query: {size} bytes, longer than the SQL sandbox takes "
+            f"({limits.max_query_bytes} bytes, $PULSE_SQL_MAX_QUERY_BYTES); ask for less "
+            "(a long list of values: filter by a table or a range instead)",
+            limit="query_bytes", setting="PULSE_SQL_MAX_QUERY_BYTES",
+        )  # fmt: skip
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
@@ -248,7 +304,11 @@ def _words(sql: str) -> list[tuple[int, str]]:
 
 
 def check_sandboxed(
-    cursor: duckdb.DuckDBPyConnection, query: str, *, restricted: bool = False
+    cursor: duckdb.DuckDBPyConnection,
+    query: str,
+    *,
+    restricted: bool = False,
+    limits: SqlLimits | None = None,
 ) -> frozenset[str]:
     """Refuse a query (a SELECT) that names anything but the tables and views of the
     database, ``activities``, its own CTEs and the table functions of
@@ -256,9 +316,16 @@ def check_sandboxed(
 
     ``restricted``: the query of a principal that may not see every row: it may name
     nothing but the views of ``FILTERED_VIEWS`` (by their names alone) and its own CTEs
-    (see the module docstring); returns the views it names (for ``restrict``)."""
+    (see the module docstring); returns the views it names (for ``restrict``).
+
+    ``limits``: a parse tree of more than ``max_nodes`` nodes (objects of the tree) or
+    more than ``max_depth`` levels is QueryTooComplex."""
+    limits = limits or SqlLimits()
     found = cursor.execute("SELECT json_serialize_sql(?)", [query]).fetchone()
-    tree = json.loads(found[0]) if found else {"error": True, "error_message": "?"}
+    try:
+        tree = json.loads(found[0]) if found else {"error": True, "error_message": "?"}
+    except RecursionError:  # deeper than _DEEPEST, which is deeper than any max_depth
+        raise _too_deep(limits) from None
     if tree.get("error"):
         if tree.get("error_type") == "parser":
             raise ValidationError(f"query: Parser Error: {tree.get('error_message')}")
@@ -271,15 +338,26 @@ def check_sandboxed(
     refs: list[dict[str, Any]] = []  # every table reference (restricted)
     functions: set[str] = set()  # every scalar function named (restricted)
     special = False  # SHOW TABLES and the like (restricted)
-    stack: list[Any] = [tree]
+    nodes = 0
+    stack: list[tuple[Any, int]] = [(tree, 1)]
     while stack:
-        node = stack.pop()
+        node, depth = stack.pop()
+        if depth > limits.max_depth:
+            raise _too_deep(limits)
         if isinstance(node, list):
-            stack.extend(node)
+            stack.extend((item, depth + 1) for item in node)
             continue
         if not isinstance(node, dict):
             continue
-        stack.extend(node.values())
+        nodes += 1
+        if nodes > limits.max_nodes:
+            raise QueryTooComplex(
+                f"query: its parse tree has more than {limits.max_nodes} nodes, more than the "
+                "SQL sandbox takes ($PULSE_SQL_MAX_NODES: planning grows faster than the "
+                "query); split it, or use a table or a range instead of a long list",
+                limit="nodes", setting="PULSE_SQL_MAX_NODES",
+            )  # fmt: skip
+        stack.extend((value, depth + 1) for value in node.values())
         kind = node.get("type")
         if isinstance(node.get("cte_map"), dict):
             ctes.update(str(e.get("key", "")).lower() for e in node["cte_map"].get("map", []))
@@ -341,6 +419,15 @@ def check_sandboxed(
 
 
 _NONE: frozenset[str] = frozenset()
+
+
+def _too_deep(limits: SqlLimits) -> QueryTooComplex:
+    return QueryTooComplex(
+        f"query: nested deeper than the SQL sandbox takes ({limits.max_depth} levels of its "
+        "parse tree, $PULSE_SQL_MAX_DEPTH; a subquery takes about three, an operator one); "
+        "flatten it, e.g. with WITH",
+        limit="depth", setting="PULSE_SQL_MAX_DEPTH",
+    )  # fmt: skip
 
 
 def _name(ref: dict[str, Any]) -> tuple[str, str, str]:
@@ -672,6 +759,12 @@ def _execute(cursor: duckdb.DuckDBPyConnection, sql: str) -> duckdb.DuckDBPyConn
     return cursor.execute(sql)
 
 
+FORGETTING = (
+    "query: cancelled to rewrite the state's files after a delete (forgetting never waits "
+    "for readers); nothing is wrong with the query: retry it"
+)
+
+
 class SqlQuery:
     """One analyst's query on a cursor of its own (in a transaction over a flushed state;
     rolled back and closed after): ``run`` on a thread of its own, ``cancel`` from any
@@ -750,13 +843,15 @@ class SqlQuery:
                 f"{self.limits.time_limit:g} s ($PULSE_SQL_TIME_LIMIT); ask for less",
                 limit="time", setting="PULSE_SQL_TIME_LIMIT",
             )  # fmt: skip
+        if self._stopped == "forgetting":
+            return QueryCancelled(FORGETTING)
         return PulseError("query: cancelled (the client went away)")
 
     def _run(self) -> SqlResult:
         cursor = self._cursor
-        query = check_read_only(self.sql)
+        query = check_read_only(self.sql, self.limits)
         if self.viewer is None:
-            check_sandboxed(cursor, query)
+            check_sandboxed(cursor, query, limits=self.limits)
             cursor.execute("SET enable_progress_bar = false")  # it would print to our stdout
             cursor.register("activities", _relation(cursor, _activity_columns(self._activities)))
             if self.past is not None:
@@ -768,7 +863,7 @@ class SqlQuery:
                     "query: EXPLAIN shows the plan over every row (its estimates count rows "
                     "this token may not see); it needs an admin token"
                 )
-            names = check_sandboxed(cursor, query, restricted=True)
+            names = check_sandboxed(cursor, query, restricted=True, limits=self.limits)
             cursor.execute("SET enable_progress_bar = false")
             activities = _relation(cursor, _activity_columns(self._activities))
             src = None if self.past is None else past_views(cursor, self.past)
@@ -819,7 +914,15 @@ def _json_size(cells: list[Any]) -> int:
         return len(str(cells))
 
 
-async def run_async(query: SqlQuery) -> SqlResult:
+class RunningQuery(Protocol):
+    """A query ``run_async`` runs: a ``SqlQuery``, or a ``sqlworker.WorkerQuery``."""
+
+    def run(self) -> SqlResult: ...
+    def cancel(self, why: str = "cancelled") -> None: ...
+    def close(self) -> None: ...
+
+
+async def run_async(query: RunningQuery) -> SqlResult:
     """Run ``query`` on a thread of its own (never the event loop) and await its result;
     cancelling the awaiting task interrupts the query in DuckDB."""
     done: concurrent.futures.Future[SqlResult] = concurrent.futures.Future()

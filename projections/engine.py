@@ -47,9 +47,11 @@ from eventlog.limits import check_ranges
 from eventlog.log import EventLog, LogEntry
 from eventlog.sealing import Sealer
 from eventlog.subjects import collective_filter
-from projections.analytics import SqlLimits, sandbox
+from projections.analytics import SqlLimits, SqlQuery, sandbox
+from projections.past import PastTables, sql_tables
 from projections.projection import Progress, Projection, ProjectionSettings
 from projections.snapshot import Snapshot, SnapshotStatus
+from projections.sqlworker import SqlWorkers
 
 log = logging.getLogger("pulse.engine")
 
@@ -88,6 +90,7 @@ _STOP = object()
 _WAKE = object()  # a snapshot's copy ended
 SMALL_BATCH = 64  # events a batch indexes before its writers are woken
 QUIET = 1.0  # seconds without events before the index files are saved
+SQL_TEMP = "sql-temp"  # the SQL workers' temp files, beside the state (removed at open)
 SCRUB_DUTY = 10  # a rewrite waits at least this many times its last duration
 PRELOAD_KEYS_AFTER = 1000  # events behind at which a catch-up reads every data key first
 
@@ -115,9 +118,14 @@ class Engine:
         # instance's own; None: one with the log's key store, made at the first read
         self.sealer: Sealer | None = None
         self.lent = 0  # SQL cursors handed out and not closed (a scrub waits for none)
+        self._queries: set[SqlQuery] = set()  # queries on lent cursors (a scrub stops them)
+        self._forgetting = 0  # scrubs waiting for the lent cursors: none is handed out
         self._scrub_took = 0.0  # seconds the last rewrite of the files took
         # the analysts' snapshot (``projections.snapshot``), once the projection is open
         self.snapshot: Snapshot | None = None
+        # the processes that run the SQL of principals that may not see every row, over
+        # the snapshot (``projections.sqlworker``); None: no snapshot, run here
+        self.sql_workers: SqlWorkers | None = None
         self._lent_lock = threading.Lock()  # (released on the threads that ran the query)
 
     @classmethod
@@ -324,29 +332,105 @@ class Engine:
     async def cursor(self) -> tuple[duckdb.DuckDBPyConnection, int]:
         """A DuckDB cursor in a transaction over a flushed state, and the sequence that
         state reflects: for SQL that may take long, run off the engine thread (DuckDB
-        reads are concurrent). Roll it back and close it when done. The database is in
-        the SQL sandbox from the first cursor on (``analytics.sandbox``: no extension
-        loading, settings locked, the memory and temp-file limits of ``limits()``)."""
+        reads are concurrent). Roll it back and close it when done; a query run on it is
+        ``track``ed, so that a rewrite of the files after a delete can stop it. The
+        database is in the SQL sandbox from the first cursor on (``analytics.sandbox``:
+        no extension loading, settings locked, the memory and temp-file limits of
+        ``limits()``). While a rewrite waits for the cursors lent before it, none is
+        handed out: forgetting first."""
         limits = self.limits()
 
-        def flushed_cursor(p: Projection) -> tuple[duckdb.DuckDBPyConnection, int]:
+        def flushed_cursor(p: Projection) -> tuple[duckdb.DuckDBPyConnection, int] | None:
+            if self._forgetting or (
+                p.scrub_since is not None
+                and time.monotonic() - p.scrub_since >= self._scrub_after()
+                and not self._forget_now(p)
+            ):
+                return None
             seq = p.flush()
-            if self._sandboxed != (id(p.store.con), limits):
-                sandbox(p.store.con, limits)
-                self._sandboxed = (id(p.store.con), limits)
+            self._sandbox(p, limits)
             cursor = p.store.con.cursor()
             cursor.begin()  # its snapshot starts here, before the engine writes again
             with self._lent_lock:
                 self.lent += 1
             return cursor, seq
 
-        return await self.run(flushed_cursor)
+        # (a poll, not an event: the rewrite is done on the engine thread, off the loop)
+        while (lent := await self.run(flushed_cursor)) is None:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)  # the rewrite stopped the queries in its way
+        return lent
 
-    def release(self) -> None:
+    def _sandbox(self, p: Projection, limits: SqlLimits) -> None:
+        """Put the engine's DuckDB in the SQL sandbox (once per connection and limits):
+        the queries on its cursors, and the snapshot it copies, are the analysts'."""
+        if self._sandboxed != (id(p.store.con), limits):
+            sandbox(p.store.con, limits)
+            self._sandboxed = (id(p.store.con), limits)
+
+    def track(self, query: SqlQuery) -> None:
+        """``query`` runs on a cursor of ``cursor()``: a rewrite of the files after a
+        delete cancels it (``SqlQuery.cancel("forgetting")``) rather than wait for it."""
+        with self._lent_lock:
+            self._queries.add(query)
+
+    def release(self, query: SqlQuery | None = None) -> None:
         """A cursor of ``cursor()`` is closed (by whoever ran its query): a scrub may
         reopen the database once none is open (``Store.rewrite``)."""
         with self._lent_lock:
             self.lent -= 1
+            if query is not None:
+                self._queries.discard(query)
+
+    def _stop_queries(self) -> None:
+        """Cancel every query on a lent cursor: the files are to be rewritten."""
+        with self._lent_lock:
+            queries = list(self._queries)
+        for query in queries:
+            query.cancel("forgetting")
+
+    def _forget_now(self, projection: Projection) -> bool:
+        """On the engine thread, a rewrite is due: do it if no cursor is lent (True);
+        else cancel the queries on them, to do it once they are closed (False)."""
+        if self.lent > 0:
+            self._stop_queries()
+            return False
+        took = self._scrub(projection)
+        self._scrub_took = sum(took.values())
+        log.info("rewrote the state's files after a delete: %s", took)
+        return True
+
+    async def pin_snapshot(
+        self, as_of: tuple[int, int | None] | None = None
+    ) -> tuple[int, PastTables | None]:
+        """Bring the analysts' snapshot up to what is applied (a refresh now, if it
+        lacks anything) and wait for it: the file a SQL worker reads
+        (``projections.sqlworker``) then holds the caller's own writes. ``as_of``
+        (sequence, moment in ms): the past tables of that moment, computed for the very
+        state the snapshot copies. Returns the sequence the snapshot holds and the past
+        tables (None: the present)."""
+
+        limits = self.limits()
+
+        def pin(
+            p: Projection,
+        ) -> tuple[concurrent.futures.Future[None] | None, int, PastTables | None]:
+            self._sandbox(p, limits)
+            snapshot = self.snapshot
+            assert snapshot is not None
+            copying = snapshot.current(p)
+            tables = None if as_of is None else sql_tables(p, as_of[0], as_of[1])
+            return copying, p.flushed_seq, tables
+
+        copying, seq, tables = await self.run(pin)
+        if copying is not None:
+            try:
+                await asyncio.wrap_future(copying)
+            except Exception:  # (logged by the copy's thread)
+                raise PulseError(
+                    "query: the analysts' snapshot, which it reads, could not be brought up "
+                    "to date; retry"
+                ) from None
+        return seq, tables
 
     def returned(self, cursor: duckdb.DuckDBPyConnection) -> None:
         """Close a cursor of ``cursor()`` that no query thread holds, and release it."""
@@ -360,17 +444,32 @@ class Engine:
         return None if self.snapshot is None else self.snapshot.status()
 
     async def scrub(self, timeout: float = 60.0) -> dict[str, float]:
-        """Rewrite the state's files now (``Projection.scrub``: ``pulse compact``), once
-        the SQL readers in flight are done; returns the seconds each part took."""
+        """Rewrite the state's files now (``Projection.scrub``: ``pulse compact``): the
+        SQL queries in flight are cancelled (their callers are told to retry), none
+        starts until it is done; returns the seconds each part took. Only an export (a
+        file of every row, an admin's) is waited for, at most ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        while self.lent > 0:
-            if time.monotonic() > deadline:
-                raise PulseError(f"{self.lent} SQL queries still run after {timeout:g} s")
-            await asyncio.sleep(0.05)
-        return await self.run(_scrub_when_free, self)
+        self._forgetting += 1
+        try:
+            while True:
+                self._stop_queries()
+                if self.lent == 0:
+                    took = await self.run(_scrub_when_free, self)
+                    if took is not None:
+                        return took
+                if time.monotonic() > deadline:
+                    raise PulseError(
+                        f"{self.lent} SQL cursors (an export?) are still open after "
+                        f"{timeout:g} s; compact again"
+                    )
+                await asyncio.sleep(0.02)
+        finally:
+            self._forgetting -= 1
 
     async def close(self) -> None:
-        """Flush, save the indexes and stop the thread."""
+        """Flush, save the indexes and stop the thread (and the SQL workers)."""
+        if self.sql_workers is not None:
+            await asyncio.to_thread(self.sql_workers.close)
         if self._thread.is_alive():
             self._inbox.put(_STOP)
             await asyncio.to_thread(self._thread.join)
@@ -391,6 +490,8 @@ class Engine:
             try:
                 self.snapshot = Snapshot(self.directory, interval, lambda: self._inbox.put(_WAKE))
                 self.snapshot.adopt(projection)
+                self.sql_workers = SqlWorkers(self.snapshot.path, self.directory / SQL_TEMP)
+                self.snapshot.on_replaced = self.sql_workers.replaced
             except Exception:  # the state serves without it; the log says why
                 log.exception("the analysts' snapshot could not be opened; going on without")
                 self.snapshot = None
@@ -512,7 +613,7 @@ class Engine:
         due: list[float] = []
         if projection.scrub_since is not None:  # (SQL readers in flight: look again soon)
             scrub = projection.scrub_since + self._scrub_after()
-            due.append(scrub if self.lent == 0 else max(scrub, now + 0.1))
+            due.append(scrub if self.lent == 0 else max(scrub, now + 0.02))
         if self.snapshot is not None and (snapshot := self.snapshot.due()) is not None:
             due.append(snapshot)
         if projection.dirty:
@@ -638,15 +739,12 @@ class Engine:
                 not bulk
                 and projection.scrub_since is not None
                 and now - projection.scrub_since >= self._scrub_after()
-                and self.lent == 0
             ):
-                try:
-                    took = self._scrub(projection)
+                try:  # (queries in its way are cancelled; it is done once they are gone)
+                    self._forget_now(projection)
                 except Exception:  # tried again after the bound, not at once
                     projection.scrub_since = now
                     raise
-                self._scrub_took = sum(took.values())
-                log.info("rewrote the state's files after a delete: %s", took)
         except Exception:  # DuckDB refused: keep applying in memory, try again later
             log.exception("writing the projection failed; retrying at the next interval")
             projection.last_flush = projection.last_save = now
@@ -680,9 +778,9 @@ class Engine:
         return projection.scrub(copy)
 
 
-def _scrub_when_free(projection: Projection, engine: Engine) -> dict[str, float]:
-    if engine.lent > 0:  # a cursor handed out since the loop looked
-        raise PulseError("SQL queries started meanwhile: compact again")
+def _scrub_when_free(projection: Projection, engine: Engine) -> dict[str, float] | None:
+    if engine.lent > 0:  # a cursor handed out since the loop looked (an export): wait
+        return None
     return engine._scrub(projection)
 
 

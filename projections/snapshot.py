@@ -49,7 +49,8 @@ How it is made, and why so:
 - Forgetting: a delete is a change like any other, so the snapshot is rewritten from
   the live, already purged, state within the bound; a scrub (``pulse compact``) puts a
   copy of its own freshly rewritten file in place at once. The old file's name is gone
-  at the rename (a reader that still holds it open keeps reading it until it closes it).
+  at the rename (a reader that still holds it open keeps reading it until it closes it:
+  the SQL workers of ``projections.sqlworker`` are told, ``on_replaced``, and let go).
 - Crash safety: the snapshot is derived; a ``.tmp`` left by a crash is removed when the
   engine opens, and a snapshot that does not hold the state's checkpoint and schema is
   refreshed at once.
@@ -120,6 +121,9 @@ class Snapshot:
         self._stale_since: float | None = None  # the oldest change nothing holds yet
         self._copying: concurrent.futures.Future[None] | None = None
         self._copying_since: float | None = None  # the oldest change the copy takes
+        # told (on the thread that did it) when a whole copy took the path's place or
+        # the file is gone: a reader of the old file must let go of it (the SQL workers)
+        self.on_replaced: Callable[[], None] | None = None
         self._remove_leftovers()
 
     # -- the engine thread -----------------------------------------------------------------
@@ -224,6 +228,13 @@ class Snapshot:
         thread.start()
         return copying
 
+    def current(self, projection: Projection) -> concurrent.futures.Future[None] | None:
+        """Make the file hold what the projection holds: the copy (started now if it
+        lacks anything, else the one in flight) to wait for; None: it holds it."""
+        if self.stale(projection):
+            return self.refresh(projection)
+        return self._copying
+
     def settle(self) -> None:
         """Wait for a copy in flight to end (before the state's file is reopened, the
         projection closes, or another refresh starts)."""
@@ -259,6 +270,7 @@ class Snapshot:
         finally:
             con.close()
         os.replace(self._tmp, self.path)
+        self._replaced()
         with self._lock:
             self.seq = projection.flushed_seq
             self._taken_at = taken_at
@@ -273,6 +285,7 @@ class Snapshot:
         one holding what was deleted); the next refresh writes it whole."""
         self.settle()
         self.path.unlink(missing_ok=True)
+        self._replaced()
         self._holds = None
         if self._stale_since is None:
             self._stale_since = time.monotonic()
@@ -333,6 +346,8 @@ class Snapshot:
                 with contextlib.suppress(duckdb.Error):
                     cursor.close()  # (a failed copy: rolls back and detaches)
             os.replace(self._tmp, self.path)
+            if since is None:
+                self._replaced()
         except BaseException as exc:
             log.exception("refreshing the analysts' snapshot failed; trying again later")
             self._remove_leftovers()
@@ -346,6 +361,13 @@ class Snapshot:
                 self._copying_since = None
             copying.set_result(None)
         self._wake()
+
+    def _replaced(self) -> None:
+        if self.on_replaced is not None:
+            try:
+                self.on_replaced()
+            except Exception:
+                log.exception("telling the snapshot's readers it was replaced failed")
 
     def _remove_leftovers(self) -> None:
         for leftover in (self._tmp, Path(f"{self._tmp}.wal")):

@@ -465,7 +465,18 @@ class PulseDB(
         within ``$PULSE_SQL_MEMORY_LIMIT`` and ``$PULSE_SQL_TEMP_LIMIT`` (2GB, 1GB; then
         QueryOutOfMemory). The answer stops at ``limit`` rows or ``$PULSE_SQL_MAX_BYTES``
         of JSON (16 MiB), whichever comes first: ``truncated`` and ``truncated_by`` say
-        so. Cancelling the awaiting task interrupts the query.
+        so. Cancelling the awaiting task interrupts the query. A query longer than
+        ``$PULSE_SQL_MAX_QUERY_BYTES`` (256 KiB) is QueryTooLarge; one whose parse tree has
+        more than ``$PULSE_SQL_MAX_NODES`` nodes (10,000) or ``$PULSE_SQL_MAX_DEPTH``
+        levels (400) is QueryTooComplex. A query in the way of forgetting (the rewrite of
+        the files after a delete) is cancelled: QueryCancelled, retry.
+
+        The query runs in a worker process over the analysts' snapshot, brought up to
+        date first (``projections.sqlworker``: the time limit then covers parsing and
+        planning, and the memory limit is the process's); without a snapshot
+        (``snapshot_interval=None``), on a cursor of the engine's DuckDB. The
+        ``SqlResult.seq`` of a principal that is not an admin is 0 (the stream's sequence
+        counts events it may not see).
 
         ``as_of`` (a stream sequence, or a time): every table and view as it was then
         (``projections.past``; ``SqlResult.seq`` is that sequence); the activities are
@@ -474,12 +485,23 @@ class PulseDB(
         if not isinstance(query, str) or not query.strip():
             raise ValidationError("query: give one SQL query")
         check_rows_limit(limit)
-        analytics.check_read_only(query)
+        limits = self.engine.limits()
+        analytics.check_read_only(query, limits)
         me = self._me()
         live = {c.collective_id for c in await self._read(queries.list_collectives)}
         activities = [a for a in await self._activities(None) if a.collective_id in live]
         moment = None if as_of is None else await self._as_of_seq(as_of)
-        cursor, seq = await self.engine.cursor()
+        workers = self.engine.sql_workers
+        if workers is not None:  # in a process of its own, over the snapshot
+            seq, tables = await self.engine.pin_snapshot(moment)
+            if moment is not None:
+                seq = min(seq, moment[0])
+            asked = workers.query(
+                query, activities, limit, limits, None if me.admin else me, tables,
+                seq=seq if me.admin else 0,
+            )  # fmt: skip
+            return await analytics.run_async(asked)  # cancelling the caller kills it
+        cursor, seq = await self.engine.cursor()  # (no snapshot: here, on a cursor)
         tables = None
         if moment is not None:
             at, ms = moment
@@ -490,9 +512,11 @@ class PulseDB(
                 raise
             seq = min(seq, at)
         run = analytics.SqlQuery(  # not an admin: the views filtered for it, in SQL
-            cursor, query, activities, limit, seq, self.engine.limits(),
-            viewer=None if me.admin else me, past=tables, on_close=self.engine.release,
+            cursor, query, activities, limit, seq if me.admin else 0, limits,
+            viewer=None if me.admin else me, past=tables,
+            on_close=lambda: self.engine.release(run),
         )  # fmt: skip
+        self.engine.track(run)  # a rewrite after a delete cancels it
         return await analytics.run_async(run)  # cancelling the caller interrupts it
 
     async def export(self, directory: str | os.PathLike[str]) -> dict[str, int]:

@@ -7,6 +7,7 @@ Python API, over HTTP (`pulse up`) and on the command line. Queries an analyst m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -19,9 +20,18 @@ import httpx
 import pytest
 
 from eventlog import EmbeddedNats
-from eventlog.errors import QueryOutOfMemory, QueryTimedOut, ValidationError
+from eventlog.errors import (
+    QueryCancelled,
+    QueryOutOfMemory,
+    QueryTimedOut,
+    QueryTooComplex,
+    QueryTooLarge,
+    ValidationError,
+)
 from projections.analytics import SqlLimits
+from projections.projection import ProjectionSettings
 from sync import PulseDB
+from sync.access import Principal
 from tests.conftest import eventually
 from tests.test_cli import pulse
 from tests.test_service import _env, start, stop
@@ -228,6 +238,60 @@ async def test_results_stop_at_the_rows_limit_or_the_bytes_limit(db: PulseDB) ->
     assert len(json.dumps(wide.rows, separators=(",", ":"))) <= 2048
 
 
+@pytest.mark.parametrize("snapshot", [True, False], ids=["in-workers", "on-cursors"])
+async def test_a_query_in_the_way_of_forgetting_is_cancelled_and_compact_goes_on(
+    tmp_path: Path, nats_server: EmbeddedNats, snapshot: bool
+) -> None:
+    # with a snapshot, queries run in worker processes over it; without, on the
+    # engine's own DuckDB
+    settings = ProjectionSettings(snapshot_interval=1.0 if snapshot else None)
+    db = await PulseDB.open(tmp_path / "db", nats_server.url, projection_settings=settings)
+    try:
+        team = await db.create_collective("ana", "team", 3)
+        await db.record_experience(team, "kept", [1.0, 0.0, 0.0])
+        db.engine.sql_limits = SqlLimits(time_limit=120)
+        admin = asyncio.ensure_future(db.sql(LONG))
+        with db.acting_as(Principal("ana", scope="read")):
+            reader = asyncio.ensure_future(db.sql(LONG))
+        workers = db.engine.sql_workers
+        await eventually(
+            lambda: (workers.running if workers is not None else db.engine.lent) == 2,
+            timeout=30, what="both queries running",
+        )  # fmt: skip
+        done = await asyncio.wait_for(db.compact(), timeout=30)  # never waits for readers
+        assert done.applied_seq > 0
+        for task in (admin, reader):
+            with pytest.raises(QueryCancelled, match="after a delete .* retry it"):
+                await task
+        assert (await db.sql("SELECT count(*) FROM experiences")).rows == [[1]]
+    finally:
+        await db.close()
+
+
+async def test_a_query_too_long_too_large_or_too_deep_is_refused_before_it_binds(
+    db: PulseDB,
+) -> None:
+    db.engine.sql_limits = SqlLimits(max_query_bytes=10_000, max_nodes=200, max_depth=60)
+    for who in (None, Principal("ana", scope="read")):  # here, and in a worker
+        with db.acting_as(who) if who else contextlib.nullcontext():
+            with pytest.raises(QueryTooLarge) as long:
+                await db.sql(" UNION ALL ".join(["SELECT 1"] * 1000))
+            with pytest.raises(QueryTooComplex) as large:
+                await db.sql(" UNION ALL ".join(["SELECT 1"] * 60))
+            with pytest.raises(QueryTooComplex) as deep:
+                await db.sql("SELECT * FROM (" * 30 + "SELECT 1 AS x" + ") t" * 30)
+            with pytest.raises(QueryTooComplex) as deeper:  # past what Python's json reads
+                await db.sql("SELECT * FROM (" * 500 + "SELECT 1 AS x" + ") t" * 500)
+        assert "18989 bytes" in str(long.value) and "(10000 bytes" in str(long.value)
+        assert (long.value.limit, long.value.setting) == (
+            "query_bytes", "PULSE_SQL_MAX_QUERY_BYTES")  # fmt: skip
+        assert "more than 200 nodes" in str(large.value)
+        assert large.value.setting == "PULSE_SQL_MAX_NODES"
+        for refused in (deep, deeper):
+            assert "(60 levels of its parse tree, $PULSE_SQL_MAX_DEPTH" in str(refused.value)
+    assert (await db.sql(" UNION ALL ".join(["SELECT 1"] * 10))).rows == [[1]] * 10
+
+
 def test_the_limits_come_from_the_environment_and_are_checked() -> None:
     assert SqlLimits.from_env({}) == SqlLimits()
     assert SqlLimits() == SqlLimits(10.0, "2GB", "1GB", 16 * 1024 * 1024)
@@ -235,6 +299,14 @@ def test_the_limits_come_from_the_environment_and_are_checked() -> None:
         {"PULSE_SQL_TIME_LIMIT": "2.5", "PULSE_SQL_MEMORY_LIMIT": "512MB",
          "PULSE_SQL_TEMP_LIMIT": "0B", "PULSE_SQL_MAX_BYTES": "4096"}
     ) == SqlLimits(2.5, "512MB", "0B", 4096)  # fmt: skip
+    assert SqlLimits.from_env(
+        {"PULSE_SQL_MAX_QUERY_BYTES": "1000", "PULSE_SQL_MAX_NODES": "500",
+         "PULSE_SQL_MAX_DEPTH": "100"}
+    ) == SqlLimits(max_query_bytes=1000, max_nodes=500, max_depth=100)  # fmt: skip
+    with pytest.raises(ValidationError, match=r"max_depth \(\$PULSE_SQL_MAX_DEPTH\): at most 800"):
+        SqlLimits(max_depth=5000)
+    with pytest.raises(ValidationError, match=r"max_nodes \(\$PULSE_SQL_MAX_NODES\): must be"):
+        SqlLimits.from_env({"PULSE_SQL_MAX_NODES": "3"})
     with pytest.raises(ValidationError, match=r"\$PULSE_SQL_TIME_LIMIT: not a valid value"):
         SqlLimits.from_env({"PULSE_SQL_TIME_LIMIT": "soon"})
     with pytest.raises(ValidationError, match=r"memory_limit \(\$PULSE_SQL_MEMORY_LIMIT\)"):
