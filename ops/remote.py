@@ -25,6 +25,7 @@ import inspect
 import json
 import operator
 import os
+import re
 import select
 import sys
 import types
@@ -40,8 +41,12 @@ from eventlog.errors import (
     NotFollowed,
     NotFoundError,
     PulseError,
+    QueryCancelled,
+    QueryLimitExceeded,
     QueryOutOfMemory,
     QueryTimedOut,
+    QueryTooComplex,
+    QueryTooLarge,
     Unauthorized,
     ValidationError,
 )
@@ -62,6 +67,9 @@ ERRORS: dict[str, type[PulseError]] = {
         LogUnavailable,
         QueryTimedOut,
         QueryOutOfMemory,
+        QueryTooLarge,
+        QueryTooComplex,
+        QueryCancelled,
         Unauthorized,
         Forbidden,
         PulseError,
@@ -274,7 +282,21 @@ def raise_for(response: Response) -> None:
             "set $PULSE_TOKEN to an access token, or run as the user whose data directory "
             "it serves (its operator-token file)"
         )
-    raise ERRORS.get(kind, PulseError)(message)
+    cls = ERRORS.get(kind, PulseError)
+    if issubclass(cls, QueryLimitExceeded):
+        # the message names the setting ($PULSE_SQL_...), and the setting the limit
+        named = re.search(r"\$(PULSE_SQL_[A-Z_]+)", message)
+        setting = named.group(1) if named else ""
+        raise cls(message, limit=_LIMITS.get(setting, "sql"), setting=setting)
+    raise cls(message)
+
+
+# the ``limit`` each setting of the SQL sandbox sets (projections.analytics.SqlLimits)
+_LIMITS = {
+    "PULSE_SQL_TIME_LIMIT": "time", "PULSE_SQL_MEMORY_LIMIT": "memory",
+    "PULSE_SQL_MAX_QUERY_BYTES": "query_bytes", "PULSE_SQL_MAX_NODES": "nodes",
+    "PULSE_SQL_MAX_DEPTH": "depth",
+}  # fmt: skip
 
 
 class RemotePulseDB:

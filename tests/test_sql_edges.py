@@ -18,6 +18,8 @@ import httpx
 import pyarrow.ipc
 import pytest
 
+from eventlog.errors import QueryTooComplex, QueryTooLarge
+from ops.remote import RemotePulseDB
 from tests.conftest import eventually
 from tests.test_service import Service, _env, call, start, stop
 
@@ -33,13 +35,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 
 
 async def reader(service: Service, owner: str = "bob") -> str:
-    """A read token of ``owner``, made by the service's own credential (``service.token``:
-    an admin token made first if the service has none, as the first token ends the
-    token-less mode)."""
-    if service.token is None:
-        async with service.client() as client:
-            made = await call(client, "create_token", owner_id="ops", scope="admin")
-        service.token = str(made["token"])
+    """A read token of ``owner``, made by the service's operator (``service.token``)."""
     async with service.client() as client:
         made = await call(client, "create_token", owner_id=owner, scope="read")
     return str(made["token"])
@@ -160,6 +156,21 @@ async def test_a_query_too_long_too_large_or_too_deep_is_a_4xx_naming_its_limit(
     assert found["depth"].status_code == 422, found["depth"].text
     assert found["depth"].json()["error"] == "QueryTooComplex"
     assert "$PULSE_SQL_MAX_DEPTH" in found["depth"].json()["message"]
+
+
+async def test_the_remote_client_raises_the_limit_it_was_told(running: Service) -> None:
+    """``RemotePulseDB`` (the CLI's way to a running service) turns each refusal into the
+    library's own error, with the limit and the setting that name it."""
+    db = RemotePulseDB.from_data_dir(running.data_dir)
+    try:
+        with pytest.raises(QueryTooLarge) as large:
+            await db.sql(" UNION ALL ".join(["SELECT 1"] * 15_000))
+        with pytest.raises(QueryTooComplex) as deep:
+            await db.sql("SELECT * FROM (" * 500 + "SELECT 1 AS x" + ") t" * 500)
+    finally:
+        await db.close()
+    assert (large.value.limit, large.value.setting) == ("query_bytes", "PULSE_SQL_MAX_QUERY_BYTES")
+    assert (deep.value.limit, deep.value.setting) == ("depth", "PULSE_SQL_MAX_DEPTH")
 
 
 async def test_a_huge_value_is_refused_and_the_service_does_not_grow(running: Service) -> None:
