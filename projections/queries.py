@@ -608,9 +608,16 @@ def similar_ids(
     if vector.shape[1] != index.dim:
         raise ValueError(f"query: {vector.shape[1]} dimensions, the collective has {index.dim}")
     past = isinstance(p, Past)  # (the index's archived flags are the present ones)
-    narrow = past or _narrows(p, collective_id, flt)
+    # a caller that may not see everything: an exact scan of the rows it may see, so that
+    # neither a graph (built over every row, in the order they came) nor the cut of a tie
+    # depends on what it may not see
+    restricted = flt.viewer is not None
+    narrow = past or restricted or _narrows(p, collective_id, flt)
     allowed = _allowed(p, collective_id, flt) if narrow else None
-    hits = index.search(vector, k, include_archived=flt.include_archived or past, allowed=allowed)
+    hits = index.search(
+        vector, k, include_archived=flt.include_archived or past, allowed=allowed,
+        exact=restricted,
+    )  # fmt: skip
     keyed = [(index.keys[v], s) for v, s in hits if v in index.keys]
     keyed.sort(key=lambda hit: (-hit[1], hit[0]))  # equal scores in one order on every host
     return keyed
@@ -827,6 +834,23 @@ def similar_insights(
     if index is None or k <= 0:
         return []
     vector = np.asarray(query, dtype=np.float32).reshape(1, -1)
+    if viewer is not None:  # an exact scan of what it may see (as ``similar_ids``)
+        vec_ids = p.memory.vec_ids
+        allowed = np.array(
+            sorted(
+                vec_ids[r.insight_id]
+                for r in p.memory.live_insights_of(collective_id)
+                if vec_ids.get(r.insight_id) in index.members
+                and viewer.sees(r.visibility, r.author_owner, r.author_agent)
+            ),
+            dtype=np.int64,
+        )
+        visible = []
+        for vec_id, score in index.search(vector, k, allowed=allowed, exact=True):
+            row = p.memory.live_insight(index.keys[vec_id]) if vec_id in index.keys else None
+            if row is not None:
+                visible.append(ScoredInsight(_insight(p, row, viewer), score))
+        return visible
     fetch = k
     while True:  # with a viewer, ask for more until k are visible or there are no more
         hits = index.search(vector, fetch)
@@ -1116,9 +1140,21 @@ def cold_experiences(
 # -- relations and insights by key ----------------------------------------------------------
 
 
-def relation_taken(p: Projection, source_id: UUID, target_id: UUID, relation_type: str) -> Any:
-    """The id of the relation holding this (source, target, type), or None."""
-    return p.memory.triple_winner((source_id, target_id, relation_type))
+def relation_taken(
+    p: Projection,
+    source_id: UUID,
+    target_id: UUID,
+    relation_type: str,
+    visibility: str = "team",
+    author_owner: str | None = None,
+    author_agent: str | None = None,
+) -> Any:
+    """The id of the relation holding this (source, target, type) among those shared as
+    a relation of this visibility and author would be (``state.sharing``), or None."""
+    from projections.state import sharing
+
+    shared = sharing(visibility, author_owner, author_agent)
+    return p.memory.triple_winner((source_id, target_id, relation_type, shared))
 
 
 CONTEXT_RELATIONS_MAX = 1000  # relations in one context (get_context_candidates)

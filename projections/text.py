@@ -161,6 +161,12 @@ def idf(documents: int, holding: int) -> float:
     return math.log(1 + (documents - holding + 0.5) / (holding + 0.5))
 
 
+def _count(searcher: tantivy.Searcher, query: tantivy.Query) -> int:
+    """How many documents match ``query``."""
+    found: int = searcher.search(query, 1, count=True).count  # type: ignore[attr-defined]
+    return found
+
+
 class TextIndex:
     """The tantivy index of one projection (all collectives; filtered per query)."""
 
@@ -361,7 +367,7 @@ class TextIndex:
         """BM25 over the documents ``viewer`` may see (the module doc)."""
         searcher = self.index.searcher()
         visible = self._visible(kind, collective_id, viewer)
-        documents = searcher.search(visible, 1, count=True).count
+        documents = _count(searcher, visible)
         if not documents:
             return []
         sums = searcher.aggregate(
@@ -382,14 +388,15 @@ class TextIndex:
         weighted = []  # (field, term, weight, documents holding it, its query)
         for field, term, weight in terms:
             query = tantivy.Query.term_query(schema, field, term)
-            holding = searcher.search(within(query), 1, count=True).count
+            holding = _count(searcher, within(query))
             if holding:
                 weighted.append((field, term, weight, holding, query))
         if not weighted:
             return []
         # the candidates: the documents of the rarest terms, as many terms as fit
         weighted.sort(key=lambda t: (t[3], t[0], t[1]))
-        chosen, fits = [], 0
+        chosen: list[tuple[str, str, float, int, tantivy.Query]] = []
+        fits = 0
         for item in weighted:
             if chosen and fits + item[3] > CANDIDATES_MAX:
                 break

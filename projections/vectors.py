@@ -357,9 +357,13 @@ class VectorIndex:
         *,
         include_archived: bool = False,
         allowed: npt.NDArray[np.int64] | None = None,
+        exact: bool = False,
     ) -> list[tuple[int, float]]:
         """The k nearest (vec_id, cosine similarity), best first; with ``allowed``, among
-        those vec_ids only (live ones, archived or not as the caller decided)."""
+        those vec_ids only (live ones, archived or not as the caller decided). ``exact``
+        (with ``allowed``): a scan of those, never the graph, ties cut by key: the
+        answer depends on the allowed vectors alone (a graph's depends on every vector
+        it holds, and on the order they came in)."""
         self._settle()
         if k <= 0 or not self.members:
             return []
@@ -371,6 +375,8 @@ class VectorIndex:
             candidates = np.asarray(allowed, dtype=np.int64)
             if not len(candidates):
                 return []
+            if exact:
+                return self._exact(q, k, candidates, by_key=True)
             if hnsw and len(candidates) <= 4 * self.hnsw_threshold // 10 + k:
                 return self._exact(q, k, candidates)
             if hnsw:
@@ -401,8 +407,12 @@ class VectorIndex:
         at = found[0][found[0] >= 0]
         return self._exact(q, k, self._graph_positions()[at])
 
-    def _exact(self, q: Matrix, k: int, ids: npt.NDArray[np.int64]) -> list[tuple[int, float]]:
-        """The k best of ``ids`` by exact cosine, ties by vec_id (one order everywhere)."""
+    def _exact(
+        self, q: Matrix, k: int, ids: npt.NDArray[np.int64], *, by_key: bool = False
+    ) -> list[tuple[int, float]]:
+        """The k best of ``ids`` by exact cosine, ties by vec_id (one order everywhere);
+        ``by_key``: ties by the rows' keys (vec_ids are numbered as rows arrive on this
+        host, so the same rows may have other numbers elsewhere)."""
         if not len(ids):
             return []
         ids = np.sort(ids)
@@ -411,8 +421,16 @@ class VectorIndex:
         scores = np.divide(
             vectors @ q[0], norms, out=np.zeros(len(ids), np.float32), where=norms > 0
         )
-        top = np.argsort(-scores, kind="stable")[:k]
-        return list(zip(ids[top].tolist(), scores[top].tolist(), strict=True))
+        if by_key and len(ids) > k:  # everything tied with the k-th, cut by key below
+            kth = np.partition(-scores, k - 1)[k - 1]
+            top = np.flatnonzero(-scores <= kth)
+        else:
+            top = np.argsort(-scores, kind="stable")[:k]
+        found = list(zip(ids[top].tolist(), scores[top].tolist(), strict=True))
+        if by_key:
+            keys = self.keys
+            found.sort(key=lambda hit: (-hit[1], keys.get(hit[0]) or UUID(int=0)))
+        return found[:k]
 
     def _excluding(self, include_archived: bool) -> Any:
         """The selector of what a search may return (cached until the sets change);
