@@ -29,7 +29,7 @@ Two ways to score, by who asks (``search``):
   each candidate come from analyzing its content again (kept for the documents scored
   last). The candidates are the visible documents holding a query term; when more than
   ``CANDIDATES_MAX`` do, the terms are taken rarest first while their documents fit, and
-  past that the documents with the largest ``order`` (random bits of their id): every
+  past that the documents with the largest ``order`` (the low bits of their id): every
   step depends only on visible documents, so two worlds that differ in what the caller
   may not see give it the same ids, order and scores. Otherwise the order of hits, not
   just their scores, would tell whether a guessed word occurs in what it may not read.
@@ -41,6 +41,7 @@ import json
 import math
 import os
 import shutil
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -64,7 +65,7 @@ WORDS, GRAMS = "_words", "_grams"
 GRAM_WEIGHT = 0.5  # a matching gram counts for less than a matching word
 ANALYSIS_STAMP = "analysis.txt"  # which analysis made the index's terms (lang.fingerprint)
 BM25_K1, BM25_B = 1.2, 0.75  # tantivy's (and Lucene's) constants
-CANDIDATES_MAX = 2000  # visible documents a restricted search scores, at most
+CANDIDATES_MAX = 1000  # visible documents a restricted search scores, at most
 ANALYZED_MAX = 20_000  # documents whose analysis is kept for the next restricted search
 
 # a document's analysis: (term -> count, length) of its main field (English words, or
@@ -103,6 +104,8 @@ def _schema() -> tantivy.Schema:
     builder.add_integer_field("length", stored=False, indexed=False, fast=True)
     builder.add_integer_field("gram_length", stored=False, indexed=False, fast=True)
     builder.add_integer_field("order", stored=False, indexed=False, fast=True)
+    builder.add_integer_field("high", stored=False, indexed=False, fast=True)  # the id again,
+    # as two numbers a search reads for many documents at once (``fast_field_values``)
     for kind in KINDS:  # the content, in the field of its kind
         builder.add_text_field(kind, stored=False, tokenizer_name="en_stem")
         builder.add_text_field(kind + WORDS, stored=False, tokenizer_name="whitespace")
@@ -137,7 +140,8 @@ def _fields(document: Document) -> dict[str, Any]:
         "kind": kind,
         "visibility": visibility or "team",  # (rows from before visibility: team)
         "author": author_term(owner, agent),
-        "order": doc_id.int & (2**63 - 1),
+        "order": _signed(doc_id.int & (2**64 - 1)),
+        "high": _signed(doc_id.int >> 64),
     }
     if language == lang.ENGLISH:
         fields[kind] = content
@@ -148,6 +152,15 @@ def _fields(document: Document) -> dict[str, Any]:
         fields[kind + GRAMS] = " ".join(analysis.grams)
         fields["length"], fields["gram_length"] = len(analysis.words), len(analysis.grams)
     return fields
+
+
+def _signed(value: int) -> int:
+    """An unsigned 64-bit number as the signed one with the same bits (an i64 field)."""
+    return value - 2**64 if value >= 2**63 else value
+
+
+def _uuid(high: int, low: int) -> UUID:
+    return UUID(int=((high % 2**64) << 64) | (low % 2**64))
 
 
 def bm25(idf: float, tf: int, length: int, average: float) -> float:
@@ -195,7 +208,7 @@ class TextIndex:
         self._writer: tantivy.IndexWriter | None = None
         self._dirty = False
         # the analysis of documents scored lately (restricted searches), by id
-        self._analyzed: dict[UUID, Counts] = {}
+        self._analyzed: OrderedDict[UUID, Counts] = OrderedDict()  # least recent first
 
     @property
     def writer(self) -> tantivy.IndexWriter:
@@ -257,9 +270,9 @@ class TextIndex:
             self.index.reload()
 
     def _keep(self, doc_id: UUID, counts: Counts) -> None:
-        if len(self._analyzed) >= ANALYZED_MAX:
-            self._analyzed.clear()
         self._analyzed[doc_id] = counts
+        while len(self._analyzed) > ANALYZED_MAX:
+            self._analyzed.popitem(last=False)
 
     def search(
         self,
@@ -404,11 +417,15 @@ class TextIndex:
             fits += item[3]
         query = tantivy.Query.boolean_query([(tantivy.Occur.Should, c[4]) for c in chosen])
         hits = searcher.search(within(query), CANDIDATES_MAX, order_by_field="order").hits
+        addresses = [address for _, address in hits]
+        highs = searcher.fast_field_values("high", addresses)
         scored = []
-        for _, address in hits:
-            doc_id = UUID(searcher.doc(address)["id"][0])
+        for (low, _), high in zip(hits, highs, strict=True):
+            doc_id = _uuid(int(high or 0), low)
             counts = self._analyzed.get(doc_id)
-            if counts is None:
+            if counts is not None:
+                self._analyzed.move_to_end(doc_id)
+            else:
                 text = content(doc_id)
                 if text is None:
                     continue
