@@ -26,6 +26,19 @@ the build applied to it first.
 Large adds (catching up, rebuilding) run on a background thread too, so folding the
 next batch overlaps with FAISS's (multi-threaded) graph construction; every other use
 of the index waits for a pending add first.
+
+A caller that may not see every row (``sync.access``: not an admin) is answered by an
+exact scan of the rows it may see (``search(exact=True)``), never by the graph: a
+graph is built over every vector of the collective, in the order they came (and in
+parallel), so which rows an approximate search finds depends on rows the caller may
+not see, and two worlds that differ only in those would answer it differently. Ties
+at the cut are broken by the rows' keys, not by vec_ids (numbered as rows arrive on
+this host). Per-visibility graphs would cost less per search but still depend on the
+order and the parallelism of their construction. The scan's cost is gathering the
+rows from the exact file; the last ``SCANS_KEPT`` gathered sets (up to
+``SCAN_KEPT_BYTES`` each) are kept, so a caller's next search over the same rows is
+one matrix product (``python -m ops.bench.projection --only visible_search`` measures
+it beside the graph).
 """
 
 from __future__ import annotations
