@@ -45,7 +45,9 @@ target.
   not see every row (``sync.access``): a member of the collective (every 10th
   experience is private to another agent) and a principal of another owner (it sees the
   org-visible rows: every 20th), beside the same search unrestricted (an admin) in the
-  same loop; ratios to it, target <= 3 for the member (what a filter costs, above).
+  same loop; ratios to it, target <= 3 for the member. Both are exact scans of the rows
+  they may see (``projections.vectors``: a graph's answer would depend on the rows they
+  may not see); the first query of each gathers the rows, the rest reuse them.
 - visible_text: p50 / p99 of ``queries.search_text`` (k=10; the hybrid queries' words)
   and of ``hybrid_experiences`` (pool 50) as that member, scored from the statistics
   of the rows it may see (``projections.text``: counts under a visibility filter, the
