@@ -18,7 +18,11 @@ What is left out of the comparison is a function of the wall clock alone: a hit'
 experiences (their energy: their ids and order are compared). Answers are
 compared after ``msgspec.to_builtins``; a page is its items and its ``next`` cursor.
 
-Then the words-not-syntax check: ``search_text`` with query syntax answers words.
+Beside it, the two cases that show the leaks on plain worlds (a text search whose order
+told whether a word occurs in another agent's private memories; a vector search over an
+HNSW graph holding them), and the words-not-syntax check: ``search_text`` with query
+syntax answers words, over HTTP. The property runs without shrinking: a failing pair of
+worlds is printed whole (shrinking one, each example two instances, takes minutes).
 """
 
 from __future__ import annotations
