@@ -751,8 +751,10 @@ class InstanceCore:
         key = uuid_of("collective_id", collective_id)
         found = await self._known_or_read("collective", key, queries.get_collective)
         if found is None:
-            if self.scope is not None and key in self._directory.collectives:
+            known = self._directory.collectives.get(key) if self.scope is not None else None
+            if known is not None and self._me().member(known[0], key):
                 raise self._not_followed(key)  # it exists: elsewhere (sync.following)
+            # (to others, whether it exists elsewhere would tell what they may not see)
             raise self._missing(f"collective_id: no collective {collective_id}")
         return found
 
