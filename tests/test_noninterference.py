@@ -499,7 +499,7 @@ async def same_answers(world: World, at: list[int], principal: Principal) -> Non
     assert not found, f"{len(found)} answers differ:\n" + "\n".join(found[:8])
 
 
-@settings(max_examples=10, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@settings(max_examples=20, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(data=st.data())
 def test_what_a_caller_may_not_see_changes_no_answer(data: st.DataObject) -> None:
     name = data.draw(st.sampled_from(sorted(CALLERS)), label="caller")
