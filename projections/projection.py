@@ -66,7 +66,7 @@ from projections.schema import MISPLACED
 from projections.scope import Scope
 from projections.state import Audited, MemoryState, Rejected, Touched
 from projections.store import StateInUse, Store
-from projections.text import TextIndex
+from projections.text import Document, TextIndex
 from projections.vectors import ExactVectors, VectorIndex, read_manifest, write_manifest
 
 log = logging.getLogger("pulse.projection")
@@ -418,18 +418,24 @@ class Projection:
         self.scrub_since = None
         return took
 
-    def _text_documents(self) -> Iterator[tuple[str, UUID, UUID, str, str]]:
+    def _text_documents(self) -> Iterator[Document]:
         """What the text index holds: every live experience and indexable insight."""
         memory = self.memory
         language = memory.collective_language
         for (row_id,), row in memory.experiences.items():
             cid = row.collective_id
             if cid is not None and memory.live_experience(row_id) is not None:
-                yield "experience", row_id, cid, row.content or "", language(cid)
+                yield (
+                    "experience", row_id, cid, row.content or "", language(cid),
+                    row.visibility, row.author_owner, row.author_agent,
+                )  # fmt: skip
         for (row_id,), insight in memory.insights.items():
             cid = insight.collective_id
             if cid is not None and _indexable_insight(memory, insight):
-                yield "insight", row_id, cid, insight.content or "", language(cid)
+                yield (
+                    "insight", row_id, cid, insight.content or "", language(cid),
+                    insight.visibility, insight.author_owner, insight.author_agent,
+                )  # fmt: skip
 
     # -- keeping the indexes in step -------------------------------------------------------
 
@@ -536,7 +542,10 @@ class Projection:
                 vecs.append(row.embedding or b"")
                 keys.append(row_id)
                 language = memory.collective_language(collective_id)
-                self.text.put(kind, row_id, collective_id, row.content or "", language)
+                self.text.put(
+                    kind, row_id, collective_id, row.content or "", language,
+                    row.visibility, row.author_owner, row.author_agent,
+                )  # fmt: skip
             index.set_hidden(vec_id, hidden)
             return
         vec_id_or_none = memory.vec_ids.get(row_id)

@@ -608,9 +608,16 @@ def similar_ids(
     if vector.shape[1] != index.dim:
         raise ValueError(f"query: {vector.shape[1]} dimensions, the collective has {index.dim}")
     past = isinstance(p, Past)  # (the index's archived flags are the present ones)
-    narrow = past or _narrows(p, collective_id, flt)
+    # a caller that may not see everything: an exact scan of the rows it may see, so that
+    # neither a graph (built over every row, in the order they came) nor the cut of a tie
+    # depends on what it may not see
+    restricted = flt.viewer is not None
+    narrow = past or restricted or _narrows(p, collective_id, flt)
     allowed = _allowed(p, collective_id, flt) if narrow else None
-    hits = index.search(vector, k, include_archived=flt.include_archived or past, allowed=allowed)
+    hits = index.search(
+        vector, k, include_archived=flt.include_archived or past, allowed=allowed,
+        exact=restricted,
+    )  # fmt: skip
     keyed = [(index.keys[v], s) for v, s in hits if v in index.keys]
     keyed.sort(key=lambda hit: (-hit[1], hit[0]))  # equal scores in one order on every host
     return keyed
@@ -647,7 +654,12 @@ def hybrid_experiences(
     """The vector and the BM25 rankings (``pool`` candidates each) fused by Reciprocal
     Rank Fusion: score = sum over the rankings of weight / (rrf_k + rank)."""
     by_vector = similar_ids(p, collective_id, query, pool, flt)
-    by_text = _text_hits(p, collective_id, text, pool) if text.strip() else []
+    by_text = []
+    if text.strip():  # (a viewer's: every visible candidate, ranked before the filter)
+        from projections.text import CANDIDATES_MAX
+
+        limit = pool if flt.viewer is None else max(pool, CANDIDATES_MAX)
+        by_text = _text_hits(p, collective_id, text, limit, flt.viewer)
     fused: dict[UUID, float] = {}
     rows: dict[UUID, ExperienceRow] = {}
     validity = flt.validity()
@@ -664,12 +676,23 @@ def hybrid_experiences(
 
 
 def _text_hits(
-    p: Projection, collective_id: UUID, text: str, limit: int
+    p: Projection, collective_id: UUID, text: str, limit: int, viewer: Viewer | None = None
 ) -> list[tuple[UUID, float]]:
-    """BM25 hits among the experiences of one collective (unfiltered otherwise)."""
-    alone = p.memory.experiences_of.keys() <= {collective_id}  # every document is its own
+    """BM25 hits among the experiences of one collective (unfiltered otherwise); with a
+    ``viewer``, scored from the statistics of what it may see (``projections.text``)."""
     language = p.memory.collective_language(collective_id)
+    if viewer is not None:
+        return p.text.search(
+            "experience", collective_id, text, limit, language=language, viewer=viewer,
+            content=lambda i: _content(p, i),
+        )  # fmt: skip
+    alone = p.memory.experiences_of.keys() <= {collective_id}  # every document is its own
     return p.text.search("experience", collective_id, text, limit, language=language, alone=alone)
+
+
+def _content(p: Projection, experience_id: UUID) -> str | None:
+    row = p.memory.live_experience(experience_id)
+    return None if row is None else row.content or ""
 
 
 def search_text(
@@ -680,16 +703,19 @@ def search_text(
     flt: ExperienceFilter = ANY_LIVE,
 ) -> list[ScoredExperience]:
     """BM25 matches of ``text`` in experience content, best first, filtered. For a
-    caller that may not see every row (``flt.viewer``), the score is the rank's,
-    1 / (60 + rank): a BM25 score counts the documents of the whole index that hold
-    each word, hidden ones among them, so it would tell how often a word occurs in what
-    the caller may not read."""
+    caller that may not see every row (``flt.viewer``), BM25 from the statistics of the
+    rows of this collective it may see (``projections.text``): the whole index's would
+    tell, by scores and by order, how often a word occurs in what it may not read."""
     p.sync_indexes()
     if k <= 0 or not text.strip():
         return []
     fetch, validity = k, flt.validity()
+    if flt.viewer is not None:  # every visible candidate is scored: one pass
+        from projections.text import CANDIDATES_MAX
+
+        fetch = max(k, CANDIDATES_MAX)
     while True:  # ask tantivy for more until enough pass the filter, or it has no more
-        hits = _text_hits(p, collective_id, text, fetch)
+        hits = _text_hits(p, collective_id, text, fetch, flt.viewer)
         result: list[ScoredExperience] = []
         for experience_id, score in hits:
             row = p.memory.live_experience(experience_id)
@@ -698,15 +724,10 @@ def search_text(
                 and row.collective_id == collective_id
                 and _passes(row, flt, validity)
             ):
-                if flt.viewer is not None:
-                    score = 1.0 / (RANK_SCORE_K + len(result) + 1)
                 result.append(ScoredExperience(_experience(p, row), score))
-        if len(result) >= k or len(hits) < fetch:
+        if len(result) >= k or len(hits) < fetch or flt.viewer is not None:
             return result[:k]
         fetch *= 4
-
-
-RANK_SCORE_K = 60  # the rank score of a restricted caller's text hits (as RRF's constant)
 
 
 def _relation(row: RelationRow) -> Relation:
@@ -813,6 +834,23 @@ def similar_insights(
     if index is None or k <= 0:
         return []
     vector = np.asarray(query, dtype=np.float32).reshape(1, -1)
+    if viewer is not None:  # an exact scan of what it may see (as ``similar_ids``)
+        vec_ids = p.memory.vec_ids
+        allowed = np.array(
+            sorted(
+                vec_ids[r.insight_id]
+                for r in p.memory.live_insights_of(collective_id)
+                if vec_ids.get(r.insight_id) in index.members
+                and viewer.sees(r.visibility, r.author_owner, r.author_agent)
+            ),
+            dtype=np.int64,
+        )
+        visible = []
+        for vec_id, score in index.search(vector, k, allowed=allowed, exact=True):
+            row = p.memory.live_insight(index.keys[vec_id]) if vec_id in index.keys else None
+            if row is not None:
+                visible.append(ScoredInsight(_insight(p, row, viewer), score))
+        return visible
     fetch = k
     while True:  # with a viewer, ask for more until k are visible or there are no more
         hits = index.search(vector, fetch)
@@ -1103,9 +1141,21 @@ def cold_experiences(
 # -- relations and insights by key ----------------------------------------------------------
 
 
-def relation_taken(p: Projection, source_id: UUID, target_id: UUID, relation_type: str) -> Any:
-    """The id of the relation holding this (source, target, type), or None."""
-    return p.memory.triple_winner((source_id, target_id, relation_type))
+def relation_taken(
+    p: Projection,
+    source_id: UUID,
+    target_id: UUID,
+    relation_type: str,
+    visibility: str = "team",
+    author_owner: str | None = None,
+    author_agent: str | None = None,
+) -> Any:
+    """The id of the relation holding this (source, target, type) among those shared as
+    a relation of this visibility and author would be (``state.sharing``), or None."""
+    from projections.state import sharing
+
+    shared = sharing(visibility, author_owner, author_agent)
+    return p.memory.triple_winner((source_id, target_id, relation_type, shared))
 
 
 CONTEXT_RELATIONS_MAX = 1000  # relations in one context (get_context_candidates)

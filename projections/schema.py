@@ -169,16 +169,19 @@ SELECT r.relation_id, r.collective_id,
                 THEN 'target experience ' || r.target_id || ' does not exist'
             WHEN s.collective_id <> t.collective_id OR s.collective_id <> r.collective_id
                 THEN 'relation across collectives'
-            WHEN r.relation_id <> min(r.relation_id) OVER (
-                     PARTITION BY r.source_id, r.target_id, r.relation_type)
+            WHEN r.relation_id <> min(r.relation_id) OVER triple
                 THEN '(source, target, type) is already taken by relation '
-                     || min(r.relation_id) OVER (
-                            PARTITION BY r.source_id, r.target_id, r.relation_type)
+                     || min(r.relation_id) OVER triple
        END AS problem
 FROM relation_rows r
 LEFT JOIN experience_rows s ON s.experience_id = r.source_id
 LEFT JOIN experience_rows t ON t.experience_id = r.target_id
-WHERE r.create_event IS NOT NULL AND NOT r.deleted;
+WHERE r.create_event IS NOT NULL AND NOT r.deleted
+-- a triple is unique among the relations shared alike (projections.state.sharing)
+WINDOW triple AS (
+    PARTITION BY r.source_id, r.target_id, r.relation_type, coalesce(r.visibility, 'team'),
+                 CASE WHEN r.visibility = 'private' THEN r.author_owner END,
+                 CASE WHEN r.visibility = 'private' THEN r.author_agent END);
 
 CREATE OR REPLACE VIEW relations AS
 SELECT r.relation_id, r.collective_id, r.source_id, r.target_id, r.relation_type,

@@ -633,9 +633,25 @@ def _snapshot(row: Row | None) -> tuple[Any, ...] | None:
 
 
 def _triple(row: RelationRow) -> tuple[Any, ...] | None:
+    """What is unique among relations: (source, target, type), within one ``sharing``."""
     if row.source_id is None or row.target_id is None or row.relation_type is None:
         return None
-    return (row.source_id, row.target_id, row.relation_type)
+    return (
+        row.source_id, row.target_id, row.relation_type,
+        sharing(row.visibility, row.author_owner, row.author_agent),
+    )  # fmt: skip
+
+
+def sharing(
+    visibility: str | None, author_owner: str | None, author_agent: str | None
+) -> tuple[str, str | None, str | None]:
+    """Who shares a relation: everyone of one visibility, and for a private relation its
+    author alone. A triple is unique within a sharing, so a relation never conflicts with
+    (nor loses to) one its readers may not see: a team relation with a private one of
+    another agent, an org relation with a team one a non-member cannot read."""
+    if visibility == "private":
+        return ("private", author_owner, author_agent)
+    return (visibility or "team", None, None)
 
 
 def _discard(order: list[tuple[int, UUID]], item: tuple[int, UUID]) -> None:

@@ -1,4 +1,5 @@
-"""Full-text search: a tantivy (BM25) index over experience and insight content.
+"""Full-text search: a tantivy index over experience and insight content, and BM25 scores
+computed from what the caller may see.
 
 Documents are keyed by ``id``; every change is delete-then-add by that key, so
 re-applying a change (catching up after a crash) never duplicates a document. Each kind
@@ -6,23 +7,53 @@ has its own text field, so a search names its kind by the field it reads rather 
 a filter clause; the collective is a filter only when the index holds more than one
 collective's documents of that kind (a conjunction with a term every document carries
 makes tantivy score every match, where a plain query skips the ones that cannot make
-the top k). What is
-archived or otherwise hidden is filtered by the caller against DuckDB. Changes are
-committed lazily: by the next search (so a search sees every change made before it),
-or when the projection saves its indexes.
+the top k). What is archived or otherwise hidden is filtered by the caller against the
+engine's memory. Changes are committed lazily: by the next search (so a search sees
+every change made before it), or when the projection saves its indexes.
+
+Search text is words, never query syntax: the text is analyzed as the collective's
+documents are (``en_stem`` for English, ``projections.language`` otherwise) and the
+terms are looked up as they are, any of them matching. ``experience:*``, quotes,
+parentheses, ``AND`` and field names are words like any other (or nothing).
+
+Two ways to score, by who asks (``search``):
+
+- a caller that sees everything (an admin, the local operator): tantivy's BM25, whose
+  statistics (how many documents hold a word, how many there are, their average
+  length) count every document of the index, every collective's.
+- any other caller (a ``Viewer``): BM25 computed here from the statistics of the
+  documents of the collective it may see, and of nothing else. Its document frequencies
+  and document count are tantivy counts under a filter on indexed ``visibility`` and
+  ``author`` fields (the rule of ``sync.access.Viewer``), the average length a sum over
+  the ``length`` fast field under the same filter; the term frequencies and length of
+  each candidate come from analyzing its content again (kept for the documents scored
+  last). The candidates are the visible documents holding a query term; when more than
+  ``CANDIDATES_MAX`` do, the terms are taken rarest first while their documents fit, and
+  past that the documents with the largest ``order`` (the low bits of their id): every
+  step depends only on visible documents, so two worlds that differ in what the caller
+  may not see give it the same ids, order and scores. Otherwise the order of hits, not
+  just their scores, would tell whether a guessed word occurs in what it may not read.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import shutil
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import tantivy
 
 from projections import language as lang
+
+if TYPE_CHECKING:
+    from sync.access import Viewer
 
 _THREADS = min(2, os.cpu_count() or 1)  # indexing threads of the writer (it runs beside us)
 
@@ -33,12 +64,48 @@ KINDS = ("experience", "insight")
 WORDS, GRAMS = "_words", "_grams"
 GRAM_WEIGHT = 0.5  # a matching gram counts for less than a matching word
 ANALYSIS_STAMP = "analysis.txt"  # which analysis made the index's terms (lang.fingerprint)
+BM25_K1, BM25_B = 1.2, 0.75  # tantivy's (and Lucene's) constants
+CANDIDATES_MAX = 1000  # visible documents a restricted search scores, at most
+ANALYZED_MAX = 20_000  # documents whose analysis is kept for the next restricted search
+
+# a document's analysis: (term -> count, length) of its main field (English words, or
+# the words of another language) and of its grams (empty for English)
+Counts = tuple[dict[str, int], int, dict[str, int], int]
+Document = tuple[str, UUID, UUID, str, str, str | None, str | None, str | None]
+
+
+@lru_cache(maxsize=1)
+def english() -> tantivy.TextAnalyzer:
+    """tantivy's ``en_stem`` as a Python analyzer: simple words, long ones removed, lower
+    case, English Snowball stems (what the English fields index)."""
+    return (
+        tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
+        .filter(tantivy.Filter.remove_long(40))
+        .filter(tantivy.Filter.lowercase())
+        .filter(tantivy.Filter.stemmer("english"))
+        .build()
+    )
+
+
+def author_term(owner: str | None, agent: str | None) -> str:
+    """The ``author`` field's term of a principal (an agent of None differs from "")."""
+    return json.dumps([owner, agent])
 
 
 def _schema() -> tantivy.Schema:
     builder = tantivy.SchemaBuilder()
     builder.add_text_field("id", stored=True, tokenizer_name="raw")
     builder.add_text_field("collective", stored=False, tokenizer_name="raw")
+    # who may see a document (sync.access): fixed when it is created, like its content
+    builder.add_text_field("kind", stored=False, tokenizer_name="raw")
+    builder.add_text_field("visibility", stored=False, tokenizer_name="raw")
+    builder.add_text_field("author", stored=False, tokenizer_name="raw")
+    # its length in terms (main field, grams), and an order for the cut of candidates
+    builder.add_integer_field("length", stored=False, indexed=False, fast=True)
+    builder.add_integer_field("gram_length", stored=False, indexed=False, fast=True)
+    builder.add_integer_field("order", stored=False, indexed=False, fast=True)
+    builder.add_integer_field("high", stored=False, indexed=False, fast=True)  # the id again,
+    # as two numbers a search reads for many documents at once (``fast_field_values``)
     for kind in KINDS:  # the content, in the field of its kind
         builder.add_text_field(kind, stored=False, tokenizer_name="en_stem")
         builder.add_text_field(kind + WORDS, stored=False, tokenizer_name="whitespace")
@@ -46,16 +113,71 @@ def _schema() -> tantivy.Schema:
     return builder.build()
 
 
-def _fields(kind: str, collective_id: UUID, content: str, language: str) -> dict[str, str]:
-    """The fields of a document of ``kind``: its content analyzed by ``language``."""
-    fields = {"collective": str(collective_id)}
+def analyzed(content: str, language: str) -> Counts:
+    """The terms of ``content`` as the index holds them, counted."""
+    if language == lang.ENGLISH:
+        main, grams = english().analyze(content), []
+    else:
+        analysis = lang.analyze(language, content)
+        main, grams = analysis.words, analysis.grams
+    return _counted(main), len(main), _counted(grams), len(grams)
+
+
+def _counted(terms: Iterable[str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for term in terms:
+        found[term] = found.get(term, 0) + 1
+    return found
+
+
+def _fields(document: Document) -> dict[str, Any]:
+    """The fields of a document: its content analyzed by its language, its length in
+    terms, who may see it."""
+    kind, doc_id, collective_id, content, language, visibility, owner, agent = document
+    fields: dict[str, Any] = {
+        "id": str(doc_id),
+        "collective": str(collective_id),
+        "kind": kind,
+        "visibility": visibility or "team",  # (rows from before visibility: team)
+        "author": author_term(owner, agent),
+        "order": _signed(doc_id.int & (2**64 - 1)),
+        "high": _signed(doc_id.int >> 64),
+    }
     if language == lang.ENGLISH:
         fields[kind] = content
+        fields["length"], fields["gram_length"] = len(english().analyze(content)), 0
     else:
         analysis = lang.analyze(language, content)
         fields[kind + WORDS] = " ".join(analysis.words)
         fields[kind + GRAMS] = " ".join(analysis.grams)
+        fields["length"], fields["gram_length"] = len(analysis.words), len(analysis.grams)
     return fields
+
+
+def _signed(value: int) -> int:
+    """An unsigned 64-bit number as the signed one with the same bits (an i64 field)."""
+    return value - 2**64 if value >= 2**63 else value
+
+
+def _uuid(high: int, low: int) -> UUID:
+    return UUID(int=((high % 2**64) << 64) | (low % 2**64))
+
+
+def bm25(idf: float, tf: int, length: int, average: float) -> float:
+    """One term's BM25 score in one document."""
+    norm = BM25_K1 * (1 - BM25_B + BM25_B * length / average) if average > 0 else BM25_K1
+    return idf * tf * (BM25_K1 + 1) / (tf + norm)
+
+
+def idf(documents: int, holding: int) -> float:
+    """BM25's inverse document frequency (tantivy's): ln(1 + (N - n + 0.5) / (n + 0.5))."""
+    return math.log(1 + (documents - holding + 0.5) / (holding + 0.5))
+
+
+def _count(searcher: tantivy.Searcher, query: tantivy.Query) -> int:
+    """How many documents match ``query``."""
+    found: int = searcher.search(query, 1, count=True).count  # type: ignore[attr-defined]
+    return found
 
 
 class TextIndex:
@@ -67,7 +189,8 @@ class TextIndex:
         # dictionary's versions changed, so queries would be analyzed otherwise than what
         # they look for): emptied, to be filled again
         self.recreated = False
-        stamp, analysis = directory / ANALYSIS_STAMP, lang.fingerprint()
+        stamp = directory / ANALYSIS_STAMP  # (another schema: tantivy refuses to open it)
+        analysis = lang.fingerprint()
         if any(directory.iterdir()) and (
             not stamp.exists() or stamp.read_text(encoding="utf-8") != analysis
         ):
@@ -84,6 +207,8 @@ class TextIndex:
         stamp.write_text(analysis, encoding="utf-8")
         self._writer: tantivy.IndexWriter | None = None
         self._dirty = False
+        # the analysis of documents scored lately (restricted searches), by id
+        self._analyzed: OrderedDict[UUID, Counts] = OrderedDict()  # least recent first
 
     @property
     def writer(self) -> tantivy.IndexWriter:
@@ -92,31 +217,45 @@ class TextIndex:
         return self._writer
 
     def put(
-        self, kind: str, doc_id: UUID, collective_id: UUID, content: str, language: str
+        self,
+        kind: str,
+        doc_id: UUID,
+        collective_id: UUID,
+        content: str,
+        language: str,
+        visibility: str | None = None,
+        author_owner: str | None = None,
+        author_agent: str | None = None,
     ) -> None:
         self.remove(doc_id)
-        fields = _fields(kind, collective_id, content, language)
-        self.writer.add_document(tantivy.Document(id=str(doc_id), **fields))
+        fields = _fields(
+            (kind, doc_id, collective_id, content, language, visibility, author_owner,
+             author_agent)
+        )  # fmt: skip
+        self.writer.add_document(tantivy.Document(**fields))
 
     def remove(self, doc_id: UUID) -> None:
         self.writer.delete_documents_by_term("id", str(doc_id))
+        self._analyzed.pop(doc_id, None)
         self._dirty = True
 
     def remove_collective(self, collective_id: UUID) -> None:
         self.writer.delete_documents_by_term("collective", str(collective_id))
+        self._analyzed.clear()
         self._dirty = True
 
-    def rewrite(self, documents: Iterable[tuple[str, UUID, UUID, str, str]]) -> int:
+    def rewrite(self, documents: Iterable[Document]) -> int:
         """Empty the index and fill it again with ``documents`` (kind, id, collective,
-        content, language) in one commit, then remove the files no commit uses: what deleted
-        documents left in segments goes with them (tantivy-py cannot force a merge).
-        Returns how many documents it holds."""
+        content, language, visibility, author owner, author agent) in one commit, then
+        remove the files no commit uses: what deleted documents left in segments goes
+        with them (tantivy-py cannot force a merge). Returns how many documents it
+        holds."""
         writer = self.writer
         writer.delete_all_documents()
+        self._analyzed.clear()
         count = 0
-        for kind, doc_id, collective_id, content, language in documents:
-            fields = _fields(kind, collective_id, content, language)
-            writer.add_document(tantivy.Document(id=str(doc_id), **fields))
+        for document in documents:
+            writer.add_document(tantivy.Document(**_fields(document)))
             count += 1
         writer.commit()
         writer.garbage_collect_files()
@@ -130,6 +269,11 @@ class TextIndex:
             self._dirty = False
             self.index.reload()
 
+    def _keep(self, doc_id: UUID, counts: Counts) -> None:
+        self._analyzed[doc_id] = counts
+        while len(self._analyzed) > ANALYZED_MAX:
+            self._analyzed.popitem(last=False)
+
     def search(
         self,
         kind: str,
@@ -139,34 +283,48 @@ class TextIndex:
         *,
         language: str = lang.ENGLISH,
         alone: bool = False,
+        viewer: Viewer | None = None,
+        content: Callable[[UUID], str | None] | None = None,
     ) -> list[tuple[UUID, float]]:
         """(id, BM25 score) of the best matches, best first, in a collective whose text is
-        analyzed by ``language``. English queries are parsed leniently (tantivy's query
-        syntax, errors forgiven); in other languages the query's words and grams are
-        looked up as they are, any of them matching. ``alone``: the caller knows every
-        document of this kind belongs to this collective (no filter needed)."""
+        analyzed by ``language``: any of the words of ``text`` (and, in languages other
+        than English, with less weight any of its grams). ``alone``: the caller knows
+        every document of this kind belongs to this collective (no filter needed).
+        ``viewer``: scored from the statistics of what it may see (the module doc);
+        ``content`` gives the text of a candidate (None: gone), to count its terms."""
         self.commit()
-        if language == lang.ENGLISH:
-            query, _errors = self.index.parse_query_lenient(text, [kind])
-        else:
-            analyzed = self._analyzed_query(kind, language, text)
-            if analyzed is None:
-                return []
-            query = analyzed
+        if limit <= 0:
+            return []
+        terms = self._query_terms(kind, language, text)
+        if not terms:
+            return []
+        if viewer is not None:
+            assert content is not None
+            return self._visible_search(
+                kind, collective_id, terms, limit, language, viewer, content
+            )
+        schema = self.index.schema
+        query = tantivy.Query.boolean_query(
+            [
+                (
+                    tantivy.Occur.Should,
+                    tantivy.Query.boost_query(
+                        tantivy.Query.term_query(schema, field, term), weight
+                    ),
+                )
+                for field, term, weight in terms
+            ]
+        )
         if not alone:
             query = tantivy.Query.boolean_query(
                 [
                     (tantivy.Occur.Must, query),
                     (
                         tantivy.Occur.Must,
-                        tantivy.Query.term_query(
-                            self.index.schema, "collective", str(collective_id)
-                        ),
+                        tantivy.Query.term_query(schema, "collective", str(collective_id)),
                     ),
                 ]
             )
-        if limit <= 0:
-            return []
         searcher = self.index.searcher()
         # one more, to see whether the cut falls inside a tie; if it does, up to twice as
         # many, so ties across the cut are ordered by id on every host (a tie wider than
@@ -180,25 +338,113 @@ class TextIndex:
         found.sort(key=lambda hit: (-hit[1], hit[0]))  # one order on every host
         return found[:limit]
 
-    def _analyzed_query(self, kind: str, language: str, text: str) -> tantivy.Query | None:
-        """Any of the words of ``text`` (analyzed by ``language``) or, with less weight,
-        any of its grams; None when it has neither."""
+    def _query_terms(self, kind: str, language: str, text: str) -> list[tuple[str, str, float]]:
+        """(field, term, weight) of each distinct term of ``text``: its words, and in a
+        language other than English its grams (with less weight)."""
+        if language == lang.ENGLISH:
+            return [(kind, term, 1.0) for term in dict.fromkeys(english().analyze(text))]
         analysis = lang.analyze(language, text)
+        return [(kind + WORDS, word, 1.0) for word in dict.fromkeys(analysis.words)] + [
+            (kind + GRAMS, gram, GRAM_WEIGHT) for gram in dict.fromkeys(analysis.grams)
+        ]
+
+    def _visible(self, kind: str, collective_id: UUID, viewer: Viewer) -> tantivy.Query:
+        """The documents of ``kind`` in a collective that ``viewer`` may see."""
         schema = self.index.schema
-        clauses = [
-            (tantivy.Occur.Should, tantivy.Query.term_query(schema, kind + WORDS, word))
-            for word in dict.fromkeys(analysis.words)
-        ]
-        clauses += [
-            (
-                tantivy.Occur.Should,
-                tantivy.Query.boost_query(
-                    tantivy.Query.term_query(schema, kind + GRAMS, gram), GRAM_WEIGHT
-                ),
+        seen, author = viewer.reach()
+
+        def term(field: str, value: str) -> tantivy.Query:
+            return tantivy.Query.term_query(schema, field, value)
+
+        who = [(tantivy.Occur.Should, term("visibility", v)) for v in seen]
+        if author is not None:  # (its own private rows; its others are in ``seen``)
+            who.append((tantivy.Occur.Should, term("author", author_term(*author))))
+        return tantivy.Query.boolean_query(
+            [
+                (tantivy.Occur.Must, term("collective", str(collective_id))),
+                (tantivy.Occur.Must, term("kind", kind)),
+                (tantivy.Occur.Must, tantivy.Query.boolean_query(who)),
+            ]
+        )
+
+    def _visible_search(
+        self,
+        kind: str,
+        collective_id: UUID,
+        terms: list[tuple[str, str, float]],
+        limit: int,
+        language: str,
+        viewer: Viewer,
+        content: Callable[[UUID], str | None],
+    ) -> list[tuple[UUID, float]]:
+        """BM25 over the documents ``viewer`` may see (the module doc)."""
+        searcher = self.index.searcher()
+        visible = self._visible(kind, collective_id, viewer)
+        documents = _count(searcher, visible)
+        if not documents:
+            return []
+        sums = searcher.aggregate(
+            visible,
+            {"main": {"sum": {"field": "length"}}, "grams": {"sum": {"field": "gram_length"}}},
+        )
+        average = {
+            part: float(sums.get(part, {}).get("value") or 0.0) / documents
+            for part in ("main", "grams")
+        }
+        schema = self.index.schema
+
+        def within(query: tantivy.Query) -> tantivy.Query:
+            return tantivy.Query.boolean_query(
+                [(tantivy.Occur.Must, query), (tantivy.Occur.Must, visible)]
             )
-            for gram in dict.fromkeys(analysis.grams)
-        ]
-        return tantivy.Query.boolean_query(clauses) if clauses else None
+
+        weighted = []  # (field, term, weight, documents holding it, its query)
+        for field, term, weight in terms:
+            query = tantivy.Query.term_query(schema, field, term)
+            holding = _count(searcher, within(query))
+            if holding:
+                weighted.append((field, term, weight, holding, query))
+        if not weighted:
+            return []
+        # the candidates: the documents of the rarest terms, as many terms as fit
+        weighted.sort(key=lambda t: (t[3], t[0], t[1]))
+        chosen: list[tuple[str, str, float, int, tantivy.Query]] = []
+        fits = 0
+        for item in weighted:
+            if chosen and fits + item[3] > CANDIDATES_MAX:
+                break
+            chosen.append(item)
+            fits += item[3]
+        query = tantivy.Query.boolean_query([(tantivy.Occur.Should, c[4]) for c in chosen])
+        hits = searcher.search(within(query), CANDIDATES_MAX, order_by_field="order").hits
+        addresses = [address for _, address in hits]
+        highs = searcher.fast_field_values("high", addresses)
+        scored = []
+        for (low, _), high in zip(hits, highs, strict=True):
+            doc_id = _uuid(int(high or 0), low)
+            counts = self._analyzed.get(doc_id)
+            if counts is not None:
+                self._analyzed.move_to_end(doc_id)
+            else:
+                text = content(doc_id)
+                if text is None:
+                    continue
+                counts = analyzed(text, language)
+                self._keep(doc_id, counts)
+            main, main_length, grams, grams_length = counts
+            score = 0.0
+            for field, term, weight, holding, _ in weighted:
+                gram = field.endswith(GRAMS)
+                tf = (grams if gram else main).get(term, 0)
+                if tf:
+                    score += weight * bm25(
+                        idf(documents, holding), tf,
+                        grams_length if gram else main_length,
+                        average["grams" if gram else "main"],
+                    )  # fmt: skip
+            scored.append((doc_id, score))
+        scored.sort(key=lambda hit: (-hit[1], hit[0]))
+        return scored[:limit]
 
     def close(self) -> None:
         self.commit()

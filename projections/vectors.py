@@ -26,11 +26,25 @@ the build applied to it first.
 Large adds (catching up, rebuilding) run on a background thread too, so folding the
 next batch overlaps with FAISS's (multi-threaded) graph construction; every other use
 of the index waits for a pending add first.
+
+A caller that may not see every row (``sync.access``: not an admin) is answered by an
+exact scan of the rows it may see (``search(exact=True)``), never by the graph: a
+graph is built over every vector of the collective, in the order they came (and in
+parallel), so which rows an approximate search finds depends on rows the caller may
+not see, and two worlds that differ only in those would answer it differently. Ties
+at the cut are broken by the rows' keys, not by vec_ids (numbered as rows arrive on
+this host). Per-visibility graphs would cost less per search but still depend on the
+order and the parallelism of their construction. The scan's cost is gathering the
+rows from the exact file; the last ``SCANS_KEPT`` gathered sets (up to
+``SCAN_KEPT_BYTES`` each) are kept, so a caller's next search over the same rows is
+one matrix product (``python -m ops.bench.projection --only visible_search`` measures
+it beside the graph).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
 import math
 import mmap
@@ -53,6 +67,9 @@ HNSW_EF_CONSTRUCTION = 80
 COMPACT_FRACTION = 0.2  # a graph is rebuilt once this share of its nodes is gone
 BACKGROUND_ADD = 2048  # adds at least this large run off the owner thread
 _CHUNK = 4096  # vector slots per mapping of an exact-vectors file
+# exact scans kept per index (``_scanned``): of this many rows or more, at most this
+# many, each at most this large (a copy of the rows scanned, and their norms)
+SCAN_KEPT_MIN, SCANS_KEPT, SCAN_KEPT_BYTES = 1000, 2, 128 * 2**20
 
 # Background work for the indexes; FAISS parallelises each build and add itself. Adds
 # and compactions have a worker each, so an add never waits behind a compaction.
@@ -181,6 +198,9 @@ class VectorIndex:
     _graph: tuple[Any, Any] | None = None  # (the index, its HNSW graph), looked up once
     _params: dict[tuple[int, int], tuple[Any, Any]] = field(default_factory=dict)
     _adding: concurrent.futures.Future[None] | None = None  # a large add under way
+    # the vectors (and norms) of the last exact scans by key, by the vec_ids scanned: a
+    # restricted caller's next search over the same rows is one matrix product
+    _scans: dict[bytes, tuple[Matrix, npt.NDArray[np.float32]]] = field(default_factory=dict)
     compacting: concurrent.futures.Future[tuple[Any, set[int]]] | None = None
 
     def __post_init__(self) -> None:
@@ -283,6 +303,7 @@ class VectorIndex:
             for vec_id in drop:
                 self.keys.pop(vec_id, None)
         self._selectors.clear()
+        self._scans.clear()  # (copies of what is forgotten go with it)
 
     def _erase_codes(self, index: Any, vec_ids: list[int]) -> None:
         """Overwrite the stored codes of ``vec_ids`` in an HNSW index (forgetting)."""
@@ -357,9 +378,13 @@ class VectorIndex:
         *,
         include_archived: bool = False,
         allowed: npt.NDArray[np.int64] | None = None,
+        exact: bool = False,
     ) -> list[tuple[int, float]]:
         """The k nearest (vec_id, cosine similarity), best first; with ``allowed``, among
-        those vec_ids only (live ones, archived or not as the caller decided)."""
+        those vec_ids only (live ones, archived or not as the caller decided). ``exact``
+        (with ``allowed``): a scan of those, never the graph, ties cut by key: the
+        answer depends on the allowed vectors alone (a graph's depends on every vector
+        it holds, and on the order they came in)."""
         self._settle()
         if k <= 0 or not self.members:
             return []
@@ -371,6 +396,8 @@ class VectorIndex:
             candidates = np.asarray(allowed, dtype=np.int64)
             if not len(candidates):
                 return []
+            if exact:
+                return self._exact(q, k, candidates, by_key=True)
             if hnsw and len(candidates) <= 4 * self.hnsw_threshold // 10 + k:
                 return self._exact(q, k, candidates)
             if hnsw:
@@ -401,18 +428,51 @@ class VectorIndex:
         at = found[0][found[0] >= 0]
         return self._exact(q, k, self._graph_positions()[at])
 
-    def _exact(self, q: Matrix, k: int, ids: npt.NDArray[np.int64]) -> list[tuple[int, float]]:
-        """The k best of ``ids`` by exact cosine, ties by vec_id (one order everywhere)."""
+    def _exact(
+        self, q: Matrix, k: int, ids: npt.NDArray[np.int64], *, by_key: bool = False
+    ) -> list[tuple[int, float]]:
+        """The k best of ``ids`` by exact cosine, ties by vec_id (one order everywhere);
+        ``by_key``: ties by the rows' keys (vec_ids are numbered as rows arrive on this
+        host, so the same rows may have other numbers elsewhere)."""
         if not len(ids):
             return []
         ids = np.sort(ids)
-        vectors = self.exact.get(ids)
-        norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))
+        vectors, norms = self._scanned(ids) if by_key else self._gathered(ids)
         scores = np.divide(
             vectors @ q[0], norms, out=np.zeros(len(ids), np.float32), where=norms > 0
         )
-        top = np.argsort(-scores, kind="stable")[:k]
-        return list(zip(ids[top].tolist(), scores[top].tolist(), strict=True))
+        if by_key and len(ids) > k:  # everything tied with the k-th, cut by key below
+            kth = np.partition(-scores, k - 1)[k - 1]
+            top = np.flatnonzero(-scores <= kth)
+        else:
+            top = np.argsort(-scores, kind="stable")[:k]
+        found = list(zip(ids[top].tolist(), scores[top].tolist(), strict=True))
+        if by_key:
+            keys = self.keys
+            found.sort(key=lambda hit: (-hit[1], keys.get(hit[0]) or UUID(int=0)))
+        return found[:k]
+
+    def _gathered(self, ids: npt.NDArray[np.int64]) -> tuple[Matrix, npt.NDArray[np.float32]]:
+        """The vectors of ``ids`` (sorted) and their norms."""
+        vectors = self.exact.get(ids)
+        return vectors, np.sqrt(np.einsum("ij,ij->i", vectors, vectors))
+
+    def _scanned(self, ids: npt.NDArray[np.int64]) -> tuple[Matrix, npt.NDArray[np.float32]]:
+        """``_gathered``, kept for the next scan of the same rows (the last
+        ``SCANS_KEPT`` sets of ``SCAN_KEPT_MIN`` rows or more, each of at most
+        ``SCAN_KEPT_BYTES``). Gathering the rows from the exact file is
+        most of a scan's time; the product over a kept copy is the same computation
+        (the same matrix), so its scores are the same to the last bit."""
+        if not SCAN_KEPT_MIN <= len(ids) <= SCAN_KEPT_BYTES // (4 * self.dim + 4):
+            return self._gathered(ids)
+        key = hashlib.blake2b(ids.tobytes(), digest_size=16).digest()
+        found = self._scans.pop(key, None)
+        if found is None:
+            found = self._gathered(ids)
+        self._scans[key] = found  # (the most recent last)
+        while len(self._scans) > SCANS_KEPT:
+            del self._scans[next(iter(self._scans))]
+        return found
 
     def _excluding(self, include_archived: bool) -> Any:
         """The selector of what a search may return (cached until the sets change);

@@ -160,6 +160,14 @@ class Viewer:
             return author_owner == self.owner and author_agent == self.agent
         return True
 
+    def reach(self) -> tuple[tuple[str, ...], tuple[str, str | None] | None]:
+        """``sees`` as sets, for indexes that filter by terms (``projections.text``): the
+        visibilities it sees whatever their author, and the author whose rows it sees
+        whatever their visibility (None: no one's)."""
+        if not self.member:
+            return ("org",), None
+        return ("team", "org"), (self.owner, self.agent)
+
 
 def viewer_of(principal: Principal, owner_id: str | None, collective_id: UUID) -> Viewer | None:
     """The filter of a principal's reads of a collective (None: it sees everything)."""

@@ -396,7 +396,7 @@ class InstanceCore:
         viewer = access.viewer_of(self._me(), collective.owner_id, collective.collective_id)
         if viewer is not None and not viewer.member:
             if not await self._read(queries.shows_anything, collective.collective_id, viewer):
-                raise NotFoundError(f"collective_id: no collective {collective_id}")
+                raise self._missing(f"collective_id: no collective {collective_id}")
         return collective, viewer
 
     async def _writable(self, collective_id: Any) -> queries.Collective:
@@ -411,7 +411,7 @@ class InstanceCore:
                     f"collective_id: {me.describe()} is not a member of collective "
                     f"{collective.name!r}"
                 )
-            raise NotFoundError(f"collective_id: no collective {collective_id}")
+            raise self._missing(f"collective_id: no collective {collective_id}")
         me.need_write()
         return collective
 
@@ -439,8 +439,10 @@ class InstanceCore:
         else:
             member = me.member(facts.owner_id, facts.collective_id)
             visible = me.sees(facts.visibility, member, facts.author_owner, facts.author_agent)
-        if not visible:
-            raise NotFoundError(f"{field}: no {entity} {entity_id}")
+        if not visible:  # (as one that never existed here)
+            if entity == "wisdom":
+                raise NotFoundError(f"{field}: no {entity} {entity_id}")
+            raise self._missing(f"{field}: no {entity} {entity_id}")
         if write:
             if not member:
                 raise Forbidden(f"{field}: {me.describe()} may not change {entity} {key}")
@@ -472,14 +474,16 @@ class InstanceCore:
 
     async def sync(self, timeout: float = 60.0) -> int:
         """Wait until the local state has applied everything the stream holds now (and
-        the access tokens here are read again from it)."""
+        the access tokens here are read again from it); returns that stream sequence to
+        an admin, 0 to any other caller (a sequence counts every host's writes, those it
+        may not see among them)."""
         target = await self.log.last_seq(self._filters())
         await self._wait_applied(target, timeout)
         if self._token_reader is not None:
             await asyncio.shield(self._token_reader)
         if self._tokens_stale:
             await self._load_tokens()
-        return target
+        return target if self._me().admin else 0
 
     # -- reads: on the engine thread -------------------------------------------------------
 
@@ -518,6 +522,11 @@ class InstanceCore:
         holds."""
         kind, value = models.as_of_value(as_of)
         if kind == "seq":
+            if not self._me().admin:  # (what is at a sequence tells how many came before)
+                raise Forbidden(
+                    f"as_of: a stream sequence counts every host's writes, those "
+                    f"{self._me().describe()} may not see among them; give a time (ISO 8601)"
+                )
             if value > self._applied:
                 last = await self.log.last_seq()
                 if value > last:
@@ -743,8 +752,10 @@ class InstanceCore:
         key = uuid_of("collective_id", collective_id)
         found = await self._known_or_read("collective", key, queries.get_collective)
         if found is None:
-            if self.scope is not None and key in self._directory.collectives:
+            known = self._directory.collectives.get(key) if self.scope is not None else None
+            if known is not None and self._me().member(known[0], key):
                 raise self._not_followed(key)  # it exists: elsewhere (sync.following)
+            # (to others, whether it exists elsewhere would tell what they may not see)
             raise self._missing(f"collective_id: no collective {collective_id}")
         return found
 

@@ -365,7 +365,9 @@ class PulseDB(
         """Changes to experiences as this instance applies them, whichever host wrote them,
         from the moment of this call, those the caller may see (a delete: of an experience
         it could see while this host held it). Iterate it with ``async for``; it ends when
-        the instance closes (or call ``close()`` on it)."""
+        the instance closes (or call ``close()`` on it). A change's ``seq`` is its stream
+        sequence for admins and 0 for any other caller (sequences count every host's
+        writes, those it may not see among them)."""
         me = self._me()
         if me.admin:
             return ExperienceWatch(self._watchers)
@@ -384,12 +386,15 @@ class PulseDB(
                     return False
                 return True
 
-        return ExperienceWatch(self._watchers, admit=admit)
+        return ExperienceWatch(self._watchers, admit=admit, sequences=False)
 
     async def digest(self, collective_id: UUID | None = None) -> str:
         """A hash of the logical state: equal on hosts that applied the same events. With
         ``collective_id``, of that collective's rows only: equal on every host that
-        follows it, whatever else each follows (``sync.following``)."""
+        follows it, whatever else each follows (``sync.following``). Admins only: it
+        hashes every row, those a caller may not see among them (any change to them
+        would change it)."""
+        self._me().need_admin("reading the digest")
         if collective_id is not None:
             collective_id = uuid_of("collective_id", collective_id)
             if self.scope is not None and collective_id not in self.scope.collectives:

@@ -40,7 +40,9 @@ class Links(InstanceCore):
         idempotency_key: str | None = None,
     ) -> UUID:
         """Link two experiences of one collective. A (source, target, type) triple is
-        unique: storing it again raises ``ConflictError`` naming the existing relation.
+        unique among the relations shared alike (of one visibility; private ones: of one
+        author): storing it again raises ``ConflictError`` naming the existing relation,
+        which the caller can always see (one it may not see never stands in its way).
         (Two hosts racing on one triple both succeed; the fold keeps the smaller id and
         lists the other under dead_letters.) ``invalidate`` (Supersedes and Contradicts
         only): the target stops being true now, in the same append as the relation."""
@@ -62,18 +64,17 @@ class Links(InstanceCore):
             )
         assert source_collective is not None
         await self._writable(source_collective)
+        me = self._me()
         taken = await self._read(
-            queries.relation_taken, spec.source_id, spec.target_id, spec.relation_type
-        )
-        if taken is not None:
-            try:
-                await self._entity("relation", taken, write=False)
-                which = f"as relation {taken}"
-            except NotFoundError:  # one the caller may not see: not named
-                which = "as a relation you may not see"
+            queries.relation_taken, spec.source_id, spec.target_id, spec.relation_type,
+            spec.visibility, me.owner, me.agent,
+        )  # fmt: skip
+        if taken is not None:  # (shared as the new one would be: the caller sees it)
             raise ConflictError(
                 f"relation: ({spec.source_id}, {spec.target_id}, {spec.relation_type}) "
-                f"already exists {which}; a triple is unique"
+                f"already exists as relation {taken}; a triple is unique among the "
+                f"{spec.visibility} relations"
+                + (" of one author" if spec.visibility == "private" else "")
             )
         if spec.invalidate and spec.relation_type not in INVALIDATING:
             raise ValidationError(

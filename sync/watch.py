@@ -32,7 +32,7 @@ class ExperienceChange(msgspec.Struct, frozen=True, kw_only=True):
     kind: ChangeKind
     experience_id: UUID
     collective_id: UUID
-    seq: int  # stream sequence of the event
+    seq: int  # stream sequence of the event (0 for a caller that is not an admin)
     instance_id: UUID  # the incarnation that wrote it
 
 
@@ -64,9 +64,12 @@ class ExperienceWatch:
         watchers: set[ExperienceWatch],
         limit: int = 10_000,
         admit: Callable[[ExperienceChange], Awaitable[bool]] | None = None,
+        *,
+        sequences: bool = True,
     ) -> None:
         self._watchers = watchers
         self._admit = admit  # which changes its reader may see (None: every one)
+        self._sequences = sequences  # False: changes say seq 0 (sync.instance)
         self._queue: asyncio.Queue[ExperienceChange | None] = asyncio.Queue(maxsize=limit)
         self._overflowed = False
         self._ended = False
@@ -93,6 +96,8 @@ class ExperienceWatch:
         while True:
             change = await self._next()
             if self._admit is None or await self._admit(change):
+                if not self._sequences:
+                    change = msgspec.structs.replace(change, seq=0)
                 return change
 
     async def _next(self) -> ExperienceChange:

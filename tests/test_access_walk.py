@@ -585,6 +585,10 @@ def a_seq(_: World, __: dict[str, Any], answer: Any) -> None:
     assert isinstance(answer, int) and answer > 0
 
 
+def no_seq(_: World, __: dict[str, Any], answer: Any) -> None:
+    assert answer == 0
+
+
 def new_token(w: World, args: dict[str, Any], answer: Any) -> None:
     assert answer["token"].startswith("pulse_") and answer["owner_id"] == args["owner_id"]
     assert answer["scope"] == args["scope"]
@@ -1034,9 +1038,10 @@ CASES: dict[str, Case] = {
         {"bob": NF, "bob@shared": FB, "reader": FB, "limited": in_view("wisdom", "wisdom_id", 0)},
         in_view("wisdom", "wisdom_id", 0),
     ),
-    # -- the state as a whole: any principal, nothing of anyone in the answer
-    "digest": Case(static(lambda c: {}), {"bob": a_digest, "reader": a_digest}, a_digest),
-    "sync": Case(static(lambda c: {}), {"bob": a_seq, "reader": a_seq}, a_seq),
+    # -- the state as a whole: any principal, nothing of anyone in the answer (a stream
+    # sequence counts what others wrote: 0 but for admins; a digest hashes every row)
+    "sync": Case(static(lambda c: {}), {"bob": no_seq, "reader": no_seq}, no_seq),
+    "sync:admin": Case(static(lambda c: {}), {}, a_seq, who="admin"),
     "sql": Case(  # the views, holding what the principal may see
         static(lambda c: {"query": "SELECT experience_id FROM experiences"}),
         {
@@ -1064,6 +1069,7 @@ CASES: dict[str, Case] = {
     # (the walk's host follows every collective: following more changes nothing there)
     "follow": admin_only(static(lambda c: {"collectives": ["team"]}), follows_all),
     "status": admin_only(static(lambda c: {}), a_status),
+    "digest": admin_only(static(lambda c: {}), a_digest),
     "compact": admin_only(static(lambda c: {}), compacted),
     "rotate_keys": admin_only(static(lambda c: {}), rotated),
 }

@@ -8,6 +8,7 @@ that replayed only the events 1..S answers now, read for read."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections.abc import AsyncIterator
@@ -320,22 +321,39 @@ async def test_bad_validity_and_as_of_input_is_refused_by_name(db: PulseDB) -> N
     assert await db.get_experience(e, as_of="2020-01-01T00:00:00Z") is None  # before it was
 
 
+async def moment_now() -> str:
+    """Now as an ISO 8601 time, once the clock moved past it: what is written after the
+    call is stamped later."""
+    from datetime import UTC, datetime
+
+    from sync.hlc import wall_ms
+
+    moment = wall_ms()
+    while wall_ms() <= moment:
+        await asyncio.sleep(0.001)
+    return datetime.fromtimestamp(moment / 1000, UTC).isoformat()
+
+
 async def test_sql_as_of_for_a_member_sees_its_own_then_and_the_history(db: PulseDB) -> None:
+    from eventlog.errors import Forbidden
     from sync.access import Principal
 
     cid = await db.create_collective("ana", "c", DIM)
     mine = await db.record_experience(cid, "mine", [1, 0, 0, 0], visibility="private")
     before = await db.sync()
+    at = await moment_now()  # (a member reads as of a time: a sequence counts others' writes)
     await db.update_experience(mine, importance=0.9)
     await db.record_experience(cid, "later", [0, 1, 0, 0])
     member = Principal("ana", "a1", scope="read")
     with db.acting_as(member):
-        then = await db.sql("SELECT content, importance FROM experiences", as_of=before)
+        then = await db.sql("SELECT content, importance FROM experiences", as_of=at)
         now = await db.sql("SELECT content, importance FROM experiences ORDER BY content")
         changes = await db.sql(
             "SELECT seq, event_type FROM history WHERE entity = 'experience' ORDER BY seq",
-            as_of=before,
+            as_of=at,
         )
+        with pytest.raises(Forbidden, match="as_of: a stream sequence"):
+            await db.sql("SELECT content FROM experiences", as_of=before)
     assert then.rows == [] and then.seq == 0  # private to its author (local), then too
     # (a token that may not see every row is told no stream sequence: it counts events
     # it may not see)
@@ -424,7 +442,8 @@ async def test_a_restricted_query_as_of_a_moment_cannot_reach_the_past_tables(
     insight = await db.store_insight(
         mine, "distilled", [1, 0, 0, 0], source_experiences=[seen, hidden]
     )
-    at = await db.sync()
+    await db.sync()
+    at = await moment_now()  # (a reader's as_of is a time: a sequence counts others' writes)
     await db.record_experience(mine, "later", [0, 1, 0, 0])  # (so the query reads the past)
     reader = Principal("alice", "a1", scope="read")
     tries = [

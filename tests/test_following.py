@@ -16,8 +16,10 @@ import pytest
 
 from eventlog import EmbeddedNats
 from eventlog.errors import NotFollowed, NotFoundError, ValidationError
+from eventlog.ids import uuid7
 from projections.scope import FILE
 from sync import PulseDB
+from sync.access import Principal
 from tests.conftest import eventually
 from tests.test_service import PULSE, start, stop
 
@@ -81,6 +83,16 @@ async def test_hosts_following_overlapping_sets_agree_with_a_full_host(
         # a collective it does not follow: refused, naming what it follows
         with pytest.raises(NotFollowed, match=r"not followed by this host \(it follows alpha\)"):
             await hosts[0].get_collective(gamma)
+        # ... but to a principal that is no member of it, as one that never existed (that
+        # it exists elsewhere would tell what it may not see)
+        stranger, unknown = Principal("acme", "a1", "read"), uuid7()
+        with hosts[0].acting_as(stranger), pytest.raises(NotFoundError) as hidden:
+            await hosts[0].get_collective_stats(gamma)
+        with hosts[0].acting_as(stranger), pytest.raises(NotFoundError) as never:
+            await hosts[0].get_collective_stats(unknown)
+        assert str(hidden.value).replace(str(gamma), "?") == str(never.value).replace(
+            str(unknown), "?"
+        )
         with pytest.raises(NotFollowed, match="it follows alpha"):
             await hosts[0].record_experience(beta, "not here")
         with pytest.raises(NotFollowed, match="owner:acme"):

@@ -45,7 +45,14 @@ target.
   not see every row (``sync.access``): a member of the collective (every 10th
   experience is private to another agent) and a principal of another owner (it sees the
   org-visible rows: every 20th), beside the same search unrestricted (an admin) in the
-  same loop; ratios to it, target <= 3 for the member (what a filter costs, above).
+  same loop; ratios to it, target <= 3 for the member. Both are exact scans of the rows
+  they may see (``projections.vectors``: a graph's answer would depend on the rows they
+  may not see); the first query of each gathers the rows, the rest reuse them.
+- visible_text: p50 / p99 of ``queries.search_text`` (k=10; the hybrid queries' words)
+  and of ``hybrid_experiences`` (pool 50) as that member, scored from the statistics
+  of the rows it may see (``projections.text``: counts under a visibility filter, the
+  candidates' content analyzed again), beside both unrestricted (tantivy's BM25) in
+  the same loop; ratios to them. No target: it shows what noninterference costs.
 - memory: a fresh process opens the rebuilt projection and answers a vector and a text
   query; the growth of its VmRSS and of its RssAnon (``/proc/self/status``) per 100,000
   experiences, beside the raw data per 100,000 (n x 384 x 4 bytes of vectors + the UTF-8
@@ -92,10 +99,10 @@ from sync.access import Viewer
 from sync.recall import _context
 
 FIGURES = ("rebuild_counters", "rebuild_vectors", "similar_search", "hybrid_and_context",
-           "filtered_search", "visible_search", "memory", "recall")  # fmt: skip
+           "filtered_search", "visible_search", "visible_text", "memory", "recall")  # fmt: skip
 VECTOR_FIGURES = {
     "rebuild_vectors", "similar_search", "hybrid_and_context", "filtered_search",
-    "visible_search", "memory",
+    "visible_search", "visible_text", "memory",
 }  # fmt: skip
 VOCABULARY, WORDS = 5000, 24  # content words: vocabulary size, most words per experience
 DIM, CLUSTERS = 384, 40
@@ -431,6 +438,39 @@ def visible_search(projection: Projection, corpus: Corpus, probes: Vectors) -> N
          target="ratio_member_to_plain_p50 <= 3", met=ratio <= 3)  # fmt: skip
 
 
+def visible_text(projection: Projection, corpus: Corpus, probes: Vectors, texts: list[str]) -> None:
+    """Text and hybrid search as a member that may not see another agent's private rows
+    (scored from what it may see: ``projections.text``), beside them unrestricted."""
+    cid = corpus.cid
+    member = q.ExperienceFilter(viewer=Viewer(True, "bench", "agent"))
+
+    def plain(i: int) -> object:
+        return q.search_text(projection, cid, texts[i], k=K)
+
+    def as_member(i: int) -> object:
+        return q.search_text(projection, cid, texts[i], k=K, flt=member)
+
+    def hybrid(i: int) -> object:
+        return q.hybrid_experiences(projection, cid, texts[i], probes[i], pool=POOL)
+
+    def hybrid_member(i: int) -> object:
+        return q.hybrid_experiences(projection, cid, texts[i], probes[i], pool=POOL, flt=member)
+
+    plain_ms, member_ms, hybrid_ms, hybrid_member_ms = alternate(
+        len(probes), [plain, as_member, hybrid, hybrid_member]
+    )
+    ratio = pct(member_ms, 50) / pct(plain_ms, 50)
+    emit("visible_text", experiences=corpus.n, queries=len(probes), k=K,
+         private="every 10th (another agent's)", plain_p50_ms=pct(plain_ms, 50),
+         plain_p99_ms=pct(plain_ms, 99), member_p50_ms=pct(member_ms, 50),
+         member_p99_ms=pct(member_ms, 99), hybrid_p50_ms=pct(hybrid_ms, 50),
+         hybrid_member_p50_ms=pct(hybrid_member_ms, 50),
+         hybrid_member_p99_ms=pct(hybrid_member_ms, 99),
+         ratio_member_to_plain_p50=sig(ratio),
+         ratio_hybrid_member_to_hybrid_p50=sig(
+             pct(hybrid_member_ms, 50) / pct(hybrid_ms, 50)))  # fmt: skip
+
+
 def hybrid_and_context(
     projection: Projection, corpus: Corpus, probes: Vectors, texts: list[str]
 ) -> None:
@@ -508,7 +548,9 @@ async def vector_figures(n: int, count: int, figures: set[str]) -> None:
     texts = [corpus.query_text(rng, int(i)) for i in picked]
     with tempfile.TemporaryDirectory(prefix="pulse-bench-projection-") as tmp:
         peer = await fill_and_rebuild(tmp, corpus, unit, figures)  # NATS stops after it
-        if figures & {"similar_search", "hybrid_and_context", "filtered_search", "visible_search"}:
+        searches = {"similar_search", "hybrid_and_context", "filtered_search", "visible_search",
+                    "visible_text"}  # fmt: skip
+        if figures & searches:
             projection = Projection(state_dir(tmp))
             try:
                 indexed = projection.vectors[("experience", corpus.cid)].members
@@ -519,6 +561,8 @@ async def vector_figures(n: int, count: int, figures: set[str]) -> None:
                     hybrid_and_context(projection, corpus, probes, texts)
                 if "visible_search" in figures:
                     visible_search(projection, corpus, probes)
+                if "visible_text" in figures:
+                    visible_text(projection, corpus, probes, texts)
                 if "filtered_search" in figures:  # last: it changes the projection
                     filtered_search(projection, corpus, probes)
             finally:
