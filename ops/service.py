@@ -45,7 +45,6 @@ import contextlib
 import inspect
 import json
 import logging
-import os
 import secrets
 import time
 import types
@@ -84,7 +83,7 @@ from ops.encoding import to_json
 from ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ops.metrics import Metrics
 from ops.remote import API_METHODS, optional_getter
-from ops.serving import Slots, holder_of
+from ops.serving import Limits, Slots, count_setting, holder_of
 from sync import models
 from sync.access import Principal
 from sync.instance import PulseDB
@@ -124,23 +123,8 @@ INPUT_MODELS: dict[str, type[pydantic.BaseModel]] = {
 # -- limits of the edge (environment variables of `pulse up`, or create_app's arguments) ---
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # $PULSE_MAX_BODY_BYTES: a request body, in bytes
-MAX_WATCHERS = 64  # $PULSE_MAX_WATCHERS: concurrent GET /v1/watch_experiences streams
-MAX_WATCHERS_PER_TOKEN = 16  # $PULSE_MAX_WATCHERS_PER_TOKEN: those of one token
 WATCH_RETRY_AFTER = 5  # seconds, the Retry-After of a watch refused for the cap
-
-
-def setting(name: str, default: int) -> int:
-    """A positive integer from the environment variable ``name``, or ``default``."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValidationError(f"{name}: must be a positive integer, got {text!r}")
-    return value
+# (the caps on watch streams are ops.serving.Limits', read by `pulse up`)
 
 
 # -- request models derived from signatures ------------------------------------------------
@@ -545,10 +529,10 @@ def create_app(
     and /docs want a credential too. ``max_body_bytes``, ``max_watchers`` and
     ``max_watchers_per_token`` default to $PULSE_MAX_BODY_BYTES (8 MiB),
     $PULSE_MAX_WATCHERS (64) and $PULSE_MAX_WATCHERS_PER_TOKEN (16)."""
-    body_limit = max_body_bytes or setting("PULSE_MAX_BODY_BYTES", MAX_BODY_BYTES)
-    watch_limit = max_watchers or setting("PULSE_MAX_WATCHERS", MAX_WATCHERS)
-    watch_per_token = max_watchers_per_token or setting(
-        "PULSE_MAX_WATCHERS_PER_TOKEN", MAX_WATCHERS_PER_TOKEN
+    body_limit = max_body_bytes or count_setting("PULSE_MAX_BODY_BYTES", MAX_BODY_BYTES)
+    watch_limit = max_watchers or count_setting("PULSE_MAX_WATCHERS", Limits.max_watchers)
+    watch_per_token = max_watchers_per_token or count_setting(
+        "PULSE_MAX_WATCHERS_PER_TOKEN", Limits.max_watchers_per_token
     )
     app = FastAPI(
         title="Pulse",

@@ -95,7 +95,7 @@ class Limits:
             if name == "max_connections":
                 reserve = given["fd_reserve"]
                 default = min(MAX_CONNECTIONS_DEFAULT, max(8, open_files - reserve))
-            read = _seconds if isinstance(default, float) else _count
+            read = _seconds if isinstance(default, float) else count_setting
             given[name] = read(variable, default)
         limits = cls(**given)
         if limits.max_connections + limits.fd_reserve > open_files:
@@ -122,7 +122,8 @@ SETTINGS = {  # each limit's environment variable (fd_reserve before max_connect
 }
 
 
-def _count(name: str, default: int) -> int:
+def count_setting(name: str, default: int) -> int:
+    """A positive integer from the environment variable ``name``, or ``default``."""
     text = os.environ.get(name, "").strip()
     if not text:
         return default
