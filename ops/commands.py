@@ -27,7 +27,6 @@ from eventlog.errors import NotFoundError, ValidationError
 from eventlog.languages import AUTO, LANGUAGES
 from ops.operator_secret import read_secret
 from ops.remote import RemotePulseDB, running_service
-from projections import naming
 from sync import access
 
 if TYPE_CHECKING:  # (the instance is imported where it is used: `pulse --help` goes without)
@@ -126,6 +125,8 @@ async def collective_of(db: Any, ref: str, owner: str | None = None) -> queries.
     """The collective ``ref`` names (``PulseDB.find_collective``: an id, a name of the
     caller's own, or owner/name); with ``owner``, a bare name is one of that owner's."""
     if owner is not None:
+        from projections import naming  # (eventlog.limits, and numpy: not at start-up)
+
         named = naming.reference(ref)
         if named.collective_id is None and named.owner_id is None:
             ref = f"{owner}{naming.SEPARATOR}{ref}"
