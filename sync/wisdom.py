@@ -36,8 +36,8 @@ class WisdomPart(InstanceCore):
         visibility: ev.Visibility = "team",
         idempotency_key: str | None = None,
     ) -> UUID:
-        """A pattern learned across an owner's collectives. All of one owner's wisdom
-        shares one embedding dimension (the first stored sets it). ``visibility``:
+        """A pattern learned across an owner's collectives. The wisdom of one owner that a
+        caller sees shares one embedding dimension (the first stored sets it). ``visibility``:
         "private" (its author), "team" (every principal of the owner) or "org" (all)."""
         spec = validated(
             models.WisdomIn, owner_id=owner_id, category=category, pattern=pattern,
@@ -61,7 +61,9 @@ class WisdomPart(InstanceCore):
                 raise NotFoundError(
                     f"source_collectives: no collective {source} owned by {spec.owner_id!r}"
                 )
-        existing = await self._read(queries.wisdom_of, spec.owner_id)
+        # (checked against what the caller sees of it: another agent's private wisdom must
+        # not tell its dimension; a search skips wisdom of another dimension anyway)
+        existing = await self._read(queries.wisdom_of, spec.owner_id, None if me.admin else me)
         if existing and len(ev.unpack_vector(existing[0].embedding)) != len(spec.embedding):
             raise ValidationError(
                 f"embedding: {len(spec.embedding)} values, the wisdom of {spec.owner_id!r} "

@@ -581,6 +581,27 @@ async def test_hidden_words_do_not_reorder_a_text_search(tmp_path: Path) -> None
     assert ranked == ["zeuscorp plan", "hermes plan"]  # a tie, cut by id
 
 
+async def test_another_agents_private_wisdom_tells_no_dimension(tmp_path: Path) -> None:
+    """Storing wisdom checks its dimension against the owner's wisdom the caller sees: a
+    refusal that named the dimension of another agent's private wisdom would tell it."""
+    answers = []
+    for world, hidden in (("first", False), ("second", True)):
+        log = MemoryLog()
+        db = await PulseDB.attach(tmp_path / world, log, owns_log=False)
+        try:
+            if hidden:
+                with db.acting_as(Principal("alice", "a2", "write")):
+                    await db.store_wisdom("alice", "CodingStyle", "secret", [1.0] * 8, visibility="private")
+            with db.acting_as(Principal("alice", "a1", "write")):
+                made = await answer(db.store_wisdom("alice", "CodingStyle", "mine", [1.0] * DIM))
+                seen = await answer(db.get_wisdom("alice"))
+            answers.append((made[0], [w["wisdom"]["pattern"] for w in seen[1]]))
+        finally:
+            await db.close()
+            await log.close()
+    assert answers[0] == answers[1] == ("ok", ["mine"]), answers
+
+
 async def vector_answers(
     directory: Path, events: list[ev.Event], cid: UUID, probes: np.ndarray
 ) -> list[Any]:
