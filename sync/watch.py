@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Literal
 from uuid import UUID
@@ -55,9 +54,16 @@ class ExperienceWatch:
     """An async iterator of ``ExperienceChange``, registered when created.
 
     It holds at most ``limit`` changes its reader has not taken yet; a reader that falls
-    further behind is dropped (its next read raises ``PulseError``: watch again and
-    re-read what changed), so a stalled reader cannot make the instance hold every
-    change in memory."""
+    further behind is dropped (its next read, after what is queued, raises
+    ``PulseError``: watch again and re-read what changed), so a stalled reader cannot make
+    the instance hold every change in memory.
+
+    A reader that may not see every change (``admit``) counts only those it may see
+    toward that bound: a task admits each change as it arrives, whether the reader reads
+    or not, and queues the admitted ones for it. Counted before admission, the moment a
+    stalled reader is dropped would tell how much was written that it may not see.
+    (Changes wait for admission in a queue of their own, ``backlog`` times larger, which
+    fills only if admission itself falls that far behind the log.)"""
 
     def __init__(
         self,
@@ -66,53 +72,80 @@ class ExperienceWatch:
         admit: Callable[[ExperienceChange], Awaitable[bool]] | None = None,
         *,
         sequences: bool = True,
+        backlog: int = 10,
     ) -> None:
         self._watchers = watchers
-        self._admit = admit  # which changes its reader may see (None: every one)
         self._sequences = sequences  # False: changes say seq 0 (sync.instance)
-        self._queue: asyncio.Queue[ExperienceChange | None] = asyncio.Queue(maxsize=limit)
+        self._limit, self._backlog = limit, backlog * limit
+        # (bounded by _deliver and offer, so that the end always fits)
+        self._queue: asyncio.Queue[ExperienceChange | None] = asyncio.Queue()
+        self._arriving: asyncio.Queue[ExperienceChange | None] | None = None
+        self._admitting: asyncio.Task[None] | None = None
         self._overflowed = False
-        self._ended = False
+        if admit is not None:
+            self._arriving = asyncio.Queue()
+            self._admitting = asyncio.ensure_future(self._admit_all(admit))
         watchers.add(self)
 
     def offer(self, change: ExperienceChange) -> None:
-        try:
+        if self._arriving is None:
+            self._deliver(change)
+        elif self._arriving.qsize() >= self._backlog:
+            self._overflow()
+        else:
+            self._arriving.put_nowait(change)
+
+    def _deliver(self, change: ExperienceChange) -> None:
+        if self._queue.qsize() >= self._limit:
+            self._overflow()
+        else:
             self._queue.put_nowait(change)
-        except asyncio.QueueFull:
-            self._overflowed = True
-            self.close()
+
+    def _overflow(self) -> None:
+        self._overflowed = True
+        self.close()
+        self._queue.put_nowait(None)
+
+    async def _admit_all(self, admit: Callable[[ExperienceChange], Awaitable[bool]]) -> None:
+        assert self._arriving is not None
+        while not self._overflowed:
+            change = await self._arriving.get()
+            try:
+                admitted = change is not None and await admit(change)
+            except PulseError:  # the instance is closing: what is queued is all
+                change = None
+            if change is None:
+                self._queue.put_nowait(None)
+                return
+            if admitted:
+                if not self._sequences:
+                    change = msgspec.structs.replace(change, seq=0)
+                self._deliver(change)
 
     def end(self) -> None:
         """The instance closed: the iteration stops once what is queued is read."""
-        self._ended = True
-        self.close()
-        with contextlib.suppress(asyncio.QueueFull):
-            self._queue.put_nowait(None)
+        self._watchers.discard(self)
+        (self._arriving if self._arriving is not None else self._queue).put_nowait(None)
 
     def __aiter__(self) -> ExperienceWatch:
         return self
 
     async def __anext__(self) -> ExperienceChange:
-        while True:
-            change = await self._next()
-            if self._admit is None or await self._admit(change):
-                if not self._sequences:
-                    change = msgspec.structs.replace(change, seq=0)
-                return change
-
-    async def _next(self) -> ExperienceChange:
-        if self._overflowed and self._queue.empty():
-            raise PulseError(
-                f"watch: the reader fell more than {self._queue.maxsize} changes behind; "
-                "watch again and re-read"
-            )
-        if self._ended and self._queue.empty():
-            raise StopAsyncIteration
         change = await self._queue.get()
         if change is None:
+            self._queue.put_nowait(None)  # (every later read ends too)
             self.close()
+            if self._overflowed:
+                raise PulseError(
+                    f"watch: the reader fell more than {self._limit} changes behind; "
+                    "watch again and re-read"
+                )
             raise StopAsyncIteration
         return change
 
     def close(self) -> None:
+        """Stop taking changes."""
         self._watchers.discard(self)
+        if self._admitting is not None and not self._admitting.done():
+            if asyncio.current_task() is not self._admitting:
+                self._admitting.cancel()

@@ -344,6 +344,53 @@ def test_a_watch_that_falls_behind_is_dropped_not_buffered_forever() -> None:
     asyncio.run(run())
 
 
+def test_a_watch_counts_toward_its_bound_only_what_its_reader_may_see() -> None:
+    """A stalled reader is dropped after the same number of changes it may see, however
+    many it may not see were written meanwhile (else the drop would tell how many)."""
+    from uuid import UUID
+
+    from eventlog.errors import PulseError
+    from eventlog.ids import uuid7
+    from sync.instance import ExperienceChange, ExperienceWatch
+
+    mine, hidden = uuid7(), uuid7()
+
+    def change(collective_id: UUID) -> ExperienceChange:
+        return ExperienceChange(
+            kind="created", experience_id=uuid7(), collective_id=collective_id, seq=1,
+            instance_id=uuid7(),
+        )  # fmt: skip
+
+    async def admit(c: ExperienceChange) -> bool:
+        await asyncio.sleep(0)  # (admission reads the engine: it awaits)
+        return c.collective_id == mine
+
+    async def watched(hidden_writes: int) -> list[object]:
+        watchers: set[ExperienceWatch] = set()
+        watch = ExperienceWatch(watchers, limit=2, admit=admit, sequences=False)
+        seen: list[object] = []
+        for _ in range(3):  # three it may see, each after some it may not
+            for _ in range(hidden_writes):
+                watch.offer(change(hidden))
+            watch.offer(change(mine))
+            for _ in range(2 * hidden_writes + 4):  # the admitting task's turns: one each
+                await asyncio.sleep(0)
+            seen.append(bool(watchers))  # still fed?
+        try:
+            while True:
+                seen.append((await asyncio.wait_for(anext(watch), 1)).seq)
+        except PulseError as exc:
+            seen.append(str(exc))
+        return seen
+
+    async def run() -> None:
+        quiet, busy = await watched(0), await watched(15)  # (15: past the bound, 2)
+        assert quiet == busy == [True, True, False, 0, 0, quiet[-1]]
+        assert "fell more than 2 changes behind" in quiet[-1]
+
+    asyncio.run(run())
+
+
 async def test_sql_sees_every_write_acknowledged_before_it(db: PulseDB) -> None:
     """SQL reads DuckDB, which the engine writes in bulk: a query flushes first, and says
     which stream sequence its answer reflects."""

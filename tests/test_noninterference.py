@@ -591,7 +591,9 @@ async def test_another_agents_private_wisdom_tells_no_dimension(tmp_path: Path) 
         try:
             if hidden:
                 with db.acting_as(Principal("alice", "a2", "write")):
-                    await db.store_wisdom("alice", "CodingStyle", "secret", [1.0] * 8, visibility="private")
+                    await db.store_wisdom(
+                        "alice", "CodingStyle", "secret", [1.0] * 8, visibility="private"
+                    )
             with db.acting_as(Principal("alice", "a1", "write")):
                 made = await answer(db.store_wisdom("alice", "CodingStyle", "mine", [1.0] * DIM))
                 seen = await answer(db.get_wisdom("alice"))
