@@ -109,3 +109,19 @@ class Unauthorized(PulseError):
 
 class Forbidden(PulseError):
     """The principal is known but may not do this (its scope, or not a member)."""
+
+
+# the errors another process tells by name (an HTTP error body, a SQL worker's reply)
+TOLD = (ValidationError, NotFollowed, NotFoundError, ConflictError, LogUnavailable,
+        QueryTimedOut, QueryOutOfMemory, QueryTooLarge, QueryTooComplex, QueryCancelled,
+        Unauthorized, Forbidden, PulseError)  # fmt: skip
+_TOLD: dict[str, type[PulseError]] = {cls.__name__: cls for cls in TOLD}
+
+
+def told(kind: str, message: str, *, limit: str = "", setting: str = "") -> PulseError:
+    """The error another process names ``kind`` (one of ``TOLD``; a PulseError for any
+    other name), with its message; a SQL limit's with its ``limit`` and ``setting``."""
+    cls = _TOLD.get(kind, PulseError)
+    if issubclass(cls, QueryLimitExceeded):
+        return cls(message, limit=limit, setting=setting)
+    return cls(message)

@@ -35,20 +35,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
 from eventlog.errors import (
-    ConflictError,
-    Forbidden,
     LogUnavailable,
-    NotFollowed,
-    NotFoundError,
     PulseError,
-    QueryCancelled,
-    QueryLimitExceeded,
-    QueryOutOfMemory,
-    QueryTimedOut,
-    QueryTooComplex,
-    QueryTooLarge,
-    Unauthorized,
-    ValidationError,
+    told,
 )
 
 if TYPE_CHECKING:
@@ -56,25 +45,6 @@ if TYPE_CHECKING:
 
 # PulseDB's coroutines that are not methods of the API
 NOT_API = ("close", "open", "attach", "export")
-
-ERRORS: dict[str, type[PulseError]] = {
-    cls.__name__: cls
-    for cls in (
-        ValidationError,
-        NotFollowed,
-        NotFoundError,
-        ConflictError,
-        LogUnavailable,
-        QueryTimedOut,
-        QueryOutOfMemory,
-        QueryTooLarge,
-        QueryTooComplex,
-        QueryCancelled,
-        Unauthorized,
-        Forbidden,
-        PulseError,
-    )  # fmt: skip
-}
 
 
 def __getattr__(name: str) -> Any:
@@ -282,13 +252,10 @@ def raise_for(response: Response) -> None:
             "set $PULSE_TOKEN to an access token, or run as the user whose data directory "
             "it serves (its operator-token file)"
         )
-    cls = ERRORS.get(kind, PulseError)
-    if issubclass(cls, QueryLimitExceeded):
-        # the message names the setting ($PULSE_SQL_...), and the setting the limit
-        named = re.search(r"\$(PULSE_SQL_[A-Z_]+)", message)
-        setting = named.group(1) if named else ""
-        raise cls(message, limit=_LIMITS.get(setting, "sql"), setting=setting)
-    raise cls(message)
+    # a SQL limit's message names its setting ($PULSE_SQL_...), and the setting the limit
+    named = re.search(r"\$(PULSE_SQL_[A-Z_]+)", message)
+    setting = named.group(1) if named else ""
+    raise told(kind, message, limit=_LIMITS.get(setting, "sql"), setting=setting)
 
 
 # the ``limit`` each setting of the SQL sandbox sets (projections.analytics.SqlLimits)

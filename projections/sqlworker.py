@@ -65,14 +65,12 @@ from typing import IO, Any
 import msgspec
 
 from eventlog.errors import (
-    Forbidden,
     PulseError,
     QueryCancelled,
     QueryOutOfMemory,
     QueryTimedOut,
-    QueryTooComplex,
-    QueryTooLarge,
     ValidationError,
+    told,
 )
 from projections.analytics import FORGETTING, SqlLimits, SqlResult
 
@@ -87,20 +85,6 @@ MOST = 4  # queries at once ($PULSE_SQL_WORKERS)
 _HEADER = struct.Struct("!I")
 _UNITS = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
           "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}  # fmt: skip
-
-# the errors a worker may report, by name (anything else is a PulseError)
-_ERRORS: dict[str, type[PulseError]] = {
-    cls.__name__: cls
-    for cls in (
-        Forbidden,
-        ValidationError,
-        QueryTimedOut,
-        QueryOutOfMemory,
-        QueryTooComplex,
-        QueryTooLarge,
-        QueryCancelled,
-    )  # fmt: skip
-}
 
 
 class _Reply(msgspec.Struct, frozen=True, kw_only=True):
@@ -301,10 +285,10 @@ class WorkerQuery:
             reusable = True
             if reply.result is not None:
                 return reply.result
-            kind = _ERRORS.get(reply.error or "", PulseError)
-            if issubclass(kind, (QueryTimedOut, QueryOutOfMemory, QueryTooComplex, QueryTooLarge)):
-                raise kind(reply.message, limit=reply.limit or "", setting=reply.setting or "")
-            raise kind(reply.message)
+            raise told(
+                reply.error or "", reply.message, limit=reply.limit or "",
+                setting=reply.setting or "",
+            )  # fmt: skip
         finally:
             timer.cancel()
             self._pool._end(self, worker, reusable and self._stopped is None)
