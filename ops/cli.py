@@ -350,20 +350,18 @@ def _listen_address(text: str) -> tuple[str, int]:
 def _mcp_security(host: str, origins: tuple[str, ...]) -> dict[str, Any]:
     """The MCP SDK checks Origin itself on a loopback host: let it take the configured
     origins too (ops.service.Guard has refused every other one already)."""
-    if not origins or host not in ("127.0.0.1", "localhost", "::1"):
+    from ops.service import LOOPBACK
+
+    if not origins or host not in LOOPBACK:
         return {}
     from mcp.server.transport_security import TransportSecuritySettings
 
+    hosts = [f"[{name}]:*" if ":" in name else f"{name}:*" for name in LOOPBACK]
     return {
         "transport_security": TransportSecuritySettings(
             enable_dns_rebinding_protection=True,
-            allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
-            allowed_origins=[
-                "http://127.0.0.1:*",
-                "http://localhost:*",
-                "http://[::1]:*",
-                *origins,
-            ],
+            allowed_hosts=hosts,
+            allowed_origins=[*(f"http://{h}" for h in hosts), *origins],
         )  # fmt: skip
     }
 

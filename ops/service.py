@@ -213,11 +213,14 @@ def route_of(path: str) -> str:
     return path if path in KNOWN_ROUTES else "other"
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")  # the loopback names of this machine
+
+
 def own_origins(hosts: collections.abc.Iterable[str], port: int) -> set[str]:
     """The origins of this service's own pages (``/docs``): its loopback names and the
     addresses it is reached at (--host, and the one a request came to), at its port. (A
     page that rebinds its own name to one of them still has its own name as Origin.)"""
-    names = {"127.0.0.1", "localhost", "::1", *hosts}
+    names = {*LOOPBACK, *hosts}
     return {f"http://[{name}]:{port}" if ":" in name else f"http://{name.lower()}:{port}"
             for name in names}  # fmt: skip
 
