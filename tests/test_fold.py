@@ -5,7 +5,7 @@ sharing no code with the fold)."""
 from __future__ import annotations
 
 import msgspec
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventlog import events as ev
@@ -91,6 +91,9 @@ CREATES = (
 )  # fmt: skip
 
 
+# (five of the history's event kinds are creates: the filter drops most draws by design,
+# which hypothesis' filter health check sometimes refuses on a slow, shared machine)
+@settings(suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(EVENTS.filter(lambda e: isinstance(e, CREATES)), st.integers(1, 10**6))
 def test_one_create_stamped_twice_folds_alike_in_either_order(
     event: ev.Event, later_ms: int
