@@ -146,7 +146,7 @@ class Following(InstanceCore):
         caught up from the log (its own subjects only) while the host goes on. Returns
         every collective followed now (empty: the host follows every collective, and
         this changes nothing). Admins only."""
-        self._me().need_admin("following collectives")
+        self.gate.me().need_admin("following collectives")
         refs = parse_refs(collectives if isinstance(collectives, str) else list(collectives))
         if self.scope is None:
             return []
@@ -194,7 +194,7 @@ class Following(InstanceCore):
             self.scope.collectives[cid] = 0
             await asyncio.to_thread(self.scope.save, state)
             log.info("following collective %s: %d earlier events caught up", cid, count)
-        self._forget_known()
+        self.gate.forget()
 
     async def _watch_directory(self) -> None:
         """Hear of collectives created later; follow those the references match. A

@@ -48,7 +48,7 @@ from eventlog.keys import collective_prefix, key_name
 from eventlog.leaf import LeafLog, LeafStatus
 from eventlog.log import EventLog, StreamState
 from eventlog.subjects import collective_filter
-from projections import analytics, past, queries
+from projections import analytics, queries
 from projections.analytics import SqlResult
 from projections.engine import Engine
 from projections.projection import Projection, ProjectionSettings, state_dir
@@ -113,6 +113,18 @@ class HostStatus(msgspec.Struct, frozen=True, kw_only=True):
     replicating: bool  # False: the replication loop stopped (see the log)
     leaf: LeafStatus | None = None  # an edge host (``open(leaf_of=...)``): its link
     snapshot: SnapshotStatus | None = None  # the analysts' copy (``projections.snapshot``)
+
+
+class Health(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``PulseDB.health`` answers (``/health``): what this host knows of itself
+    without asking the log."""
+
+    nats_connected: bool  # the log's connection (True for a log without one)
+    replicating: bool  # False: the replication loop stopped
+    failure: str | None  # why it stopped (None: it did not)
+    applied_seq: int  # the last stream sequence this host applied
+    instance_id: UUID
+    snapshot: SnapshotStatus | None  # the analysts' copy (``projections.snapshot``)
 
 
 class PulseDB(
@@ -361,6 +373,23 @@ class PulseDB(
 
     # -- the state as a whole ---------------------------------------------------------------
 
+    def health(self) -> Health:
+        """Whether this host is connected and replicating, and how far it applied (for
+        ``/health`` and probes; ``status`` is the admins' whole picture, and asks the
+        log)."""
+        failure = self._failure
+        return Health(
+            nats_connected=bool(getattr(getattr(self.log, "nc", None), "is_connected", True)),
+            replicating=failure is None, failure=None if failure is None else repr(failure),
+            applied_seq=self.applied_seq, instance_id=self.instance_id,
+            snapshot=self.engine.snapshot_status(),
+        )  # fmt: skip
+
+    async def last_seq(self) -> int:
+        """The last sequence in the log of what this host reads (``subjects_read``):
+        what its lag is measured against (``/health``, ``/metrics``)."""
+        return await self.log.last_seq(self._filters())
+
     def watch_experiences(self) -> ExperienceWatch:
         """Changes to experiences as this instance applies them, whichever host wrote them,
         from the moment of this call, those the caller may see (a delete: of an experience
@@ -368,20 +397,20 @@ class PulseDB(
         the instance closes (or call ``close()`` on it). A change's ``seq`` is its stream
         sequence for admins and 0 for any other caller (sequences count every host's
         writes, those it may not see among them)."""
-        me = self._me()
+        me = self.gate.me()
         if me.admin:
             return ExperienceWatch(self._watchers)
 
         async def admit(change: ExperienceChange) -> bool:
             if change.kind == "deleted":  # to those who could see it (unknown here: no one)
-                facts = await self._read(queries.deleted_access, change.experience_id)
+                facts = await self.reads.read(queries.deleted_access, change.experience_id)
                 return facts is not None and me.sees(
                     facts.visibility, me.member(facts.owner_id, facts.collective_id),
                     facts.author_owner, facts.author_agent,
                 )  # fmt: skip
             with access.acting(me):
                 try:
-                    await self._entity("experience", change.experience_id, write=False)
+                    await self.gate.entity("experience", change.experience_id, write=False)
                 except NotFoundError:
                     return False
                 return True
@@ -394,11 +423,11 @@ class PulseDB(
         follows it, whatever else each follows (``sync.following``). Admins only: it
         hashes every row, those a caller may not see among them (any change to them
         would change it)."""
-        self._me().need_admin("reading the digest")
+        self.gate.me().need_admin("reading the digest")
         if collective_id is not None:
             collective_id = uuid_of("collective_id", collective_id)
             if self.scope is not None and collective_id not in self.scope.collectives:
-                raise self._not_followed(collective_id)
+                raise self.gate.not_followed(collective_id)
         return await self.engine.digest(collective_id)
 
     async def status(self) -> HostStatus:
@@ -406,14 +435,16 @@ class PulseDB(
         what the host applied and how far behind it is, each collective it follows
         (partial hosts: the last sequence of its events in the log, and its lag), and
         the dead letters it keeps. Admins only."""
-        self._me().need_admin("reading the status")
+        self.gate.me().need_admin("reading the status")
         stream = await self.log.stream_state()
         filters = self._filters()
         last = stream.last_seq if filters is None else await self.log.last_seq(filters)
         applied = self._applied
         collectives = []
         if self.scope is not None:
-            names = {c.collective_id: c.name for c in await self._read(queries.list_collectives)}
+            names = {
+                c.collective_id: c.name for c in await self.reads.read(queries.list_collectives)
+            }
             for cid in self.followed():
                 at = await self.log.last_seq(collective_filter([cid], wisdom=False))
                 backfill = self.scope.collectives.get(cid, 0)
@@ -429,7 +460,7 @@ class PulseDB(
             instance_id=self.instance_id, applied_seq=applied, events_applied=self.events_applied,
             backlog=self.engine.backlog, last_seq=last, lag=max(0, last - applied),
             following=self.following, collectives=tuple(collectives),
-            dead_letters=len(await self._read(queries.dead_letters)), stream=stream,
+            dead_letters=len(await self.reads.read(queries.dead_letters)), stream=stream,
             replicating=self._failure is None,
             leaf=await self.log.leaf_status() if isinstance(self.log, LeafLog) else None,
             snapshot=self.engine.snapshot_status(),
@@ -442,10 +473,10 @@ class PulseDB(
         messages that could not be applied (unreadable, or a value out of range). One
         page of at most ``limit`` (1..1000, default 100), by entity, sequence and id; the
         page's ``next`` is the cursor of the rest (``after=``), None on the last page."""
-        self._me().need_admin("reading the dead letters")
+        self.gate.me().need_admin("reading the dead letters")
         models.check_page_limit(limit)
         key = models.from_cursor("dead_letters", after, (str, int, str))
-        found, last = await self._read(queries.dead_letters_page, limit, key)
+        found, last = await self.reads.read(queries.dead_letters_page, limit, key)
         return models.Page(found, None if last is None else models.cursor("dead_letters", last))
 
     async def sql(self, query: str, *, limit: int = 10_000, as_of: models.AsOf = None) -> SqlResult:
@@ -490,50 +521,24 @@ class PulseDB(
         if not isinstance(query, str) or not query.strip():
             raise ValidationError("query: give one SQL query")
         check_rows_limit(limit)
-        limits = self.engine.limits()
-        analytics.check_read_only(query, limits)
-        me = self._me()
-        live = {c.collective_id for c in await self._read(queries.list_collectives)}
+        analytics.check_read_only(query, self.engine.limits())
+        me = self.gate.me()
+        live = {c.collective_id for c in await self.reads.read(queries.list_collectives)}
         activities = [a for a in await self._activities(None) if a.collective_id in live]
-        moment = None if as_of is None else await self._as_of_seq(as_of)
-        workers = self.engine.sql_workers
-        if workers is not None:  # in a process of its own, over the snapshot
-            seq, tables = await self.engine.pin_snapshot(moment)
-            if moment is not None:
-                seq = min(seq, moment[0])
-            asked = workers.query(
-                query, activities, limit, limits, None if me.admin else me, tables,
-                seq=seq if me.admin else 0,
-            )  # fmt: skip
-            return await analytics.run_async(asked)  # cancelling the caller kills it
-        cursor, seq = await self.engine.cursor()  # (no snapshot: here, on a cursor)
-        tables = None
-        if moment is not None:
-            at, ms = moment
-            try:
-                tables = await self.engine.run(past.sql_tables, at, ms)
-            except BaseException:
-                self.engine.returned(cursor)
-                raise
-            seq = min(seq, at)
-        run = analytics.SqlQuery(  # not an admin: the views filtered for it, in SQL
-            cursor, query, activities, limit, seq if me.admin else 0, limits,
-            viewer=None if me.admin else me, past=tables,
-            on_close=lambda: self.engine.release(run),
+        moment = None if as_of is None else await self.reads.as_of_seq(as_of)
+        return await self.engine.sql(
+            query, activities, limit, viewer=None if me.admin else me, show_seq=me.admin,
+            moment=moment,
         )  # fmt: skip
-        self.engine.track(run)  # a rewrite after a delete cancels it
-        return await analytics.run_async(run)  # cancelling the caller interrupts it
 
     async def export(self, directory: str | os.PathLike[str]) -> dict[str, int]:
         """Write every view of ``sql`` as a Parquet file in ``directory`` (plus the
         activities); returns the number of rows per file. Admins only: a file holds every
         row."""
-        self._me().need_admin("exporting")
+        self.gate.me().need_admin("exporting")
         target = Path(directory)
         await asyncio.to_thread(target.mkdir, parents=True, exist_ok=True)
         activities = []
-        for c in await self._read(queries.list_collectives):  # every one: no pages here
+        for c in await self.reads.read(queries.list_collectives):  # every one: no pages here
             activities.extend(await self._active(c.collective_id, stale_after=1e9))
-        cursor, _ = await self.engine.cursor()
-        release = self.engine.release
-        return await asyncio.to_thread(analytics.export, cursor, target, activities, release)
+        return await self.engine.export(target, activities)

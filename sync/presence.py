@@ -41,8 +41,8 @@ class Presence(InstanceCore):
     async def _acts_for(self, collective_id: Any, agent_id: str) -> queries.Collective:
         """A collective the caller may write to, for an agent it may speak for: a token
         of an agent speaks for that agent only."""
-        collective = await self._writable(collective_id)
-        me = self._me()
+        collective = await self.gate.writable(collective_id)
+        me = self.gate.me()
         if me.agent is not None and not me.admin and agent_id != me.agent:
             raise Forbidden(
                 f"agent_id: {me.describe()} may speak for agent {me.agent!r} only, "
@@ -65,9 +65,9 @@ class Presence(InstanceCore):
             models.ActivityIn, collective_id=collective_id, agent_id=agent_id,
             task_description=task_description, working_on=list(working_on),
         )  # fmt: skip
-        await self._acts_for(spec.collective_id, spec.agent_id)
+        await self.gate.acts_for(spec.collective_id, spec.agent_id)
         event = ev.ActivityRegistered(
-            **self._common(), collective_id=spec.collective_id, agent_id=spec.agent_id,
+            **self.writer.common(), collective_id=spec.collective_id, agent_id=spec.agent_id,
             task_description=spec.task_description, working_on=tuple(spec.working_on),
         )  # fmt: skip
         await self._append_activity(event)
@@ -84,7 +84,7 @@ class Presence(InstanceCore):
         idempotency_key: str | None = None,
     ) -> Activity:
         """Keep an agent's activity alive (optionally changing what it works on)."""
-        collective_id = (await self._acts_for(collective_id, agent_id)).collective_id
+        collective_id = (await self.gate.acts_for(collective_id, agent_id)).collective_id
         current = await self._current_activity(collective_id, agent_id)
         if current is None:
             raise NotFoundError(
@@ -99,7 +99,7 @@ class Presence(InstanceCore):
             working_on=list(current.working_on if working_on is None else working_on),
         )  # fmt: skip
         event = ev.ActivityHeartbeat(
-            **self._common(), collective_id=spec.collective_id, agent_id=spec.agent_id,
+            **self.writer.common(), collective_id=spec.collective_id, agent_id=spec.agent_id,
             started_ms=current.started_ms, task_description=spec.task_description,
             working_on=tuple(spec.working_on),
         )  # fmt: skip
@@ -112,9 +112,9 @@ class Presence(InstanceCore):
     ) -> None:
         """The agent stopped; it leaves the active agents at once."""
         spec = validated(models.ActivityIn, collective_id=collective_id, agent_id=agent_id)
-        await self._acts_for(spec.collective_id, spec.agent_id)
+        await self.gate.acts_for(spec.collective_id, spec.agent_id)
         await self._append_activity(
-            ev.ActivityEnded(**self._common(), collective_id=spec.collective_id,
+            ev.ActivityEnded(**self.writer.common(), collective_id=spec.collective_id,
                              agent_id=spec.agent_id)
         )  # fmt: skip
 
@@ -134,7 +134,7 @@ class Presence(InstanceCore):
         so that walk does not list it twice.)"""
         models.check_page_limit(limit)
         key = models.from_cursor("active_agents", after, (int, str))
-        _, viewer = await self._readable(collective_id)
+        _, viewer = await self.gate.readable(collective_id)
         if viewer is not None and not viewer.member:
             return models.Page([])  # activities are the members' (they have no visibility)
         active = await self._active(collective_id, stale_after)
@@ -154,7 +154,7 @@ class Presence(InstanceCore):
         window = self.settings.stale_after if stale_after is None else stale_after
         if not (math.isfinite(window) and window > 0):
             raise ValidationError(f"stale_after: must be > 0 seconds, got {stale_after}")
-        cid = (await self._collective(collective_id)).collective_id
+        cid = (await self.gate.collective(collective_id)).collective_id
         now_ms = int(time.time() * 1000)
         active = [
             a for a in await self._activities(cid) if now_ms - a.last_heartbeat_ms <= window * 1000

@@ -70,7 +70,7 @@ class Tokens(InstanceCore):
         it): ``scope`` "read", "write" or "admin"; limited to some of the owner's
         ``collectives`` (none: all of them); expiring ``expires_in`` seconds from now
         (None: never). The secret is in the answer only: keep it. Admins only."""
-        self._me().need_admin("creating tokens")
+        self.gate.me().need_admin("creating tokens")
         check_text("owner_id", owner_id, NAME_MAX)
         try:
             naming.unslashed(owner_id)
@@ -86,7 +86,7 @@ class Tokens(InstanceCore):
             )
         limited = tuple(dict.fromkeys(uuid_of("collectives", c) for c in collectives))
         for cid in limited:
-            found = await self._read(queries.get_collective, cid)
+            found = await self.reads.read(queries.get_collective, cid)
             if found is None or found.owner_id != owner_id:
                 raise NotFoundError(f"collectives: no collective {cid} owned by {owner_id!r}")
         expires_ms = None
@@ -101,11 +101,11 @@ class Tokens(InstanceCore):
                     f"expires_in: must be seconds in (0, {EXPIRES_MAX_S}], got {expires_in!r}"
                 )
             expires_ms = int(time.time() * 1000 + expires_in * 1000)
-        token_id = self._new_id()
+        token_id = self.writer.new_id()
         secret = access.new_secret(token_id)
-        await self._write(
+        await self.writer.write(
             ev.TokenCreated(
-                **self._common(), token_id=token_id, owner_id=owner_id,
+                **self.writer.common(), token_id=token_id, owner_id=owner_id,
                 secret_sha256=access.secret_hash(secret), scope=scope, agent_id=agent_id,
                 collectives=limited, expires_ms=expires_ms,
             )
@@ -121,7 +121,7 @@ class Tokens(InstanceCore):
     ) -> list[Token]:
         """The tokens (of one owner, or all), by id; revoked ones only when asked.
         Admins only."""
-        self._me().need_admin("listing tokens")
+        self.gate.me().need_admin("listing tokens")
         return [
             _public(t)
             for t in self.access.tokens.values()  # (by id, as the registry holds them)
@@ -132,9 +132,9 @@ class Tokens(InstanceCore):
     async def revoke_token(self, token_id: UUID, *, idempotency_key: str | None = None) -> None:
         """Revoke a token: every host refuses it once it applied the revocation (one
         replication delay). Revoking it again is harmless. Admins only."""
-        self._me().need_admin("revoking tokens")
+        self.gate.me().need_admin("revoking tokens")
         key = uuid_of("token_id", token_id)
         if key not in self.access.tokens:  # (the registry: what this host applied)
             raise NotFoundError(f"token_id: no token {token_id}")
-        await self._write(ev.TokenRevoked(**self._common(), token_id=key))
+        await self.writer.write(ev.TokenRevoked(**self.writer.common(), token_id=key))
         await self._load_tokens()

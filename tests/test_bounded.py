@@ -205,6 +205,6 @@ async def test_deletes_leave_no_set_of_deleted_ids(
         assert memory_sets == [], f"deleted ids kept in {memory_sets}"
         with pytest.raises(Exception, match="experience_id: no experience"):
             await db.reinforce_experience(ids[0])  # (a racing write: tests/test_api.py)
-        assert db._landed_dead == {}
+        assert db.replication.landed_dead == {}
     finally:
         await db.close()
