@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 from uuid import UUID
@@ -26,7 +27,6 @@ from projections.language import detect as detect_language
 from projections.projection import Projection
 from sync import embedders, idempotency, models
 from sync.core import (
-    InstanceCore,
     as_of_read,
     check_limit,
     check_vector,
@@ -34,14 +34,37 @@ from sync.core import (
     uuid_of,
     vector_for,
 )
+from sync.following import Following
+from sync.gate import Gate
 from sync.idempotency import idempotent
 from sync.models import validated
+from sync.reading import Reader
+from sync.writer import Writer
 
 BATCH_MAX = models.BATCH_MAX
 OWN_MAX = 4096  # acknowledged totals kept (of the experiences reinforced last)
 
 
-class Collectives(InstanceCore):
+class Experiences:
+    """Collectives and their experiences (see the module docstring). ``following``
+    admits a collective this host creates (a partial host follows it first) and says
+    what the host follows."""
+
+    def __init__(self, reads: Reader, gate: Gate, writer: Writer, following: Following) -> None:
+        self.reads, self.gate, self.writer, self.following = (
+            reads,
+            gate,
+            writer,
+            following,
+        )
+        # this incarnation's acknowledged totals of the experiences it reinforced last,
+        # least recently first (at most ``OWN_MAX``; a miss reads the projection)
+        self._own: OrderedDict[UUID, int] = OrderedDict()
+        # one announcement in flight per experience (two concurrent calls must not both
+        # announce the same total); different experiences go in parallel. An entry is
+        # (lock, calls holding or waiting for it) and goes when the last of them is done.
+        self._reinforce_locks: dict[UUID, tuple[asyncio.Lock, int]] = {}
+
     @idempotent
     async def create_collective(
         self,
@@ -84,7 +107,7 @@ class Collectives(InstanceCore):
             embedders.embedder(spec.embedder, dimension)  # refuses a dimension it cannot make
         assert dimension is not None
         collective_id = self.writer.new_id()
-        await self._admit_collective(collective_id, spec.owner_id, spec.name)
+        await self.following.admit(collective_id, spec.owner_id, spec.name)
         await self.writer.write(
             ev.CollectiveCreated(
                 **self.writer.common(), collective_id=collective_id, owner_id=spec.owner_id,
@@ -155,8 +178,8 @@ class Collectives(InstanceCore):
         if not named:
             of = "" if whose is None else f" of owner {whose!r}"
             among = ""
-            if me.admin and self.scope is not None:
-                among = f" among those this host follows ({self.scope.describe()})"
+            if me.admin and self.following.scope is not None:
+                among = f" among those this host follows ({self.following.scope.describe()})"
             hint = " (another owner's: owner/name, or its id)" if ref.owner_id is None else ""
             raise NotFoundError(f"collective: no collective named {ref.name!r}{of}{among}{hint}")
         if len(named) > 1:
@@ -181,8 +204,6 @@ class Collectives(InstanceCore):
             raise NotFoundError(f"collective_id: no collective {collective_id}")
         return stats
 
-
-class Experiences(InstanceCore):
     @idempotent
     async def record_experience(
         self,
@@ -354,7 +375,7 @@ class Experiences(InstanceCore):
 
     @idempotent
     async def update_experience(
-        self, experience_id: UUID, *, idempotency_key: str | None = None, **changes: Any
+        self, /, experience_id: UUID, *, idempotency_key: str | None = None, **changes: Any
     ) -> None:
         """Change importance, confidence, domain and/or related_files (last writer wins,
         per field). Content, embedding and timestamp are immutable."""
@@ -463,7 +484,7 @@ class Experiences(InstanceCore):
         async with self._reinforcing(experience_id):
             own = self._own.get(experience_id)
             if own is None:
-                own = await self.reads.read(_own_total, experience_id, self.instance_id)
+                own = await self.reads.read(_own_total, experience_id, self.writer.instance_id)
             total = own + 1
             await self.writer.write(
                 ev.ExperienceReinforced(

@@ -3,11 +3,17 @@ on the entity's subject, so the content leaves the stream as well as every host'
 and indexes. Repeating a delete is harmless and finishes forgetting if an earlier call
 was interrupted, and a delete interrupted by a crash is finished when the instance opens
 again (``sync.owed``). (A write that lands after a concurrent delete is forgotten by the
-write path itself: ``InstanceCore._forget_if_deleted``.)"""
+write path itself: ``sync.writer.Writer``.)"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
+import json
 import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from uuid import UUID
 
 import msgspec
@@ -16,11 +22,17 @@ from eventlog import events as ev
 from eventlog import subjects
 from eventlog.codec import HDR_SCHEMA, decode_event
 from eventlog.errors import NotFoundError
-from eventlog.keys import collective_prefix
+from eventlog.keys import collective_prefix, key_name
+from eventlog.log import EventLog
 from projections import queries
-from sync.core import DELETES_OF, InstanceCore, uuid_of
+from projections.engine import Engine
+from projections.projection import Projection
+from sync.core import DELETES_OF, uuid_of
+from sync.gate import Gate
 from sync.idempotency import idempotent
 from sync.models import BATCH_MAX
+from sync.reading import Reader
+from sync.writer import Writer
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +55,24 @@ class KeysRotated(msgspec.Struct, frozen=True, kw_only=True):
     rewrapped: int
 
 
-class Forgetting(InstanceCore):
+class Forgetting:
+    """Deletes that forget, and what forgetting owes (see the module docstring).
+    ``sync``: waits until this host applied what the log holds (``compact``)."""
+
+    def __init__(
+        self,
+        reads: Reader,
+        gate: Gate,
+        writer: Writer,
+        log_: EventLog,
+        engine: Engine,
+        sync: Callable[[], Awaitable[int]],
+    ) -> None:
+        self.reads, self.gate, self.writer = reads, gate, writer
+        self.log, self.engine, self.sync = log_, engine, sync
+        self.sealer, self.owed = writer.sealer, writer.owed
+        self._owed_lock = asyncio.Lock()  # one pass over the owed purges at a time
+
     @idempotent
     async def delete_collective(
         self, collective_id: UUID, *, idempotency_key: str | None = None
@@ -85,7 +114,7 @@ class Forgetting(InstanceCore):
         await self.log.purge(f"{subjects.PREFIX}.c.{cid}.>", before_seq=seq)
         await self.log.purge(f"{subjects.PREFIX}.a.{cid}.>", before_seq=None)  # its presence
 
-    async def _finish_owed_purges(self) -> int:
+    async def finish_owed_purges(self) -> int:
         """Finish what deletes interrupted by a crash still owe (``sync.owed``): append
         the tombstone if it is not in the stream yet and purge before it, or delete the
         collective again. Runs when an instance opens; returns how many it finished.
@@ -188,3 +217,32 @@ class Forgetting(InstanceCore):
         if not ours:
             raise NotFoundError(f"{entity}_id: no {entity} {entity_id}")
         me.need_write()
+
+    async def forget_copies(self, state: Path) -> None:
+        """An edge host that opens forgets, in its own streams, what the deletes it applied
+        since it last opened forgot: those that came while it was away were applied by
+        the catch-up, before the tail's listener (``sync.replication``) runs."""
+        mark = state / "copies-forgotten.json"
+        since = 0
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            since = int(json.loads(mark.read_text())["through"])
+        through = self.engine.seq
+        keyring = self.sealer.keyring
+        for seq, entity, cid, key in await self.engine.run(Projection.deletes_since, since):
+            if entity == "collective":
+                subject = f"{subjects.PREFIX}.c.{cid}.>"
+                keys = functools.partial(keyring.destroy_copies, prefix=collective_prefix(key))
+            elif entity == "wisdom":
+                subject = subjects.wisdom_subject(key)
+                keys = functools.partial(keyring.destroy_copies, key_name(entity, key, None))
+            else:
+                assert cid is not None
+                subject = subjects.collective_subject(cid, entity, key)
+                keys = functools.partial(keyring.destroy_copies, key_name(entity, key, cid))
+            try:
+                await self.log.purge_copy(subject, before_seq=seq)
+                await keys()
+            except Exception:  # a failure leaves the mark where it was: done again next time
+                log.warning("forgetting this host's copy of %s failed", subject, exc_info=True)
+                return
+        await asyncio.to_thread(mark.write_text, json.dumps({"through": through}))

@@ -15,15 +15,23 @@ from eventlog import events as ev
 from eventlog.errors import ConflictError, NotFoundError, ValidationError
 from projections import queries
 from sync import models
-from sync.core import InstanceCore, as_of_read, uuid_of, vector_for
+from sync.core import as_of_read, uuid_of, vector_for
+from sync.gate import Gate
 from sync.idempotency import idempotent
 from sync.models import validated
+from sync.reading import Reader
+from sync.writer import Writer
 
 # relation types that may close their target, and what the target is said to be
 INVALIDATING = {"Supersedes": "superseded", "Contradicts": "contradicted"}
 
 
-class Links(InstanceCore):
+class Links:
+    """Relations and insights (see the module docstring)."""
+
+    def __init__(self, reads: Reader, gate: Gate, writer: Writer) -> None:
+        self.reads, self.gate, self.writer = reads, gate, writer
+
     # -- relations -------------------------------------------------------------------------
 
     @idempotent

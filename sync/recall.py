@@ -21,9 +21,11 @@ import numpy.typing as npt
 from eventlog.errors import ValidationError
 from projections import queries
 from sync import models
-from sync.core import InstanceCore, as_of_read, check_limit, vector_for
+from sync.core import InstanceSettings, as_of_read, check_limit, vector_for
+from sync.gate import Gate
 from sync.models import validated
 from sync.presence import Activity, Presence
+from sync.reading import Reader
 
 RRF_K = 60  # the usual Reciprocal Rank Fusion constant
 
@@ -39,7 +41,19 @@ class Context(msgspec.Struct, frozen=True, kw_only=True):
     active_agents: list[Activity]
 
 
-class Recall(Presence, InstanceCore):
+class Recall:
+    """Search and context (see the module docstring); ``presence`` says who is active."""
+
+    def __init__(
+        self, reads: Reader, gate: Gate, settings: InstanceSettings, presence: Presence
+    ) -> None:
+        self.reads, self.gate, self.settings, self.presence = (
+            reads,
+            gate,
+            settings,
+            presence,
+        )
+
     @as_of_read
     async def search_similar(
         self,
@@ -181,7 +195,7 @@ class Recall(Presence, InstanceCore):
         )  # fmt: skip
 
     async def get_context_candidates(
-        self, request: models.ContextIn | dict[str, Any] | None = None, **fields: Any
+        self, /, request: models.ContextIn | dict[str, Any] | None = None, **fields: Any
     ) -> Context:
         """Everything an agent needs before a task, in one call: experiences similar to the
         task (hybrid when there is text, by vector otherwise), the most recent ones,
@@ -216,7 +230,7 @@ class Recall(Presence, InstanceCore):
                 relations = await self.reads.read(
                     queries.relations_among, sorted(ids), queries.CONTEXT_RELATIONS_MAX, viewer
                 )
-            agents = await self.get_active_agents(cid) if spec.active_agents else []
+            agents = await self.presence.get_active_agents(cid) if spec.active_agents else []
         return Context(
             collective_id=cid, similar=similar, recent=recent, insights=insights,
             relations=relations, active_agents=agents,

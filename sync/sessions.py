@@ -32,10 +32,13 @@ from eventlog import events as ev
 from eventlog.errors import ConflictError, Forbidden, NotFoundError, ValidationError
 from projections import queries
 from sync import models
-from sync.core import InstanceCore, check_limit, check_text, uuid_of
+from sync.core import check_limit, check_text, uuid_of
+from sync.gate import Gate
 from sync.idempotency import idempotent
 from sync.models import validated
+from sync.reading import Reader
 from sync.recall import Context, Recall
+from sync.writer import Writer
 
 
 def _ended(found: queries.Session) -> ConflictError:
@@ -56,7 +59,13 @@ class ResumedSession(msgspec.Struct, frozen=True, kw_only=True):
     context_by: Literal["summary", "recent"]
 
 
-class Sessions(Recall, InstanceCore):
+class Sessions:
+    """Agents' sessions (see the module docstring); ``recall`` finds the context a
+    resumed session comes with."""
+
+    def __init__(self, reads: Reader, gate: Gate, writer: Writer, recall: Recall) -> None:
+        self.reads, self.gate, self.writer, self.recall = reads, gate, writer, recall
+
     @idempotent
     async def start_session(
         self,
@@ -215,9 +224,11 @@ class Sessions(Recall, InstanceCore):
         if found is None:
             return None
         if collective.embedder and found.summary.strip():
-            context = await self.get_context_candidates(collective_id=cid, text=found.summary, k=k)
+            context = await self.recall.get_context_candidates(
+                collective_id=cid, text=found.summary, k=k
+            )
             return ResumedSession(session=found, context=context, context_by="summary")
-        context = await self.get_context_candidates(
+        context = await self.recall.get_context_candidates(
             collective_id=cid, similar=False, recent=k, insights=0
         )
         return ResumedSession(session=found, context=context, context_by="recent")

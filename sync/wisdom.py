@@ -13,12 +13,20 @@ from eventlog.errors import Forbidden, NotFoundError, ValidationError
 from eventlog.ids import uuid7
 from projections import queries
 from sync import models
-from sync.core import InstanceCore, as_of_read, check_limit, check_text
+from sync.core import as_of_read, check_limit, check_text
+from sync.gate import Gate
 from sync.idempotency import idempotent
 from sync.models import validated
+from sync.reading import Reader
+from sync.writer import Writer
 
 
-class WisdomPart(InstanceCore):
+class Wisdom:
+    """An owner's wisdom (see the module docstring)."""
+
+    def __init__(self, reads: Reader, gate: Gate, writer: Writer) -> None:
+        self.reads, self.gate, self.writer = reads, gate, writer
+
     # -- wisdom: per owner, across collectives ---------------------------------------------
 
     @idempotent

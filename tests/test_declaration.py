@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import typing
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from eventlog import MemoryLog
 from ops.remote import RemotePulseDB, describe_api
 from ops.service import create_app
 from sync.api import OPERATIONS
-from sync.instance import PulseDB
+from sync.instance import Delegate, PulseDB
 
 # what opens, closes and copies out an instance, and what /health asks: the facade's own,
 # on no surface of the API
@@ -36,10 +37,25 @@ def test_the_declaration_is_pulsedbs_public_api() -> None:
         if not name.startswith("_")
     }
     assert public - LIFECYCLE == set(OPERATIONS)
+    # every operation is a delegate to the service implementing it, and nothing else is
+    delegates = {name for name, value in vars(PulseDB).items() if isinstance(value, Delegate)}
+    assert delegates == set(OPERATIONS)
     for name, operation in OPERATIONS.items():
         assert operation.name == name
         method = getattr(PulseDB, name)
+        assert method is vars(PulseDB)[name].method  # (the implementation itself)
         assert operation.idempotent == ("idempotency_key" in inspect.signature(method).parameters)
+        assert operation.returns == typing.get_type_hints(method)["return"]
+
+
+async def test_a_delegate_is_its_services_method(db: PulseDB) -> None:
+    """On an instance, an operation is the bound method of its service: the same
+    signature (without self), annotations and docstring."""
+    bound = db.record_experience
+    assert bound.__self__ is db.experiences  # type: ignore[attr-defined]
+    assert inspect.signature(bound) == inspect.signature(db.experiences.record_experience)
+    assert bound.__doc__ == PulseDB.record_experience.__doc__
+    assert typing.get_type_hints(bound) == typing.get_type_hints(PulseDB.record_experience)
 
 
 async def test_the_routes_and_the_remote_client_are_the_declaration(db: PulseDB) -> None:

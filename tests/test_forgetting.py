@@ -206,7 +206,8 @@ async def test_a_batch_landing_after_its_collectives_tombstone_is_forgotten_whol
             models.ExperienceIn(collective_id=cid, content=f"zebra {i}", embedding=[1, 0, 0, 0])
             for i in range(5)
         ]
-        late = [_recorded(db.writer.common(), db.writer.new_id(), spec, spec.embedding) for spec in specs]
+        writer = db.writer
+        late = [_recorded(writer.common(), writer.new_id(), spec, spec.embedding) for spec in specs]
         with pytest.raises(NotFoundError, match="was deleted .and 4 more of the batch"):
             await db.writer.write_many(late, atomic=True)  # as record_experiences does
         assert not any("zebra" in p for p in await raw_payloads(db.log))

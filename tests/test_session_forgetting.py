@@ -229,7 +229,7 @@ async def test_an_update_checked_before_the_delete_leaves_nothing_in_the_log(
     """Host b checked an update against a state without a's delete_session (a race) and
     writes it: the session's data key is destroyed, so it is refused (nothing is
     appended); were it sealed with a copy of the key, it would land after the tombstone
-    and be forgotten (``InstanceCore._forget``)."""
+    and be forgotten (``sync.writer.Writer._forget``)."""
     from eventlog import events as ev
     from eventlog.errors import NotFoundError
     from eventlog.ids import uuid7
