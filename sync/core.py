@@ -10,11 +10,9 @@ The collaborators themselves are objects of their own: replication
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -28,11 +26,6 @@ from sync.replication import DELETES
 from sync.writer import DELETES_OF
 
 __all__ = ["DELETES", "DELETES_OF", "InstanceSettings", "as_of_read", "uuid_of"]
-
-T = TypeVar("T")
-
-
-log = logging.getLogger("pulse.instance")
 
 
 @dataclass(frozen=True, slots=True)
