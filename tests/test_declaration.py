@@ -111,3 +111,13 @@ def test_the_scopes_are_the_rules() -> None:
     admins = {n for n, o in OPERATIONS.items() if o.scope == "admin"}
     assert {"create_token", "list_tokens", "revoke_token", "status", "digest"} <= admins
     assert {"dead_letters", "delete_collective", "compact", "rotate_keys"} <= admins
+
+
+async def test_health_and_the_log_head_answer_without_the_engine_or_the_log(db: PulseDB) -> None:
+    """What /health and /metrics ask of an instance, through its facade."""
+    team = await db.create_collective("ana", "team", embedder="hash")
+    await db.record_experience(team, "health is the facade's")
+    health = db.health()
+    assert health.replicating and health.failure is None and health.nats_connected
+    assert health.applied_seq == db.applied_seq == await db.last_seq() > 0
+    assert health.instance_id == db.instance_id
