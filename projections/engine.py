@@ -41,13 +41,15 @@ from uuid import UUID
 
 import duckdb
 
+from eventlog.access import Principal
 from eventlog.errors import PulseError
 from eventlog.keys import Keyring
 from eventlog.limits import check_ranges
 from eventlog.log import EventLog, LogEntry
 from eventlog.sealing import Sealer
 from eventlog.subjects import collective_filter
-from projections.analytics import SqlLimits, SqlQuery, sandbox
+from projections.analytics import SqlLimits, SqlQuery, SqlResult, run_async, sandbox
+from projections.analytics import export as export_views
 from projections.past import PastTables, sql_tables
 from projections.projection import Progress, Projection, ProjectionSettings
 from projections.snapshot import Snapshot, SnapshotStatus
@@ -359,6 +361,57 @@ class Engine:
         while (lent := await self.run(flushed_cursor)) is None:  # noqa: ASYNC110
             await asyncio.sleep(0.02)  # the rewrite stopped the queries in its way
         return lent
+
+    async def sql(
+        self,
+        query: str,
+        activities: list[Any],
+        limit: int,
+        viewer: Principal | None = None,
+        as_of: tuple[int, int | None] | None = None,
+    ) -> SqlResult:
+        """Run a read-only SQL query (the caller checked it: ``analytics.check_read_only``)
+        over the state, in the SQL sandbox with ``limits()``, returning at most ``limit``
+        rows: in a worker process over the analysts' snapshot when the engine has
+        workers, else on a cursor of its own off the engine thread. ``viewer``: the
+        principal it answers, which reads the views filtered for it (None: an admin,
+        every row); ``activities``: every live collective's activities (they are not
+        in the state); ``as_of`` (sequence, moment in ms): the state as of that moment
+        (``projections.past``). Cancelling the caller stops the query."""
+        limits = self.limits()
+        workers = self.sql_workers
+        if workers is not None:  # in a process of its own, over the snapshot
+            seq, tables = await self.pin_snapshot(as_of)
+            if as_of is not None:
+                seq = min(seq, as_of[0])
+            asked = workers.query(
+                query, activities, limit, limits, viewer, tables,
+                seq=seq if viewer is None else 0,
+            )  # fmt: skip
+            return await run_async(asked)  # cancelling the caller kills it
+        cursor, seq = await self.cursor()  # (no snapshot: here, on a cursor)
+        past = None
+        if as_of is not None:
+            at, ms = as_of
+            try:
+                past = await self.run(sql_tables, at, ms)
+            except BaseException:
+                self.returned(cursor)
+                raise
+            seq = min(seq, at)
+        run = SqlQuery(  # not an admin: the views filtered for it, in SQL
+            cursor, query, activities, limit, seq if viewer is None else 0, limits,
+            viewer=viewer, past=past, on_close=lambda: self.release(run),
+        )  # fmt: skip
+        self.track(run)  # a rewrite after a delete cancels it
+        return await run_async(run)  # cancelling the caller interrupts it
+
+    async def export(self, directory: Path, activities: list[Any]) -> dict[str, int]:
+        """Write every view of the state (every row: an admin's) as a Parquet file in
+        ``directory``, plus ``activities``, from one transaction; returns the number of
+        rows per file (``analytics.export``)."""
+        cursor, _ = await self.cursor()
+        return await asyncio.to_thread(export_views, cursor, directory, activities, self.release)
 
     def _sandbox(self, p: Projection, limits: SqlLimits) -> None:
         """Put the engine's DuckDB in the SQL sandbox (once per connection and limits):

@@ -48,7 +48,7 @@ from eventlog.keys import collective_prefix, key_name
 from eventlog.leaf import LeafLog, LeafStatus
 from eventlog.log import EventLog, StreamState
 from eventlog.subjects import collective_filter
-from projections import analytics, past, queries
+from projections import analytics, queries
 from projections.analytics import SqlResult
 from projections.engine import Engine
 from projections.projection import Projection, ProjectionSettings, state_dir
@@ -496,33 +496,7 @@ class PulseDB(
         live = {c.collective_id for c in await self._read(queries.list_collectives)}
         activities = [a for a in await self._activities(None) if a.collective_id in live]
         moment = None if as_of is None else await self._as_of_seq(as_of)
-        workers = self.engine.sql_workers
-        if workers is not None:  # in a process of its own, over the snapshot
-            seq, tables = await self.engine.pin_snapshot(moment)
-            if moment is not None:
-                seq = min(seq, moment[0])
-            asked = workers.query(
-                query, activities, limit, limits, None if me.admin else me, tables,
-                seq=seq if me.admin else 0,
-            )  # fmt: skip
-            return await analytics.run_async(asked)  # cancelling the caller kills it
-        cursor, seq = await self.engine.cursor()  # (no snapshot: here, on a cursor)
-        tables = None
-        if moment is not None:
-            at, ms = moment
-            try:
-                tables = await self.engine.run(past.sql_tables, at, ms)
-            except BaseException:
-                self.engine.returned(cursor)
-                raise
-            seq = min(seq, at)
-        run = analytics.SqlQuery(  # not an admin: the views filtered for it, in SQL
-            cursor, query, activities, limit, seq if me.admin else 0, limits,
-            viewer=None if me.admin else me, past=tables,
-            on_close=lambda: self.engine.release(run),
-        )  # fmt: skip
-        self.engine.track(run)  # a rewrite after a delete cancels it
-        return await analytics.run_async(run)  # cancelling the caller interrupts it
+        return await self.engine.sql(query, activities, limit, None if me.admin else me, moment)
 
     async def export(self, directory: str | os.PathLike[str]) -> dict[str, int]:
         """Write every view of ``sql`` as a Parquet file in ``directory`` (plus the
@@ -534,6 +508,4 @@ class PulseDB(
         activities = []
         for c in await self._read(queries.list_collectives):  # every one: no pages here
             activities.extend(await self._active(c.collective_id, stale_after=1e9))
-        cursor, _ = await self.engine.cursor()
-        release = self.engine.release
-        return await asyncio.to_thread(analytics.export, cursor, target, activities, release)
+        return await self.engine.export(target, activities)
