@@ -831,6 +831,16 @@ class Engine:
         return projection.scrub(copy)
 
 
+def sql_of_projection(p: Projection, query: str, limit: int, as_of: int | None = None) -> SqlResult:
+    """A SQL query over a projection that no engine runs (tools and benchmarks that hold
+    a bare ``Projection``), on the calling thread, with every row (an admin's), as of
+    sequence ``as_of`` (None: now). An engine's queries go through ``Engine.sql``."""
+    tables = None if as_of is None else sql_tables(p, as_of)
+    cursor = p.store.con.cursor()
+    cursor.begin()
+    return SqlQuery(cursor, query, [], limit, p.seq, SqlLimits(), past=tables).run()
+
+
 def _scrub_when_free(projection: Projection, engine: Engine) -> dict[str, float] | None:
     if engine.lent > 0:  # a cursor handed out since the loop looked (an export): wait
         return None

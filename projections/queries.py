@@ -16,7 +16,7 @@ from uuid import UUID
 import msgspec
 
 from eventlog import events as ev
-from eventlog.access import Principal, TokenInfo, Viewer, visibility_code
+from eventlog.access import DEFAULT_VISIBILITY, Principal, TokenInfo, Viewer, visibility_code
 from eventlog.languages import ENGLISH
 from projections.fold import CollectiveRow, ExperienceRow, InsightRow, RelationRow, SessionRow
 
@@ -263,7 +263,7 @@ def _experience(p: Projection, row: ExperienceRow) -> Experience:
         archived=row.archived,
         applications=applications,
         last_reinforced_ms=None if last_hlc is None else ev.hlc_millis(last_hlc),
-        visibility=row.visibility or "team",
+        visibility=row.visibility or DEFAULT_VISIBILITY,
         author_owner=row.author_owner,
         author_agent=row.author_agent,
         valid_from_ms=valid_from(row),
@@ -752,7 +752,7 @@ def _relation(row: RelationRow) -> Relation:
         relation_id=row.relation_id, collective_id=row.collective_id,  # type: ignore[arg-type]
         source_id=row.source_id, target_id=row.target_id,  # type: ignore[arg-type]
         relation_type=row.relation_type or "", strength=row.strength or 0.0,
-        metadata=row.metadata, visibility=row.visibility or "team",
+        metadata=row.metadata, visibility=row.visibility or DEFAULT_VISIBILITY,
         author_owner=row.author_owner, author_agent=row.author_agent,
     )  # fmt: skip
 
@@ -825,7 +825,7 @@ def _insight(p: Projection, row: InsightRow, viewer: Viewer | None = None) -> In
         content=row.content or "", embedding=bytes(row.embedding or b""),
         source_experiences=sources,
         confidence=row.confidence or 0.0, domain=tuple(row.domain or ()),
-        visibility=row.visibility or "team", author_owner=row.author_owner,
+        visibility=row.visibility or DEFAULT_VISIBILITY, author_owner=row.author_owner,
         author_agent=row.author_agent,
     )  # fmt: skip
 
@@ -1231,7 +1231,7 @@ def wisdom_of(p: Projection, owner_id: str, principal: Principal | None = None) 
             source_experience_count=int(r.source_experience_count or 0),
             applicable_domains=tuple(r.applicable_domains or ()),
             created_ms=ev.hlc_millis(r.created_hlc or 0),
-            visibility=r.visibility or "team",
+            visibility=r.visibility or DEFAULT_VISIBILITY,
             author_owner=r.author_owner,
             author_agent=r.author_agent,
         )  # fmt: skip

@@ -50,6 +50,7 @@ from uuid import UUID
 
 import tantivy
 
+from eventlog.access import DEFAULT_VISIBILITY
 from projections import language as lang
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ def _fields(document: Document) -> dict[str, Any]:
         "id": str(doc_id),
         "collective": str(collective_id),
         "kind": kind,
-        "visibility": visibility or "team",  # (rows from before visibility: team)
+        "visibility": visibility or DEFAULT_VISIBILITY,  # (rows from before visibility)
         "author": author_term(owner, agent),
         "order": _signed(doc_id.int & (2**64 - 1)),
         "high": _signed(doc_id.int >> 64),
