@@ -1,5 +1,7 @@
 """Pulse's write side: event types, their wire codec, and the event log (JetStream and
-in-memory backends behind one interface), plus the embedded nats-server.
+in-memory backends behind one interface), plus the embedded nats-server; and who may
+see what (``eventlog.access``: principals and the rule of "visible to"), below every
+layer that filters by it.
 
 The errors come with the package; the other names are imported on first use (PEP 562),
 so that a light module of it (``eventlog.errors``, ``eventlog.events``) does not bring

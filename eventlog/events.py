@@ -80,7 +80,7 @@ Severity: TypeAlias = Literal["Low", "Medium", "High", "Critical"]
 RelationType: TypeAlias = Literal[
     "Supports", "Contradicts", "Elaborates", "Supersedes", "Implies", "RelatedTo"
 ]
-Visibility: TypeAlias = Literal["private", "team", "org"]  # who may see an entity (sync.access)
+Visibility: TypeAlias = Literal["private", "team", "org"]  # who may see it (eventlog.access)
 TokenScope: TypeAlias = Literal["read", "write", "admin"]
 WisdomCategory: TypeAlias = Literal[
     "CodingStyle",
@@ -196,7 +196,7 @@ class ExperienceRecorded(EventBase, frozen=True, tag="experience.recorded"):
     domain: tuple[str, ...] = ()
     related_files: tuple[str, ...] = ()
     source_task: str | None = None
-    visibility: Visibility = "team"  # fixed by the create (sync.access)
+    visibility: Visibility = "team"  # fixed by the create (eventlog.access)
     # when it became true (Unix ms); None: when it was recorded (the HLC's time)
     valid_from_ms: int | None = None
 
@@ -263,7 +263,7 @@ class RelationStored(EventBase, frozen=True, tag="relation.stored"):
     relation_type: RelationType
     strength: float
     metadata: str | None = None
-    visibility: Visibility = "team"  # fixed by the create (sync.access)
+    visibility: Visibility = "team"  # fixed by the create (eventlog.access)
 
 
 class RelationDeleted(EventBase, frozen=True, tag="relation.deleted"):
@@ -279,7 +279,7 @@ class InsightStored(EventBase, frozen=True, tag="insight.stored"):
     source_experiences: tuple[UUID, ...]
     confidence: float
     domain: tuple[str, ...] = ()
-    visibility: Visibility = "team"  # fixed by the create (sync.access)
+    visibility: Visibility = "team"  # fixed by the create (eventlog.access)
 
     def __post_init__(self) -> None:
         _check_vector_bytes("embedding", self.embedding)
@@ -327,7 +327,7 @@ class WisdomStored(EventBase, frozen=True, tag="wisdom.stored"):
     source_collectives: tuple[UUID, ...] = ()
     source_experience_count: int = 0
     applicable_domains: tuple[str, ...] = ()
-    visibility: Visibility = "team"  # fixed by the create (sync.access)
+    visibility: Visibility = "team"  # fixed by the create (eventlog.access)
 
     def __post_init__(self) -> None:
         _check_vector_bytes("embedding", self.embedding)

@@ -688,7 +688,7 @@ async def _pull(
     decode: Callable[[Msg, int, int], Any] = _decode,
 ) -> AsyncGenerator[list[Any], None]:
     """Batches of entries from an ephemeral pull consumer, recreated after any stall
-    (``decode`` makes each message an entry: ``eventlog.reader`` passes its own)."""
+    (``decode`` makes each message an entry: ``eventlog.reader_child`` passes its own)."""
     if from_seq < 1:
         raise ValidationError(f"from_seq: must be >= 1, got {from_seq}")
     nc = owner.nc

@@ -2,7 +2,7 @@
 
 Reading through nats-py costs about as much Python time per message as folding it, and
 one process runs Python on one core at a time. For a long read, a child process
-(``python -m eventlog.reader``) does the NATS side and the checking half of decoding
+(``python -m eventlog.reader_child``) does the NATS side and the checking half of decoding
 (``codec.decode_event``: types, value ranges, subject), and hands over frames of
 checked bodies; this process only turns them back into events (a plain msgpack decode)
 and folds them, so the two halves run on two cores. What the child found unreadable
@@ -21,23 +21,22 @@ import json
 import struct
 import sys
 from collections.abc import AsyncGenerator, Sequence
-from typing import Any
 from uuid import UUID
 
 import msgspec
-from nats.aio.msg import Msg
 
-from eventlog.codec import HDR_SCHEMA, SCHEMA_VERSION, decode_event, encode_body
+from eventlog.codec import SCHEMA_VERSION
 from eventlog.errors import DecodeError, LogUnavailable
 from eventlog.events import Event
 from eventlog.log import LogEntry
 
-_LENGTH = struct.Struct("<I")
-_Item = tuple[int, str, bytes | None, str | None, str | None]
-_frames = msgspec.msgpack.Encoder()
-_frame_decoder = msgspec.msgpack.Decoder(list[_Item])
+# a frame (the child, ``eventlog.reader_child``, writes them): its length, then its items
+LENGTH = struct.Struct("<I")
+Item = tuple[int, str, bytes | None, str | None, str | None]
+FRAMES = msgspec.msgpack.Encoder()
+_frame_decoder = msgspec.msgpack.Decoder(list[Item])
 _checked = msgspec.msgpack.Decoder(Event)  # bodies the child has already checked
-_CURRENT = str(SCHEMA_VERSION)
+CURRENT_SCHEMA = str(SCHEMA_VERSION)  # the version of every body in a frame
 
 
 def ack_position(reply: str) -> tuple[int, int, int]:
@@ -50,20 +49,7 @@ def ack_position(reply: str) -> tuple[int, int, int]:
     return int(tokens[7]), int(tokens[10]), int(tokens[9]) // 1_000_000
 
 
-def _verdict(msg: Msg, seq: int, stored_ms: int) -> _Item:
-    """One message as the child hands it over: checked, or refused with the reason."""
-    try:
-        event = decode_event(
-            msg.data, msg.headers, subject=msg.subject, seq=seq, stored_ms=stored_ms
-        )
-    except DecodeError as exc:
-        writer = getattr(exc, "instance_id", None)
-        return (seq, msg.subject, None, exc.reason, str(writer) if writer else None)
-    current = (msg.headers or {}).get(HDR_SCHEMA) == _CURRENT
-    return (seq, msg.subject, msg.data if current else encode_body(event), None, None)
-
-
-def _entry(item: _Item) -> LogEntry:
+def _entry(item: Item) -> LogEntry:
     seq, subject, body, reason, writer = item
     if body is not None:
         return LogEntry(seq, subject, _checked.decode(body))
@@ -94,7 +80,7 @@ async def read_in_child(
         "batch_size": batch_size, "credentials": credentials, "tls_ca": tls_ca,
     }  # fmt: skip
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "eventlog.reader",
+        sys.executable, "-m", "eventlog.reader_child",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, limit=2**26,
     )  # fmt: skip
@@ -105,12 +91,12 @@ async def read_in_child(
     try:
         while True:
             try:
-                head = await child.stdout.readexactly(_LENGTH.size)
+                head = await child.stdout.readexactly(LENGTH.size)
             except asyncio.IncompleteReadError as exc:
                 if exc.partial:
                     raise LogUnavailable("the log reader process stopped mid-frame") from None
                 break
-            frame = await child.stdout.readexactly(_LENGTH.unpack(head)[0])
+            frame = await child.stdout.readexactly(LENGTH.unpack(head)[0])
             yield [_entry(item) for item in _frame_decoder.decode(frame)]
         code = await child.wait()
         if code != 0:
@@ -124,31 +110,3 @@ async def read_in_child(
                 child.kill()
             await child.wait()
         errors.cancel()
-
-
-async def _serve(spec: dict[str, Any]) -> None:
-    from eventlog.jetstream import JetStreamLog, _pull
-
-    log = await JetStreamLog.connect(
-        spec["servers"], create_streams=False, update_streams=False, name="pulse-reader",
-        credentials=spec.get("credentials"), tls_ca=spec.get("tls_ca"),
-    )  # fmt: skip
-    out = sys.stdout.buffer
-    try:
-        async for items in _pull(
-            log, spec["stream"], spec["from_seq"], None, spec["batch_size"], live=False,
-            end_seq=spec["end_seq"], decode=_verdict,
-        ):  # fmt: skip
-            data = _frames.encode(items)
-            out.write(_LENGTH.pack(len(data)))
-            out.write(data)
-            out.flush()
-    finally:
-        await log.close()
-
-
-if __name__ == "__main__":
-    try:
-        asyncio.run(_serve(json.loads(sys.stdin.readline())))
-    except BrokenPipeError:  # the reading side went away: nothing left to do
-        sys.exit(1)

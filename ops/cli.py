@@ -553,7 +553,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     import asyncio
 
     from ops.connect import open_log
-    from projections.projection import ProjectionSettings, rebuild
+    from projections.projection import ProjectionSettings
+    from projections.rebuild import rebuild
     from projections.store import StateInUse
 
     async def run() -> int:

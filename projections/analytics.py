@@ -64,8 +64,8 @@ limit (``SqlLimits``, from ``$PULSE_SQL_*``). Where it is enforced, and why ther
   IEEE values in ``SqlResult`` and in Arrow and Parquet; the service's JSON writes them
   as null (``SqlResult``).
 
-A principal that may not see every row (a ``sync.access.Principal`` without the admin scope,
-``sync.access``) reads the same view names, each holding what it may see. How, and why
+A principal that may not see every row (an ``eventlog.access.Principal`` without the admin
+scope) reads the same view names, each holding what it may see. How, and why
 no query gets around them:
 
 - Its query (checked as above too) may name nothing but the views of ``FILTERED_VIEWS``
@@ -83,7 +83,7 @@ no query gets around them:
   connection's temporary objects before the database's, the temporary catalog is the
   connection's alone (an admin's query at the same moment reads the state's views), and
   the rollback that ends every query drops them. Each selects from the state's view of
-  that name (catalog-qualified) the rows the rules of ``sync.access`` let the principal
+  that name (catalog-qualified) the rows the rules of ``eventlog.access`` let the principal
   see, computed in SQL against a one-row table of its owner, agent and token collectives
   filled by parameters (free text is never spliced into SQL). A filtered view the query
   does not name holds no rows. So every row a query reads went through a filter, and a
@@ -114,6 +114,14 @@ import duckdb
 import msgspec
 import numpy as np
 
+from eventlog.access import (
+    PRINCIPAL_SQL,
+    Principal,
+    member_sql,
+    principal_parameters,
+    visible_sql,
+    wisdom_member_sql,
+)
 from eventlog.errors import (
     Forbidden,
     PulseError,
@@ -125,9 +133,8 @@ from eventlog.errors import (
     ValidationError,
 )
 
-if TYPE_CHECKING:  # (sync imports this module: no import back at run time)
+if TYPE_CHECKING:
     from projections.past import PastTables
-    from sync.access import Principal
 
 VIEWS = ("collectives", "experiences", "applications", "relations", "insights",
          "insight_sources", "wisdom", "dead_letters", "tokens", "audit", "history",
@@ -444,11 +451,9 @@ _ME = "temp.main.pulse_principal p"
 
 
 def _sees(t: str) -> str:
-    """The rule of ``sync.access`` for a row ``t`` of a collective."""
-    return (
-        f"({t}.visibility = 'org' OR ({t}.collective_id IN "
-        f"(SELECT collective_id FROM temp.main.pulse_members) AND ({t}.visibility <> 'private' "
-        f"OR ({t}.author_owner = p.owner AND {t}.author_agent IS NOT DISTINCT FROM p.agent))))"
+    """Whether ``p`` may see the row ``t`` of a collective (``eventlog.access``)."""
+    return visible_sql(
+        t, f"{t}.collective_id IN (SELECT collective_id FROM temp.main.pulse_members)"
     )
 
 
@@ -502,9 +507,7 @@ FILTERED_VIEWS: dict[str, str] = {
         "AND s.experience_id IN (SELECT experience_id FROM temp.main.experiences)"
     ),
     "wisdom": (  # no collective: "team" is every principal of its owner
-        f"SELECT w.* FROM {{src}}wisdom w, {_ME} WHERE w.visibility = 'org' OR "
-        "(w.owner_id = p.owner AND (w.visibility <> 'private' OR (w.author_owner = p.owner "
-        "AND w.author_agent IS NOT DISTINCT FROM p.agent)))"
+        f"SELECT w.* FROM {{src}}wisdom w, {_ME} WHERE {visible_sql('w', wisdom_member_sql('w'))}"
     ),
     "collectives": (  # its own, and those where it sees something
         "SELECT c.* FROM {src}collectives c "
@@ -576,16 +579,12 @@ def restrict(
     ``activities``. ``src``: the prefix of the views it filters (the state's own by
     default; ``past_views``' for a query as of a moment)."""
     src = src or _state_schema(cursor)
-    limited = None if viewer.collectives is None else sorted(str(c) for c in viewer.collectives)
     cursor.execute(  # parameters: owner and agent are free text
-        "CREATE TEMP TABLE pulse_principal AS "
-        "SELECT ?::VARCHAR AS owner, ?::VARCHAR AS agent, ?::UUID[] AS collectives",
-        [viewer.owner, viewer.agent, limited],
+        f"CREATE TEMP TABLE pulse_principal AS {PRINCIPAL_SQL}", principal_parameters(viewer)
     )
     cursor.execute(  # the collectives it is a member of
         f"CREATE TEMP TABLE pulse_members AS SELECT c.collective_id FROM {src}collectives c, "
-        f"{_ME} WHERE c.owner_id = p.owner "
-        "AND (p.collectives IS NULL OR list_contains(p.collectives, c.collective_id))"
+        f"{_ME} WHERE {member_sql('c')}"
     )
     needed = _needs(names)
     if "activities" in needed:

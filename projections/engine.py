@@ -41,6 +41,7 @@ from uuid import UUID
 
 import duckdb
 
+from eventlog.access import Principal
 from eventlog.errors import PulseError
 from eventlog.keys import Keyring
 from eventlog.limits import check_ranges
@@ -827,6 +828,16 @@ class Engine:
                 snapshot.drop()
 
         return projection.scrub(copy)
+
+
+def sql_of_projection(p: Projection, query: str, limit: int, as_of: int | None = None) -> SqlResult:
+    """A SQL query over a projection that no engine runs (tools and benchmarks that hold
+    a bare ``Projection``), on the calling thread, with every row (an admin's), as of
+    sequence ``as_of`` (None: now). An engine's queries go through ``Engine.sql``."""
+    tables = None if as_of is None else sql_tables(p, as_of)
+    cursor = p.store.con.cursor()
+    cursor.begin()
+    return SqlQuery(cursor, query, [], limit, p.seq, SqlLimits(), past=tables).run()
 
 
 def _scrub_when_free(projection: Projection, engine: Engine) -> dict[str, float] | None:

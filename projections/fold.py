@@ -273,7 +273,7 @@ class ExperienceRow(Placed):
     archived: bool = False
     archived_stamp: Stamp = NO_STAMP
     deleted: bool = False
-    visibility: str | None = None  # "private", "team" or "org" (sync.access)
+    visibility: str | None = None  # "private", "team" or "org" (eventlog.access)
     author_owner: str | None = None  # the principal that created it
     author_agent: str | None = None
     create_seq: int | None = None  # the stream sequence of its first create (see Placed)
@@ -323,7 +323,7 @@ class RelationRow(Placed):
     metadata: str | None = None
     created_hlc: int | None = None
     deleted: bool = False
-    visibility: str | None = None  # "private", "team" or "org" (sync.access)
+    visibility: str | None = None  # "private", "team" or "org" (eventlog.access)
     author_owner: str | None = None  # the principal that created it
     author_agent: str | None = None
     create_seq: int | None = None  # the stream sequence of its first create (see Placed)
@@ -349,7 +349,7 @@ class InsightRow(Placed):
     domain: tuple[str, ...] | None = None
     created_hlc: int | None = None
     deleted: bool = False
-    visibility: str | None = None  # "private", "team" or "org" (sync.access)
+    visibility: str | None = None  # "private", "team" or "org" (eventlog.access)
     author_owner: str | None = None  # the principal that created it
     author_agent: str | None = None
     create_seq: int | None = None  # the stream sequence of its first create (see Placed)
@@ -378,7 +378,7 @@ class WisdomRow(Row):
     applicable_domains: tuple[str, ...] | None = None
     created_hlc: int | None = None
     deleted: bool = False
-    visibility: str | None = None  # "private", "team" or "org" (sync.access)
+    visibility: str | None = None  # "private", "team" or "org" (eventlog.access)
     author_owner: str | None = None  # the principal that created it
     author_agent: str | None = None
 

@@ -5,7 +5,7 @@ of its principal's owner), so another owner who takes the same name can neither 
 the caller's (make it ambiguous) nor stand in for it (be found while the caller has none
 of that name yet, so that an agent writes to, or recalls from, a collective someone else
 planted). Another owner's collective is named ``owner/name`` or by its id; it is found
-only if the caller may see something of it (``sync.access``), as with an id.
+only if the caller may see something of it (``eventlog.access``), as with an id.
 
 An admin token belongs to an owner like any other token: its bare names are that
 owner's collectives, and it names any other owner's as ``owner/name`` (it sees them all).

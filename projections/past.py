@@ -178,27 +178,6 @@ class Past:
     def sync_indexes(self) -> None:
         self.base.sync_indexes()
 
-    def columns(self, collective_id: UUID) -> Any:
-        """A collective's filter columns as of then: the present ones (``queries``), with
-        the rows of the experiences changed since set to what they were."""
-        from projections import queries
-
-        key = ("filter columns", collective_id)
-        found = self.caches.get(key)
-        if found is None:
-            found = self.caches[key] = queries._columns(self.base, collective_id).copy()
-            rows = []
-            for experience_id in self.changed_experiences:
-                at = found.index_of.get(experience_id)
-                if at is not None:
-                    found.alive[at] = False
-                row = self.memory.live_experience(experience_id)
-                if row is not None and row.collective_id == collective_id:
-                    rows.append(row)
-            found.append(self, rows)
-            found.earliest_end = None
-        return found
-
 
 def past(p: Projection, as_of: int) -> Projection | Past:
     """The projection as of a stream sequence (itself when nothing was applied since).

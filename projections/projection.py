@@ -32,10 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
-import fcntl
 import logging
-import os
 import shutil
 import threading
 import time
@@ -51,7 +48,7 @@ import numpy as np
 from eventlog import codec
 from eventlog import events as ev
 from eventlog.ids import uuid7
-from eventlog.log import EventLog, LogEntry
+from eventlog.log import LogEntry
 from eventlog.sealing import KEY_MISSING
 from projections.fold import (
     ROW_TYPES,
@@ -63,9 +60,8 @@ from projections.fold import (
     row_of,
 )
 from projections.schema import MISPLACED
-from projections.scope import Scope
 from projections.state import Audited, MemoryState, Rejected, Touched
-from projections.store import StateInUse, Store
+from projections.store import Store, holding_file
 from projections.text import Document, TextIndex
 from projections.vectors import ExactVectors, VectorIndex, read_manifest, write_manifest
 
@@ -744,11 +740,26 @@ def _fits_store(row: object) -> None:
         raise ValueError(f"embedding_dimension: must be in 1..4096, got {dim}")
 
 
-# -- the state directory of a data directory, swapped atomically by rebuild -------------------
+# -- the state directory of a data directory, swapped atomically by projections.rebuild ---
 
 
 def state_link(data_dir: Path) -> Path:
     return Path(data_dir) / "state"
+
+
+@contextlib.contextmanager
+def holding_state(data_dir: str | Path, doing: str) -> Iterator[None]:
+    """Hold the current state of a data directory while the block runs, for ``doing``
+    (a command, e.g. ``rebuild``): refused (StateInUse) while another process has it
+    open, and kept from any other until the block ends (``store.holding_file``). A
+    data directory without a state has nothing to hold."""
+    link = state_link(Path(data_dir))
+    database = link.resolve() / "state.duckdb" if link.exists() else None
+    if database is None or not database.exists():
+        yield
+        return
+    with holding_file(database, doing):
+        yield
 
 
 def state_dir(data_dir: str | Path) -> Path:
@@ -757,14 +768,14 @@ def state_dir(data_dir: str | Path) -> Path:
     link = state_link(data_dir)
     if not link.exists():
         data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _point(link, _fresh_dir(data_dir))
+        point_state(link, fresh_state_dir(data_dir))
     found = link.resolve()
     if found.stat().st_mode & 0o077:  # made by a version that left it open to others
         found.chmod(0o700)
     return found
 
 
-def _fresh_dir(data_dir: Path) -> Path:
+def fresh_state_dir(data_dir: Path) -> Path:
     """A new state directory, readable by its owner only: it holds every memory in
     clear (DuckDB, the vector files, the full-text index)."""
     target = data_dir / f"state-{uuid7()}"
@@ -772,82 +783,13 @@ def _fresh_dir(data_dir: Path) -> Path:
     return target
 
 
-def _point(link: Path, target: Path) -> None:
+def point_state(link: Path, target: Path) -> None:
     """Make ``link`` point at ``target`` in one atomic rename."""
     tmp = link.with_name(link.name + ".swap")
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
     tmp.symlink_to(target.name)
     tmp.replace(link)
-
-
-async def rebuild(
-    data_dir: str | Path,
-    log: EventLog,
-    *,
-    settings: ProjectionSettings | None = None,
-    progress: Progress | None = None,
-) -> tuple[Path, str]:
-    """Replay the whole log into a fresh state directory, then swap it in atomically.
-
-    The current state is untouched until the swap; afterwards it is removed, and so is
-    what an earlier rebuild that was killed left behind. Returns the new directory and
-    its digest. Nothing may have the current state open (``pulse rebuild`` checks).
-    """
-    data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    with _exclusive(data_dir / "rebuild.lock"):
-        return await _rebuild(data_dir, log, settings, progress)
-
-
-@contextlib.contextmanager
-def _exclusive(path: Path) -> Iterator[None]:
-    """One rebuild at a time per data directory (a second one refuses at once)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise StateInUse(f"another rebuild of {path.parent} is running") from None
-        yield
-    finally:
-        os.close(fd)
-
-
-async def _rebuild(
-    data_dir: Path, log: EventLog, settings: ProjectionSettings | None, progress: Progress | None
-) -> tuple[Path, str]:
-    from projections.engine import Engine  # the engine owns the fresh projection
-
-    link = state_link(data_dir)
-    old = link.resolve() if link.exists() else None
-    for orphan in list(data_dir.glob("state-*")):  # noqa: ASYNC240 (a few names) -- left by a rebuild that was killed
-        if orphan != old and orphan.is_dir():
-            shutil.rmtree(orphan, ignore_errors=True)
-    target = _fresh_dir(data_dir)
-    try:
-        # a host that follows some collectives rebuilds those (projections.scope)
-        scope = Scope.load(old) if old is not None else None
-        if scope is not None:
-            scope.collectives = dict.fromkeys(scope.collectives, 0)
-            scope.save(target)
-        # (no analysts' snapshot while it is built: the instance that opens it makes one)
-        quiet = dataclasses.replace(settings or ProjectionSettings(), snapshot_interval=None)
-        engine = await Engine.start(target, quiet)
-        try:
-            await engine.catch_up(
-                log, progress=progress, subjects=None if scope is None else scope.filters()
-            )
-            digest = await engine.digest()
-        finally:
-            await engine.close()
-    except BaseException:
-        shutil.rmtree(target, ignore_errors=True)
-        raise
-    _point(link, target)
-    if old is not None and old != target:
-        shutil.rmtree(old, ignore_errors=True)
-    return target, digest
 
 
 def _audited(seq: int, event: ev.Event) -> Audited:

@@ -16,9 +16,9 @@ from uuid import UUID
 import msgspec
 
 from eventlog import events as ev
+from eventlog.access import DEFAULT_VISIBILITY, Principal, TokenInfo, Viewer, visibility_code
 from eventlog.languages import ENGLISH
 from projections.fold import CollectiveRow, ExperienceRow, InsightRow, RelationRow, SessionRow
-from sync.access import Principal, TokenInfo, Viewer
 
 if TYPE_CHECKING:  # (the result types come without numpy or the engines: see ops.remote)
     import numpy as np
@@ -37,7 +37,7 @@ class ExperienceFilter(msgspec.Struct, frozen=True, kw_only=True):
     min_confidence: float | None = None
     since_ms: int | None = None  # recorded at or after (Unix ms)
     include_archived: bool = False
-    viewer: Viewer | None = None  # what the caller may see (sync.access); None: all
+    viewer: Viewer | None = None  # what the caller may see (eventlog.access); None: all
     # validity: by default only what is still true now (not invalidated, or invalidated
     # with a time still ahead); ``include_invalid`` takes everything; ``valid_at_ms`` what
     # was true at that moment (valid_from <= valid_at < valid_to)
@@ -91,7 +91,7 @@ class Experience(msgspec.Struct, frozen=True, kw_only=True):
     archived: bool
     applications: int
     last_reinforced_ms: int | None
-    visibility: str = "team"  # private, team or org (sync.access)
+    visibility: str = "team"  # private, team or org (eventlog.access)
     author_owner: str | None = None  # the principal that created it
     author_agent: str | None = None
     valid_from_ms: int = 0  # when it became true (its recording time unless told)
@@ -146,7 +146,7 @@ class Relation(msgspec.Struct, frozen=True, kw_only=True):
     relation_type: str
     strength: float
     metadata: str | None
-    visibility: str = "team"  # private, team or org (sync.access)
+    visibility: str = "team"  # private, team or org (eventlog.access)
     author_owner: str | None = None  # the principal that created it
     author_agent: str | None = None
 
@@ -164,7 +164,7 @@ class Insight(msgspec.Struct, frozen=True, kw_only=True):
     source_experiences: tuple[UUID, ...]
     confidence: float
     domain: tuple[str, ...]
-    visibility: str = "team"  # private, team or org (sync.access)
+    visibility: str = "team"  # private, team or org (eventlog.access)
     author_owner: str | None = None  # the principal that created it
     author_agent: str | None = None
 
@@ -195,7 +195,7 @@ class Wisdom(msgspec.Struct, frozen=True, kw_only=True):
     source_experience_count: int
     applicable_domains: tuple[str, ...]
     created_ms: int
-    visibility: str = "team"  # private, team or org (sync.access)
+    visibility: str = "team"  # private, team or org (eventlog.access)
     author_owner: str | None = None  # the principal that created it
     author_agent: str | None = None
 
@@ -263,7 +263,7 @@ def _experience(p: Projection, row: ExperienceRow) -> Experience:
         archived=row.archived,
         applications=applications,
         last_reinforced_ms=None if last_hlc is None else ev.hlc_millis(last_hlc),
-        visibility=row.visibility or "team",
+        visibility=row.visibility or DEFAULT_VISIBILITY,
         author_owner=row.author_owner,
         author_agent=row.author_agent,
         valid_from_ms=valid_from(row),
@@ -371,7 +371,7 @@ class _Columns:
         self.created_ms = np.zeros(0, dtype=np.int64)
         self.archived = np.zeros(0, dtype=bool)
         self.types = np.zeros(0, dtype=object)
-        self.visibility = np.zeros(0, dtype=np.int8)  # VISIBILITY_CODE
+        self.visibility = np.zeros(0, dtype=np.int8)  # eventlog.access.visibility_code
         # the author of each row as a small number (``authors``): compared as ints, a
         # 100,000-row filter by author is a vector operation, not 100,000 string compares
         self.author = np.zeros(0, dtype=np.int32)
@@ -443,7 +443,7 @@ class _Columns:
         self.archived = grown(self.archived, [r.archived for r in rows], bool)
         self.types = grown(self.types, [r.experience_type or "" for r in rows], object)
         self.visibility = grown(
-            self.visibility, [VISIBILITY_CODE.get(r.visibility or "team", 1) for r in rows], np.int8
+            self.visibility, [visibility_code(r.visibility) for r in rows], np.int8
         )
         codes = self.authors
         self.author = grown(
@@ -478,17 +478,17 @@ class _Columns:
             return False
         if not viewer.member:
             return True
-        private = self.alive & (self.visibility == 0)
-        return bool(np.any(private & (self.author != self._code(viewer))))
+        return bool(np.any(self.alive & ~self.visible(viewer)))
 
-    def _code(self, viewer: Viewer) -> int:
-        """The viewer's author number (-1, matching no row, when it wrote none here)."""
-        return self.authors.get((viewer.owner, viewer.agent), -1)
+    def visible(self, viewer: Viewer) -> npt.NDArray[np.bool_]:
+        """Which rows ``viewer`` may see (``Viewer.mask``, the numpy form of the rule)."""
+        return viewer.mask(self.visibility, self.author, self.authors)
 
-    def any_org(self) -> bool:
+    def shows(self, viewer: Viewer) -> bool:
+        """Whether ``viewer`` may see a live row."""
         import numpy as np
 
-        return bool(np.any(self.alive & (self.visibility == 2)))
+        return bool(np.any(self.alive & self.visible(viewer)))
 
     def _valid(self, validity: tuple[int, bool] | None) -> npt.NDArray[np.bool_] | None:
         if validity is None:
@@ -519,12 +519,8 @@ class _Columns:
         import numpy as np
 
         keep = self.alive.copy() if flt.include_archived else self.alive & ~self.archived
-        viewer = flt.viewer
-        if viewer is not None:
-            if viewer.member:
-                keep &= (self.visibility != 0) | (self.author == self._code(viewer))
-            else:
-                keep &= self.visibility == 2
+        if flt.viewer is not None:
+            keep &= self.visible(flt.viewer)
         valid = self._valid(flt.validity())
         if valid is not None:
             keep &= valid
@@ -545,7 +541,6 @@ class _Columns:
         return selected
 
 
-VISIBILITY_CODE = {"private": 0, "team": 1, "org": 2}  # None (rows from before): team
 NO_END = 2**63 - 1  # the valid_to of what is still true (the largest int64)
 
 
@@ -553,14 +548,33 @@ def _columns(p: Projection | Past, collective_id: UUID) -> _Columns:
     from projections.past import Past
 
     if isinstance(p, Past):
-        found: _Columns = p.columns(collective_id)
-        return found
+        return _past_columns(p, collective_id)
     key = ("filter columns", collective_id)
     columns: _Columns | None = p.caches.get(key)
     if columns is None:
         columns = p.caches[key] = _Columns()
     columns.refresh(p, collective_id)
     return columns
+
+
+def _past_columns(p: Past, collective_id: UUID) -> _Columns:
+    """A collective's filter columns as of a past moment: the present ones, with the rows
+    of the experiences changed since set to what they were (kept with the past)."""
+    key = ("filter columns", collective_id)
+    found: _Columns | None = p.caches.get(key)
+    if found is None:
+        found = p.caches[key] = _columns(p.base, collective_id).copy()
+        rows = []
+        for experience_id in p.changed_experiences:
+            at = found.index_of.get(experience_id)
+            if at is not None:
+                found.alive[at] = False
+            row = p.memory.live_experience(experience_id)
+            if row is not None and row.collective_id == collective_id:
+                rows.append(row)
+        found.append(p, rows)
+        found.earliest_end = None
+    return found
 
 
 def _allowed(p: Projection, collective_id: UUID, flt: ExperienceFilter) -> npt.NDArray[np.int64]:
@@ -582,10 +596,13 @@ def shows_anything(p: Projection, collective_id: UUID, viewer: Viewer) -> bool:
         return True
     if p.memory.live_collective(collective_id) is None:
         return False
-    if p.live_dimension(collective_id) is not None and _columns(p, collective_id).any_org():
+    if p.live_dimension(collective_id) is not None and _columns(p, collective_id).shows(viewer):
         return True
-    # (a relation shows with both of its ends only, so org experiences decide for it)
-    return any(r.visibility == "org" for r in p.memory.live_insights_of(collective_id))
+    # (a relation shows with both of its ends only, so visible experiences decide for it)
+    return any(
+        viewer.sees(r.visibility, r.author_owner, r.author_agent)
+        for r in p.memory.live_insights_of(collective_id)
+    )
 
 
 def similar_ids(
@@ -735,7 +752,7 @@ def _relation(row: RelationRow) -> Relation:
         relation_id=row.relation_id, collective_id=row.collective_id,  # type: ignore[arg-type]
         source_id=row.source_id, target_id=row.target_id,  # type: ignore[arg-type]
         relation_type=row.relation_type or "", strength=row.strength or 0.0,
-        metadata=row.metadata, visibility=row.visibility or "team",
+        metadata=row.metadata, visibility=row.visibility or DEFAULT_VISIBILITY,
         author_owner=row.author_owner, author_agent=row.author_agent,
     )  # fmt: skip
 
@@ -808,7 +825,7 @@ def _insight(p: Projection, row: InsightRow, viewer: Viewer | None = None) -> In
         content=row.content or "", embedding=bytes(row.embedding or b""),
         source_experiences=sources,
         confidence=row.confidence or 0.0, domain=tuple(row.domain or ()),
-        visibility=row.visibility or "team", author_owner=row.author_owner,
+        visibility=row.visibility or DEFAULT_VISIBILITY, author_owner=row.author_owner,
         author_agent=row.author_agent,
     )  # fmt: skip
 
@@ -1214,7 +1231,7 @@ def wisdom_of(p: Projection, owner_id: str, principal: Principal | None = None) 
             source_experience_count=int(r.source_experience_count or 0),
             applicable_domains=tuple(r.applicable_domains or ()),
             created_ms=ev.hlc_millis(r.created_hlc or 0),
-            visibility=r.visibility or "team",
+            visibility=r.visibility or DEFAULT_VISIBILITY,
             author_owner=r.author_owner,
             author_agent=r.author_agent,
         )  # fmt: skip

@@ -28,6 +28,7 @@ from typing import Any, TypeAlias, TypeVar
 from uuid import UUID
 
 from eventlog import events as ev
+from eventlog.access import DEFAULT_VISIBILITY
 from eventlog.languages import ENGLISH, LANGUAGES, SIMPLE
 from projections.crdt import GCounter
 from projections.fold import (
@@ -651,7 +652,7 @@ def sharing(
     another agent, an org relation with a team one a non-member cannot read."""
     if visibility == "private":
         return ("private", author_owner, author_agent)
-    return (visibility or "team", None, None)
+    return (visibility or DEFAULT_VISIBILITY, None, None)
 
 
 def _discard(order: list[tuple[int, UUID]], item: tuple[int, UUID]) -> None:

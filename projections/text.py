@@ -24,7 +24,7 @@ Two ways to score, by who asks (``search``):
 - any other caller (a ``Viewer``): BM25 computed here from the statistics of the
   documents of the collective it may see, and of nothing else. Its document frequencies
   and document count are tantivy counts under a filter on indexed ``visibility`` and
-  ``author`` fields (the rule of ``sync.access.Viewer``), the average length a sum over
+  ``author`` fields (the rule of ``eventlog.access.Viewer``), the average length a sum over
   the ``length`` fast field under the same filter; the term frequencies and length of
   each candidate come from analyzing its content again (kept for the documents scored
   last). The candidates are the visible documents holding a query term; when more than
@@ -50,10 +50,11 @@ from uuid import UUID
 
 import tantivy
 
+from eventlog.access import DEFAULT_VISIBILITY
 from projections import language as lang
 
 if TYPE_CHECKING:
-    from sync.access import Viewer
+    from eventlog.access import Viewer
 
 _THREADS = min(2, os.cpu_count() or 1)  # indexing threads of the writer (it runs beside us)
 
@@ -96,7 +97,7 @@ def _schema() -> tantivy.Schema:
     builder = tantivy.SchemaBuilder()
     builder.add_text_field("id", stored=True, tokenizer_name="raw")
     builder.add_text_field("collective", stored=False, tokenizer_name="raw")
-    # who may see a document (sync.access): fixed when it is created, like its content
+    # who may see a document (eventlog.access): fixed when it is created, like its content
     builder.add_text_field("kind", stored=False, tokenizer_name="raw")
     builder.add_text_field("visibility", stored=False, tokenizer_name="raw")
     builder.add_text_field("author", stored=False, tokenizer_name="raw")
@@ -138,7 +139,7 @@ def _fields(document: Document) -> dict[str, Any]:
         "id": str(doc_id),
         "collective": str(collective_id),
         "kind": kind,
-        "visibility": visibility or "team",  # (rows from before visibility: team)
+        "visibility": visibility or DEFAULT_VISIBILITY,  # (rows from before visibility)
         "author": author_term(owner, agent),
         "order": _signed(doc_id.int & (2**64 - 1)),
         "high": _signed(doc_id.int >> 64),

@@ -27,7 +27,7 @@ Large adds (catching up, rebuilding) run on a background thread too, so folding 
 next batch overlaps with FAISS's (multi-threaded) graph construction; every other use
 of the index waits for a pending add first.
 
-A caller that may not see every row (``sync.access``: not an admin) is answered by an
+A caller that may not see every row (``eventlog.access``: not an admin) is answered by an
 exact scan of the rows it may see (``search(exact=True)``), never by the graph: a
 graph is built over every vector of the collective, in the order they came (and in
 parallel), so which rows an approximate search finds depends on rows the caller may

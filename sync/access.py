@@ -1,23 +1,18 @@
-"""Who may see and change what: principals, access tokens and visibility.
+"""The instance's side of access: access tokens, and the principal of the call in progress.
 
-A principal is an owner, or an agent acting for an owner. Callers prove who they are
-with an access token (``pulse token create``), which names the owner, optionally the
-agent, the scope (``read``, ``write`` or ``admin``), optionally the collectives it is
-limited to, and optionally when it expires. Tokens are events (``token.created``,
-``token.revoked`` on ``pulse.t.<token_id>``), so every host knows them and a revocation
-reaches every host with the next event it applies. The log holds only the SHA-256 of a
-token's secret; the token itself is printed once.
+Who may see what (principals, scopes, visibilities and the rule of "visible to" in its
+three forms) is defined below every layer that filters, in ``eventlog.access``; its
+names are imported here too, so that ``sync`` and ``ops`` ask one module.
 
-The rules (``Principal``):
+Callers prove who they are with an access token (``pulse token create``), which names
+the owner, optionally the agent, the scope (``read``, ``write`` or ``admin``), optionally
+the collectives it is limited to, and optionally when it expires. Tokens are events
+(``token.created``, ``token.revoked`` on ``pulse.t.<token_id>``), so every host knows
+them and a revocation reaches every host with the next event it applies. The log holds
+only the SHA-256 of a token's secret; the token itself is printed once.
 
-- A principal is a *member* of a collective when the collective's owner is its owner
-  and the token is not limited to other collectives. Admin principals (and the local
-  operator, below) are members of every collective.
-- Every experience, insight, relation and wisdom has a visibility, fixed when it is
-  created: ``private`` (its author only: the same owner and agent), ``team`` (the
-  members of its collective; for wisdom, which has none, every principal of its owner),
-  or ``org`` (every principal of the deployment: one deployment is one organisation's
-  memory). The default is ``team``.
+What a principal may do with a collective:
+
 - Reading a collective needs membership, or something in it visible to the principal
   (then the principal sees exactly that): a collective with nothing visible to a
   principal does not exist for it (404, as for a collective that was never created).
@@ -45,135 +40,29 @@ import re
 import secrets
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Literal
 from uuid import UUID
 
-from eventlog.errors import Forbidden, Unauthorized, ValidationError
+from eventlog.access import (
+    LOCAL_OWNER,
+    SCOPES,
+    VISIBILITIES,
+    Principal,
+    Scope,
+    TokenInfo,
+    Viewer,
+    Visibility,
+    viewer_of,
+)
+from eventlog.errors import Unauthorized, ValidationError
 
-Scope = Literal["read", "write", "admin"]
-Visibility = Literal["private", "team", "org"]
-SCOPES: tuple[Scope, ...] = ("read", "write", "admin")
-VISIBILITIES: tuple[Visibility, ...] = ("private", "team", "org")
-LOCAL_OWNER = "local"  # the owner the local operator writes as
+__all__ = [  # (the first nine: eventlog.access's, named here for sync and ops)
+    "LOCAL_OWNER", "SCOPES", "VISIBILITIES", "Principal", "Scope", "TokenInfo", "Viewer",
+    "Visibility", "viewer_of", "TOKEN_PREFIX", "ACTING", "Registry", "acting", "new_secret",
+    "parse_duration_ms", "secret_hash", "token_id_of",
+]  # fmt: skip
 
 TOKEN_PREFIX = "pulse_"
 _TOKEN = re.compile(r"^pulse_([0-9a-f]{32})_([A-Za-z0-9_-]{43})$")
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who a call acts for (see the module docstring)."""
-
-    owner: str
-    agent: str | None = None
-    scope: Scope = "write"
-    collectives: frozenset[UUID] | None = None  # None: every collective of the owner
-    token_id: UUID | None = None
-    local: bool = False  # the local operator: everything
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.owner, str) or not 1 <= len(self.owner) <= 256:
-            raise ValidationError(f"owner: must be 1..256 characters, got {self.owner!r:.60}")
-        if self.agent is not None and (
-            not isinstance(self.agent, str) or not 1 <= len(self.agent) <= 256
-        ):
-            raise ValidationError(f"agent: must be 1..256 characters, got {self.agent!r:.60}")
-        if self.scope not in SCOPES:
-            raise ValidationError(f"scope: must be one of {', '.join(SCOPES)}, got {self.scope!r}")
-
-    @classmethod
-    def operator(cls) -> Principal:
-        return cls(owner=LOCAL_OWNER, scope="admin", local=True)
-
-    @property
-    def admin(self) -> bool:
-        """May do anything, and sees everything (so its reads need no filter)."""
-        return self.local or self.scope == "admin"
-
-    @property
-    def writes(self) -> bool:
-        return self.admin or self.scope == "write"
-
-    def member(self, owner_id: str | None, collective_id: UUID | None) -> bool:
-        """Whether this principal is a member of the collective (see the module doc)."""
-        if self.admin:
-            return True
-        return owner_id == self.owner and (
-            self.collectives is None or collective_id in self.collectives
-        )
-
-    def sees(
-        self,
-        visibility: str | None,
-        member: bool,
-        author_owner: str | None,
-        author_agent: str | None,
-    ) -> bool:
-        """Whether this principal may see an entity of a collective it is (or is not) a
-        ``member`` of, with this visibility and author (``Viewer.sees`` has the rule)."""
-        return self.admin or Viewer(member, self.owner, self.agent).sees(
-            visibility, author_owner, author_agent
-        )
-
-    def sees_wisdom(
-        self, visibility: str | None, owner_id: str | None, author_owner: str | None,
-        author_agent: str | None,
-    ) -> bool:  # fmt: skip
-        """Wisdom has no collective: ``team`` is every principal of its owner."""
-        return self.sees(visibility, owner_id == self.owner, author_owner, author_agent)
-
-    def describe(self) -> str:
-        who = f"owner {self.owner!r}" + (f", agent {self.agent!r}" if self.agent else "")
-        return "the local operator" if self.local else f"{who} ({self.scope})"
-
-    # -- refusals ----------------------------------------------------------------------------
-
-    def need_write(self) -> None:
-        if not self.writes:
-            raise Forbidden(f"scope: {self.describe()} may only read; this needs a write token")
-
-    def need_admin(self, what: str) -> None:
-        if not self.admin:
-            raise Forbidden(f"scope: {what} needs an admin token; {self.describe()} has none")
-
-
-@dataclass(frozen=True, slots=True)
-class Viewer:
-    """What a read of one collective may return to a principal, in the terms of the
-    rows (the engine thread filters with it; None means everything)."""
-
-    member: bool  # team rows visible
-    owner: str
-    agent: str | None
-
-    def sees(
-        self, visibility: str | None, author_owner: str | None, author_agent: str | None
-    ) -> bool:
-        """The rule: org rows to everyone; team rows (and rows from before visibility) to
-        members; private rows to the member that is their author (owner and agent)."""
-        if visibility == "org":
-            return True
-        if not self.member:
-            return False
-        if visibility == "private":
-            return author_owner == self.owner and author_agent == self.agent
-        return True
-
-    def reach(self) -> tuple[tuple[str, ...], tuple[str, str | None] | None]:
-        """``sees`` as sets, for indexes that filter by terms (``projections.text``): the
-        visibilities it sees whatever their author, and the author whose rows it sees
-        whatever their visibility (None: no one's)."""
-        if not self.member:
-            return ("org",), None
-        return ("team", "org"), (self.owner, self.agent)
-
-
-def viewer_of(principal: Principal, owner_id: str | None, collective_id: UUID) -> Viewer | None:
-    """The filter of a principal's reads of a collective (None: it sees everything)."""
-    if principal.admin:
-        return None
-    return Viewer(principal.member(owner_id, collective_id), principal.owner, principal.agent)
 
 
 # -- tokens ----------------------------------------------------------------------------------
@@ -195,27 +84,6 @@ def token_id_of(token: str) -> UUID | None:
     """The token id a well-formed token names, or None."""
     found = _TOKEN.match(token.strip()) if isinstance(token, str) else None
     return UUID(found.group(1)) if found else None
-
-
-@dataclass(frozen=True, slots=True)
-class TokenInfo:
-    """A token as the registry holds it (never its secret)."""
-
-    token_id: UUID
-    owner_id: str
-    agent_id: str | None
-    scope: Scope
-    collectives: tuple[UUID, ...]
-    expires_ms: int | None
-    secret_sha256: str | None
-    revoked: bool
-
-    def principal(self) -> Principal:
-        return Principal(
-            owner=self.owner_id, agent=self.agent_id, scope=self.scope,
-            collectives=frozenset(self.collectives) if self.collectives else None,
-            token_id=self.token_id,
-        )  # fmt: skip
 
 
 class Registry:

@@ -4,7 +4,7 @@ A projection holds experiences, relations, insights and wisdom of two owners wit
 visibility and several authors. For any principal hypothesis draws, each read the API
 makes (listing, vector search under a flat and an HNSW index, text search, stats,
 related experiences, insights, wisdom, which collectives show) returns exactly what the
-model says the principal may see. The model is written from the rules (``sync.access``'s
+model says the principal may see. The model is written from the rules (``eventlog.access``'s
 docstring), with no code of Pulse's: it would catch a rule the code gets wrong as well
 as a read that forgets to filter.
 
@@ -68,7 +68,7 @@ class World:
     query: np.ndarray = field(default_factory=lambda: np.ones(DIM, dtype=np.float32))
 
 
-# -- the model: the rules as the docstring of sync.access states them -----------------------
+# -- the model: the rules as the docstring of eventlog.access states them -------------------
 
 
 @dataclass(frozen=True)

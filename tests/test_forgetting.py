@@ -114,7 +114,7 @@ async def test_a_deleted_experience_is_gone_from_the_log_every_host_and_a_rebuil
     finally:
         await c.close()
     from eventlog import JetStreamLog
-    from projections.projection import rebuild
+    from projections.rebuild import rebuild
 
     log = await JetStreamLog.connect(nats_server.url)
     try:

@@ -166,7 +166,7 @@ async def test_the_log_reader_process_gets_the_credentials_outside_its_argv(
     finally:
         await log.close()
     assert read == list(range(1, 22))
-    assert started and started[0][1:] == ("-m", "eventlog.reader")
+    assert started and started[0][1:] == ("-m", "eventlog.reader_child")
     assert nats_server.credentials is not None
     assert not any(nats_server.credentials.password in arg for args in started for arg in args)
 

@@ -10,7 +10,7 @@ clocks) to an in-memory log and read back through ``PulseDB`` acting for the cal
 every read path of the API must answer the caller identically in both: the same ids,
 order, scores, counts, cursors, error types and messages.
 
-Whether the caller may see an entity is this file's own model of ``sync.access``'s rules
+Whether the caller may see an entity is this file's own model of ``eventlog.access``'s rules
 (it decides only which drawn entities may go to the second world).
 
 What is left out of the comparison is a function of the wall clock alone: a hit's
@@ -62,7 +62,7 @@ CALLERS = {
 WRITER = UUID(int=7)  # the instance id the events name
 
 
-# -- the model: who may see what (sync.access's docstring) ---------------------------------
+# -- the model: who may see what (eventlog.access's docstring) -----------------------------
 
 
 @dataclass(frozen=True)

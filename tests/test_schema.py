@@ -224,6 +224,48 @@ def test_a_database_held_by_another_process_is_reported(tmp_path: Path) -> None:
         holder.communicate("", timeout=10)
 
 
+def test_holding_the_state_refuses_while_another_process_has_it_and_keeps_others_out(
+    tmp_path: Path,
+) -> None:
+    """``holding_state`` (what ``pulse rebuild`` holds the state with): refused, naming
+    the holder's pid, while another process has the state open; while held, no other
+    process opens it; a data directory without a state has nothing to hold."""
+    import subprocess
+    import sys
+
+    from projections.projection import holding_state, state_dir
+
+    with holding_state(tmp_path / "empty", "rebuild"):  # (no state yet: nothing held)
+        assert not (tmp_path / "empty").exists()
+    database = state_dir(tmp_path) / "state.duckdb"
+    Store(database).close()
+    opening = "import duckdb, sys; c = duckdb.connect(sys.argv[1]); print('open', flush=True)"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", opening + "; sys.stdin.read()", str(database)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+    try:
+        expected = (
+            f"rebuild: the state {database} is open in another process (pid {holder.pid}); "
+            "stop it first (Ctrl-C on pulse up), then run pulse rebuild"
+        )
+        with pytest.raises(StateInUse) as refused, holding_state(tmp_path, "rebuild"):
+            pass
+        assert str(refused.value) == expected
+    finally:
+        holder.communicate("", timeout=10)
+    with holding_state(tmp_path, "rebuild"):
+        other = subprocess.run(
+            [sys.executable, "-c", opening, str(database)], capture_output=True, text=True,
+            timeout=60,
+        )  # fmt: skip
+        assert other.returncode != 0 and "lock" in other.stderr.lower(), other.stderr
+    after = subprocess.run([sys.executable, "-c", opening, str(database)], capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    assert after.returncode == 0 and after.stdout == "open\n", after.stderr
+
+
 def test_a_version_5_database_keeps_history_from_its_upgrade_on(tmp_path: Path) -> None:
     """Before version 6 no history was kept: reads as of a moment before the upgrade are
     refused by name (a rebuild keeps all of it), the counts so far seed the counts'

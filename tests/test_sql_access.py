@@ -4,7 +4,7 @@ each holding exactly what the principal may see, and nothing else to read.
 Two owners (alice with two collectives, bob with one) hold experiences, relations,
 insights and wisdom of every visibility by several authors, on a real nats-server. For
 each token, every view answers what a plain model of the rules says (the model is
-written from the rules of ``sync.access``'s docstring, calling none of Pulse's code),
+written from the rules of ``eventlog.access``'s docstring, calling none of Pulse's code),
 counts included; admin tokens and the local operator see everything. Every way around
 the filtered views (base tables, qualified names, aliases, CTE names, subqueries,
 UNION, table functions, the catalog, quoting) is refused, and no error a query raises
@@ -36,7 +36,7 @@ in_module_loop = pytest.mark.asyncio(loop_scope="module")  # the tests that shar
 KINDS = ("experience", "relation", "insight", "wisdom")
 
 
-# -- the model: the rules as the docstring of sync.access states them -----------------------
+# -- the model: the rules as the docstring of eventlog.access states them -------------------
 
 
 @dataclass

@@ -31,7 +31,8 @@ from eventlog import events as ev
 from eventlog.codec import HDR_EVENT_TYPE, HDR_MSG_ID, HDR_SCHEMA, encode_body, encode_event
 from eventlog.ids import uuid7
 from eventlog.subjects import collective_subject, subject_for
-from projections.projection import Projection, rebuild, state_dir
+from projections.projection import Projection, state_dir
+from projections.rebuild import rebuild
 from sync import PulseDB
 
 OLD = codec.SCHEMA_VERSION  # the release this code is

@@ -41,7 +41,8 @@ from eventlog.log import LogEntry
 from eventlog.subjects import subject_for
 from ops.bench import emitter
 from ops.bench.projection import alternate, pct
-from projections import analytics, past, queries
+from projections import past, queries
+from projections.engine import sql_of_projection
 from projections.projection import Projection, ProjectionSettings
 
 BATCH = 5000
@@ -156,11 +157,7 @@ def _sql(p: Projection, query: str, as_of: int | None) -> Callable[[int], object
 
 
 def sql(p: Projection, query: str, as_of: int | None) -> Any:
-    tables = None if as_of is None else past.sql_tables(p, as_of)
-    cursor = p.store.con.cursor()
-    cursor.begin()
-    run = analytics.SqlQuery(cursor, query, [], 10, p.seq, analytics.SqlLimits(), past=tables)
-    return run.run().rows
+    return sql_of_projection(p, query, 10, as_of).rows
 
 
 def main(options: argparse.Namespace) -> None:

@@ -86,6 +86,7 @@ import numpy.typing as npt
 
 from eventlog import EmbeddedNats, JetStreamLog
 from eventlog import events as ev
+from eventlog.access import Viewer
 from eventlog.ids import uuid7
 from eventlog.keys import Keyring
 from eventlog.log import LogEntry
@@ -93,9 +94,9 @@ from eventlog.sealing import Sealer
 from ops.bench import emitter
 from ops.bench.peers import raw_drain
 from projections import queries as q
-from projections.projection import Projection, ProjectionSettings, rebuild, state_dir
+from projections.projection import Projection, ProjectionSettings, state_dir
+from projections.rebuild import rebuild
 from projections.vectors import graph_index, normalized
-from sync.access import Viewer
 from sync.recall import _context
 
 FIGURES = ("rebuild_counters", "rebuild_vectors", "similar_search", "hybrid_and_context",
