@@ -65,7 +65,7 @@ from projections.fold import (
 from projections.schema import MISPLACED
 from projections.scope import Scope
 from projections.state import Audited, MemoryState, Rejected, Touched
-from projections.store import StateInUse, Store
+from projections.store import StateInUse, Store, holding_file
 from projections.text import Document, TextIndex
 from projections.vectors import ExactVectors, VectorIndex, read_manifest, write_manifest
 
@@ -749,6 +749,21 @@ def _fits_store(row: object) -> None:
 
 def state_link(data_dir: Path) -> Path:
     return Path(data_dir) / "state"
+
+
+@contextlib.contextmanager
+def holding_state(data_dir: str | Path, doing: str) -> Iterator[None]:
+    """Hold the current state of a data directory while the block runs, for ``doing``
+    (a command, e.g. ``rebuild``): refused (StateInUse) while another process has it
+    open, and kept from any other until the block ends (``store.holding_file``). A
+    data directory without a state has nothing to hold."""
+    link = state_link(Path(data_dir))
+    database = link.resolve() / "state.duckdb" if link.exists() else None
+    if database is None or not database.exists():
+        yield
+        return
+    with holding_file(database, doing):
+        yield
 
 
 def state_dir(data_dir: str | Path) -> Path:

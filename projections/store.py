@@ -9,11 +9,13 @@ instance's process."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,32 @@ class StateInUse(PulseError):
 
 class SchemaError(PulseError):
     """The database was written by a newer Pulse, or cannot be migrated."""
+
+
+@contextlib.contextmanager
+def holding_file(database: Path, doing: str) -> Iterator[None]:
+    """Hold a database file the way its owner does (DuckDB: one process per file) while
+    the block runs, so that no other process opens it meanwhile (a service starting
+    fails): StateInUse, naming the holder's pid when DuckDB tells it, while another
+    process has it open. A file DuckDB cannot read is not held (whoever is ``doing``
+    something to it replaces it)."""
+    con = None
+    try:
+        con = duckdb.connect(str(database))
+    except duckdb.Error as exc:
+        if "lock" in str(exc).lower():
+            holder = re.search(r"\(PID (\d+)\)", str(exc))
+            raise StateInUse(
+                f"{doing}: the state {database} is open in another process"
+                + (f" (pid {holder.group(1)})" if holder else "")
+                + f"; stop it first (Ctrl-C on pulse up), then run pulse {doing}"
+            ) from None
+    try:
+        yield
+    finally:
+        if con is not None:
+            with contextlib.suppress(duckdb.Error):
+                con.close()
 
 
 def _column(values: list[Any], sql_type: str) -> np.ndarray[Any, Any]:
