@@ -42,18 +42,15 @@ types, limits, examples) is stated in ``ops.contract``; bodies are read by ``rea
 import asyncio
 import collections.abc
 import contextlib
-import inspect
 import json
 import logging
 import secrets
 import time
-import types
 import typing
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import msgspec
-import numpy as np
 import pydantic
 from fastapi import FastAPI, Query
 from fastapi.exceptions import RequestValidationError
@@ -82,10 +79,10 @@ from ops import contract, tables
 from ops.encoding import to_json
 from ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ops.metrics import Metrics
-from ops.remote import API_METHODS, optional_getter
 from ops.serving import Limits, Slots, count_setting, holder_of
 from sync import models
 from sync.access import Principal
+from sync.api import OPERATIONS
 from sync.instance import PulseDB
 from sync.recall import Context
 
@@ -104,21 +101,6 @@ STATUS: dict[type[PulseError], int] = {
     QueryCancelled: 503,  # /v1/sql stopped for a rewrite of the files after a delete: retry
 }
 
-# methods whose arguments are exactly one of the library's input models
-INPUT_MODELS: dict[str, type[pydantic.BaseModel]] = {
-    "create_collective": models.CollectiveIn,
-    "record_experience": models.ExperienceIn,
-    "record_experiences": models.ExperiencesIn,
-    "store_relation": models.RelationIn,
-    "store_insight": models.InsightIn,
-    "register_activity": models.ActivityIn,
-    "store_wisdom": models.WisdomIn,
-    "get_context_candidates": models.ContextIn,
-    "start_session": models.SessionIn,
-    "update_session": models.SessionChangeIn,
-    "end_session": models.SessionChangeIn,
-}
-
 
 # -- limits of the edge (environment variables of `pulse up`, or create_app's arguments) ---
 
@@ -127,88 +109,12 @@ WATCH_RETRY_AFTER = 5  # seconds, the Retry-After of a watch refused for the cap
 # (the caps on watch streams are ops.serving.Limits', read by `pulse up`)
 
 
-# -- request models derived from signatures ------------------------------------------------
-
-
-def _is_array(tp: Any) -> bool:
-    return typing.get_origin(tp) is np.ndarray or tp is np.ndarray
-
-
-def _schema_type(tp: Any) -> Any:
-    """A JSON-friendly annotation for a parameter's annotation (numpy arrays become vectors,
-    and so do the sequences of floats offered beside one; other sequences lists)."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        vector = any(_is_array(arg) for arg in args)
-        mapped: list[Any] = []
-        for arg in args:
-            floats = typing.get_origin(arg) in (collections.abc.Sequence, list, tuple) and (
-                typing.get_args(arg) == (float,)
-            )
-            is_vector = _is_array(arg) or (vector and floats)
-            item = models.VectorField if is_vector else _schema_type(arg)
-            if item not in mapped:
-                mapped.append(item)
-        return mapped[0] if len(mapped) == 1 else Union[tuple(mapped)]  # noqa: UP007
-    if origin in (collections.abc.Sequence, list, tuple):
-        item_type = _schema_type(args[0]) if args else Any
-        return list[item_type]  # type: ignore[valid-type]
-    if _is_array(tp):
-        return models.VectorField
-    return tp
-
-
-def derived_model(name: str, method: Callable[..., Any]) -> type[pydantic.BaseModel]:
-    hints = typing.get_type_hints(method)
-    fields: dict[str, Any] = {}
-    for param in list(inspect.signature(method).parameters.values())[1:]:
-        if param.kind is inspect.Parameter.VAR_KEYWORD:
-            continue
-        annotation = contract.parameter(name, param.name, _schema_type(hints.get(param.name, Any)))
-        if param.name == "flt":
-            annotation = models.FilterIn | None
-        if param.name == "idempotency_key":
-            annotation = contract.IdempotencyKey | None
-        if param.name == "as_of":  # (get_type_hints drops its validator)
-            annotation = models.AsOf
-        default = ... if param.default is inspect.Parameter.empty else param.default
-        fields[param.name] = (annotation, default)
-    base = models.ExperienceUpdateIn if name == "update_experience" else models._Input
-    model: type[pydantic.BaseModel] = pydantic.create_model(
-        f"{name}_request", __base__=_based(name, base), **fields
-    )
-    return model
-
-
-def _based(name: str, base: type[pydantic.BaseModel]) -> type[pydantic.BaseModel]:
-    """``base``, or a subclass whose schema says more (an update's "at least one of")."""
-    fields = contract.AT_LEAST_ONE.get(name)
-    if fields is None:
-        return base
-    config = pydantic.ConfigDict(json_schema_extra=contract.at_least_one(fields))
-    return type(base.__name__, (base,), {"model_config": config, "__module__": __name__})
-
-
-def request_model(name: str) -> type[pydantic.BaseModel]:
-    given = INPUT_MODELS.get(name)
-    if given is None:
-        return derived_model(name, API_METHODS[name])
-    if "idempotency_key" in inspect.signature(API_METHODS[name]).parameters:
-        # a write: its library model plus the key (sync.idempotency)
-        keyed: type[pydantic.BaseModel] = pydantic.create_model(
-            f"{name}_request", __base__=_based(name, given),
-            idempotency_key=(contract.IdempotencyKey | None, None),
-        )  # fmt: skip
-        return keyed
-    return given
-
-
 METHODS = {"GET", "POST", "HEAD", "OPTIONS", "DELETE"}  # metric labels; others: "other"
 KNOWN_ROUTES = ("/health", "/metrics", "/mcp", "/openapi.json", "/docs")
 
 
 def route_of(path: str) -> str:
-    if path.startswith("/v1/") and path[4:] in API_METHODS | {"watch_experiences": None}:
+    if path.startswith("/v1/") and path[4:] in {*OPERATIONS, "watch_experiences"}:
         return path
     return path if path in KNOWN_ROUTES else "other"
 
@@ -574,14 +480,14 @@ def create_app(
         return _error(models.from_errors(list(exc.errors()), skip=("body", "query")))
 
     request_models: dict[str, type[pydantic.BaseModel]] = {}
-    for name, method in API_METHODS.items():
-        model = request_models[name] = request_model(name)
+    for name, operation in OPERATIONS.items():  # the declared API (sync.api)
+        model = request_models[name] = operation.request
         app.add_api_route(
             f"/v1/{name}",
             (_sql_endpoint if name == "sql" else _endpoint)(db, name, model),
             methods=["POST"],
-            summary=(inspect.getdoc(method) or name).split("\n")[0],
-            description=inspect.getdoc(method) or "",
+            summary=operation.summary,
+            description=operation.description,
             name=name,
             tags=[_tag(name)],
             responses={
@@ -922,10 +828,10 @@ def _endpoint(
 ) -> Callable[..., Awaitable[Response]]:
     method = getattr(db, name)
     takes_request = name == "get_context_candidates"
-    returns = typing.get_type_hints(API_METHODS[name])["return"]
+    returns = OPERATIONS[name].returns
     # results that can be large are encoded on a worker thread, not on the event loop
     large = typing.get_origin(returns) in (list, models.Page) or returns is Context
-    optional = optional_getter(name)
+    optional = OPERATIONS[name].optional
 
     async def answer(request: Request) -> Any:
         body = await read_body(request, model)
