@@ -26,7 +26,7 @@ def up(args: argparse.Namespace) -> int:
 
     Starts an embedded NATS server (unless --nats-url), creates or updates the streams,
     catches the projection up (with a progress line), and serves until Ctrl-C (or
-    SIGTERM): the HTTP JSON API (every PulseDB method as POST /v1/<method>, OpenAPI at
+    SIGTERM): the HTTP JSON API (every declared operation as POST /v1/<name>, OpenAPI at
     /docs), server-sent events at /v1/watch_experiences, the MCP server at /mcp
     (streamable HTTP), GET /health and GET /metrics. While it runs, the other `pulse`
     commands on this data directory go through it.
