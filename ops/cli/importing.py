@@ -21,8 +21,6 @@ from ops.cli.arguments import IN_COLLECTIVE, collective_of, experience_type
 from ops.cli.declare import Command, arg
 from ops.progress import ProgressBar
 
-# -- import --------------------------------------------------------------------------------
-
 Numbered = Generator[tuple[int, dict[str, Any]], None, None]  # (line or row number, fields)
 
 
