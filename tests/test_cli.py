@@ -89,7 +89,7 @@ def test_every_command_has_help_with_an_example() -> None:
         ("rebuild",), ("digest",), ("tail",), ("export",), ("up",), ("demo",),
         ("insight", "add"), ("activity", "start"), ("activity", "list"), ("token", "create"),
         ("token", "list"), ("token", "revoke"), ("backup",), ("restore",), ("status",),
-        ("nats-config",),
+        ("nats-config",), ("catch-up",), ("import",), ("compact",), ("call",),
     ]:  # fmt: skip
         assert path in leaves, f"`pulse {' '.join(path)}` is missing"
     for path, sub in leaves.items():

@@ -5,6 +5,7 @@ and `pulse call` reaches every declared operation, run as a user runs it."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -35,6 +36,22 @@ def test_a_command_takes_a_key_when_it_writes_and_a_moment_when_it_only_reads() 
         assert command.writes == keyed, f"pulse {' '.join(command.path)}: --idempotency-key"
         as_of = bool(named) and all("as_of" in o.request.model_fields for o in named)
         assert command.reads == as_of, f"pulse {' '.join(command.path)}: --as-of"
+
+
+def test_the_command_line_holds_no_database_connection() -> None:
+    """The CLI asks the layers below (``sync.maintenance``, the instance) for what it
+    needs of the state; it never opens DuckDB itself."""
+    package = Path(__file__).resolve().parent.parent / "ops" / "cli"
+    modules = sorted(package.glob("*.py"))
+    assert len(modules) > 10
+    for module in modules:
+        for node in ast.walk(ast.parse(module.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not [n for n in names if n.split(".")[0] == "duckdb"], module.name
 
 
 def _pulse(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
