@@ -40,8 +40,9 @@ async def call(db: Any, args: argparse.Namespace) -> tuple[Any, str]:
     it (the schema at /docs shows each one): given as is, as @file, or '-' to read stdin.
     They are checked against the operation's declaration before anything is sent. An
     operation that writes takes --idempotency-key (or "idempotency_key" among its
-    fields). Like every command, it goes through `pulse up` when it serves the data
-    directory, as $PULSE_TOKEN or the local operator.
+    fields). A getter that finds nothing prints null (where the HTTP API answers 404).
+    Like every command, it goes through `pulse up` when it serves the data directory, as
+    $PULSE_TOKEN or the local operator.
 
     example:
       pulse call list_collectives
@@ -50,7 +51,6 @@ async def call(db: Any, args: argparse.Namespace) -> tuple[Any, str]:
       pulse call search_text @query.json --json
     """  # noqa: E501
     from sync.api import OPERATIONS
-
     from sync.models import validated
 
     operation = OPERATIONS.get(args.operation)
