@@ -308,50 +308,8 @@ def _credentials_of(args: argparse.Namespace) -> tuple[bytes, str] | None:
     return path.read_bytes(), f"{path} (embedded server)"
 
 
-def setup_backup(p: argparse.ArgumentParser) -> None:
-    """Add the options of `pulse backup` to its parser."""
-    p.add_argument(
-        "destination",
-        type=Path,
-        help="where to write it: a new (or empty) directory, or a file ending in .tar",
-    )
-    p.add_argument(
-        "--with-keys",
-        action="store_true",
-        help="also back up the data keys (the key bucket): such a backup restores into a "
-        "new deployment, but what is deleted after it was taken stays readable in it",
-    )
-    p.add_argument("--json", action="store_true", help="print the manifest as one JSON object")
-
-
 def cmd_backup(args: argparse.Namespace) -> int:
-    """Back up the event stream (a JetStream snapshot) and the NATS credentials.
-
-    Takes a snapshot of the PULSE stream through the JetStream API while the deployment
-    keeps running (`pulse up` need not stop), and writes it with the credentials NATS
-    asks of clients (the embedded server's <data dir>/nats/credentials.json, or the
-    --nats-creds file) and a manifest (stream, sequences, event count, time, schema
-    versions, SHA-256 of every file) to DESTINATION: a new directory, or one .tar file
-    if the name ends in .tar. Every file is mode 0600. Nothing is written unless the
-    backup completes. The activity stream (presence, expiring within the hour) is left
-    out. Restore it with `pulse restore`; the projections are not needed: a host
-    rebuilds them from the stream.
-
-    What entities say (text, vectors) is sealed in the stream with their data keys, which
-    live in the key bucket PULSE_KEYS, not in the stream. By default the backup holds no
-    key: it restores into a deployment whose key bucket still holds them (the stream
-    lost, the keys replicated), and everything deleted since is forgotten in it too.
-    With --with-keys it also holds the key bucket, so it restores into a new deployment;
-    but what is deleted after it was taken can be read again from it as long as it
-    exists: keep such backups few, and destroy them on the schedule you promise to
-    forget by.
-
-    example:
-      pulse backup backups/2026-11-30
-      pulse --data-dir /srv/pulse backup /backups/pulse-2026-11-30.tar --json
-      pulse --nats-url tls://h1:4222 --nats-creds nats-conf/client-credentials.json \\
-        --nats-ca nats-conf/ca.pem backup /backups/pulse.tar
-    """
+    """`pulse backup` (declared, with its help, in ``ops.cli.maintenance``)."""
     from eventlog import StreamSettings
 
     destination = Path(args.destination)
@@ -641,44 +599,8 @@ class _CheckedReader:
         return block
 
 
-def setup_restore(p: argparse.ArgumentParser) -> None:
-    """Add the options of `pulse restore` to its parser."""
-    p.add_argument(
-        "backup", type=Path, help="what `pulse backup` wrote: its directory or its .tar file"
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
 def cmd_restore(args: argparse.Namespace) -> int:
-    """Restore a backup of `pulse backup` into a deployment that has no event stream.
-
-    Checks the whole backup first (manifest, sizes, SHA-256 of every file, schema
-    versions) and refuses a damaged or truncated one, touching nothing. Then creates
-    the stream from the snapshot through the JetStream API and checks it holds the
-    backup's events; if anything fails, the stream is removed again. With the embedded
-    server (no --nats-url), a data directory without NATS credentials gets the backup's
-    (<data dir>/nats/credentials.json, 0600), so hosts that had a copy of them connect
-    as before; one with credentials of its own keeps them. --replicas sets the restored
-    stream's replicas (1 by default; 3 on a cluster).
-
-    The data keys: if the deployment has a key bucket, it keeps it (it knows the deletes
-    made since the backup, which stay forgotten); if not, the backup's is restored (a
-    backup taken with --with-keys), and a backup without keys is refused.
-
-    It refuses if the stream exists, whatever it holds: a restore never overwrites or
-    merges. Restore into a fresh data directory, or a NATS server without the stream
-    (to replace one on purpose, delete it first: nats stream rm PULSE). Then run
-    `pulse rebuild` (or `pulse up`) on the restored data directory: its state is built
-    from the stream and reaches the digest the backed-up deployment had.
-
-    example:
-      pulse restore backups/2026-11-30 && pulse rebuild    # into ./.pulse, fresh
-      pulse --data-dir /srv/pulse-restored restore /backups/pulse-2026-11-30.tar
-      pulse --data-dir /srv/pulse-restored rebuild
-      pulse --nats-url tls://h1:4222,tls://h2:4222,tls://h3:4222 --replicas 3 \\
-        --nats-creds nats-conf/client-credentials.json --nats-ca nats-conf/ca.pem \\
-        restore backups/2026-11-30 --json
-    """
+    """`pulse restore` (declared, with its help, in ``ops.cli.maintenance``)."""
     backup = check_backup(Path(args.backup))  # before anything is touched
     try:
         credentials, installed = _install_credentials(args, backup)

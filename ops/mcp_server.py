@@ -25,7 +25,7 @@ from mcp.server.lowlevel.server import request_ctx
 from pydantic import Field
 
 from eventlog.errors import NotFoundError, PulseError, Unauthorized, ValidationError
-from ops.commands import as_of_db, collective_of
+from ops.cli.arguments import collective_of
 from ops.encoding import to_json
 from ops.service import internal_error, internal_message, principal_of
 from projections import naming
@@ -247,7 +247,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         recent, insights, relations, active agents). What is no longer true is left out
         unless ``include_invalid``; ``as_of`` (a stream sequence or an ISO 8601 time)
         answers with what the collective knew then."""
-        c = await collective_of(as_of_db(db, as_of), collective)
+        c = await collective_of(db, collective, as_of=as_of)
         flt: dict[str, Any] = {"include_archived": include_archived}
         if include_invalid:
             flt["include_invalid"] = True
@@ -337,7 +337,7 @@ def build_mcp(db: Any, **settings: Any) -> FastMCP:
         """Search the collective's insights near ``text`` (as of a moment with ``as_of``),
         or store ``text`` as an insight distilled from ``source_experiences`` (1 to 100
         ids)."""
-        c = await collective_of(as_of_db(db, None if action == "store" else as_of), collective)
+        c = await collective_of(db, collective, as_of=None if action == "store" else as_of)
         if action == "store":
             iid = await db.store_insight(
                 c.collective_id, text, source_experiences=source_experiences or [],

@@ -27,7 +27,7 @@ from eventlog import events as ev
 from eventlog.codec import encode_event
 from eventlog.errors import ValidationError
 from eventlog.ids import uuid7
-from ops.commands import every_page
+from ops.cli.arguments import every_page
 from ops.mcp_server import build_mcp
 from ops.service import create_app
 from projections import queries
@@ -264,7 +264,7 @@ async def test_the_cli_helpers_follow_every_page(
     tmp_path: Path, nats_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What the CLI and MCP read whole (names, listings) is not cut at one page."""
-    from ops.commands import collective_of
+    from ops.cli.arguments import collective_of
 
     monkeypatch.setattr(pages, "PAGE_MAX", 2)
     db = await PulseDB.open(tmp_path / "db", nats_server.url)

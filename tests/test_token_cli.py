@@ -24,7 +24,8 @@ import httpx
 import pytest
 
 from ops.cli import build_parser, main
-from ops.commands import KEEP_TOKEN, duration
+from ops.cli.arguments import duration
+from ops.cli.tokens import KEEP_TOKEN
 from tests.test_service import start, stop
 
 PULSE = str(Path(sys.executable).parent / "pulse")

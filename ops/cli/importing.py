@@ -13,44 +13,18 @@ import time
 from collections.abc import Generator
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 from eventlog.errors import NotFoundError, PulseError, ValidationError
-from ops.commands import COLLECTIVE, collective_of, command, experience_type
+from ops.cli.arguments import IN_COLLECTIVE, collective_of, experience_type
+from ops.cli.declare import Command, arg
 from ops.progress import ProgressBar
-
-if TYPE_CHECKING:
-    from sync import PulseDB
-
-# -- import --------------------------------------------------------------------------------
 
 Numbered = Generator[tuple[int, dict[str, Any]], None, None]  # (line or row number, fields)
 
 
-def _setup_import(p: argparse.ArgumentParser) -> None:
-    from sync.models import BATCH_MAX
-
-    p.add_argument(
-        "file", type=Path, metavar="FILE", help="JSON lines, or Parquet when it ends in .parquet"
-    )
-    p.add_argument("-c", "--collective", required=True, help=COLLECTIVE)
-    p.add_argument(
-        "--batch", type=int, default=BATCH_MAX,
-        help=f"experiences per call, 1..{BATCH_MAX} (default {BATCH_MAX})",
-    )  # fmt: skip
-    p.add_argument(
-        "--ids", type=Path, metavar="FILE", help="write the new ids here, one a line, in file order"
-    )
-    p.add_argument(
-        "--visibility", choices=("private", "team", "org"), default=None,
-        help="who may see the experiences a line does not say of itself: private (the "
-        "author), team (the collective's members; the default) or org (everyone)",
-    )  # fmt: skip
-
-
-@command("import", setup=_setup_import)
-async def import_(db: PulseDB, args: argparse.Namespace) -> tuple[Any, str]:
+async def import_(db: Any, args: argparse.Namespace) -> tuple[Any, str]:
     """Record many experiences from a file, up to 1,000 per call; prints a summary.
 
     FILE holds JSON lines (one object a line) or, when it ends in .parquet, a Parquet
@@ -207,3 +181,32 @@ def _stored(count: int, unit: str, through: int) -> str:
 def _append_lines(path: Path, values: list[UUID]) -> None:
     with path.open("a") as out:
         out.writelines(f"{v}\n" for v in values)
+
+
+def _batch_limit() -> dict[str, Any]:
+    from sync.models import BATCH_MAX  # (the API's limit, one place)
+
+    return {
+        "default": BATCH_MAX,
+        "help": f"experiences per call, 1..{BATCH_MAX} (default {BATCH_MAX})",
+    }
+
+
+COMMANDS = (
+    Command(
+        "import", None, import_,
+        arguments=(
+            arg("file", type=Path, metavar="FILE",
+                help="JSON lines, or Parquet when it ends in .parquet"),
+            IN_COLLECTIVE,
+            arg("--batch", type=int, deferred=_batch_limit, help="experiences per call"),
+            arg("--ids", type=Path, metavar="FILE",
+                help="write the new ids here, one a line, in file order"),
+            arg("--visibility", choices=("private", "team", "org"), default=None,
+                help="who may see the experiences a line does not say of itself: private "
+                "(the author), team (the collective's members; the default) or org "
+                "(everyone)"),
+        ),
+        operations=("find_collective", "record_experiences"),
+    ),
+)  # fmt: skip
