@@ -40,9 +40,6 @@ UPWARD_ALLOWED: dict[tuple[str, str], str] = {}
 
 # (importer, engine) -> the owner who removes it, or why it stays
 ENGINES_ALLOWED: dict[tuple[str, str], str] = {
-    # cli: `pulse rebuild` tests the state's lock with duckdb.connect (ops/cli.py
-    # _holding_state); projections.projection.holding_state(data_dir, "rebuild") does it
-    ("ops.cli", "duckdb"): "cli",
     # permanent: the engine benchmark's peer is FAISS itself, which it is compared with
     # (STYLE: benchmarks compare against a peer in the same run)
     ("ops.bench.engine", "faiss"): "a benchmark's peer",
@@ -50,10 +47,6 @@ ENGINES_ALLOWED: dict[tuple[str, str], str] = {
 
 # modules that import each other -> the owner who removes the cycle
 CYCLES_ALLOWED: dict[frozenset[str], str] = {
-    # cli: `pulse import` is registered by import side effect (ops/commands.py imports
-    # ops/importing.py at its end, which imports ops/commands.py); the ops/cli/ package
-    # with one registry removes it
-    frozenset({"ops.commands", "ops.importing"}): "cli",
     # service: ops/serving.py's session limiter imports ops.service.PRINCIPAL inside
     # __init__, and ops/service.py imports ops/serving.py (the app of routers)
     frozenset({"ops.service", "ops.serving"}): "service",
