@@ -539,7 +539,7 @@ class McpSessions:
     ids, asked at each opening. Requests of open sessions pass untouched."""
 
     def __init__(self, live: Callable[[], Collection[str]], limits: Limits) -> None:
-        from ops.service import PRINCIPAL  # (ops.service uses this module's Slots)
+        from ops.http.guard import PRINCIPAL  # (the web stack: not at start-up)
 
         self.live, self.limits, self.principal_key = live, limits, PRINCIPAL
         self.holders: dict[str, str] = {}  # session id -> holder

@@ -7,6 +7,7 @@ and POST /v1/sql as Arrow IPC or Parquet."""
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 import time
@@ -224,3 +225,50 @@ def test_integers_past_64_bits_travel_as_text_in_arrow_and_parquet() -> None:
             else pyarrow.parquet.read_table(io.BytesIO(body))
         )
         assert found.to_pylist() == [{"n": str(2**64 - 1), "m": str(2**70)}, {"n": "-1", "m": "1"}]
+
+
+# -- what a generated client reads in the schema ---------------------------------------------------
+
+# the operations that end or remove what the others use, in the order they can run
+LAST = ("end_activity", "end_session", "revoke_token", "delete_relation", "delete_insight",
+        "delete_wisdom", "delete_session", "delete_experience", "delete_collective")  # fmt: skip
+
+
+async def test_every_example_works_on_a_collective_made_as_the_quickstart_does(
+    guarded: Service,
+) -> None:
+    """Each operation's example, its ids those of what the examples of the making
+    operations made (a collective that embeds with the hash embedder, as the quickstart's
+    does), is answered 200: a newcomer can send them as they are."""
+    from ops import contract
+
+    async with guarded.client() as client:
+        schema = (await client.get("/openapi.json")).json()
+        examples = {
+            path.removeprefix("/v1/"): item["post"]["requestBody"]["content"]["application/json"][
+                "example"
+            ]
+            for path, item in schema["paths"].items()
+            if path.startswith("/v1/") and "post" in item
+        }
+        assert examples["create_collective"]["embedder"] == "hash"
+        made: dict[str, str] = {}  # an example's id -> the id of what its example made
+
+        async def send(name: str, body: dict[str, Any]) -> Any:
+            for example_id, real in made.items():
+                body = json.loads(json.dumps(body).replace(example_id, real))
+            response = await client.post(f"/v1/{name}", json=body)
+            assert response.status_code == 200, (name, body, response.text)
+            return response.json()
+
+        makers = list(contract.MADE)
+        for name in makers:
+            field, _ = contract.MADE[name]
+            answer = await send(name, examples[name])
+            made[contract.EXAMPLES[field]] = answer if isinstance(answer, str) else answer[field]
+            if name == "record_experience":  # ... and the other experience the examples name
+                made[contract.OTHER] = await send(name, examples[name])
+        for name in sorted(set(examples) - set(makers) - set(LAST)):
+            await send(name, examples[name])
+        for name in LAST:
+            await send(name, examples[name])
