@@ -19,23 +19,14 @@ import msgspec
 import pydantic
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import Field, StringConstraints, WithJsonSchema
+from pydantic import Field, WithJsonSchema
 from pydantic.json_schema import models_json_schema
 
-from eventlog import events as ev
 from eventlog.errors import ValidationError
-from eventlog.limits import (
-    EMBEDDER_NAME_MAX,
-    REASON_MAX_BYTES,
-    TASK_MAX_BYTES,
-    TOKEN_COLLECTIVES_MAX,
-)
 from ops.remote import page_body
-from projections import naming
 from projections.snapshot import SnapshotStatus
 from sync import models
 from sync.embedders import EMBEDDERS
-from sync.tokens import EXPIRES_MAX_S
 
 
 class Declared(Protocol):
@@ -143,170 +134,25 @@ def responses(errors: dict[int, str]) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorBody, "description": text} for status, text in errors.items()}
 
 
-# -- the parameters of methods without an input model of their own ------------------------
-
-# Text with something in it besides white space, in the exact sense of str.strip (spelled
-# out: "\S" means other characters in Python, JavaScript and the Rust regex pydantic uses)
-_SPACES = "".join(f"\\u{ord(c):04x}" for c in map(chr, range(0x3001)) if c.isspace())
-NON_BLANK = f"[^{_SPACES}]"
+# (the request models and their limits are the declaration's: sync.requests, sync.api)
 
 
-def stated(base: Any, schema: dict[str, Any]) -> Any:
-    """``base`` (a strict JSON type at the edge) whose limits the library checks itself,
-    with its own message (``limit: must be an integer in 1..1000 (items per page)``):
-    the schema states them, and the contract test holds the two to each other."""
-    return Annotated[base, WithJsonSchema(schema)]
-
-
-def _integer(low: int, high: int | None = None) -> Any:
-    schema: dict[str, Any] = {"type": "integer", "minimum": low}
-    if high is not None:
-        schema["maximum"] = high
-    return stated(int, schema)
-
-
-NAME = stated(str, {"type": "string", "minLength": 1, "maxLength": models.NAME_MAX})
-FRACTION = stated(float, {"type": "number", "minimum": 0, "maximum": 1})
-Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-Weight = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
-Query = Annotated[str, StringConstraints(min_length=1, max_length=10_000)]
-
-# a parameter's annotation by name, where the signature's says less than the library checks
-PARAMETERS: dict[str, Any] = {
-    "owner_id": NAME,
-    "agent_id": NAME,
-    "k": _integer(1, models.K_MAX),
-    "limit": _integer(1, models.PAGE_MAX),
-    "offset": _integer(0),
-    "after": stated(
-        str,
-        {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": 1000,
-            "description": "the `next` of the page before (a cursor of this listing; 422 "
-            "otherwise)",
-        },
-    ),
-    "text": stated(str, {"type": "string", "maxLength": 10_000, "pattern": NON_BLANK}),
-    "threshold": FRACTION,
-    "min_strength": FRACTION,
-    "stale_after": stated(float, {"type": "number", "exclusiveMinimum": 0}),
-    "expires_in": stated(
-        float, {"type": "number", "exclusiveMinimum": 0, "maximum": EXPIRES_MAX_S}
-    ),
-    "relation_types": stated(
-        list[str],
-        {"type": "array", "items": {"enum": list(typing.get_args(ev.RelationType))}},
-    ),
-    # ... and where the library has no check of its own, or the same pydantic one
-    "reason": Annotated[str, models._utf8_limit(REASON_MAX_BYTES)],
-    "energy_weight": models.Score,
-    "vector_weight": Weight,
-    "text_weight": Weight,
-    "timeout": Seconds,
-    "task_description": Annotated[str, models._utf8_limit(TASK_MAX_BYTES, allow_empty=True)],
-    "working_on": Annotated[
-        list[
-            Annotated[str, StringConstraints(min_length=1, max_length=models.WORKING_ON_ITEM_MAX)]
-        ],
-        Field(max_length=models.WORKING_ON_MAX),
-    ],
-    "embedder": Annotated[str, StringConstraints(min_length=1, max_length=EMBEDDER_NAME_MAX)],
-    "at": models.Moment,
-}
-# ... and where one method's parameter differs from the others of its name
-METHOD_PARAMETERS: dict[tuple[str, str], Any] = {
-    # a listing's filter: any text (one no owner has matches nothing)
-    ("list_collectives", "owner_id"): str,
-    ("list_tokens", "owner_id"): str,
-    # where an owner or a collective name is made: without "/" (projections.naming)
-    ("create_collective", "owner_id"): stated(str, models.OWN_NAME_SCHEMA),
-    ("create_collective", "name"): stated(str, models.OWN_NAME_SCHEMA),
-    ("create_token", "owner_id"): stated(str, models.OWN_NAME_SCHEMA),
-    ("store_wisdom", "owner_id"): stated(str, models.OWN_NAME_SCHEMA),
-    ("find_collective", "collective"): stated(
-        str,
-        {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": naming.REFERENCE_MAX,
-            "pattern": naming.REFERENCE_PATTERN,
-            "description": "a collective id, a name of the caller's owner, or owner/name",
-        },
-    ),
-    ("sql", "query"): stated(str, {"type": "string", "pattern": NON_BLANK}),
-    ("sql", "limit"): _integer(1, 1_000_000),
-    ("search_similar", "query"): Query | models.VectorField,
-    ("get_insights", "query"): Query | models.VectorField,
-    ("get_wisdom", "query"): models.VectorField,
-    ("create_token", "collectives"): stated(
-        list[UUID],
-        {
-            "type": "array",
-            "items": {"type": "string", "format": "uuid"},
-            "maxItems": TOKEN_COLLECTIVES_MAX,
-        },
-    ),
-    ("follow", "collectives"): stated(
-        list[str],
-        {
-            "type": "array",
-            "minItems": 1,
-            "items": {
-                "type": "string",
-                "minLength": 1,
-                "maxLength": models.NAME_MAX,
-                "pattern": NON_BLANK,
-                "x-max-bytes": models.NAME_MAX,
-                "description": "a collective id, name or owner:<owner id> (at most 256 "
-                "bytes of UTF-8)",
-            },
-        },
-    ),
-}
-
-
-def parameter(method: str, name: str, annotation: Any) -> Any:
-    """The annotation of ``method``'s parameter ``name`` in its request model: the
-    constrained one of the tables above, optional where the signature's is."""
-    given = METHOD_PARAMETERS.get((method, name), PARAMETERS.get(name))
-    if given is None:
-        return annotation
-    optional = type(None) in typing.get_args(annotation)
-    return given | None if optional else given
-
-
-# "at least one of": an update must change something (the library refuses an empty one)
-AT_LEAST_ONE: dict[str, tuple[str, ...]] = {
-    "create_collective": ("embedding_dimension", "embedder"),
-    "update_experience": ("importance", "confidence", "domain", "related_files"),
-    "update_session": models.SESSION_FIELDS,
-}
-
-
-def at_least_one(fields: tuple[str, ...]) -> dict[str, Any]:
-    """The schema's words for "one of ``fields`` is given, and not null": a description
-    and ``x-at-least-one``, not an ``anyOf`` of shapes, so the body stays one flat object
-    (generated clients make an ``anyOf`` a union of types, each without the other fields).
-    A body without any of them is a 422 naming them."""
-    return {
-        "description": f"Give at least one of {', '.join(fields)} (422 otherwise).",
-        "x-at-least-one": list(fields),
-    }
-
-
-# The idempotency key over HTTP: printable ASCII, a pattern every JSON Schema validator
-# reads alike (the library takes any printable text, a test no regex dialect shares)
-IdempotencyKey = Annotated[
-    str,
-    StringConstraints(min_length=1, max_length=models.IDEMPOTENCY_KEY_MAX, pattern=r"^[ -~]*$"),
-    Field(
-        description="makes the call idempotent: a retry with the same key and arguments "
-        "returns the first call's result and stores nothing new; the same key with other "
-        "arguments is a ConflictError (409). Printable ASCII, e.g. a UUID made per call."
-    ),
-]
+def flat(model: dict[str, Any]) -> None:
+    """Say a request model's "at least one of these fields" (``sync.requests``: an
+    ``anyOf`` of one required field each) in words and ``x-at-least-one`` instead: a
+    body is one flat object, and generated clients make an ``anyOf`` at the top of an
+    object a union of types, each without the fields the others have. (A body without
+    any of them is a 422 naming them.)"""
+    options = model.get("anyOf")
+    if not options or not all(set(option.get("required", ())) for option in options):
+        return
+    del model["anyOf"]
+    fields = [name for option in options for name in option["required"]]
+    given = model.get("description")
+    model["description"] = (given + " " if given else "") + (
+        f"Give at least one of {', '.join(fields)} (422 otherwise)."
+    )
+    model["x-at-least-one"] = fields
 
 
 def tagged(schema: dict[str, Any]) -> None:
@@ -620,6 +466,8 @@ def document(app: FastAPI, operations: Sequence[Declared]) -> dict[str, Any]:
     if clashes:
         raise RuntimeError(f"result and request schemas share names: {sorted(clashes)}")
     components.update(answered)
+    for model in requests.values():
+        flat(components[refs[(model, "validation")]["$ref"].rsplit("/", 1)[-1]])
     tagged(schema)
     embedders_stated(schema["components"]["schemas"]["create_collective_request"])
     for name, model in requests.items():

@@ -8,13 +8,15 @@ Results travel in msgspec's JSON form (``?format=msgspec``) and are decoded into
 exact return types of PulseDB.
 
 Start-up: the CLI calls this once per command, so the module imports neither the
-instance nor an HTTP library. What a call needs of PulseDB (each method's parameters and
-its return type) is its API description (``describe_api``), derived from PulseDB itself:
+instance nor an HTTP library. What a call needs of the API (each operation's parameters
+and its return type) is its API description (``describe_api``), derived from the
+declaration of the API (``sync.api.OPERATIONS``) and PulseDB's methods:
 ``pulse up`` writes it into ``service.json`` beside its URL, and a client of that service
-reads it there, so PulseDB stays the one source of truth and the description is always
-the running service's own. A client given only a URL derives it from PulseDB (importing
-it). The return types are imported from their modules (``projections.queries``, ...)
-when a result needs them; requests go through ``http.client``.
+reads it there, so the declaration stays the one source of truth and the description
+is always the running service's own. A client given only a URL derives it from the
+declaration (importing it). The return types are imported from their modules
+(``projections.queries``, ...) when a result needs them; requests go through
+``http.client``.
 """
 
 from __future__ import annotations
@@ -43,13 +45,11 @@ from eventlog.errors import (
 if TYPE_CHECKING:
     import http.client
 
-# PulseDB's coroutines that are not methods of the API
-NOT_API = ("close", "open", "attach", "export")
-
 
 def __getattr__(name: str) -> Any:
-    """``API_METHODS``: every public coroutine of PulseDB, by name (the service's routes);
-    computed on first use, since it imports the instance."""
+    """``API_METHODS``: PulseDB's method of every declared operation, by name (in the
+    order of ``sync.api.OPERATIONS``); computed on first use, since it imports the
+    instance."""
     if name == "API_METHODS":
         return _api_methods()
     raise AttributeError(f"module 'ops.remote' has no attribute {name!r}")
@@ -57,47 +57,56 @@ def __getattr__(name: str) -> Any:
 
 @functools.cache
 def _api_methods() -> dict[str, Any]:
+    from sync.api import OPERATIONS
     from sync.instance import PulseDB
 
-    return {
-        name: func
-        for name, func in inspect.getmembers(PulseDB, inspect.iscoroutinefunction)
-        if not name.startswith("_") and name not in NOT_API
-    }
+    return {name: getattr(PulseDB, name) for name in OPERATIONS}
 
 
 @functools.cache
 def return_type(name: str) -> Any:
-    return typing.get_type_hints(_api_methods()[name])["return"]
+    from sync.api import OPERATIONS
+
+    return OPERATIONS[name].returns
 
 
 @functools.cache
 def optional_getter(name: str) -> bool:
     """A ``get_*`` method that answers None when there is nothing (or nothing the caller
-    may see): the service says 404."""
-    return _optional(name, return_type(name))
+    may see): the service says 404 (``Operation.optional``)."""
+    from sync.api import OPERATIONS
+
+    return OPERATIONS[name].optional
 
 
 def _optional(name: str, returns: Any) -> bool:
+    """Whether a getter of a service whose description does not say (an older one) may
+    answer None: the rule ``sync.api`` declares by."""
     return name.startswith("get_") and type(None) in typing.get_args(returns)
 
 
 # -- the API description ------------------------------------------------------------------
 #
-# {method: {"params": [[name, kind, has default], ...], "returns": type}}, a type being
+# {method: {"params": [[name, kind, has default], ...], "returns": type, "optional": bool}},
+# a type being
 # null (None), {"class": "module:qualname"}, {"union": [types]}, {"generic": type, "args":
 # [types]} or {"literal": [values]}: JSON, so that service.json holds data, not code.
 
 
 def describe_api() -> dict[str, Any]:
-    """What a client needs of each API method: its parameters and its return type."""
+    """What a client needs of each operation: its parameters, its return type and
+    whether it may answer None (a 404)."""
     described: dict[str, Any] = {}
     for name, func in _api_methods().items():
         params = [
             [p.name, p.kind.name, p.default is not inspect.Parameter.empty]
             for p in inspect.signature(func).parameters.values()
         ][1:]  # (self)
-        described[name] = {"params": params, "returns": _describe(return_type(name))}
+        described[name] = {
+            "params": params,
+            "returns": _describe(return_type(name)),
+            "optional": optional_getter(name),
+        }
     return described
 
 
@@ -151,6 +160,7 @@ class _Method:
             ]
         )
         self._returns = described["returns"]
+        self._described = described
 
     @functools.cached_property
     def returns(self) -> Any:
@@ -161,7 +171,8 @@ class _Method:
 
     @functools.cached_property
     def optional(self) -> bool:
-        return _optional(self.name, self.returns)
+        said = self._described.get("optional")
+        return said if isinstance(said, bool) else _optional(self.name, self.returns)
 
     def payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         bound = self.signature.bind(None, *args, **kwargs)

@@ -1,11 +1,12 @@
 """The HTTP JSON API of an instance, served by ``pulse up``.
 
-Every public method of ``PulseDB`` is ``POST /v1/<method>`` with its arguments as a JSON
-object (the same names as in Python), e.g. ``POST /v1/record_experience {"collective_id":
-..., "content": ...}``. One shape for every method keeps the API complete and the same as
-the library by construction; the request bodies are the library's pydantic models (or
-models derived from the method's signature), so the OpenAPI schema at ``/openapi.json``
-carries the data-model limits, and a bad request gets the library's messages:
+Every operation of the API (declared once: ``sync.api.OPERATIONS``) is ``POST
+/v1/<name>`` with its arguments as one JSON object (the same names as in Python), e.g.
+``POST /v1/record_experience {"collective_id": ..., "content": ...}``. One shape for
+every operation keeps the API complete and the same as the library by construction; the
+request bodies are the declaration's request models, so the OpenAPI schema at
+``/openapi.json`` carries the data-model limits, and a bad request gets the library's
+messages (every error, an unknown path's 404 and a wrong method's 405 too, in one shape):
 
     422 {"error": "ValidationError", "message": "importance: Input should be ...",
          "problems": ["importance: ..."]}
@@ -34,23 +35,15 @@ or anyone on an address of its own: ``metrics_app``), and the MCP server's
 streamable-HTTP transport at ``/mcp``.
 
 What the OpenAPI schema promises of every route (statuses, the error body, strict JSON
-types, limits, examples) is stated in ``ops.contract``; bodies are read by ``read_body``.
-
-(No ``from __future__ import annotations`` here: FastAPI reads the endpoint annotations.)
+types, limits, examples) is stated in ``ops.contract``; the routes are the routers of
+``ops.http``, put together by ``create_app``.
 """
 
-import collections.abc
 import contextlib
-import dataclasses
 import functools
-import inspect
-import types
-import typing
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any
 
-import numpy as np
-import pydantic
 from fastapi import FastAPI
 
 from ops import contract
@@ -59,27 +52,11 @@ from ops.http.errors import answer_errors
 from ops.http.guard import LOOPBACK, BodyLimit, Guard, origin_of
 from ops.http.metrics import metrics_app
 from ops.metrics import Metrics
-from ops.remote import API_METHODS, optional_getter, return_type
 from ops.serving import Limits, Slots, count_setting
-from sync import models
+from sync.api import OPERATIONS
 from sync.instance import PulseDB
 
 __all__ = ["LOOPBACK", "create_app", "metrics_app", "origin_of"]
-
-# methods whose arguments are exactly one of the library's input models
-INPUT_MODELS: dict[str, type[pydantic.BaseModel]] = {
-    "create_collective": models.CollectiveIn,
-    "record_experience": models.ExperienceIn,
-    "record_experiences": models.ExperiencesIn,
-    "store_relation": models.RelationIn,
-    "store_insight": models.InsightIn,
-    "register_activity": models.ActivityIn,
-    "store_wisdom": models.WisdomIn,
-    "get_context_candidates": models.ContextIn,
-    "start_session": models.SessionIn,
-    "update_session": models.SessionChangeIn,
-    "end_session": models.SessionChangeIn,
-}
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # $PULSE_MAX_BODY_BYTES: a request body, in bytes
 
@@ -114,7 +91,7 @@ def create_app(
         max_watchers_per_token
         or count_setting("PULSE_MAX_WATCHERS_PER_TOKEN", Limits.max_watchers_per_token),
     )
-    operations = declared()
+    operations = list(OPERATIONS.values())  # the declared API (sync.api)
     app.include_router(api.router(db, operations))
     app.include_router(watch.router(db, secret, watching))
     app.include_router(health.router(db))
@@ -131,102 +108,3 @@ def create_app(
         private_docs=private_docs, routes=api.paths(operations) | {watch.PATH},
     )  # fmt: skip
     return app
-
-
-# -- request models derived from signatures ------------------------------------------------
-
-
-def _is_array(tp: Any) -> bool:
-    return typing.get_origin(tp) is np.ndarray or tp is np.ndarray
-
-
-def _schema_type(tp: Any) -> Any:
-    """A JSON-friendly annotation for a parameter's annotation (numpy arrays become vectors,
-    and so do the sequences of floats offered beside one; other sequences lists)."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        vector = any(_is_array(arg) for arg in args)
-        mapped: list[Any] = []
-        for arg in args:
-            floats = typing.get_origin(arg) in (collections.abc.Sequence, list, tuple) and (
-                typing.get_args(arg) == (float,)
-            )
-            is_vector = _is_array(arg) or (vector and floats)
-            item = models.VectorField if is_vector else _schema_type(arg)
-            if item not in mapped:
-                mapped.append(item)
-        return mapped[0] if len(mapped) == 1 else Union[tuple(mapped)]  # noqa: UP007
-    if origin in (collections.abc.Sequence, list, tuple):
-        item_type = _schema_type(args[0]) if args else Any
-        return list[item_type]  # type: ignore[valid-type]
-    if _is_array(tp):
-        return models.VectorField
-    return tp
-
-
-def derived_model(name: str, method: Callable[..., Any]) -> type[pydantic.BaseModel]:
-    hints = typing.get_type_hints(method)
-    fields: dict[str, Any] = {}
-    for param in list(inspect.signature(method).parameters.values())[1:]:
-        if param.kind is inspect.Parameter.VAR_KEYWORD:
-            continue
-        annotation = contract.parameter(name, param.name, _schema_type(hints.get(param.name, Any)))
-        if param.name == "flt":
-            annotation = models.FilterIn | None
-        if param.name == "idempotency_key":
-            annotation = contract.IdempotencyKey | None
-        if param.name == "as_of":  # (get_type_hints drops its validator)
-            annotation = models.AsOf
-        default = ... if param.default is inspect.Parameter.empty else param.default
-        fields[param.name] = (annotation, default)
-    base = models.ExperienceUpdateIn if name == "update_experience" else models._Input
-    model: type[pydantic.BaseModel] = pydantic.create_model(
-        f"{name}_request", __base__=_based(name, base), **fields
-    )
-    return model
-
-
-def _based(name: str, base: type[pydantic.BaseModel]) -> type[pydantic.BaseModel]:
-    """``base``, or a subclass whose schema says more (an update's "at least one of")."""
-    fields = contract.AT_LEAST_ONE.get(name)
-    if fields is None:
-        return base
-    config = pydantic.ConfigDict(json_schema_extra=contract.at_least_one(fields))
-    return type(base.__name__, (base,), {"model_config": config, "__module__": __name__})
-
-
-def request_model(name: str) -> type[pydantic.BaseModel]:
-    given = INPUT_MODELS.get(name)
-    if given is None:
-        return derived_model(name, API_METHODS[name])
-    if "idempotency_key" in inspect.signature(API_METHODS[name]).parameters:
-        # a write: its library model plus the key (sync.idempotency)
-        keyed: type[pydantic.BaseModel] = pydantic.create_model(
-            f"{name}_request", __base__=_based(name, given),
-            idempotency_key=(contract.IdempotencyKey | None, None),
-        )  # fmt: skip
-        return keyed
-    return given
-
-
-@dataclasses.dataclass(frozen=True)
-class _Operation:
-    """An operation as the routes need it (until ``sync.api`` declares them)."""
-
-    name: str
-    summary: str
-    description: str
-    optional: bool
-    request: type[pydantic.BaseModel]
-    returns: Any
-
-
-def declared() -> list[_Operation]:
-    found = []
-    for name, method in API_METHODS.items():
-        doc = inspect.getdoc(method) or name
-        found.append(
-            _Operation(name, doc.split("\n")[0], doc, optional_getter(name), request_model(name),
-                       return_type(name))
-        )  # fmt: skip
-    return found
