@@ -2,7 +2,7 @@
 accepts (request models, with the limits of the data model), every status it can answer
 with and the one error body they share, its media types and an example of each request.
 
-``ops.service`` builds the routes; this module says what they promise, in one place for
+``ops.http`` builds the routes; this module says what they promise, in one place for
 every route, so a client generated from ``/openapi.json`` is right about what it will
 get. ``tests/test_contract.py`` holds a live service to it with schemathesis.
 """

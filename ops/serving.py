@@ -22,7 +22,7 @@ accept loop of its own:
   accepting pauses for a moment (one log line) and every open request goes on.
 
 Streams are capped as well, in total and per token (``Slots``): server-sent events at
-/v1/watch_experiences (``ops.service``) and MCP sessions at /mcp (``McpSessionCap``),
+/v1/watch_experiences (``ops.http.watch``) and MCP sessions at /mcp (``McpSessionCap``),
 each refused with 503 and Retry-After past its cap, the slot given back when the stream
 or session ends.
 

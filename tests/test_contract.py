@@ -25,6 +25,7 @@ ST = str(Path(sys.executable).parent / "st")
 TOKEN = "contract-s3cret"
 SEED = 17
 MAX_EXAMPLES = 5  # per operation and phase: about a minute on two cores
+JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture
@@ -272,3 +273,56 @@ async def test_every_example_works_on_a_collective_made_as_the_quickstart_does(
             await send(name, examples[name])
         for name in LAST:
             await send(name, examples[name])
+
+
+async def test_operations_are_named_and_the_bearer_scheme_declared(guarded: Service) -> None:
+    async with guarded.client() as client:
+        schema = (await client.get("/openapi.json")).json()
+    named = {
+        operation["operationId"]: path
+        for path, item in schema["paths"].items()
+        for operation in item.values()
+    }
+    for operation_id, path in named.items():
+        assert path in (f"/v1/{operation_id}", f"/{operation_id}"), (operation_id, path)
+    assert {"health", "metrics", "watch_experiences", "sql", "create_collective"} <= set(named)
+    assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert schema["security"] == [{"bearer": []}]
+    assert {} in schema["paths"]["/health"]["get"]["security"]  # (up or down to anyone)
+    rows = schema["components"]["schemas"]["SqlResult"]["properties"]["rows"]
+    assert rows["items"]["type"] == "array" and "items" in rows["items"]
+    for name, component in schema["components"]["schemas"].items():
+        if name.endswith("_request"):  # one flat object: no shapes to choose from
+            assert not {"anyOf", "oneOf", "allOf"} & set(component), name
+    update = schema["components"]["schemas"]["update_experience_request"]
+    assert update["x-at-least-one"] == ["importance", "confidence", "domain", "related_files"]
+
+
+async def test_every_error_has_the_one_body_404_and_405_too(guarded: Service) -> None:
+    from ops.contract import ErrorBody
+
+    async with guarded.client() as client:
+        answers = {
+            "unknown path": await client.get("/v2/status"),
+            "unknown asset": await client.get("/docs/assets/no-such-file.js"),
+            "wrong method": await client.get("/v1/status"),
+            "wrong method on /health": await client.post("/health"),
+            "not JSON": await client.post("/v1/status", content=b"{", headers=JSON),
+        }
+        async with guarded.client(token="not-a-token") as stranger:
+            answers["no credential"] = await stranger.post("/v1/status")
+    statuses = {name: response.status_code for name, response in answers.items()}
+    assert statuses == {
+        "unknown path": 404, "unknown asset": 404, "wrong method": 405,
+        "wrong method on /health": 405, "not JSON": 422, "no credential": 401,
+    }  # fmt: skip
+    for name, response in answers.items():
+        body = response.json()
+        assert set(body) <= set(ErrorBody.model_fields), (name, body)
+        ErrorBody.model_validate(body, strict=True)
+    assert answers["unknown path"].json()["error"] == "NotFoundError"
+    assert answers["wrong method"].json() == {
+        "error": "MethodNotAllowed",
+        "message": "method: GET is not allowed on '/v1/status'; use POST",
+    }
+    assert answers["wrong method"].headers["allow"] == "POST"
