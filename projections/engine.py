@@ -47,7 +47,8 @@ from eventlog.limits import check_ranges
 from eventlog.log import EventLog, LogEntry
 from eventlog.sealing import Sealer
 from eventlog.subjects import collective_filter
-from projections.analytics import SqlLimits, SqlQuery, sandbox
+from projections.analytics import SqlLimits, SqlQuery, SqlResult, run_async, sandbox
+from projections.analytics import export as export_views
 from projections.past import PastTables, sql_tables
 from projections.projection import Progress, Projection, ProjectionSettings
 from projections.snapshot import Snapshot, SnapshotStatus
@@ -431,6 +432,56 @@ class Engine:
                     "to date; retry"
                 ) from None
         return seq, tables
+
+    async def sql(
+        self,
+        query: str,
+        activities: list[Any],
+        limit: int,
+        *,
+        viewer: Any = None,
+        show_seq: bool = True,
+        moment: tuple[int, int | None] | None = None,
+    ) -> SqlResult:
+        """Run one read-only SQL query (checked by the caller: ``check_read_only``) off
+        the engine thread: in a worker process over the analysts' snapshot, brought up to
+        date first, or without a snapshot on a cursor of this DuckDB (``cursor()``,
+        ``track``ed). ``viewer``: a principal that is not an admin (its views filtered in
+        SQL; None: every row); ``show_seq``: the result says the sequence it reflects
+        (else 0); ``moment`` (sequence, ms): as of then (``projections.past``).
+        Cancelling the awaiting task interrupts the query."""
+        limits = self.limits()
+        workers = self.sql_workers
+        if workers is not None:  # in a process of its own, over the snapshot
+            seq, tables = await self.pin_snapshot(moment)
+            if moment is not None:
+                seq = min(seq, moment[0])
+            asked = workers.query(
+                query, activities, limit, limits, viewer, tables, seq=seq if show_seq else 0
+            )
+            return await run_async(asked)  # cancelling the caller kills it
+        cursor, seq = await self.cursor()  # (no snapshot: here, on a cursor)
+        tables = None
+        if moment is not None:
+            at, ms = moment
+            try:
+                tables = await self.run(sql_tables, at, ms)
+            except BaseException:
+                self.returned(cursor)
+                raise
+            seq = min(seq, at)
+        run = SqlQuery(
+            cursor, query, activities, limit, seq if show_seq else 0, limits,
+            viewer=viewer, past=tables, on_close=lambda: self.release(run),
+        )  # fmt: skip
+        self.track(run)  # a rewrite after a delete cancels it
+        return await run_async(run)  # cancelling the caller interrupts it
+
+    async def export(self, directory: Path, activities: list[Any]) -> dict[str, int]:
+        """Every view as a Parquet file in ``directory`` (and the activities), from one
+        transaction over a flushed state (``analytics.export``); the rows per file."""
+        cursor, _ = await self.cursor()
+        return await asyncio.to_thread(export_views, cursor, directory, activities, self.release)
 
     def returned(self, cursor: duckdb.DuckDBPyConnection) -> None:
         """Close a cursor of ``cursor()`` that no query thread holds, and release it."""

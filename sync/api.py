@@ -10,10 +10,12 @@ flat object of its arguments, with the data model's limits: ``sync.requests``) a
 return type. The HTTP routes, the MCP tools, the CLI commands and ``ops.remote`` are
 derived from it; an operation that is not declared here is on no surface.
 
-Adding an operation: its implementation (a method of the service it belongs to), then
-one entry below. What the entry says that the implementation also shows (its return
-type, whether it takes an idempotency key, whether a getter may answer None) is checked
-against the implementation when this module is imported.
+Adding an operation: its implementation (a method of the domain service it belongs to,
+``sync.instance`` lists them), its ``Delegate`` line on ``PulseDB``, then one entry
+below. What the implementation shows (its request model, return type, whether it takes
+an idempotency key, whether a getter may answer None) is read from it here, and
+``tests/test_declaration.py`` holds the facade, the routes and the remote client to
+this list.
 """
 
 from __future__ import annotations
@@ -182,7 +184,8 @@ _DECLARED: dict[str, tuple[Scope, bool, str]] = {
 
 
 def _implementations() -> dict[str, Callable[..., Any]]:
-    """The method implementing each operation."""
+    """The method implementing each operation (a service's: ``PulseDB``'s delegate on
+    the class is the implementation itself)."""
     from sync.instance import PulseDB
 
     return {name: getattr(PulseDB, name) for name in _DECLARED}

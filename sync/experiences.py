@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 from uuid import UUID
@@ -25,15 +26,45 @@ from projections.language import AUTO
 from projections.language import detect as detect_language
 from projections.projection import Projection
 from sync import embedders, idempotency, models
-from sync.core import InstanceCore, as_of_read, check_limit, check_vector, uuid_of
+from sync.core import (
+    as_of_read,
+    check_limit,
+    check_vector,
+    embed,
+    uuid_of,
+    vector_for,
+)
+from sync.following import Following
+from sync.gate import Gate
 from sync.idempotency import idempotent
 from sync.models import validated
+from sync.reading import Reader
+from sync.writer import Writer
 
 BATCH_MAX = models.BATCH_MAX
 OWN_MAX = 4096  # acknowledged totals kept (of the experiences reinforced last)
 
 
-class Collectives(InstanceCore):
+class Experiences:
+    """Collectives and their experiences (see the module docstring). ``following``
+    admits a collective this host creates (a partial host follows it first) and says
+    what the host follows."""
+
+    def __init__(self, reads: Reader, gate: Gate, writer: Writer, following: Following) -> None:
+        self.reads, self.gate, self.writer, self.following = (
+            reads,
+            gate,
+            writer,
+            following,
+        )
+        # this incarnation's acknowledged totals of the experiences it reinforced last,
+        # least recently first (at most ``OWN_MAX``; a miss reads the projection)
+        self._own: OrderedDict[UUID, int] = OrderedDict()
+        # one announcement in flight per experience (two concurrent calls must not both
+        # announce the same total); different experiences go in parallel. An entry is
+        # (lock, calls holding or waiting for it) and goes when the last of them is done.
+        self._reinforce_locks: dict[UUID, tuple[asyncio.Lock, int]] = {}
+
     @idempotent
     async def create_collective(
         self,
@@ -52,7 +83,7 @@ class Collectives(InstanceCore):
         "english", "german", "ukrainian", "chinese", ... (``projections.language``), or
         "auto" (the default): chosen from the name's script, English for plain ASCII. A
         principal creates collectives of its own owner only (admins: of any)."""
-        me = self._me()
+        me = self.gate.me()
         me.need_write()
         if not me.admin:
             if owner_id != me.owner:
@@ -75,11 +106,11 @@ class Collectives(InstanceCore):
             dimension = dimension or embedders.default_dimension(spec.embedder)
             embedders.embedder(spec.embedder, dimension)  # refuses a dimension it cannot make
         assert dimension is not None
-        collective_id = self._new_id()
-        await self._admit_collective(collective_id, spec.owner_id, spec.name)
-        await self._write(
+        collective_id = self.writer.new_id()
+        await self.following.admit(collective_id, spec.owner_id, spec.name)
+        await self.writer.write(
             ev.CollectiveCreated(
-                **self._common(), collective_id=collective_id, owner_id=spec.owner_id,
+                **self.writer.common(), collective_id=collective_id, owner_id=spec.owner_id,
                 name=spec.name, embedding_dimension=dimension, embedder=spec.embedder or "",
                 language=chosen,
             )
@@ -92,7 +123,7 @@ class Collectives(InstanceCore):
     ) -> queries.Collective | None:
         """The collective, or None (also when the caller may see nothing of it)."""
         try:
-            collective, _ = await self._readable(uuid_of("collective_id", collective_id))
+            collective, _ = await self.gate.readable(uuid_of("collective_id", collective_id))
         except NotFollowed:
             raise  # (it exists: this host does not follow it, and says so)
         except NotFoundError:
@@ -113,8 +144,8 @@ class Collectives(InstanceCore):
         (``after=``), None on the last page."""
         models.check_page_limit(limit)
         key = models.from_cursor("collectives", after, (int, UUID))
-        me = self._me()
-        found, last = await self._read(
+        me = self.gate.me()
+        found, last = await self.reads.read(
             queries.collectives_page, owner_id, limit, key, None if me.admin else me
         )
         return models.Page(found, None if last is None else models.cursor("collectives", last))
@@ -135,10 +166,10 @@ class Collectives(InstanceCore):
             if found is None:
                 raise NotFoundError(f"collective: no collective {ref.collective_id}")
             return found
-        me = self._me()
+        me = self.gate.me()
         own = None if me.local else me.owner
         whose = ref.owner_id if ref.owner_id is not None else own
-        listed, _ = await self._read(
+        listed, _ = await self.reads.read(
             queries.collectives_page, whose, None, None, None if me.admin else me
         )
         named = [
@@ -147,8 +178,8 @@ class Collectives(InstanceCore):
         if not named:
             of = "" if whose is None else f" of owner {whose!r}"
             among = ""
-            if me.admin and self.scope is not None:
-                among = f" among those this host follows ({self.scope.describe()})"
+            if me.admin and self.following.scope is not None:
+                among = f" among those this host follows ({self.following.scope.describe()})"
             hint = " (another owner's: owner/name, or its id)" if ref.owner_id is None else ""
             raise NotFoundError(f"collective: no collective named {ref.name!r}{of}{among}{hint}")
         if len(named) > 1:
@@ -165,16 +196,14 @@ class Collectives(InstanceCore):
         self, collective_id: UUID, *, as_of: models.AsOf = None
     ) -> queries.CollectiveStats:
         """Counts of the collective's live rows (those the caller may see)."""
-        collective, viewer = await self._readable(uuid_of("collective_id", collective_id))
-        stats = await self._read(
-            queries.collective_stats, collective.collective_id, viewer, self._moment()
+        collective, viewer = await self.gate.readable(uuid_of("collective_id", collective_id))
+        stats = await self.reads.read(
+            queries.collective_stats, collective.collective_id, viewer, self.reads.moment()
         )
         if stats is None:
             raise NotFoundError(f"collective_id: no collective {collective_id}")
         return stats
 
-
-class Experiences(InstanceCore):
     @idempotent
     async def record_experience(
         self,
@@ -209,10 +238,10 @@ class Experiences(InstanceCore):
         if experience_type is not None:
             fields["experience_type"] = experience_type
         spec = validated(models.ExperienceIn, **fields)
-        collective = await self._writable(spec.collective_id)
-        vector = await self._vector(collective, spec.content, spec.embedding, spec.embedder)
-        event = _recorded(self._common(), self._new_id(), spec, vector)
-        await self._write(event)
+        collective = await self.gate.writable(spec.collective_id)
+        vector = await vector_for(collective, spec.content, spec.embedding, spec.embedder)
+        event = _recorded(self.writer.common(), self.writer.new_id(), spec, vector)
+        await self.writer.write(event)
         return event.experience_id
 
     @idempotent
@@ -252,7 +281,7 @@ class Experiences(InstanceCore):
                 errors.append(_error(index, str(exc)))
         if errors:
             raise models.from_errors(errors)
-        collective = await self._writable(cid)
+        collective = await self.gate.writable(cid)
         vectors: list[npt.NDArray[np.float32] | None] = []
         problems: list[str] = []
         for index, spec in enumerate(specs):
@@ -277,7 +306,7 @@ class Experiences(InstanceCore):
             refusal.problems = problems  # type: ignore[attr-defined]
             raise refusal
         if missing:
-            made = await self._embed(
+            made = await embed(
                 collective,
                 [specs[i].content for i in missing],
                 field=f"items.{missing[0]}.embedding",
@@ -285,10 +314,12 @@ class Experiences(InstanceCore):
             for i, vector in zip(missing, made, strict=True):
                 vectors[i] = vector
         events = [
-            _recorded(self._common(), self._new_id(), spec, vector)  # type: ignore[arg-type]
+            _recorded(self.writer.common(), self.writer.new_id(), spec, vector)  # type: ignore[arg-type]
             for spec, vector in zip(specs, vectors, strict=True)
         ]
-        await self._write_many(events, atomic=True)  # fresh ids: a stored copy changes nothing
+        await self.writer.write_many(
+            events, atomic=True
+        )  # fresh ids: a stored copy changes nothing
         return [e.experience_id for e in events]
 
     @as_of_read
@@ -297,12 +328,12 @@ class Experiences(InstanceCore):
     ) -> queries.Experience | None:
         """The experience (archived ones too), or None (also when the caller may not see it)."""
         key = uuid_of("experience_id", experience_id)
-        if not self._me().admin:
+        if not self.gate.me().admin:
             try:
-                await self._entity("experience", key, write=False)
+                await self.gate.entity("experience", key, write=False)
             except NotFoundError:
                 return None
-        return await self._read(queries.get_experience, key)
+        return await self.reads.read(queries.get_experience, key)
 
     @as_of_read
     async def get_recent_experiences(
@@ -336,25 +367,25 @@ class Experiences(InstanceCore):
         check_limit("limit", limit)
         if offset < 0:
             raise ValidationError(f"offset: must be >= 0, got {offset}")
-        collective, viewer = await self._readable(collective_id)
-        return await self._read(
+        collective, viewer = await self.gate.readable(collective_id)
+        return await self.reads.read(
             queries.recent_experiences, collective.collective_id, limit,
-            self._filter(flt, viewer), offset=offset, newest_first=newest_first,
+            self.reads.filter(flt, viewer), offset=offset, newest_first=newest_first,
         )  # fmt: skip
 
     @idempotent
     async def update_experience(
-        self, experience_id: UUID, *, idempotency_key: str | None = None, **changes: Any
+        self, /, experience_id: UUID, *, idempotency_key: str | None = None, **changes: Any
     ) -> None:
         """Change importance, confidence, domain and/or related_files (last writer wins,
         per field). Content, embedding and timestamp are immutable."""
         spec = validated(models.ExperienceUpdateIn, **changes)
         experience_id = uuid_of("experience_id", experience_id)
-        collective_id = await self._entity("experience", experience_id, write=True)
+        collective_id = await self.gate.entity("experience", experience_id, write=True)
         assert collective_id is not None
-        await self._write(
+        await self.writer.write(
             ev.ExperienceUpdated(
-                **self._common(), experience_id=experience_id,
+                **self.writer.common(), experience_id=experience_id,
                 collective_id=collective_id, importance=spec.importance,
                 confidence=spec.confidence,
                 domain=None if spec.domain is None else tuple(spec.domain),
@@ -393,17 +424,17 @@ class Experiences(InstanceCore):
     ) -> queries.Experience:
         """Write an experience's new end (``closes``: at ``spec.at``, default now; else
         none) and its reason; returns the experience as it is then."""
-        collective_id = await self._entity("experience", spec.experience_id, write=True)
+        collective_id = await self.gate.entity("experience", spec.experience_id, write=True)
         assert collective_id is not None
-        common = self._common()
+        common = self.writer.common()
         end = (spec.at if spec.at is not None else ev.hlc_millis(common["hlc"])) if closes else None
-        await self._write(
+        await self.writer.write(
             ev.ExperienceInvalidated(
                 **common, experience_id=spec.experience_id, collective_id=collective_id,
                 reason=spec.reason, valid_to_ms=end,
             )
         )  # fmt: skip
-        found = await self._read(queries.get_experience, spec.experience_id)
+        found = await self.reads.read(queries.get_experience, spec.experience_id)
         assert found is not None
         return found
 
@@ -424,10 +455,10 @@ class Experiences(InstanceCore):
         self, kind: type[ev.ExperienceArchived | ev.ExperienceUnarchived], experience_id: UUID
     ) -> None:
         experience_id = uuid_of("experience_id", experience_id)
-        collective_id = await self._entity("experience", experience_id, write=True)
+        collective_id = await self.gate.entity("experience", experience_id, write=True)
         assert collective_id is not None
-        await self._write(
-            kind(**self._common(), experience_id=experience_id, collective_id=collective_id)
+        await self.writer.write(
+            kind(**self.writer.common(), experience_id=experience_id, collective_id=collective_id)
         )
 
     @idempotent
@@ -448,16 +479,16 @@ class Experiences(InstanceCore):
         holds it and the new total is one above it: that stored announcement counts, once.)
         """
         experience_id = uuid_of("experience_id", experience_id)
-        collective_id = await self._entity("experience", experience_id, write=True)
+        collective_id = await self.gate.entity("experience", experience_id, write=True)
         assert collective_id is not None
         async with self._reinforcing(experience_id):
             own = self._own.get(experience_id)
             if own is None:
-                own = await self._read(_own_total, experience_id, self.instance_id)
+                own = await self.reads.read(_own_total, experience_id, self.writer.instance_id)
             total = own + 1
-            await self._write(
+            await self.writer.write(
                 ev.ExperienceReinforced(
-                    **self._common(), experience_id=experience_id,
+                    **self.writer.common(), experience_id=experience_id,
                     collective_id=collective_id, applications=total,
                 )
             )  # fmt: skip
@@ -468,7 +499,7 @@ class Experiences(InstanceCore):
                 self._own.move_to_end(experience_id)
                 while len(self._own) > OWN_MAX:
                     self._own.popitem(last=False)
-        return await self._read(queries.total_applications, experience_id)
+        return await self.reads.read(queries.total_applications, experience_id)
 
     @contextlib.asynccontextmanager
     async def _reinforcing(self, experience_id: UUID) -> AsyncIterator[None]:

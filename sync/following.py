@@ -33,7 +33,8 @@ from eventlog.errors import PulseError, ValidationError
 from eventlog.log import EventLog, LogEntry
 from projections.engine import Engine
 from projections.scope import DIRECTORY_SUBJECT, OWNER, Scope, matches, parse_refs
-from sync.core import InstanceCore
+from sync.gate import Gate
+from sync.replication import Replication
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +125,48 @@ async def open_scope(
     return scope, directory, unfinished
 
 
-class Following(InstanceCore):
-    """The part of the API that follows collectives (see the module docstring)."""
+class Following:
+    """What this host follows, and the part of the API that follows more collectives
+    (see the module docstring). ``scope`` is None on a host that follows every
+    collective; ``directory`` the collectives the log names (a partial host's)."""
+
+    def __init__(
+        self, replication: Replication, engine: Engine, log_: EventLog, gate: Gate
+    ) -> None:
+        self.replication, self.engine, self.log, self.gate = (
+            replication,
+            engine,
+            log_,
+            gate,
+        )
+        self.scope: Scope | None = None
+        self.directory: Directory | None = None
+        self._directory_task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self.backfilled = 0  # events of collectives followed later, read since open
+
+    def filters(self) -> list[str] | None:
+        """The subjects this host reads (None: all of them)."""
+        return None if self.scope is None else self.scope.filters()
+
+    def known(self) -> dict[UUID, tuple[str, str]]:
+        """The collectives the log's directory names (none on a host that follows all)."""
+        return {} if self.directory is None else self.directory.collectives
+
+    async def start(self, unfinished: set[UUID]) -> None:
+        """Once replication runs: backfill what the host starts following (restarting
+        those whose backfill did not finish), then watch the directory."""
+        if self.scope is None:
+            return
+        pending = set(self.scope.pending())
+        await self._backfill(pending & unfinished, restart=True)
+        await self._backfill(pending - unfinished)
+        self._directory_task = asyncio.create_task(self._watch_directory(), name="pulse-directory")
+
+    async def stop(self) -> None:
+        if self._directory_task is not None:
+            self._directory_task.cancel()
+            await asyncio.wait({self._directory_task}, timeout=5)
 
     @property
     def following(self) -> tuple[str, ...] | None:
@@ -135,7 +176,7 @@ class Following(InstanceCore):
     def subjects_read(self) -> list[str] | None:
         """The subjects this host reads from the log (None: all of them): what its lag
         is measured against (``/health``, ``/metrics``)."""
-        return self._filters()
+        return self.filters()
 
     def followed(self) -> list[UUID]:
         """The collectives this host follows now (empty on a host that follows all)."""
@@ -146,14 +187,14 @@ class Following(InstanceCore):
         caught up from the log (its own subjects only) while the host goes on. Returns
         every collective followed now (empty: the host follows every collective, and
         this changes nothing). Admins only."""
-        self._me().need_admin("following collectives")
+        self.gate.me().need_admin("following collectives")
         refs = parse_refs(collectives if isinstance(collectives, str) else list(collectives))
         if self.scope is None:
             return []
-        assert self._directory is not None
-        await self._directory.read(self.log)
+        assert self.directory is not None
+        await self.directory.read(self.log)
         self.scope.refs = tuple(dict.fromkeys((*self.scope.refs, *refs)))
-        await self._follow_ids(self._directory.matching(refs))
+        await self._follow_ids(self.directory.matching(refs))
         return self.followed()
 
     # -- the machinery ------------------------------------------------------------------------
@@ -162,26 +203,26 @@ class Following(InstanceCore):
         """Start following collectives: the tail goes on from what is applied with their
         subjects added, and their events up to there are backfilled."""
         assert self.scope is not None
-        async with self._follow_lock:
+        async with self._lock:
             new = ids - set(self.scope.collectives)
             state = self.engine.directory
             if not new:
                 await asyncio.to_thread(self.scope.save, state)
                 return
-            await self._stop_replication()
+            await self.replication.stop()
             try:
-                await self._wait_applied(self._submitted_seq, timeout=600)
+                await self.replication.wait_applied(self.replication.submitted, timeout=600)
             except BaseException:  # (replication goes on as it was: nothing changed yet)
-                if not self._closed:
-                    self._start_replication()
+                if not self.replication.closed:
+                    self.replication.start()
                 raise
             at = self.engine.seq
             for cid in new:
                 self.scope.collectives[cid] = at
             await asyncio.to_thread(self.scope.save, state)
-            if self._closed:  # (closed meanwhile: the backfill is done on the next open)
+            if self.replication.closed:  # (closed meanwhile: the backfill is done on the next open)
                 return
-            self._start_replication(at + 1)  # (what comes after ``at``; before: backfilled)
+            self.replication.start(at + 1)  # (what comes after ``at``; before: backfilled)
             await self._backfill(new)
 
     async def _backfill(self, ids: set[UUID], *, restart: bool = False) -> None:
@@ -194,19 +235,19 @@ class Following(InstanceCore):
             self.scope.collectives[cid] = 0
             await asyncio.to_thread(self.scope.save, state)
             log.info("following collective %s: %d earlier events caught up", cid, count)
-        self._forget_known()
+        self.gate.forget()
 
     async def _watch_directory(self) -> None:
         """Hear of collectives created later; follow those the references match. A
         failure (the log unreachable during a backfill, say) is logged, and the watch
         starts again a moment later, finishing the backfills left pending."""
-        assert self.scope is not None and self._directory is not None
-        directory = self._directory
+        assert self.scope is not None and self.directory is not None
+        directory = self.directory
         pause = 0.5
-        while not self._closed:
+        while not self.replication.closed:
             try:
                 if self.scope.pending():  # (one that failed: done again, not doubled)
-                    async with self._follow_lock:
+                    async with self._lock:
                         await self._backfill(set(self.scope.pending()), restart=True)
                 async with contextlib.aclosing(
                     self.log.tail(directory.seq + 1, subjects=[DIRECTORY_SUBJECT])
@@ -226,7 +267,7 @@ class Following(InstanceCore):
                 await asyncio.sleep(pause)  # (a back-off between attempts, not a wait)
                 pause = min(pause * 2, 30.0)
 
-    async def _admit_collective(self, collective_id: UUID, owner_id: str, name: str) -> None:
+    async def admit(self, collective_id: UUID, owner_id: str, name: str) -> None:
         """Before this host creates a collective: one its references stand for is
         followed first (so it reads its own write); any other is refused."""
         if self.scope is None:

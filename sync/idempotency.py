@@ -117,7 +117,8 @@ def _scoped(principal: Any, key: str) -> str:
 
 def idempotent(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     """Make a write method honour ``idempotency_key=`` (which it must declare, keyword
-    only, and leave alone): see the module docstring."""
+    only, and leave alone): see the module docstring. The method's object has the
+    ``writer`` of its instance (``sync.writer.Writer``)."""
     signature = inspect.signature(method)
 
     @functools.wraps(method)
@@ -135,18 +136,19 @@ def idempotent(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
             if param.kind is inspect.Parameter.VAR_KEYWORD:
                 arguments.update(arguments.pop(name, {}))
         print_ = fingerprint(method.__name__, arguments)
-        key = _scoped(instance._me(), key)
-        remembered = instance._idempotent.get(key)
+        writer = instance.writer  # (sync.writer: the results of the last keyed calls)
+        key = _scoped(writer.me(), key)
+        remembered = writer.remembered(key)
         if remembered is not None:
             if remembered[0] != print_:
-                raise instance._key_conflict()
+                raise writer.key_conflict()
             return remembered[1]  # type: ignore[no-any-return]
         token = CURRENT.set(KeyedCall(key, print_))
         try:
             result = await method(*args, **kwargs)
         finally:
             CURRENT.reset(token)
-        instance._remember(key, print_, result)
+        writer.remember(key, print_, result)
         return result
 
     return keyed

@@ -9,15 +9,30 @@ against the local state, appended to the log, and returns once the engine has ap
 it (read-your-writes); ``sync()`` waits until the local state has caught up with the
 whole stream.
 
-The API is assembled from parts along the seams of the domain, each its own module:
-``sync.core`` (replication, read-your-writes, the write path), ``sync.experiences``
-(collectives and experiences, batch writes), ``sync.recall`` (search and context),
-``sync.links`` (relations and insights), ``sync.forgetting`` (deletes that forget),
-``sync.presence`` (activities), ``sync.sessions`` (agents' sessions),
-``sync.wisdom``, ``sync.watch`` (changes as they are applied), ``sync.tokens`` (access
-tokens). This class only opens, closes and answers about the state as a whole. Every
-call acts for a principal (``sync.access``): the one given to ``open``, or the one of
-``acting_as``; the local operator by default.
+The instance is built by composition, wired in one place (``PulseDB.__init__``):
+
+- ``sync.replication.Replication``: the tail, the applied sequence, its waiters;
+- ``sync.reading.Reader``: reads on the engine thread, as of now or a past moment;
+- ``sync.gate.Gate``: who acts, and what it may see and change;
+- ``sync.writer.Writer``: the write path (append, read-your-writes, idempotency,
+  tombstones);
+- the domain services, each with its own state and the collaborators it is given:
+  ``sync.experiences.Experiences`` (collectives and experiences), ``sync.recall.Recall``,
+  ``sync.links.Links`` (relations and insights), ``sync.forgetting.Forgetting``,
+  ``sync.sessions.Sessions``, ``sync.presence.Presence``, ``sync.wisdom.Wisdom``,
+  ``sync.tokens.Tokens``, ``sync.following.Following``, ``sync.watch.Watching`` and
+  ``sync.host.Host`` (sync, status, digest, dead letters, SQL).
+
+``PulseDB`` itself only opens, closes, exports and answers ``health()``; every operation
+of the API (``sync.api.OPERATIONS``) is a ``Delegate`` to the service that implements
+it. The delegates are spelled out below, one typed line each, rather than generated
+from the declaration in a loop: a loop would hide every method from mypy (and from the
+editors), while a descriptor keeps the implementation's own signature, annotations and
+docstring for ``inspect``, ``typing.get_type_hints`` and ``help()``. A test holds the
+two to each other: the facade's delegates are exactly the declared operations.
+
+Every call acts for a principal (``sync.access``): the one given to ``open``, or the
+one of ``acting_as``; the local operator by default.
 
 Identity: every incarnation (every ``open``) takes a fresh UUIDv7 as its instance id and
 owns only the G-counter entries written under it. A restarted instance, a data directory
@@ -32,46 +47,57 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 from uuid import UUID
 
 import msgspec
 
-from eventlog import EmbeddedNats, JetStreamLog, StreamSettings, subjects
-from eventlog.errors import NotFoundError, PulseError, Unauthorized, ValidationError
-from eventlog.keys import collective_prefix, key_name
-from eventlog.leaf import LeafLog, LeafStatus
-from eventlog.log import EventLog, StreamState
-from eventlog.subjects import collective_filter
-from projections import analytics, past, queries
-from projections.analytics import SqlResult
+from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
+from eventlog.errors import PulseError, Unauthorized, ValidationError
+from eventlog.ids import uuid7
+from eventlog.keys import Keyring
+from eventlog.leaf import LeafLog
+from eventlog.log import EventLog
+from eventlog.sealing import Sealer
+from projections import queries
 from projections.engine import Engine
-from projections.projection import Projection, ProjectionSettings, state_dir
+from projections.projection import ProjectionSettings, state_dir
+from projections.scope import Scope
 from projections.snapshot import SnapshotStatus
-from sync import access, models
+from sync import access
 from sync.access import Principal
-from sync.core import InstanceCore, InstanceSettings, check_rows_limit, uuid_of
-from sync.experiences import Collectives, Experiences
+from sync.core import InstanceSettings
+from sync.experiences import Experiences
 from sync.following import Following, open_scope
 from sync.forgetting import Forgetting
+from sync.gate import Acting, Gate
+from sync.hlc import HybridClock
+from sync.host import CollectiveStatus, Host, HostStatus
 from sync.links import Links
-from sync.presence import Activity
+from sync.owed import OwedPurges
+from sync.presence import Activity, Presence
+from sync.reading import Reader
 from sync.recall import Context, Recall
+from sync.replication import Replication
 from sync.sessions import ResumedSession, Sessions
 from sync.tokens import NewToken, Token, Tokens
-from sync.watch import ExperienceChange, ExperienceWatch
-from sync.wisdom import WisdomPart
+from sync.watch import ExperienceChange, ExperienceWatch, Watching
+from sync.wisdom import Wisdom
+from sync.writer import Writer
 
 __all__ = [
     "Activity",
+    "CollectiveStatus",
     "Context",
     "ExperienceChange",
     "ExperienceWatch",
+    "Health",
     "HostStatus",
     "InstanceSettings",
     "NewToken",
@@ -84,42 +110,130 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-
-class CollectiveStatus(msgspec.Struct, frozen=True, kw_only=True):
-    """A collective a host follows, in ``PulseDB.status``: the last sequence of its
-    events in the log, and how many sequences the host is behind it (0: caught up);
-    ``catching_up``: its earlier events are still being read (followed just now)."""
-
-    collective_id: UUID
-    name: str | None
-    last_seq: int
-    lag: int
-    catching_up: bool
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-class HostStatus(msgspec.Struct, frozen=True, kw_only=True):
-    """What ``PulseDB.status`` answers (``pulse status``)."""
+class Delegate(Generic[P, R]):
+    """An operation of the facade: ``method`` of the service in attribute ``service``.
+    On the class it is the implementation itself (its signature, annotations and
+    docstring); on an instance, the service's bound method."""
 
-    instance_id: UUID
+    def __init__(self, service: str, method: Callable[Concatenate[Any, P], Awaitable[R]]) -> None:
+        self.service, self.method = service, method
+        self.__doc__ = method.__doc__
+        self.__wrapped__ = method
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if name != self.method.__name__:
+            raise TypeError(f"{name}: delegates to {self.method.__qualname__}")
+        self.name = name
+
+    @overload
+    def __get__(
+        self, instance: None, owner: type | None = None
+    ) -> Callable[Concatenate[Any, P], Awaitable[R]]: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> Callable[P, Awaitable[R]]: ...
+
+    def __get__(self, instance: object | None, owner: type | None = None) -> Any:
+        if instance is None:
+            return self.method
+        found: Callable[P, Awaitable[R]] = getattr(getattr(instance, self.service), self.name)
+        return found
+
+
+class Health(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``PulseDB.health`` answers (``/health``): what this host knows of itself
+    without asking the log."""
+
+    nats_connected: bool  # the log's connection (True for a log without one)
+    replicating: bool  # False: the replication loop stopped
+    failure: str | None  # why it stopped (None: it did not)
     applied_seq: int  # the last stream sequence this host applied
-    events_applied: int  # since it opened
-    backlog: int  # entries handed to the engine, not applied yet
-    last_seq: int  # the last sequence in the log on what it reads
-    lag: int  # last_seq - applied_seq
-    following: tuple[str, ...] | None  # None: every collective
-    collectives: tuple[CollectiveStatus, ...]  # those it follows (partial hosts)
-    dead_letters: int
-    stream: StreamState
-    replicating: bool  # False: the replication loop stopped (see the log)
-    leaf: LeafStatus | None = None  # an edge host (``open(leaf_of=...)``): its link
-    snapshot: SnapshotStatus | None = None  # the analysts' copy (``projections.snapshot``)
+    instance_id: UUID
+    snapshot: SnapshotStatus | None  # the analysts' copy (``projections.snapshot``)
 
 
-class PulseDB(
-    Collectives, Experiences, Sessions, Recall, Links, WisdomPart, Forgetting, Tokens,
-    Following, InstanceCore,
-):  # fmt: skip
+class PulseDB:
     """One instance; see the module docstring. Use ``await PulseDB.open(...)``."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        log_: EventLog,
+        engine: Engine,
+        server: EmbeddedNats | None,
+        *,
+        max_hlc: int,
+        settings: InstanceSettings | None = None,
+    ) -> None:
+        """Wire the parts of an instance (``attach`` opens one; see the module docstring)."""
+        self.data_dir, self.log, self.engine, self.server = data_dir, log_, engine, server
+        # seals what this host writes and opens what it reads (eventlog.sealing): the one
+        # its engine caught up with, holding the keys it read
+        self.sealer = engine.sealer or Sealer(Keyring(log_.key_store()))
+        engine.sealer = self.sealer
+        self.instance_id = uuid7()
+        self.clock = HybridClock(state_file=data_dir / "clock.json")
+        self.clock.observe(max_hlc)
+        self.owed = OwedPurges(data_dir / "owed-purges.json")
+        self.settings = settings or InstanceSettings()
+        self._owns_log = True
+        # the machinery
+        self.acting = acting = Acting()
+        self.replication = replication = Replication(
+            log_, engine, self.sealer, self.clock, self.instance_id, self._filters
+        )
+        self.reads = reads = Reader(engine, log_, replication, acting.me, self._sync, self._partial)
+        self.gate = gate = Gate(reads, acting, self._scope, self._known)
+        self.writer = writer = Writer(
+            log_, engine, self.sealer, self.clock, self.instance_id, replication, reads,
+            self.owed, acting.me,
+        )  # fmt: skip
+        # the domain services
+        self.follower = following = Following(replication, engine, log_, gate)
+        self.tokens = tokens = Tokens(reads, gate, writer)
+        self.presence = presence = Presence(gate, writer, log_, self.settings)
+        self.experiences = Experiences(reads, gate, writer, following)
+        self.recall = recall = Recall(reads, gate, self.settings, presence)
+        self.links = Links(reads, gate, writer)
+        self.sessions = Sessions(reads, gate, writer, recall)
+        self.wisdom = Wisdom(reads, gate, writer)
+        self.forgetting = Forgetting(reads, gate, writer, log_, engine, self._sync)
+        self.watching = watching = Watching(reads, gate)
+        self.host = Host(
+            log_, engine, replication, reads, gate, following, tokens, presence, self.instance_id
+        )
+        replication.listen(gate.applied)
+        replication.listen(tokens.applied, tokens.after_batch)
+        replication.listen(watching.applied)
+        (data_dir / "identity.json").write_text(
+            json.dumps(
+                {
+                    "instance_id": str(self.instance_id),
+                    "pid": os.getpid(),
+                    "started_ms": int(time.time() * 1000),
+                }
+            )  # fmt: skip
+        )
+
+    # (what the parts are given of each other, late bound: following sets its scope on open)
+    def _filters(self) -> list[str] | None:
+        return self.follower.filters()
+
+    def _scope(self) -> Scope | None:
+        return self.follower.scope
+
+    def _partial(self) -> bool:
+        return self.follower.scope is not None
+
+    def _known(self) -> dict[UUID, tuple[str, str]]:
+        return self.follower.known()
+
+    async def _sync(self) -> int:
+        return await self.host.sync()
 
     @classmethod
     async def open(
@@ -162,7 +276,10 @@ class PulseDB(
             )
         remembered = EmbeddedNats.remembered_leaf(directory) if nats_url is None else None
         if leaf_of is None and remembered is not None:  # a leaf's data directory stays one
-            leaf_of, leaf_ca = str(remembered["leaf_of"]), leaf_ca or remembered.get("leaf_ca")
+            leaf_of, leaf_ca = (
+                str(remembered["leaf_of"]),
+                leaf_ca or remembered.get("leaf_ca"),
+            )
         connecting: Awaitable[EventLog]
         if leaf_of is not None:
             server = EmbeddedNats(directory, leaf_of=leaf_of, leaf_ca=leaf_ca)
@@ -241,11 +358,9 @@ class PulseDB(
         except BaseException:
             await engine.close()
             raise
-        db = cls(
-            directory, log, engine, server, max_hlc=max_hlc, settings=settings,
-        )  # fmt: skip
+        db = cls(directory, log, engine, server, max_hlc=max_hlc, settings=settings)
         db._owns_log = owns_log
-        db.scope, db._directory = scope, known
+        db.follower.scope, db.follower.directory = scope, known
         try:
             await db.sealer.keyring.follow()  # other hosts' new keys, as they are made
         except PulseError:  # (only quicker reads: without it, a reader asks the store)
@@ -253,79 +368,43 @@ class PulseDB(
         except BaseException:
             await db.close()
             raise
-        db._start_replication()
+        db.replication.start()
         try:
-            if scope is not None:  # the collectives it starts following, or did not finish
-                pending = set(scope.pending())
-                await db._backfill(pending & unfinished, restart=True)
-                await db._backfill(pending - unfinished)
-                db._directory_task = asyncio.create_task(
-                    db._watch_directory(), name="pulse-directory"
-                )
-            await db._load_tokens()
+            await db.follower.start(unfinished)
+            await db.tokens.load()
             if principal is not None:
                 db.principal = db._principal_from(principal)
         except BaseException:
             await db.close()
             raise
+        forgetting = db.forgetting
         if isinstance(log, LeafLog):  # a delete made offline owes the hub its purge
-            log.on_link_up = db._finish_owed_purges
+            log.on_link_up = forgetting.finish_owed_purges
             try:
-                await db._forget_copies(state)
+                await forgetting.forget_copies(state)
             except BaseException:
                 await db.close()
                 raise
         if db.owed.pending():  # deletes a crash interrupted: forget what they still owe
             try:
-                finished = await db._finish_owed_purges()
+                finished = await forgetting.finish_owed_purges()
             except BaseException:
                 await db.close()
                 raise
             _log.info("finished %d owed purge(s) of deletes a crash interrupted", finished)
         return db
 
-    async def _forget_copies(self, state: Path) -> None:
-        """An edge host that opens forgets, in its own streams, what the deletes it applied
-        since it last opened forgot: those that came while it was away were applied by
-        the catch-up, before the tail's listener (``sync.core._purge_copy``) runs."""
-        mark = state / "copies-forgotten.json"
-        since = 0
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            since = int(json.loads(mark.read_text())["through"])
-        through = self.engine.seq
-        keyring = self.sealer.keyring
-        for seq, entity, cid, key in await self.engine.run(Projection.deletes_since, since):
-            if entity == "collective":
-                subject = f"{subjects.PREFIX}.c.{cid}.>"
-                keys = functools.partial(keyring.destroy_copies, prefix=collective_prefix(key))
-            elif entity == "wisdom":
-                subject = subjects.wisdom_subject(key)
-                keys = functools.partial(keyring.destroy_copies, key_name(entity, key, None))
-            else:
-                assert cid is not None
-                subject = subjects.collective_subject(cid, entity, key)
-                keys = functools.partial(keyring.destroy_copies, key_name(entity, key, cid))
-            try:
-                await self.log.purge_copy(subject, before_seq=seq)
-                await keys()
-            except Exception:  # a failure leaves the mark where it was: done again next time
-                _log.warning("forgetting this host's copy of %s failed", subject, exc_info=True)
-                return
-        await asyncio.to_thread(mark.write_text, json.dumps({"through": through}))
-
     async def close(self) -> None:
         """Stop replicating, flush, save the indexes, close the log (the data stays)."""
-        if self._closed:
+        replication = self.replication
+        if replication.closed:
             return
-        self._closed = True
-        if self._directory_task is not None:
-            self._directory_task.cancel()
-            await asyncio.wait({self._directory_task}, timeout=5)
-        await self._stop_replication()
+        replication.closed = True
+        await self.follower.stop()
+        await replication.stop()
         await self.sealer.keyring.unfollow()
-        self._wake_all()
-        for watch in list(self._watchers):
-            watch.end()
+        replication.wake_all()
+        self.watching.end_all()
         await self.engine.close()
         self.clock.close()
         if self._owns_log:
@@ -345,7 +424,7 @@ class PulseDB(
         if isinstance(who, Principal):
             return who
         if isinstance(who, str):
-            return self.principal_of(who)
+            return self.tokens.principal_of(who)
         raise Unauthorized(f"principal: a Principal or an access token, got {type(who).__name__}")
 
     @contextlib.contextmanager
@@ -359,181 +438,158 @@ class PulseDB(
         with access.acting(self._principal_from(who)) as principal:
             yield principal
 
-    # -- the state as a whole ---------------------------------------------------------------
+    # -- what the instance is -------------------------------------------------------------
 
-    def watch_experiences(self) -> ExperienceWatch:
-        """Changes to experiences as this instance applies them, whichever host wrote them,
-        from the moment of this call, those the caller may see (a delete: of an experience
-        it could see while this host held it). Iterate it with ``async for``; it ends when
-        the instance closes (or call ``close()`` on it). A change's ``seq`` is its stream
-        sequence for admins and 0 for any other caller (sequences count every host's
-        writes, those it may not see among them)."""
-        me = self._me()
-        if me.admin:
-            return ExperienceWatch(self._watchers)
+    @property
+    def applied_seq(self) -> int:
+        """The last stream sequence this instance has applied."""
+        return self.replication.applied
 
-        async def admit(change: ExperienceChange) -> bool:
-            if change.kind == "deleted":  # to those who could see it (unknown here: no one)
-                facts = await self._read(queries.deleted_access, change.experience_id)
-                return facts is not None and me.sees(
-                    facts.visibility, me.member(facts.owner_id, facts.collective_id),
-                    facts.author_owner, facts.author_agent,
-                )  # fmt: skip
-            with access.acting(me):
-                try:
-                    await self._entity("experience", change.experience_id, write=False)
-                except NotFoundError:
-                    return False
-                return True
+    @property
+    def events_applied(self) -> int:
+        """Events the engine applied since open (a metric)."""
+        return self.engine.events_applied
 
-        return ExperienceWatch(self._watchers, admit=admit, sequences=False)
+    @property
+    def backfilled(self) -> int:
+        """Events of collectives followed later, read since open (``sync.following``)."""
+        return self.follower.backfilled
 
-    async def digest(self, collective_id: UUID | None = None) -> str:
-        """A hash of the logical state: equal on hosts that applied the same events. With
-        ``collective_id``, of that collective's rows only: equal on every host that
-        follows it, whatever else each follows (``sync.following``). Admins only: it
-        hashes every row, those a caller may not see among them (any change to them
-        would change it)."""
-        self._me().need_admin("reading the digest")
-        if collective_id is not None:
-            collective_id = uuid_of("collective_id", collective_id)
-            if self.scope is not None and collective_id not in self.scope.collectives:
-                raise self._not_followed(collective_id)
-        return await self.engine.digest(collective_id)
+    @property
+    def principal(self) -> Principal:
+        """Who calls act for unless a call says otherwise (``acting_as``)."""
+        return self.acting.principal
 
-    async def status(self) -> HostStatus:
-        """This host and the log: the stream (messages, sequences, replicas, its readers),
-        what the host applied and how far behind it is, each collective it follows
-        (partial hosts: the last sequence of its events in the log, and its lag), and
-        the dead letters it keeps. Admins only."""
-        self._me().need_admin("reading the status")
-        stream = await self.log.stream_state()
-        filters = self._filters()
-        last = stream.last_seq if filters is None else await self.log.last_seq(filters)
-        applied = self._applied
-        collectives = []
-        if self.scope is not None:
-            names = {c.collective_id: c.name for c in await self._read(queries.list_collectives)}
-            for cid in self.followed():
-                at = await self.log.last_seq(collective_filter([cid], wisdom=False))
-                backfill = self.scope.collectives.get(cid, 0)
-                known = self._directory.collectives.get(cid) if self._directory else None
-                collectives.append(
-                    CollectiveStatus(
-                        collective_id=cid, name=names.get(cid) or (known[1] if known else None),
-                        last_seq=at, lag=max(0, at - applied),
-                        catching_up=backfill > 0,
-                    )
-                )  # fmt: skip
-        return HostStatus(
-            instance_id=self.instance_id, applied_seq=applied, events_applied=self.events_applied,
-            backlog=self.engine.backlog, last_seq=last, lag=max(0, last - applied),
-            following=self.following, collectives=tuple(collectives),
-            dead_letters=len(await self._read(queries.dead_letters)), stream=stream,
-            replicating=self._failure is None,
-            leaf=await self.log.leaf_status() if isinstance(self.log, LeafLog) else None,
+    @principal.setter
+    def principal(self, who: Principal) -> None:
+        self.acting.principal = who
+
+    @property
+    def access(self) -> access.Registry:
+        """The access tokens this host knows (``sync.tokens``)."""
+        return self.tokens.access
+
+    @property
+    def scope(self) -> Scope | None:
+        """What this host follows (None: every collective; ``sync.following``)."""
+        return self.follower.scope
+
+    @property
+    def following(self) -> tuple[str, ...] | None:
+        """The references this host follows (None: every collective)."""
+        return self.follower.following
+
+    def subjects_read(self) -> list[str] | None:
+        """The subjects this host reads from the log (None: all of them): what its lag
+        is measured against."""
+        return self.follower.subjects_read()
+
+    def followed(self) -> list[UUID]:
+        """The collectives this host follows now (empty on a host that follows all)."""
+        return self.follower.followed()
+
+    def principal_of(self, token: str) -> Principal:
+        """The principal of an access token (Unauthorized when it is not a live one)."""
+        return self.tokens.principal_of(token)
+
+    def health(self) -> Health:
+        """Whether this host is connected and replicating, and how far it applied (for
+        ``/health`` and probes; ``status`` is the admins' whole picture, and asks the
+        log)."""
+        failure = self.replication.failure
+        return Health(
+            nats_connected=bool(getattr(getattr(self.log, "nc", None), "is_connected", True)),
+            replicating=failure is None, failure=None if failure is None else repr(failure),
+            applied_seq=self.applied_seq, instance_id=self.instance_id,
             snapshot=self.engine.snapshot_status(),
         )  # fmt: skip
 
-    async def dead_letters(
-        self, *, limit: int = models.PAGE_DEFAULT, after: str | None = None
-    ) -> models.Page[queries.DeadLetter]:
-        """Events kept aside: those that break an invariant of the folded state, and
-        messages that could not be applied (unreadable, or a value out of range). One
-        page of at most ``limit`` (1..1000, default 100), by entity, sequence and id; the
-        page's ``next`` is the cursor of the rest (``after=``), None on the last page."""
-        self._me().need_admin("reading the dead letters")
-        models.check_page_limit(limit)
-        key = models.from_cursor("dead_letters", after, (str, int, str))
-        found, last = await self._read(queries.dead_letters_page, limit, key)
-        return models.Page(found, None if last is None else models.cursor("dead_letters", last))
+    async def last_seq(self) -> int:
+        """The last sequence in the log of what this host reads (``subjects_read``):
+        what its lag is measured against (``/health``, ``/metrics``)."""
+        return await self.log.last_seq(self.follower.filters())
 
-    async def sql(self, query: str, *, limit: int = 10_000, as_of: models.AsOf = None) -> SqlResult:
-        """Run one read-only SQL query over the current state (DuckDB).
+    def watch_experiences(self) -> ExperienceWatch:
+        """See ``sync.watch.Watching.watch_experiences``."""
+        return self.watching.watch_experiences()
 
-        The views are the analysts' contract: collectives, experiences, applications,
-        relations, insights, insight_sources, wisdom, tokens, audit, dead_letters, sessions,
-        and activities (the latest activity of every agent, read from the activity stream for
-        this query). Anything but a query is refused: the state changes only through
-        events. DuckDB is flushed first; ``SqlResult.seq`` is the stream sequence the
-        answer reflects. The query runs on its own thread, so a long one holds up neither
-        the loop nor the engine.
+    watch_experiences.__doc__ = Watching.watch_experiences.__doc__
 
-        An admin (or the local operator) reads every table and view. Any other principal
-        reads those views only, by their names alone, each holding what it may see
-        (``sync.access``; tokens and dead letters hold nothing for it): a base table, a
-        qualified name, SHOW TABLES or EXPLAIN is Forbidden (``projections.analytics``).
+    # -- the operations of the API (sync.api.OPERATIONS), by service ---------------------
 
-        It runs in a sandbox (``projections.analytics``): the state's tables and views
-        only (no files, URLs, extensions or settings: a ValidationError says what was
-        refused), at most ``$PULSE_SQL_TIME_LIMIT`` seconds (10; then QueryTimedOut),
-        within ``$PULSE_SQL_MEMORY_LIMIT`` and ``$PULSE_SQL_TEMP_LIMIT`` (2GB, 1GB; then
-        QueryOutOfMemory). The answer stops at ``limit`` rows or ``$PULSE_SQL_MAX_BYTES``
-        of JSON (16 MiB), whichever comes first: ``truncated`` and ``truncated_by`` say
-        so. Cancelling the awaiting task interrupts the query. A query longer than
-        ``$PULSE_SQL_MAX_QUERY_BYTES`` (256 KiB) is QueryTooLarge; one whose parse tree has
-        more than ``$PULSE_SQL_MAX_NODES`` nodes (10,000) or ``$PULSE_SQL_MAX_DEPTH``
-        levels (400) is QueryTooComplex. A query in the way of forgetting (the rewrite of
-        the files after a delete) is cancelled: QueryCancelled, retry.
+    create_collective = Delegate("experiences", Experiences.create_collective)
+    get_collective = Delegate("experiences", Experiences.get_collective)
+    list_collectives = Delegate("experiences", Experiences.list_collectives)
+    find_collective = Delegate("experiences", Experiences.find_collective)
+    get_collective_stats = Delegate("experiences", Experiences.get_collective_stats)
+    record_experience = Delegate("experiences", Experiences.record_experience)
+    record_experiences = Delegate("experiences", Experiences.record_experiences)
+    get_experience = Delegate("experiences", Experiences.get_experience)
+    get_recent_experiences = Delegate("experiences", Experiences.get_recent_experiences)
+    list_experiences = Delegate("experiences", Experiences.list_experiences)
+    update_experience = Delegate("experiences", Experiences.update_experience)
+    invalidate_experience = Delegate("experiences", Experiences.invalidate_experience)
+    revalidate_experience = Delegate("experiences", Experiences.revalidate_experience)
+    archive_experience = Delegate("experiences", Experiences.archive_experience)
+    unarchive_experience = Delegate("experiences", Experiences.unarchive_experience)
+    reinforce_experience = Delegate("experiences", Experiences.reinforce_experience)
 
-        The query runs in a worker process over the analysts' snapshot, brought up to
-        date first (``projections.sqlworker``: the time limit then covers parsing and
-        planning, and the memory limit is the process's); without a snapshot
-        (``snapshot_interval=None``), on a cursor of the engine's DuckDB. The
-        ``SqlResult.seq`` of a principal that is not an admin is 0 (the stream's sequence
-        counts events it may not see).
+    search_similar = Delegate("recall", Recall.search_similar)
+    search_text = Delegate("recall", Recall.search_text)
+    search_hybrid = Delegate("recall", Recall.search_hybrid)
+    list_cold_experiences = Delegate("recall", Recall.list_cold_experiences)
+    get_context_candidates = Delegate("recall", Recall.get_context_candidates)
 
-        ``as_of`` (a stream sequence, or a time): every table and view as it was then
-        (``projections.past``; ``SqlResult.seq`` is that sequence); the activities are
-        the present ones.
-        """
-        if not isinstance(query, str) or not query.strip():
-            raise ValidationError("query: give one SQL query")
-        check_rows_limit(limit)
-        limits = self.engine.limits()
-        analytics.check_read_only(query, limits)
-        me = self._me()
-        live = {c.collective_id for c in await self._read(queries.list_collectives)}
-        activities = [a for a in await self._activities(None) if a.collective_id in live]
-        moment = None if as_of is None else await self._as_of_seq(as_of)
-        workers = self.engine.sql_workers
-        if workers is not None:  # in a process of its own, over the snapshot
-            seq, tables = await self.engine.pin_snapshot(moment)
-            if moment is not None:
-                seq = min(seq, moment[0])
-            asked = workers.query(
-                query, activities, limit, limits, None if me.admin else me, tables,
-                seq=seq if me.admin else 0,
-            )  # fmt: skip
-            return await analytics.run_async(asked)  # cancelling the caller kills it
-        cursor, seq = await self.engine.cursor()  # (no snapshot: here, on a cursor)
-        tables = None
-        if moment is not None:
-            at, ms = moment
-            try:
-                tables = await self.engine.run(past.sql_tables, at, ms)
-            except BaseException:
-                self.engine.returned(cursor)
-                raise
-            seq = min(seq, at)
-        run = analytics.SqlQuery(  # not an admin: the views filtered for it, in SQL
-            cursor, query, activities, limit, seq if me.admin else 0, limits,
-            viewer=None if me.admin else me, past=tables,
-            on_close=lambda: self.engine.release(run),
-        )  # fmt: skip
-        self.engine.track(run)  # a rewrite after a delete cancels it
-        return await analytics.run_async(run)  # cancelling the caller interrupts it
+    store_relation = Delegate("links", Links.store_relation)
+    get_related_experiences = Delegate("links", Links.get_related_experiences)
+    store_insight = Delegate("links", Links.store_insight)
+    get_insight = Delegate("links", Links.get_insight)
+    get_insights = Delegate("links", Links.get_insights)
+
+    store_wisdom = Delegate("wisdom", Wisdom.store_wisdom)
+    get_wisdom = Delegate("wisdom", Wisdom.get_wisdom)
+
+    register_activity = Delegate("presence", Presence.register_activity)
+    update_heartbeat = Delegate("presence", Presence.update_heartbeat)
+    end_activity = Delegate("presence", Presence.end_activity)
+    get_active_agents = Delegate("presence", Presence.get_active_agents)
+
+    start_session = Delegate("sessions", Sessions.start_session)
+    update_session = Delegate("sessions", Sessions.update_session)
+    end_session = Delegate("sessions", Sessions.end_session)
+    delete_session = Delegate("sessions", Sessions.delete_session)
+    get_session = Delegate("sessions", Sessions.get_session)
+    list_sessions = Delegate("sessions", Sessions.list_sessions)
+    resume_session = Delegate("sessions", Sessions.resume_session)
+
+    delete_collective = Delegate("forgetting", Forgetting.delete_collective)
+    delete_experience = Delegate("forgetting", Forgetting.delete_experience)
+    delete_relation = Delegate("forgetting", Forgetting.delete_relation)
+    delete_insight = Delegate("forgetting", Forgetting.delete_insight)
+    delete_wisdom = Delegate("forgetting", Forgetting.delete_wisdom)
+    compact = Delegate("forgetting", Forgetting.compact)
+    rotate_keys = Delegate("forgetting", Forgetting.rotate_keys)
+
+    create_token = Delegate("tokens", Tokens.create_token)
+    list_tokens = Delegate("tokens", Tokens.list_tokens)
+    revoke_token = Delegate("tokens", Tokens.revoke_token)
+
+    follow = Delegate("follower", Following.follow)
+
+    sync = Delegate("host", Host.sync)
+    status = Delegate("host", Host.status)
+    digest = Delegate("host", Host.digest)
+    dead_letters = Delegate("host", Host.dead_letters)
+    sql = Delegate("host", Host.sql)
 
     async def export(self, directory: str | os.PathLike[str]) -> dict[str, int]:
         """Write every view of ``sql`` as a Parquet file in ``directory`` (plus the
         activities); returns the number of rows per file. Admins only: a file holds every
         row."""
-        self._me().need_admin("exporting")
+        self.gate.me().need_admin("exporting")
         target = Path(directory)
         await asyncio.to_thread(target.mkdir, parents=True, exist_ok=True)
         activities = []
-        for c in await self._read(queries.list_collectives):  # every one: no pages here
-            activities.extend(await self._active(c.collective_id, stale_after=1e9))
-        cursor, _ = await self.engine.cursor()
-        release = self.engine.release
-        return await asyncio.to_thread(analytics.export, cursor, target, activities, release)
+        for c in await self.reads.read(queries.list_collectives):  # every one: no pages here
+            activities.extend(await self.presence.active(c.collective_id, stale_after=1e9))
+        return await self.engine.export(target, activities)

@@ -15,15 +15,23 @@ from eventlog import events as ev
 from eventlog.errors import ConflictError, NotFoundError, ValidationError
 from projections import queries
 from sync import models
-from sync.core import InstanceCore, as_of_read, uuid_of
+from sync.core import as_of_read, uuid_of, vector_for
+from sync.gate import Gate
 from sync.idempotency import idempotent
 from sync.models import validated
+from sync.reading import Reader
+from sync.writer import Writer
 
 # relation types that may close their target, and what the target is said to be
 INVALIDATING = {"Supersedes": "superseded", "Contradicts": "contradicted"}
 
 
-class Links(InstanceCore):
+class Links:
+    """Relations and insights (see the module docstring)."""
+
+    def __init__(self, reads: Reader, gate: Gate, writer: Writer) -> None:
+        self.reads, self.gate, self.writer = reads, gate, writer
+
     # -- relations -------------------------------------------------------------------------
 
     @idempotent
@@ -51,10 +59,10 @@ class Links(InstanceCore):
             relation_type=relation_type, strength=strength, metadata=metadata,
             visibility=visibility, invalidate=invalidate,
         )  # fmt: skip
-        source_collective = await self._entity(
+        source_collective = await self.gate.entity(
             "experience", spec.source_id, write=False, field="source_id"
         )
-        target_collective = await self._entity(
+        target_collective = await self.gate.entity(
             "experience", spec.target_id, write=False, field="target_id"
         )
         if source_collective != target_collective:
@@ -63,9 +71,9 @@ class Links(InstanceCore):
                 f"{source_collective}; relations stay within one collective"
             )
         assert source_collective is not None
-        await self._writable(source_collective)
-        me = self._me()
-        taken = await self._read(
+        await self.gate.writable(source_collective)
+        me = self.gate.me()
+        taken = await self.reads.read(
             queries.relation_taken, spec.source_id, spec.target_id, spec.relation_type,
             spec.visibility, me.owner, me.agent,
         )  # fmt: skip
@@ -81,24 +89,24 @@ class Links(InstanceCore):
                 f"invalidate: only a {' or '.join(INVALIDATING)} relation invalidates its "
                 f"target, got {spec.relation_type}"
             )
-        relation_id = self._new_id()
+        relation_id = self.writer.new_id()
         stored = ev.RelationStored(
-            **self._common(), relation_id=relation_id,
+            **self.writer.common(), relation_id=relation_id,
             collective_id=source_collective, source_id=spec.source_id,
             target_id=spec.target_id, relation_type=spec.relation_type,
             strength=spec.strength, metadata=spec.metadata, visibility=spec.visibility,
         )  # fmt: skip
         if not spec.invalidate:
-            await self._write(stored)
+            await self.writer.write(stored)
             return relation_id
-        common = self._common()
+        common = self.writer.common()
         closed = ev.ExperienceInvalidated(
             **common, experience_id=spec.target_id, collective_id=source_collective,
             reason=f"{INVALIDATING[spec.relation_type]} by another experience (a "
             f"{spec.relation_type} relation)",  # (no id: the reader may not see it)
             valid_to_ms=ev.hlc_millis(common["hlc"]),
         )  # fmt: skip
-        await self._write_many([stored, closed], atomic=True)
+        await self.writer.write_many([stored, closed], atomic=True)
         return relation_id
 
     @as_of_read
@@ -135,11 +143,11 @@ class Links(InstanceCore):
         models.check_page_limit(limit)
         key = models.from_cursor("related_experiences", after, (int, UUID))
         experience_id = uuid_of("experience_id", experience_id)
-        collective_id = await self._entity("experience", experience_id, write=False)
+        collective_id = await self.gate.entity("experience", experience_id, write=False)
         viewer = None
-        if not self._me().admin:
-            _, viewer = await self._readable(collective_id)
-        related, last = await self._read(
+        if not self.gate.me().admin:
+            _, viewer = await self.gate.readable(collective_id)
+        related, last = await self.reads.read(
             queries.related_page, experience_id, direction, relation_types,
             min_strength=min_strength, limit=limit, after=key, viewer=viewer,
         )  # fmt: skip
@@ -171,10 +179,10 @@ class Links(InstanceCore):
             source_experiences=list(source_experiences), confidence=confidence,
             domain=list(domain), visibility=visibility,
         )  # fmt: skip
-        collective = await self._writable(spec.collective_id)
+        collective = await self.gate.writable(spec.collective_id)
         for source in spec.source_experiences:
             try:
-                found = await self._entity(
+                found = await self.gate.entity(
                     "experience", source, write=False, field="source_experiences"
                 )
             except NotFoundError:
@@ -183,11 +191,11 @@ class Links(InstanceCore):
                 raise NotFoundError(
                     f"source_experiences: no experience {source} in collective {collective.name!r}"
                 )
-        vector = await self._vector(collective, spec.content, spec.embedding, spec.embedder)
-        insight_id = self._new_id()
-        await self._write(
+        vector = await vector_for(collective, spec.content, spec.embedding, spec.embedder)
+        insight_id = self.writer.new_id()
+        await self.writer.write(
             ev.InsightStored(
-                **self._common(), insight_id=insight_id,
+                **self.writer.common(), insight_id=insight_id,
                 collective_id=spec.collective_id, content=spec.content,
                 embedding=ev.pack_vector(vector),
                 source_experiences=tuple(spec.source_experiences),
@@ -204,14 +212,14 @@ class Links(InstanceCore):
         """The insight, or None (also when the caller may not see it); its sources the
         caller may not see are left out."""
         key = uuid_of("insight_id", insight_id)
-        if self._me().admin:
-            return await self._read(queries.get_insight, key)
+        if self.gate.me().admin:
+            return await self.reads.read(queries.get_insight, key)
         try:
-            collective_id = await self._entity("insight", key, write=False)
-            _, viewer = await self._readable(collective_id)
+            collective_id = await self.gate.entity("insight", key, write=False)
+            _, viewer = await self.gate.readable(collective_id)
         except NotFoundError:
             return None
-        return await self._read(queries.get_insight, key, viewer)
+        return await self.reads.read(queries.get_insight, key, viewer)
 
     @as_of_read
     async def get_insights(
@@ -228,10 +236,10 @@ class Links(InstanceCore):
         spec = validated(
             models.SearchIn, collective_id=collective_id, text=text, embedding=vector, k=k
         )
-        collective, viewer = await self._readable(spec.collective_id)
-        q = await self._vector(
+        collective, viewer = await self.gate.readable(spec.collective_id)
+        q = await vector_for(
             collective, spec.text, spec.embedding, embedder, field="query", query=True
         )
-        return await self._read(
+        return await self.reads.read(
             queries.similar_insights, collective.collective_id, q, spec.k, viewer
         )

@@ -6,18 +6,19 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
 from uuid import UUID
 
 import msgspec
 
 from eventlog import events as ev
-from eventlog.errors import Forbidden, NotFoundError, ValidationError
-from projections import queries
-from sync import idempotency, models
-from sync.core import InstanceCore, uuid_of
+from eventlog.errors import NotFoundError, ValidationError
+from eventlog.log import EventLog
+from sync import models
+from sync.core import InstanceSettings, uuid_of
+from sync.gate import Gate
 from sync.idempotency import idempotent
 from sync.models import validated
+from sync.writer import Writer
 
 
 class Activity(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,18 +38,13 @@ def _activity(event: ev.ActivityRegistered | ev.ActivityHeartbeat, started_ms: i
     )  # fmt: skip
 
 
-class Presence(InstanceCore):
-    async def _acts_for(self, collective_id: Any, agent_id: str) -> queries.Collective:
-        """A collective the caller may write to, for an agent it may speak for: a token
-        of an agent speaks for that agent only."""
-        collective = await self._writable(collective_id)
-        me = self._me()
-        if me.agent is not None and not me.admin and agent_id != me.agent:
-            raise Forbidden(
-                f"agent_id: {me.describe()} may speak for agent {me.agent!r} only, "
-                f"got {agent_id!r:.60}"
-            )
-        return collective
+class Presence:
+    """Which agents work on what (see the module docstring)."""
+
+    def __init__(
+        self, gate: Gate, writer: Writer, log_: EventLog, settings: InstanceSettings
+    ) -> None:
+        self.gate, self.writer, self.log, self.settings = gate, writer, log_, settings
 
     @idempotent
     async def register_activity(
@@ -65,12 +61,12 @@ class Presence(InstanceCore):
             models.ActivityIn, collective_id=collective_id, agent_id=agent_id,
             task_description=task_description, working_on=list(working_on),
         )  # fmt: skip
-        await self._acts_for(spec.collective_id, spec.agent_id)
+        await self.gate.acts_for(spec.collective_id, spec.agent_id)
         event = ev.ActivityRegistered(
-            **self._common(), collective_id=spec.collective_id, agent_id=spec.agent_id,
+            **self.writer.common(), collective_id=spec.collective_id, agent_id=spec.agent_id,
             task_description=spec.task_description, working_on=tuple(spec.working_on),
         )  # fmt: skip
-        await self._append_activity(event)
+        await self.writer.append_unfolded(event)
         return _activity(event, ev.hlc_millis(event.hlc))
 
     @idempotent
@@ -84,7 +80,7 @@ class Presence(InstanceCore):
         idempotency_key: str | None = None,
     ) -> Activity:
         """Keep an agent's activity alive (optionally changing what it works on)."""
-        collective_id = (await self._acts_for(collective_id, agent_id)).collective_id
+        collective_id = (await self.gate.acts_for(collective_id, agent_id)).collective_id
         current = await self._current_activity(collective_id, agent_id)
         if current is None:
             raise NotFoundError(
@@ -99,11 +95,11 @@ class Presence(InstanceCore):
             working_on=list(current.working_on if working_on is None else working_on),
         )  # fmt: skip
         event = ev.ActivityHeartbeat(
-            **self._common(), collective_id=spec.collective_id, agent_id=spec.agent_id,
+            **self.writer.common(), collective_id=spec.collective_id, agent_id=spec.agent_id,
             started_ms=current.started_ms, task_description=spec.task_description,
             working_on=tuple(spec.working_on),
         )  # fmt: skip
-        await self._append_activity(event)
+        await self.writer.append_unfolded(event)
         return _activity(event, current.started_ms)
 
     @idempotent
@@ -112,9 +108,9 @@ class Presence(InstanceCore):
     ) -> None:
         """The agent stopped; it leaves the active agents at once."""
         spec = validated(models.ActivityIn, collective_id=collective_id, agent_id=agent_id)
-        await self._acts_for(spec.collective_id, spec.agent_id)
-        await self._append_activity(
-            ev.ActivityEnded(**self._common(), collective_id=spec.collective_id,
+        await self.gate.acts_for(spec.collective_id, spec.agent_id)
+        await self.writer.append_unfolded(
+            ev.ActivityEnded(**self.writer.common(), collective_id=spec.collective_id,
                              agent_id=spec.agent_id)
         )  # fmt: skip
 
@@ -134,10 +130,10 @@ class Presence(InstanceCore):
         so that walk does not list it twice.)"""
         models.check_page_limit(limit)
         key = models.from_cursor("active_agents", after, (int, str))
-        _, viewer = await self._readable(collective_id)
+        _, viewer = await self.gate.readable(collective_id)
         if viewer is not None and not viewer.member:
             return models.Page([])  # activities are the members' (they have no visibility)
-        active = await self._active(collective_id, stale_after)
+        active = await self.active(collective_id, stale_after)
         if key is not None:
             beat, agent = key
             active = [a for a in active if (-a.last_heartbeat_ms, a.agent_id) > (-beat, agent)]
@@ -149,20 +145,20 @@ class Presence(InstanceCore):
             models.cursor("active_agents", (last.last_heartbeat_ms, last.agent_id)),
         )
 
-    async def _active(self, collective_id: UUID, stale_after: float | None) -> list[Activity]:
+    async def active(self, collective_id: UUID, stale_after: float | None) -> list[Activity]:
         """Every active agent of a collective, most recent first (see get_active_agents)."""
         window = self.settings.stale_after if stale_after is None else stale_after
         if not (math.isfinite(window) and window > 0):
             raise ValidationError(f"stale_after: must be > 0 seconds, got {stale_after}")
-        cid = (await self._collective(collective_id)).collective_id
+        cid = (await self.gate.collective(collective_id)).collective_id
         now_ms = int(time.time() * 1000)
         active = [
-            a for a in await self._activities(cid) if now_ms - a.last_heartbeat_ms <= window * 1000
+            a for a in await self.activities(cid) if now_ms - a.last_heartbeat_ms <= window * 1000
         ]
         active.sort(key=lambda a: (-a.last_heartbeat_ms, a.agent_id))
         return active
 
-    async def _activities(self, collective_id: UUID | None) -> list[Activity]:
+    async def activities(self, collective_id: UUID | None) -> list[Activity]:
         """The last registration or heartbeat of every agent that has not ended."""
         found = []
         for entry in await self.log.latest_activities(collective_id):
@@ -174,15 +170,7 @@ class Presence(InstanceCore):
         return found
 
     async def _current_activity(self, collective_id: UUID, agent_id: str) -> Activity | None:
-        for activity in await self._activities(uuid_of("collective_id", collective_id)):
+        for activity in await self.activities(uuid_of("collective_id", collective_id)):
             if activity.agent_id == agent_id:
                 return activity
         return None
-
-    async def _append_activity(self, event: ev.Event) -> None:
-        self._check_open()
-        call = idempotency.CURRENT.get()
-        if call is None:
-            await self.log.append(event)
-        else:
-            await self.log.append_keyed(event, call.fingerprint)

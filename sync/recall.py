@@ -21,9 +21,11 @@ import numpy.typing as npt
 from eventlog.errors import ValidationError
 from projections import queries
 from sync import models
-from sync.core import InstanceCore, as_of_read, check_limit
+from sync.core import InstanceSettings, as_of_read, check_limit, vector_for
+from sync.gate import Gate
 from sync.models import validated
 from sync.presence import Activity, Presence
+from sync.reading import Reader
 
 RRF_K = 60  # the usual Reciprocal Rank Fusion constant
 
@@ -39,7 +41,19 @@ class Context(msgspec.Struct, frozen=True, kw_only=True):
     active_agents: list[Activity]
 
 
-class Recall(Presence, InstanceCore):
+class Recall:
+    """Search and context (see the module docstring); ``presence`` says who is active."""
+
+    def __init__(
+        self, reads: Reader, gate: Gate, settings: InstanceSettings, presence: Presence
+    ) -> None:
+        self.reads, self.gate, self.settings, self.presence = (
+            reads,
+            gate,
+            settings,
+            presence,
+        )
+
     @as_of_read
     async def search_similar(
         self,
@@ -59,13 +73,13 @@ class Recall(Presence, InstanceCore):
             models.SearchIn, collective_id=collective_id, text=text, embedding=vector, k=k,
             energy_weight=energy_weight,
         )  # fmt: skip
-        collective, viewer = await self._readable(spec.collective_id)
-        q = await self._vector(
+        collective, viewer = await self.gate.readable(spec.collective_id)
+        q = await vector_for(
             collective, spec.text, spec.embedding, embedder, field="query", query=True
         )
-        hits = await self._read(
+        hits = await self.reads.read(
             queries.similar_experiences, collective.collective_id, q,
-            self._pool(spec.k, spec.energy_weight), self._filter(flt, viewer),
+            self._pool(spec.k, spec.energy_weight), self.reads.filter(flt, viewer),
         )  # fmt: skip
         return self._weighted(hits, spec.energy_weight, spec.k)
 
@@ -84,7 +98,7 @@ class Recall(Presence, InstanceCore):
         now = int(time.time() * 1000)
         out = []
         for hit in hits:
-            e = queries.energy_of(hit.experience, now, **self._energy_settings)
+            e = queries.energy_of(hit.experience, now, **self.settings.energy)
             score = hit.score * (1 - w + w * e) * (shaky if hit.experience.unstable else 1.0)
             out.append(queries.ScoredExperience(hit.experience, score, hit.score, e))
         out.sort(key=lambda h: -h.score)
@@ -108,10 +122,10 @@ class Recall(Presence, InstanceCore):
         )  # fmt: skip
         if not (spec.text or "").strip():
             raise ValidationError("text: must contain at least one word")
-        collective, viewer = await self._readable(spec.collective_id)
-        hits = await self._read(
+        collective, viewer = await self.gate.readable(spec.collective_id)
+        hits = await self.reads.read(
             queries.search_text, collective.collective_id, spec.text or "",
-            self._pool(spec.k, spec.energy_weight), self._filter(flt, viewer),
+            self._pool(spec.k, spec.energy_weight), self.reads.filter(flt, viewer),
         )  # fmt: skip
         return self._weighted(hits, spec.energy_weight, spec.k)
 
@@ -139,11 +153,11 @@ class Recall(Presence, InstanceCore):
         )  # fmt: skip
         if not (spec.text or "").strip():
             raise ValidationError("text: must contain at least one word")
-        collective, viewer = await self._readable(spec.collective_id)
-        q = await self._vector(
+        collective, viewer = await self.gate.readable(spec.collective_id)
+        q = await vector_for(
             collective, spec.text, spec.embedding, embedder, field="embedding", query=True
         )
-        return await self._hybrid(collective.collective_id, spec, q, self._filter(flt, viewer))
+        return await self._hybrid(collective.collective_id, spec, q, self.reads.filter(flt, viewer))
 
     async def _hybrid(
         self,
@@ -152,7 +166,7 @@ class Recall(Presence, InstanceCore):
         q: npt.NDArray[np.float32],
         flt: queries.ExperienceFilter,
     ) -> list[queries.ScoredExperience]:
-        hits = await self._read(
+        hits = await self.reads.read(
             queries.hybrid_experiences, collective_id, spec.text or "", q,
             max(4 * spec.k, 50), flt, vector_weight=spec.vector_weight,
             text_weight=spec.text_weight, rrf_k=RRF_K,
@@ -174,14 +188,14 @@ class Recall(Presence, InstanceCore):
         if not (math.isfinite(threshold) and 0.0 <= threshold <= 1.0):
             raise ValidationError(f"threshold: must be a finite number in [0, 1], got {threshold}")
         check_limit("limit", limit)
-        collective, viewer = await self._readable(collective_id)
-        return await self._read(
+        collective, viewer = await self.gate.readable(collective_id)
+        return await self.reads.read(
             queries.cold_experiences, collective.collective_id, threshold, limit,
-            int(time.time() * 1000), self._filter(flt, viewer), **self._energy_settings,
+            int(time.time() * 1000), self.reads.filter(flt, viewer), **self.settings.energy,
         )  # fmt: skip
 
     async def get_context_candidates(
-        self, request: models.ContextIn | dict[str, Any] | None = None, **fields: Any
+        self, /, request: models.ContextIn | dict[str, Any] | None = None, **fields: Any
     ) -> Context:
         """Everything an agent needs before a task, in one call: experiences similar to the
         task (hybrid when there is text, by vector otherwise), the most recent ones,
@@ -191,18 +205,18 @@ class Recall(Presence, InstanceCore):
             spec = request
         else:
             spec = validated(models.ContextIn, **{**(request or {}), **fields})
-        async with self._at(spec.as_of):
-            collective, viewer = await self._readable(spec.collective_id)
+        async with self.reads.at(spec.as_of):
+            collective, viewer = await self.gate.readable(spec.collective_id)
             cid = collective.collective_id
-            flt = self._filter(spec.filter, viewer)
+            flt = self.reads.filter(spec.filter, viewer)
             q: npt.NDArray[np.float32] | None = None
             if spec.embedding is not None or spec.text:
-                q = await self._vector(
+                q = await vector_for(
                     collective, spec.text, spec.embedding, spec.embedder, query=True
                 )
             hybrid = bool(spec.similar and q is not None and spec.text and spec.text.strip())
             pool = max(4 * spec.k, 50) if hybrid else self._pool(spec.k, spec.energy_weight)
-            found = await self._read(
+            found = await self.reads.read(
                 _context, cid, spec.text or "", q, flt, pool, hybrid, spec.similar, spec.recent,
                 spec.insights, spec.vector_weight, spec.text_weight, viewer,
             )  # fmt: skip
@@ -213,10 +227,10 @@ class Recall(Presence, InstanceCore):
                 ids = {h.experience.experience_id for h in similar} | {
                     e.experience_id for e in recent
                 }
-                relations = await self._read(
+                relations = await self.reads.read(
                     queries.relations_among, sorted(ids), queries.CONTEXT_RELATIONS_MAX, viewer
                 )
-            agents = await self.get_active_agents(cid) if spec.active_agents else []
+            agents = await self.presence.get_active_agents(cid) if spec.active_agents else []
         return Context(
             collective_id=cid, similar=similar, recent=recent, insights=insights,
             relations=relations, active_agents=agents,

@@ -32,10 +32,13 @@ from eventlog import events as ev
 from eventlog.errors import ConflictError, Forbidden, NotFoundError, ValidationError
 from projections import queries
 from sync import models
-from sync.core import InstanceCore, check_limit, check_text, uuid_of
+from sync.core import check_limit, check_text, uuid_of
+from sync.gate import Gate
 from sync.idempotency import idempotent
 from sync.models import validated
+from sync.reading import Reader
 from sync.recall import Context, Recall
+from sync.writer import Writer
 
 
 def _ended(found: queries.Session) -> ConflictError:
@@ -56,7 +59,13 @@ class ResumedSession(msgspec.Struct, frozen=True, kw_only=True):
     context_by: Literal["summary", "recent"]
 
 
-class Sessions(Recall, InstanceCore):
+class Sessions:
+    """Agents' sessions (see the module docstring); ``recall`` finds the context a
+    resumed session comes with."""
+
+    def __init__(self, reads: Reader, gate: Gate, writer: Writer, recall: Recall) -> None:
+        self.reads, self.gate, self.writer, self.recall = reads, gate, writer, recall
+
     @idempotent
     async def start_session(
         self,
@@ -71,11 +80,11 @@ class Sessions(Recall, InstanceCore):
         spec = validated(
             models.SessionIn, collective_id=collective_id, agent_id=agent_id, summary=summary
         )
-        await self._acts_for(spec.collective_id, spec.agent_id)
-        session_id = self._new_id()
-        await self._write(
+        await self.gate.acts_for(spec.collective_id, spec.agent_id)
+        session_id = self.writer.new_id()
+        await self.writer.write(
             ev.SessionStarted(
-                **self._common(), session_id=session_id, collective_id=spec.collective_id,
+                **self.writer.common(), session_id=session_id, collective_id=spec.collective_id,
                 agent_id=spec.agent_id, summary=spec.summary,
             )
         )  # fmt: skip
@@ -107,7 +116,7 @@ class Sessions(Recall, InstanceCore):
         found = await self._session_for(session_id, write=True)
         if found.ended:
             raise _ended(found)
-        await self._write(self._updated(found, spec))
+        await self.writer.write(self._updated(found, spec))
         return await self._written(found.session_id)
 
     @idempotent
@@ -132,12 +141,12 @@ class Sessions(Recall, InstanceCore):
                 raise _ended(found)
             return found
         ended = ev.SessionEnded(
-            **self._common(), session_id=found.session_id, collective_id=found.collective_id
+            **self.writer.common(), session_id=found.session_id, collective_id=found.collective_id
         )
         if spec.given:
-            await self._write_many([self._updated(found, spec), ended], atomic=True)
+            await self.writer.write_many([self._updated(found, spec), ended], atomic=True)
         else:
-            await self._write(ended)
+            await self.writer.write(ended)
         return await self._written(found.session_id)
 
     @idempotent
@@ -151,16 +160,16 @@ class Sessions(Recall, InstanceCore):
         agent's sessions). Repeating it is harmless and finishes forgetting if an earlier
         call was interrupted."""
         key = uuid_of("session_id", session_id)
-        if await self._read(queries.get_session, key) is not None:
+        if await self.reads.read(queries.get_session, key) is not None:
             await self._session_for(key, write=True)
         else:  # deleted here already (or never seen): finishing it is a member's
-            anchor = await self._read(queries.anchor_of, "session", key)
-            collective = await self._read(queries.get_collective, anchor) if anchor else None
-            me = self._me()
+            anchor = await self.reads.read(queries.anchor_of, "session", key)
+            collective = await self.reads.read(queries.get_collective, anchor) if anchor else None
+            me = self.gate.me()
             if not me.admin and (collective is None or not me.member(collective.owner_id, anchor)):
                 raise NotFoundError(f"session_id: no session {session_id}")
             me.need_write()
-        await self._delete("session", key)
+        await self.writer.delete("session", key)
 
     async def get_session(self, session_id: UUID) -> queries.Session | None:
         """The session (ended or not), or None: also when the caller is not a member of
@@ -187,10 +196,10 @@ class Sessions(Recall, InstanceCore):
         key = models.from_cursor("sessions", after, (int, UUID))
         if agent_id is not None:
             check_text("agent_id", agent_id, models.NAME_MAX)
-        collective, viewer = await self._readable(collective_id)
+        collective, viewer = await self.gate.readable(collective_id)
         if viewer is not None and not viewer.member:
             return models.Page([])  # sessions are the members' (they have no visibility)
-        found, last = await self._read(
+        found, last = await self.reads.read(
             queries.sessions_page, collective.collective_id, agent_id, open_only, limit, key
         )
         return models.Page(found, None if last is None else models.cursor("sessions", last))
@@ -207,17 +216,19 @@ class Sessions(Recall, InstanceCore):
         when the agent has no open session there (or the caller is not a member)."""
         check_limit("k", k)
         check_text("agent_id", agent_id, models.NAME_MAX)
-        collective, viewer = await self._readable(collective_id)
+        collective, viewer = await self.gate.readable(collective_id)
         if viewer is not None and not viewer.member:
             return None
         cid = collective.collective_id
-        found = await self._read(queries.latest_open_session, cid, agent_id)
+        found = await self.reads.read(queries.latest_open_session, cid, agent_id)
         if found is None:
             return None
         if collective.embedder and found.summary.strip():
-            context = await self.get_context_candidates(collective_id=cid, text=found.summary, k=k)
+            context = await self.recall.get_context_candidates(
+                collective_id=cid, text=found.summary, k=k
+            )
             return ResumedSession(session=found, context=context, context_by="summary")
-        context = await self.get_context_candidates(
+        context = await self.recall.get_context_candidates(
             collective_id=cid, similar=False, recent=k, insights=0
         )
         return ResumedSession(session=found, context=context, context_by="recent")
@@ -251,7 +262,7 @@ class Sessions(Recall, InstanceCore):
                 for t in spec.todo
             )
         return ev.SessionUpdated(
-            **self._common(), session_id=found.session_id, collective_id=found.collective_id,
+            **self.writer.common(), session_id=found.session_id, collective_id=found.collective_id,
             summary=spec.summary, todo=todo,
             changes=None if spec.changes is None else tuple(spec.changes),
             bugs=None if spec.bugs is None else tuple(spec.bugs),
@@ -263,12 +274,12 @@ class Sessions(Recall, InstanceCore):
         ``write`` change (a write scope; a token of an agent: that agent's session). One
         it may not read does not exist for it."""
         key = uuid_of("session_id", session_id)
-        found = await self._read(queries.get_session, key)
+        found = await self.reads.read(queries.get_session, key)
         missing = NotFoundError(f"session_id: no session {session_id}")
         if found is None:
             raise missing
-        collective = await self._collective(found.collective_id)
-        me = self._me()
+        collective = await self.gate.collective(found.collective_id)
+        me = self.gate.me()
         if not me.member(collective.owner_id, collective.collective_id):
             raise missing
         if write:
@@ -282,7 +293,7 @@ class Sessions(Recall, InstanceCore):
 
     async def _written(self, session_id: UUID) -> queries.Session:
         """A session this call just wrote (applied here: read-your-writes)."""
-        found = await self._read(queries.get_session, session_id)
+        found = await self.reads.read(queries.get_session, session_id)
         if found is None:  # its collective was deleted meanwhile
             raise NotFoundError(f"session_id: no session {session_id}")
         return found

@@ -6,6 +6,8 @@ by ``create_token``; the log and every host keep only its SHA-256.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -16,10 +18,16 @@ import msgspec
 from eventlog import events as ev
 from eventlog.errors import NotFoundError, ValidationError
 from eventlog.limits import NAME_MAX, TOKEN_COLLECTIVES_MAX
+from eventlog.log import LogEntry
 from projections import naming, queries
 from sync import access
-from sync.core import InstanceCore, check_text, uuid_of
+from sync.core import check_text, uuid_of
+from sync.gate import Gate
 from sync.idempotency import idempotent
+from sync.reading import Reader
+from sync.writer import Writer
+
+log = logging.getLogger(__name__)
 
 EXPIRES_MAX_S = 10 * 365 * 86400  # a token lives at most ten years
 
@@ -56,7 +64,57 @@ def _public(info: access.TokenInfo) -> Token:
     )  # fmt: skip
 
 
-class Tokens(InstanceCore):
+class Tokens:
+    """The access tokens this host knows (``sync.access.Registry``), read again when a
+    batch applies a token event, and their management (see the module docstring)."""
+
+    def __init__(self, reads: Reader, gate: Gate, writer: Writer) -> None:
+        self.reads, self.gate, self.writer = reads, gate, writer
+        self.access = access.Registry()
+        self._stale = False
+        self._reader: asyncio.Task[None] | None = None
+
+    # -- the registry -----------------------------------------------------------------------
+
+    def principal_of(self, token: str) -> access.Principal:
+        """The principal of an access token (Unauthorized when it is not a live one)."""
+        return self.access.resolve(token)
+
+    def applied(self, entry: LogEntry) -> None:
+        """A replication listener: a token event makes the registry stale."""
+        if isinstance(entry.event, (ev.TokenCreated, ev.TokenRevoked)):
+            self._stale = True
+
+    def after_batch(self) -> None:
+        """A replication listener: read the tokens again after a batch that changed them."""
+        if self._stale and self._reader is None:
+            self._reader = asyncio.ensure_future(self._read_again())
+
+    async def _read_again(self) -> None:
+        """Read the tokens again until no token event applied meanwhile."""
+        try:
+            while self._stale and not self.writer.replication.closed:
+                self._stale = False
+                self.access.replace(await self.reads.read(queries.tokens))
+        except Exception:  # the engine closed under it, or failed: its waiters will hear
+            log.debug("reading the access tokens failed", exc_info=True)
+        finally:
+            self._reader = None
+
+    async def load(self) -> None:
+        """Bring the registry up to what is applied now (the token writers wait on it)."""
+        self._stale = False
+        self.access.replace(await self.reads.read(queries.tokens))
+
+    async def caught_up(self) -> None:
+        """The registry holds every token event applied here now."""
+        if self._reader is not None:
+            await asyncio.shield(self._reader)
+        if self._stale:
+            await self.load()
+
+    # -- the API ----------------------------------------------------------------------------
+
     async def create_token(
         self,
         owner_id: str,
@@ -70,7 +128,7 @@ class Tokens(InstanceCore):
         it): ``scope`` "read", "write" or "admin"; limited to some of the owner's
         ``collectives`` (none: all of them); expiring ``expires_in`` seconds from now
         (None: never). The secret is in the answer only: keep it. Admins only."""
-        self._me().need_admin("creating tokens")
+        self.gate.me().need_admin("creating tokens")
         check_text("owner_id", owner_id, NAME_MAX)
         try:
             naming.unslashed(owner_id)
@@ -86,7 +144,7 @@ class Tokens(InstanceCore):
             )
         limited = tuple(dict.fromkeys(uuid_of("collectives", c) for c in collectives))
         for cid in limited:
-            found = await self._read(queries.get_collective, cid)
+            found = await self.reads.read(queries.get_collective, cid)
             if found is None or found.owner_id != owner_id:
                 raise NotFoundError(f"collectives: no collective {cid} owned by {owner_id!r}")
         expires_ms = None
@@ -101,16 +159,16 @@ class Tokens(InstanceCore):
                     f"expires_in: must be seconds in (0, {EXPIRES_MAX_S}], got {expires_in!r}"
                 )
             expires_ms = int(time.time() * 1000 + expires_in * 1000)
-        token_id = self._new_id()
+        token_id = self.writer.new_id()
         secret = access.new_secret(token_id)
-        await self._write(
+        await self.writer.write(
             ev.TokenCreated(
-                **self._common(), token_id=token_id, owner_id=owner_id,
+                **self.writer.common(), token_id=token_id, owner_id=owner_id,
                 secret_sha256=access.secret_hash(secret), scope=scope, agent_id=agent_id,
                 collectives=limited, expires_ms=expires_ms,
             )
         )  # fmt: skip
-        await self._load_tokens()  # it works here as soon as this returns
+        await self.load()  # it works here as soon as this returns
         return NewToken(
             token=secret, token_id=token_id, owner_id=owner_id, agent_id=agent_id,
             scope=scope, collectives=limited, expires_ms=expires_ms,
@@ -121,7 +179,7 @@ class Tokens(InstanceCore):
     ) -> list[Token]:
         """The tokens (of one owner, or all), by id; revoked ones only when asked.
         Admins only."""
-        self._me().need_admin("listing tokens")
+        self.gate.me().need_admin("listing tokens")
         return [
             _public(t)
             for t in self.access.tokens.values()  # (by id, as the registry holds them)
@@ -132,9 +190,9 @@ class Tokens(InstanceCore):
     async def revoke_token(self, token_id: UUID, *, idempotency_key: str | None = None) -> None:
         """Revoke a token: every host refuses it once it applied the revocation (one
         replication delay). Revoking it again is harmless. Admins only."""
-        self._me().need_admin("revoking tokens")
+        self.gate.me().need_admin("revoking tokens")
         key = uuid_of("token_id", token_id)
         if key not in self.access.tokens:  # (the registry: what this host applied)
             raise NotFoundError(f"token_id: no token {token_id}")
-        await self._write(ev.TokenRevoked(**self._common(), token_id=key))
-        await self._load_tokens()
+        await self.writer.write(ev.TokenRevoked(**self.writer.common(), token_id=key))
+        await self.load()

@@ -1,4 +1,5 @@
-"""Changes to experiences as an instance applies them: ``PulseDB.watch_experiences``."""
+"""Changes to experiences as an instance applies them: ``PulseDB.watch_experiences``,
+and the watchers of an instance (``Watching``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ from uuid import UUID
 import msgspec
 
 from eventlog import events as ev
-from eventlog.errors import PulseError
+from eventlog.errors import NotFoundError, PulseError
 from eventlog.log import LogEntry
+from projections import queries
+from sync import access
+from sync.gate import Gate
+from sync.reading import Reader
 
 ChangeKind = Literal["created", "updated", "archived", "unarchived", "invalidated", "deleted"]
 CHANGE_OF: dict[type, ChangeKind] = {
@@ -149,3 +154,52 @@ class ExperienceWatch:
         if self._admitting is not None and not self._admitting.done():
             if asyncio.current_task() is not self._admitting:
                 self._admitting.cancel()
+
+
+class Watching:
+    """The watchers of this instance: every change replication applies is offered to
+    each (``applied``), and ``watch_experiences`` makes one for the caller."""
+
+    def __init__(self, reads: Reader, gate: Gate) -> None:
+        self.reads, self.gate = reads, gate
+        self.watchers: set[ExperienceWatch] = set()
+
+    def applied(self, entry: LogEntry) -> None:
+        """A replication listener: offer the change an entry makes to every watcher."""
+        if self.watchers:
+            change = change_of(entry)
+            if change is not None:
+                for watcher in list(self.watchers):
+                    watcher.offer(change)
+
+    def end_all(self) -> None:
+        """The instance closes: every watch ends once what it holds is read."""
+        for watch in list(self.watchers):
+            watch.end()
+
+    def watch_experiences(self) -> ExperienceWatch:
+        """Changes to experiences as this instance applies them, whichever host wrote them,
+        from the moment of this call, those the caller may see (a delete: of an experience
+        it could see while this host held it). Iterate it with ``async for``; it ends when
+        the instance closes (or call ``close()`` on it). A change's ``seq`` is its stream
+        sequence for admins and 0 for any other caller (sequences count every host's
+        writes, those it may not see among them)."""
+        me = self.gate.me()
+        if me.admin:
+            return ExperienceWatch(self.watchers)
+
+        async def admit(change: ExperienceChange) -> bool:
+            if change.kind == "deleted":  # to those who could see it (unknown here: no one)
+                facts = await self.reads.read(queries.deleted_access, change.experience_id)
+                return facts is not None and me.sees(
+                    facts.visibility, me.member(facts.owner_id, facts.collective_id),
+                    facts.author_owner, facts.author_agent,
+                )  # fmt: skip
+            with access.acting(me):
+                try:
+                    await self.gate.entity("experience", change.experience_id, write=False)
+                except NotFoundError:
+                    return False
+                return True
+
+        return ExperienceWatch(self.watchers, admit=admit, sequences=False)

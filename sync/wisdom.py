@@ -13,12 +13,20 @@ from eventlog.errors import Forbidden, NotFoundError, ValidationError
 from eventlog.ids import uuid7
 from projections import queries
 from sync import models
-from sync.core import InstanceCore, as_of_read, check_limit, check_text
+from sync.core import as_of_read, check_limit, check_text
+from sync.gate import Gate
 from sync.idempotency import idempotent
 from sync.models import validated
+from sync.reading import Reader
+from sync.writer import Writer
 
 
-class WisdomPart(InstanceCore):
+class Wisdom:
+    """An owner's wisdom (see the module docstring)."""
+
+    def __init__(self, reads: Reader, gate: Gate, writer: Writer) -> None:
+        self.reads, self.gate, self.writer = reads, gate, writer
+
     # -- wisdom: per owner, across collectives ---------------------------------------------
 
     @idempotent
@@ -46,7 +54,7 @@ class WisdomPart(InstanceCore):
             source_experience_count=source_experience_count,
             applicable_domains=list(applicable_domains), visibility=visibility,
         )  # fmt: skip
-        me = self._me()
+        me = self.gate.me()
         me.need_write()
         if not me.admin and spec.owner_id != me.owner:
             raise Forbidden(
@@ -54,7 +62,7 @@ class WisdomPart(InstanceCore):
             )
         for source in spec.source_collectives:
             try:
-                found: queries.Collective | None = (await self._readable(source))[0]
+                found: queries.Collective | None = (await self.gate.readable(source))[0]
             except NotFoundError:
                 found = None
             if found is None or found.owner_id != spec.owner_id:
@@ -63,16 +71,16 @@ class WisdomPart(InstanceCore):
                 )
         # (checked against what the caller sees of it: another agent's private wisdom must
         # not tell its dimension; a search skips wisdom of another dimension anyway)
-        existing = await self._read(queries.wisdom_of, spec.owner_id, None if me.admin else me)
+        existing = await self.reads.read(queries.wisdom_of, spec.owner_id, None if me.admin else me)
         if existing and len(ev.unpack_vector(existing[0].embedding)) != len(spec.embedding):
             raise ValidationError(
                 f"embedding: {len(spec.embedding)} values, the wisdom of {spec.owner_id!r} "
                 f"has dimension {len(ev.unpack_vector(existing[0].embedding))}"
             )
-        wisdom_id = self._new_id()
-        await self._write(
+        wisdom_id = self.writer.new_id()
+        await self.writer.write(
             ev.WisdomStored(
-                **self._common(), wisdom_id=wisdom_id, owner_id=spec.owner_id,
+                **self.writer.common(), wisdom_id=wisdom_id, owner_id=spec.owner_id,
                 category=spec.category, pattern=spec.pattern, confidence=spec.confidence,
                 embedding=ev.pack_vector(spec.embedding),
                 source_collectives=tuple(spec.source_collectives),
@@ -96,11 +104,11 @@ class WisdomPart(InstanceCore):
         or all (oldest first, score 1)."""
         check_text("owner_id", owner_id, models.NAME_MAX)
         check_limit("k", k)
-        me = self._me()
+        me = self.gate.me()
         viewer = None if me.admin else me
         if query is None:
-            found = await self._read(queries.wisdom_of, owner_id, viewer)
+            found = await self.reads.read(queries.wisdom_of, owner_id, viewer)
             return [queries.ScoredWisdom(w, 1.0) for w in found][:k]
         vector = validated(models.SearchIn, collective_id=uuid7(), embedding=query).embedding
         assert vector is not None
-        return await self._read(queries.similar_wisdom, owner_id, vector, k, viewer)
+        return await self.reads.read(queries.similar_wisdom, owner_id, vector, k, viewer)

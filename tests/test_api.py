@@ -302,7 +302,7 @@ async def test_a_write_that_lands_after_a_delete_is_forgotten_too(
             collective_id=cid, domain=("written after the delete",),
         )  # fmt: skip
         with pytest.raises(NotFoundError, match=f"experience_id: experience {eid} was deleted"):
-            await b._write(late)  # what update_experience does once its check has passed
+            await b.writer.write(late)  # what update_experience does once its check has passed
         gone = await a.create_collective("o", "gone", 2)
         await a.delete_collective(gone)
         await b.sync()
@@ -313,7 +313,7 @@ async def test_a_write_that_lands_after_a_delete_is_forgotten_too(
             confidence=0.5, source_agent="b",
         )  # fmt: skip
         with pytest.raises(NotFoundError, match=f"collective_id: collective {gone} was deleted"):
-            await b._write(stale)
+            await b.writer.write(stale)
         left = []
         async for batch in a.log.read(1):
             left.extend(repr(entry.event) for entry in batch)

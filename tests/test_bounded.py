@@ -64,10 +64,10 @@ async def test_many_reinforcements_leave_no_locks_and_a_bounded_own_map(
                 if round_ < wanted[eid]:
                     made[eid] += 1
                     assert await a.reinforce_experience(eid) == made[eid]
-                    assert len(a._own) <= small_own
+                    assert len(a.experiences._own) <= small_own
         assert made == wanted
-        assert a._reinforce_locks == {}
-        assert len(a._own) == small_own
+        assert a.experiences._reinforce_locks == {}
+        assert len(a.experiences._own) == small_own
         await b.sync()
         for eid in eids:
             assert await _applications(a, eid) == wanted[eid]
@@ -90,7 +90,7 @@ async def test_concurrent_reinforcements_are_exact_and_leave_no_locks(
         await a.reinforce_experience(hot)
         for eid in others:  # hot is evicted: its concurrent calls begin with a miss
             await a.reinforce_experience(eid)
-        assert hot not in a._own
+        assert hot not in a.experiences._own
         calls = [a.reinforce_experience(hot) for _ in range(20)]
         calls += [a.reinforce_experience(eid) for eid in others for _ in range(3)]
         calls += [b.reinforce_experience(hot) for _ in range(5)]
@@ -98,12 +98,12 @@ async def test_concurrent_reinforcements_are_exact_and_leave_no_locks(
         waiting = 0  # the calls holding or waiting for the hot experience's lock
         while not task.done() and waiting < 2:
             await asyncio.sleep(0)
-            waiting = max(waiting, a._reinforce_locks.get(hot, (None, 0))[1])
+            waiting = max(waiting, a.experiences._reinforce_locks.get(hot, (None, 0))[1])
         assert waiting >= 2  # they queued up on one lock
         totals = await task
         assert max(totals[:20]) <= 26
-        assert a._reinforce_locks == {} and b._reinforce_locks == {}
-        assert len(a._own) <= small_own
+        assert a.experiences._reinforce_locks == {} and b.experiences._reinforce_locks == {}
+        assert len(a.experiences._own) <= small_own
         await a.sync()
         await b.sync()
         for db in (a, b):
@@ -132,10 +132,10 @@ async def test_an_evicted_experience_continues_from_its_stored_total(
         assert await b.reinforce_experience(first) == 4  # another instance's entry
         for eid in others:
             await a.reinforce_experience(eid)
-        assert first not in a._own  # evicted
+        assert first not in a.experiences._own  # evicted
         await a.sync()
         assert await a.reinforce_experience(first) == 5  # a's entry 3 -> 4, not 1
-        assert a._own[first] == 4
+        assert a.experiences._own[first] == 4
         await b.sync()
         assert await _applications(b, first) == 5
         mine = [t for e, i, t in await _announced(a) if e == first and i == a.instance_id]
@@ -166,10 +166,11 @@ async def test_a_failed_append_is_neither_lost_nor_counted_twice(
         with pytest.raises(LogUnavailable):
             await a.reinforce_experience(first)
         monkeypatch.setattr(a.log, "append", real_append)
-        assert a._own[first] == 2 and a._reinforce_locks == {}  # the total did not advance
+        own, locks = a.experiences._own, a.experiences._reinforce_locks
+        assert own[first] == 2 and locks == {}  # the total did not advance
         for eid in others:
             await a.reinforce_experience(eid)
-        assert first not in a._own
+        assert first not in a.experiences._own
         assert await a.reinforce_experience(first) == 3  # the miss continues from 2
 
         # stored after all, and still kept here: the next call announces the same total
@@ -177,7 +178,7 @@ async def test_a_failed_append_is_neither_lost_nor_counted_twice(
         with pytest.raises(LogUnavailable):
             await a.reinforce_experience(first)
         monkeypatch.setattr(a.log, "append", real_append)
-        assert a._own[first] == 3 and a._reinforce_locks == {}
+        assert a.experiences._own[first] == 3 and a.experiences._reinforce_locks == {}
         assert await a.reinforce_experience(first) == 4  # 4 announced twice, counted once
         await a.sync()
         assert await _applications(a, first) == 4
@@ -205,6 +206,6 @@ async def test_deletes_leave_no_set_of_deleted_ids(
         assert memory_sets == [], f"deleted ids kept in {memory_sets}"
         with pytest.raises(Exception, match="experience_id: no experience"):
             await db.reinforce_experience(ids[0])  # (a racing write: tests/test_api.py)
-        assert db._landed_dead == {}
+        assert db.replication.landed_dead == {}
     finally:
         await db.close()

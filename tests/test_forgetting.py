@@ -200,15 +200,16 @@ async def test_a_batch_landing_after_its_collectives_tombstone_is_forgotten_whol
     db = await PulseDB.open(tmp_path / "a", nats_server.url)
     try:
         cid = await db.create_collective("o", "doomed", 4)
-        await db.log.append(ev.CollectiveDeleted(**db._common(), collective_id=cid))
+        await db.log.append(ev.CollectiveDeleted(**db.writer.common(), collective_id=cid))
         await db.sync()  # the tombstone another host wrote is applied here
         specs = [
             models.ExperienceIn(collective_id=cid, content=f"zebra {i}", embedding=[1, 0, 0, 0])
             for i in range(5)
         ]
-        late = [_recorded(db._common(), db._new_id(), spec, spec.embedding) for spec in specs]
+        writer = db.writer
+        late = [_recorded(writer.common(), writer.new_id(), spec, spec.embedding) for spec in specs]
         with pytest.raises(NotFoundError, match="was deleted .and 4 more of the batch"):
-            await db._write_many(late, atomic=True)  # as record_experiences does
+            await db.writer.write_many(late, atomic=True)  # as record_experiences does
         assert not any("zebra" in p for p in await raw_payloads(db.log))
     finally:
         await db.close()

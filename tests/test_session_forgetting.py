@@ -229,7 +229,7 @@ async def test_an_update_checked_before_the_delete_leaves_nothing_in_the_log(
     """Host b checked an update against a state without a's delete_session (a race) and
     writes it: the session's data key is destroyed, so it is refused (nothing is
     appended); were it sealed with a copy of the key, it would land after the tombstone
-    and be forgotten (``InstanceCore._forget``)."""
+    and be forgotten (``sync.writer.Writer._forget``)."""
     from eventlog import events as ev
     from eventlog.errors import NotFoundError
     from eventlog.ids import uuid7
@@ -246,7 +246,7 @@ async def test_an_update_checked_before_the_delete_leaves_nothing_in_the_log(
             collective_id=cid, summary="written after the delete ZEBRA",
         )  # fmt: skip
         with pytest.raises(NotFoundError, match=f"session_id: session {s} was deleted"):
-            await b._write(late)  # what update_session does once its check has passed
+            await b.writer.write(late)  # what update_session does once its check has passed
         left = [p for p in await raw_payloads(a.log) if str(s) in p]
         assert len(left) >= 1 and all(p.startswith("SessionDeleted(") for p in left), left
         assert await a.digest() == await b.digest()

@@ -1,6 +1,6 @@
 """``GET /health``: up or down to anyone; to an admin token or the operator, also the
 NATS connection, the applied and stream sequences, the lag, the instance id and the
-analysts' snapshot.
+analysts' snapshot (``PulseDB.health()``, and the stream's last sequence).
 
 (No ``from __future__ import annotations`` here: FastAPI reads the endpoint annotations.)
 """
@@ -45,26 +45,27 @@ def router(db: PulseDB) -> APIRouter:
         """Up or down; to an admin token or the operator, also the NATS connection, last
         applied vs stream sequence, the lag, the instance id and the analysts' snapshot
         (sequence numbers tell how much the stream holds: not for every caller)."""
-        connected = bool(getattr(getattr(db.log, "nc", None), "is_connected", True))
         stream_seq: int | None = None
+        connected = True
         try:
             stream_seq = await stream_head.read()
         except (PulseError, TimeoutError):
             connected = False
-        failure = db._failure
-        ok = connected and failure is None
+        health = db.health()  # (sync.instance.Health)
+        connected = connected and health.nats_connected
+        ok = connected and health.replicating
         body = {
             "status": "ok" if ok else "degraded",
             "nats_connected": connected,
-            "replicating": failure is None,
-            "applied_seq": db.applied_seq,
+            "replicating": health.replicating,
+            "applied_seq": health.applied_seq,
             "stream_seq": stream_seq,
-            "lag": None if stream_seq is None else max(0, stream_seq - db.applied_seq),
-            "instance_id": str(db.instance_id),
-            "snapshot": to_json(db.engine.snapshot_status()),  # (projections.snapshot)
+            "lag": None if stream_seq is None else max(0, stream_seq - health.applied_seq),
+            "instance_id": str(health.instance_id),
+            "snapshot": to_json(health.snapshot),  # (projections.snapshot)
         }
-        if failure is not None:
-            body["error"] = repr(failure)
+        if health.failure is not None:
+            body["error"] = health.failure
         principal = request.scope.get(PRINCIPAL)
         if not (isinstance(principal, Principal) and principal.admin):
             body = {"status": "up" if ok else "down"}  # the rest is for admins
@@ -89,9 +90,7 @@ class StreamHead:
         if self._value is not None and time.monotonic() - self._at < self._max_age:
             return self._value
         if self._asking is None:
-            self._asking = asyncio.ensure_future(
-                asyncio.wait_for(self._db.log.last_seq(self._db.subjects_read()), 5)
-            )
+            self._asking = asyncio.ensure_future(asyncio.wait_for(self._db.last_seq(), 5))
         asking = self._asking
         try:
             value = await asyncio.shield(asking)

@@ -54,7 +54,7 @@ def router(db: PulseDB, metrics: Metrics) -> APIRouter:
 
 async def metrics_response(db: PulseDB, metrics: Metrics) -> Response:
     try:
-        stream_seq: int | None = await asyncio.wait_for(db.log.last_seq(db.subjects_read()), 5)
+        stream_seq: int | None = await asyncio.wait_for(db.last_seq(), 5)
     except (PulseError, TimeoutError):
         stream_seq = None
     return Response(metrics.render(stream_seq), media_type=CONTENT_TYPE)
