@@ -85,7 +85,7 @@ def create_app(
         description=__doc__, lifespan=lifespan,
         docs_url=None, redoc_url=None,  # (ops.http.docs serves /docs, from the package)
     )  # fmt: skip
-    metrics_ = app.state.metrics = Metrics(db)
+    counts = app.state.metrics = Metrics(db)  # (also read by `pulse up --metrics-listen`)
     watching = Slots(
         max_watchers or count_setting("PULSE_MAX_WATCHERS", Limits.max_watchers),
         max_watchers_per_token
@@ -95,7 +95,7 @@ def create_app(
     app.include_router(api.router(db, operations))
     app.include_router(watch.router(db, secret, watching))
     app.include_router(health.router(db))
-    app.include_router(metrics.router(db, metrics_))
+    app.include_router(metrics.router(db, counts))
     app.include_router(docs.router())
     app.router.routes.extend([docs.assets(), *(mcp_routes or [])])
     answer_errors(app)
@@ -104,7 +104,7 @@ def create_app(
         BodyLimit, limit=max_body_bytes or count_setting("PULSE_MAX_BODY_BYTES", MAX_BODY_BYTES)
     )
     app.add_middleware(  # (outermost: sees the 413s)
-        Guard, metrics=metrics_, secret=secret, db=db, host=host, allow_origins=allow_origins,
+        Guard, metrics=counts, secret=secret, db=db, host=host, allow_origins=allow_origins,
         private_docs=private_docs, routes=api.paths(operations) | {watch.PATH},
     )  # fmt: skip
     return app
