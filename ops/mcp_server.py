@@ -17,6 +17,8 @@ back as a tool error with the library's message.
 import asyncio
 import functools
 import logging
+import types
+import typing
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 from uuid import UUID
@@ -24,7 +26,8 @@ from uuid import UUID
 import anyio
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
-from pydantic import Field
+from pydantic import Field, GetCoreSchemaHandler
+from pydantic_core import core_schema
 
 from eventlog import events as ev
 from eventlog.errors import NotFoundError, PulseError, Unauthorized, ValidationError
@@ -34,6 +37,7 @@ from ops.http.guard import principal_of
 from projections import naming
 from sync import access, models
 from sync.access import Principal
+from sync.api import OPERATIONS
 
 log = logging.getLogger("pulse.mcp")
 
@@ -71,22 +75,42 @@ Collective = Annotated[
         max_length=naming.REFERENCE_MAX,
     ),
 ]
+
+
+class AsDeclared:
+    """A tool parameter's type and limits as the declaration states them: the field
+    ``field`` of the request model of ``operation`` (``sync.api``), e.g.
+    ``Annotated[str, AsDeclared("record_experience", "content")]``, so a tool takes what
+    the API takes, with the library's messages."""
+
+    def __init__(self, operation: str, field: str) -> None:
+        info = OPERATIONS[operation].request.model_fields[field]
+        given = [arg for arg in typing.get_args(info.annotation) if arg is not type(None)]
+        optional = typing.get_origin(info.annotation) in (typing.Union, types.UnionType)
+        # (an optional field's type without its None: the tool says whether it is optional)
+        annotation = given[0] if optional and len(given) == 1 else info.annotation
+        metadata = tuple(info.metadata)
+        self.type: Any = Annotated[(annotation, *metadata)] if metadata else annotation
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return handler.generate_schema(self.type)
+
+
 Content = Annotated[
     str,
-    Field(
-        description="what was learned (1 byte to 100 KB of UTF-8)",
-        min_length=1,
-        max_length=models.CONTENT_MAX_BYTES,
-    ),
+    AsDeclared("record_experience", "content"),
+    Field(description="what was learned (1 byte to 100 KB of UTF-8)"),
 ]
-Score = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+Score = Annotated[float, AsDeclared("record_experience", "importance")]
 Tags = Annotated[
-    list[Annotated[str, Field(min_length=1, max_length=models.DOMAIN_TAG_MAX)]],
-    Field(max_length=models.DOMAIN_MAX, description="domain tags"),
+    list[str], AsDeclared("record_experience", "domain"), Field(description="domain tags")
 ]
 Files = Annotated[
-    list[Annotated[str, Field(min_length=1, max_length=models.FILE_PATH_MAX)]],
-    Field(max_length=models.FILES_MAX, description="related files"),
+    list[str],
+    AsDeclared("record_experience", "related_files"),
+    Field(description="related files"),
 ]
 # the experience kinds: the tags of the event model's experience types
 KINDS = tuple(kind.__struct_config__.tag for kind in ev.EXPERIENCE_TYPES)
@@ -94,7 +118,7 @@ if TYPE_CHECKING:
     Kind = str
 else:
     Kind = Literal[KINDS]
-Agent = Annotated[str, Field(min_length=1, max_length=models.NAME_MAX)]
+Agent = Annotated[str, AsDeclared("record_experience", "source_agent")]
 K = Annotated[int, Field(ge=1, le=100)]
 Limit = Annotated[
     int,
@@ -102,8 +126,9 @@ Limit = Annotated[
 ]
 After = Annotated[str | None, Field(description="the `next` of the page before", max_length=1000)]
 Notes = Annotated[
-    list[Annotated[str, Field(min_length=1, max_length=models.SESSION_NOTE_MAX_BYTES)]],
-    Field(max_length=models.SESSION_NOTES_MAX, description="short notes, one each (≤1 KB)"),
+    list[str],
+    AsDeclared("update_session", "changes"),
+    Field(description="short notes, one each (≤1 KB)"),
 ]
 Visible = Annotated[
     ev.Visibility,
@@ -295,7 +320,7 @@ async def recall(
 async def invalidate(
     ctx: Ctx,
     experience_id: UUID,
-    reason: Annotated[str, Field(min_length=1, max_length=models.REASON_MAX_BYTES)],
+    reason: Annotated[str, AsDeclared("invalidate_experience", "reason")],
     at: Annotated[str | None, Field(description="ISO 8601 time; default now")] = None,
     true_again: bool = False,
     idempotency_key: IdempotencyKey = None,
@@ -327,7 +352,7 @@ async def relate(
     relation_type: ev.RelationType,
     target_id: UUID,
     strength: Score = 0.5,
-    metadata: Annotated[str | None, Field(max_length=models.METADATA_MAX_BYTES)] = None,
+    metadata: Annotated[str, AsDeclared("store_relation", "metadata")] | None = None,
     visibility: Visible = "team",
     invalidate: bool = False,
     idempotency_key: IdempotencyKey = None,
@@ -375,10 +400,7 @@ async def activity(
     action: Literal["register", "heartbeat", "end", "active"],
     agent: Agent | None = None,
     task: Annotated[str | None, Field(max_length=models.TASK_MAX_BYTES)] = None,
-    working_on: Annotated[
-        list[Annotated[str, Field(min_length=1, max_length=models.WORKING_ON_ITEM_MAX)]] | None,
-        Field(max_length=models.WORKING_ON_MAX),
-    ] = None,
+    working_on: Annotated[list[str], AsDeclared("register_activity", "working_on")] | None = None,
     limit: Limit = models.PAGE_DEFAULT,
     after: After = None,
     idempotency_key: IdempotencyKey = None,
