@@ -2,7 +2,7 @@
 accepts (request models, with the limits of the data model), every status it can answer
 with and the one error body they share, its media types and an example of each request.
 
-``ops.service`` builds the routes; this module says what they promise, in one place for
+``ops.http`` builds the routes; this module says what they promise, in one place for
 every route, so a client generated from ``/openapi.json`` is right about what it will
 get. ``tests/test_contract.py`` holds a live service to it with schemathesis.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import typing
-from typing import Annotated, Any, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, Protocol
 from uuid import UUID
 
 import msgspec
@@ -22,10 +23,28 @@ from pydantic import Field, WithJsonSchema
 from pydantic.json_schema import models_json_schema
 
 from eventlog.errors import ValidationError
-from ops.remote import optional_getter, page_body, return_type
+from ops.remote import page_body
 from projections.snapshot import SnapshotStatus
 from sync import models
 from sync.embedders import EMBEDDERS
+
+
+class Declared(Protocol):
+    """What the routes and their schema need of an operation of the declaration."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def summary(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def optional(self) -> bool: ...
+    @property
+    def request(self) -> type[pydantic.BaseModel]: ...
+    @property
+    def returns(self) -> Any: ...
+
 
 # -- the error body and the statuses ------------------------------------------------------
 
@@ -118,6 +137,24 @@ def responses(errors: dict[int, str]) -> dict[int | str, dict[str, Any]]:
 # (the request models and their limits are the declaration's: sync.requests, sync.api)
 
 
+def flat(model: dict[str, Any]) -> None:
+    """Say a request model's "at least one of these fields" (``sync.requests``: an
+    ``anyOf`` of one required field each) in words and ``x-at-least-one`` instead: a
+    body is one flat object, and generated clients make an ``anyOf`` at the top of an
+    object a union of types, each without the fields the others have. (A body without
+    any of them is a 422 naming them.)"""
+    options = model.get("anyOf")
+    if not options or not all(set(option.get("required", ())) for option in options):
+        return
+    del model["anyOf"]
+    fields = [name for option in options for name in option["required"]]
+    given = model.get("description")
+    model["description"] = (given + " " if given else "") + (
+        f"Give at least one of {', '.join(fields)} (422 otherwise)."
+    )
+    model["x-at-least-one"] = fields
+
+
 def tagged(schema: dict[str, Any]) -> None:
     """Make the tag of every discriminated union required in the variants it maps to:
     the models give it a default for Python callers, but a JSON body must name it."""
@@ -172,13 +209,13 @@ EXAMPLES: dict[str | tuple[str, str], Any] = {
     "task_description": "reviewing the retry policy",
     "category": "WorkflowPreference",
     "pattern": "retry idempotent writes with a stable id",
-    "embedding": [0.12, -0.4, 0.33],
     "text": "nats publish retry",
     "query": "SELECT name, count(*) FROM experiences JOIN collectives USING (collective_id) "
     "GROUP BY name",
     ("search_similar", "query"): "why do publishes time out",
     ("get_insights", "query"): "publish timeouts",
     ("get_wisdom", "query"): [0.12, -0.4, 0.33],
+    ("store_wisdom", "embedding"): [0.12, -0.4, 0.33],
     "reason": "the fsync setting was changed; publishes no longer time out",
     "summary": "reviewing the retry policy of the publisher",
     "collectives": ["payments-team"],
@@ -250,41 +287,44 @@ SQL_RESULTS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def embedder_dimensions() -> list[dict[str, Any]]:
-    """The JSON Schema of "an embedder that makes vectors of one size only takes that
-    embedding_dimension (or none)": one option for the embedders of any size (or none),
-    one for each of those (found by asking each for another size)."""
+def fixed_dimensions() -> dict[str, int]:
+    """The embedders that make vectors of one size only, and that size (found by asking
+    each for another size): such a collective takes that embedding_dimension or none."""
     fixed: dict[str, int] = {}
     for name, kind in EMBEDDERS.items():
         try:
             kind(kind.default_dimension + 1)
         except ValidationError:
             fixed[name] = kind.default_dimension
-    free = [name for name in sorted(EMBEDDERS) if name not in fixed]
-    options: list[dict[str, Any]] = [{"properties": {"embedder": {"enum": [*free, None]}}}]
-    for name, dimension in sorted(fixed.items()):
-        options.append(
-            {
-                "required": ["embedder"],
-                "properties": {
-                    "embedder": {"const": name},
-                    "embedding_dimension": {"enum": [dimension, None]},
-                },
-            }
-        )
-    return options
+    return dict(sorted(fixed.items()))
+
+
+def embedders_stated(collective: dict[str, Any]) -> None:
+    """A collective's embedder is one this service has (``sync.embedders``), and some
+    make vectors of one size only: said in words and ``x-fixed-dimensions`` (an
+    ``allOf`` of shapes would make generated clients split the body into types)."""
+    for option in collective["properties"]["embedder"].get("anyOf", []):
+        if option.get("type") == "string":
+            option["enum"] = sorted(EMBEDDERS)
+    fixed = fixed_dimensions()
+    sizes = ", ".join(f"{name} makes {size}-d vectors" for name, size in fixed.items())
+    collective["description"] = (
+        "Give embedding_dimension, or an embedder (then embedding_dimension is optional; "
+        f"{sizes}: with it, give that size or none). 422 otherwise."
+    )
+    collective["x-fixed-dimensions"] = fixed
 
 
 # -- what each method answers -------------------------------------------------------------------
 
 
-def result_type(name: str) -> Any:
-    """The type of ``POST /v1/<name>``'s 200 body: the method's return type, with a page as
-    ``{"items", "next"}`` and a getter's None left out (that is a 404)."""
-    returns = return_type(name)
+def result_type(operation: Declared) -> Any:
+    """The type of ``POST /v1/<name>``'s 200 body: the operation's return type, with a page
+    as ``{"items", "next"}`` and an optional operation's None left out (that is a 404)."""
+    returns = operation.returns
     if typing.get_origin(returns) is models.Page:
         return page_body()[typing.get_args(returns)[0]]
-    if optional_getter(name):
+    if operation.optional:
         found = [arg for arg in typing.get_args(returns) if arg is not type(None)]
         return found[0] if len(found) == 1 else typing.Union[tuple(found)]  # noqa: UP007
     return returns
@@ -318,14 +358,39 @@ def _vectors_as_sent(schema: dict[str, Any]) -> None:
             properties["dimension"] = {"type": "integer", "minimum": 0}
 
 
-def results(names: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """The 200 body schema of each method, and the components they refer to."""
-    types = [result_type(name) for name in names]
+CELL = {"description": "a value of any JSON type (a column's value, as JSON)"}
+
+
+def _cells_typed(components: dict[str, Any]) -> None:
+    """Give every array of values of any type (``list[Any]``: a row of an SQL result) its
+    ``items`` schema: "any JSON value", stated, where msgspec leaves ``items`` out (and
+    generated clients refuse an array without one)."""
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "array" and "items" not in node:
+                node["items"] = dict(CELL)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(components)
+
+
+def results(
+    operations: Sequence[Declared],
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The 200 body schema of each operation, and the components they refer to."""
+    types = [result_type(operation) for operation in operations]
     found, components = msgspec.json.schema_components(
         types, schema_hook=_any_value, ref_template="#/components/schemas/{name}"
     )
     for component in components.values():
         _vectors_as_sent(component)
+    _cells_typed(components)
+    names = [operation.name for operation in operations]
     return dict(zip(names, found, strict=True)), components
 
 
@@ -342,29 +407,45 @@ MADE: dict[str, tuple[str, str]] = {
 }
 
 
-def operation_id(name: str) -> str:
-    """FastAPI's operationId of ``POST /v1/<name>``."""
-    return f"{name}_v1_{name}_post"
-
-
-def links(request_models: dict[str, type[pydantic.BaseModel]]) -> dict[str, dict[str, Any]]:
-    """The links of each making method's 200 answer: to every method with that id."""
+def links(requests: dict[str, type[pydantic.BaseModel]]) -> dict[str, dict[str, Any]]:
+    """The links of each making operation's 200 answer: to every operation with that id."""
     found: dict[str, dict[str, Any]] = {}
     for source, (field, expression) in MADE.items():
-        for target, model in request_models.items():
+        for target, model in requests.items():
             if target != source and field in model.model_fields:
                 found.setdefault(source, {})[target] = {
-                    "operationId": operation_id(target),
+                    "operationId": target,
                     "requestBody": {field: expression},
                 }
     return found
 
 
-def document(app: FastAPI, request_models: dict[str, type[pydantic.BaseModel]]) -> dict[str, Any]:
+# -- the document -------------------------------------------------------------------------------
+
+BEARER = "bearer"
+SECURITY_SCHEMES = {
+    BEARER: {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "an access token (pulse token create), or the operator secret in "
+        "the data directory's operator-token file",
+    }
+}
+PUBLIC: list[dict[str, list[str]]] = [{}, {BEARER: []}]  # a route that answers without one
+
+
+def schema_of(app: FastAPI, operations: Sequence[Declared]) -> dict[str, Any]:
+    """The OpenAPI schema of ``app`` (made on first use, then kept)."""
+    if app.openapi_schema is None:
+        app.openapi_schema = document(app, operations)
+    return app.openapi_schema
+
+
+def document(app: FastAPI, operations: Sequence[Declared]) -> dict[str, Any]:
     """The OpenAPI schema of ``app``, whose ``POST /v1/<name>`` routes read their bodies
-    themselves (``ops.service.read_body``): each gets its request model, whether a body is
-    required (when an argument has no default), and an example, checked here against the
-    model as the service reads it."""
+    themselves (``ops.http.api.read_body``): each gets its request model, whether a body
+    is required (when an argument has no default), and an example, checked here against
+    the model as the service reads it."""
     schema = get_openapi(
         title=app.title,
         version=app.version,
@@ -372,27 +453,24 @@ def document(app: FastAPI, request_models: dict[str, type[pydantic.BaseModel]]) 
         description=app.description,
         routes=app.routes,
     )
+    requests = {operation.name: operation.request for operation in operations}
     refs, found = models_json_schema(
-        [(model, "validation") for model in request_models.values()],
+        [(model, "validation") for model in requests.values()],
         ref_template="#/components/schemas/{model}",
     )
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     components.update(found.get("$defs", {}))
-    answers, answered = results(list(request_models))
-    made = links(request_models)
+    answers, answered = results(operations)
+    made = links(requests)
     clashes = set(answered) & set(components)
     if clashes:
         raise RuntimeError(f"result and request schemas share names: {sorted(clashes)}")
     components.update(answered)
+    for model in requests.values():
+        flat(components[refs[(model, "validation")]["$ref"].rsplit("/", 1)[-1]])
     tagged(schema)
-    # a collective's embedder is one this service has (sync.embedders), and some make
-    # vectors of one size only
-    collective = schema["components"]["schemas"]["create_collective_request"]
-    for option in collective["properties"]["embedder"].get("anyOf", []):
-        if option.get("type") == "string":
-            option["enum"] = sorted(EMBEDDERS)
-    collective.setdefault("allOf", []).append({"anyOf": embedder_dimensions()})
-    for name, model in request_models.items():
+    embedders_stated(schema["components"]["schemas"]["create_collective_request"])
+    for name, model in requests.items():
         example = example_of(name, model)
         check_example(model, example)
         operation = schema["paths"][f"/v1/{name}"]["post"]
@@ -405,4 +483,6 @@ def document(app: FastAPI, request_models: dict[str, type[pydantic.BaseModel]]) 
                 "application/json": {"schema": refs[(model, "validation")], "example": example}
             },
         }
+    schema["components"]["securitySchemes"] = SECURITY_SCHEMES
+    schema["security"] = [{BEARER: []}]
     return schema

@@ -22,7 +22,7 @@ accept loop of its own:
   accepting pauses for a moment (one log line) and every open request goes on.
 
 Streams are capped as well, in total and per token (``Slots``): server-sent events at
-/v1/watch_experiences (``ops.service``) and MCP sessions at /mcp (``McpSessionCap``),
+/v1/watch_experiences (``ops.http.watch``) and MCP sessions at /mcp (``McpSessionCap``),
 each refused with 503 and Retry-After past its cap, the slot given back when the stream
 or session ends.
 
@@ -539,7 +539,7 @@ class McpSessions:
     ids, asked at each opening. Requests of open sessions pass untouched."""
 
     def __init__(self, live: Callable[[], Collection[str]], limits: Limits) -> None:
-        from ops.service import PRINCIPAL  # (ops.service uses this module's Slots)
+        from ops.http.guard import PRINCIPAL  # (the web stack: not at start-up)
 
         self.live, self.limits, self.principal_key = live, limits, PRINCIPAL
         self.holders: dict[str, str] = {}  # session id -> holder

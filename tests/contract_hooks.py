@@ -30,8 +30,13 @@ STATE_DEPENDENT = (
     r"^embedder: collective .* embeds with ",
     # a name one owner gave two collectives (schemathesis makes many of one name)
     r"^collective: \d+ collectives are named ",
-    # a rule across fields the description states: one context holds at most 300 items
+    # rules across fields the descriptions state (not as shapes: a body is one object):
+    # one context holds at most 300 items; a collective has a dimension or an embedder
+    # (of its size); an update changes something
     r"^k \+ recent \+ insights: at most ",
+    r"^embedding_dimension: required \(1\.\.\d+\) when the collective has no embedder",
+    r"^embedding_dimension: the [\w-]+ embedder makes \d+-d vectors",
+    r"^update: give at least one of ",
 )
 # ... and of POST /v1/sql: one read-only query DuckDB can parse and bind
 SQL = r"^query: "

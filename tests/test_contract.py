@@ -7,6 +7,7 @@ and POST /v1/sql as Arrow IPC or Parquet."""
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ ST = str(Path(sys.executable).parent / "st")
 TOKEN = "contract-s3cret"
 SEED = 17
 MAX_EXAMPLES = 5  # per operation and phase: about a minute on two cores
+JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture
@@ -224,3 +226,103 @@ def test_integers_past_64_bits_travel_as_text_in_arrow_and_parquet() -> None:
             else pyarrow.parquet.read_table(io.BytesIO(body))
         )
         assert found.to_pylist() == [{"n": str(2**64 - 1), "m": str(2**70)}, {"n": "-1", "m": "1"}]
+
+
+# -- what a generated client reads in the schema ---------------------------------------------------
+
+# the operations that end or remove what the others use, in the order they can run
+LAST = ("end_activity", "end_session", "revoke_token", "delete_relation", "delete_insight",
+        "delete_wisdom", "delete_session", "delete_experience", "delete_collective")  # fmt: skip
+
+
+async def test_every_example_works_on_a_collective_made_as_the_quickstart_does(
+    guarded: Service,
+) -> None:
+    """Each operation's example, its ids those of what the examples of the making
+    operations made (a collective that embeds with the hash embedder, as the quickstart's
+    does), is answered 200: a newcomer can send them as they are."""
+    from ops import contract
+
+    async with guarded.client() as client:
+        schema = (await client.get("/openapi.json")).json()
+        examples = {
+            path.removeprefix("/v1/"): item["post"]["requestBody"]["content"]["application/json"][
+                "example"
+            ]
+            for path, item in schema["paths"].items()
+            if path.startswith("/v1/") and "post" in item
+        }
+        assert examples["create_collective"]["embedder"] == "hash"
+        made: dict[str, str] = {}  # an example's id -> the id of what its example made
+
+        async def send(name: str, body: dict[str, Any]) -> Any:
+            for example_id, real in made.items():
+                body = json.loads(json.dumps(body).replace(example_id, real))
+            response = await client.post(f"/v1/{name}", json=body)
+            assert response.status_code == 200, (name, body, response.text)
+            return response.json()
+
+        makers = list(contract.MADE)
+        for name in makers:
+            field, _ = contract.MADE[name]
+            answer = await send(name, examples[name])
+            made[contract.EXAMPLES[field]] = answer if isinstance(answer, str) else answer[field]
+            if name == "record_experience":  # ... and the other experience the examples name
+                made[contract.OTHER] = await send(name, examples[name])
+        for name in sorted(set(examples) - set(makers) - set(LAST)):
+            await send(name, examples[name])
+        for name in LAST:
+            await send(name, examples[name])
+
+
+async def test_operations_are_named_and_the_bearer_scheme_declared(guarded: Service) -> None:
+    async with guarded.client() as client:
+        schema = (await client.get("/openapi.json")).json()
+    named = {
+        operation["operationId"]: path
+        for path, item in schema["paths"].items()
+        for operation in item.values()
+    }
+    for operation_id, path in named.items():
+        assert path in (f"/v1/{operation_id}", f"/{operation_id}"), (operation_id, path)
+    assert {"health", "metrics", "watch_experiences", "sql", "create_collective"} <= set(named)
+    assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert schema["security"] == [{"bearer": []}]
+    assert {} in schema["paths"]["/health"]["get"]["security"]  # (up or down to anyone)
+    rows = schema["components"]["schemas"]["SqlResult"]["properties"]["rows"]
+    assert rows["items"]["type"] == "array" and "items" in rows["items"]
+    for name, component in schema["components"]["schemas"].items():
+        if name.endswith("_request"):  # one flat object: no shapes to choose from
+            assert not {"anyOf", "oneOf", "allOf"} & set(component), name
+    update = schema["components"]["schemas"]["update_experience_request"]
+    assert update["x-at-least-one"] == ["importance", "confidence", "domain", "related_files"]
+
+
+async def test_every_error_has_the_one_body_404_and_405_too(guarded: Service) -> None:
+    from ops.contract import ErrorBody
+
+    async with guarded.client() as client:
+        answers = {
+            "unknown path": await client.get("/v2/status"),
+            "unknown asset": await client.get("/docs/assets/no-such-file.js"),
+            "wrong method": await client.get("/v1/status"),
+            "wrong method on /health": await client.post("/health"),
+            "not JSON": await client.post("/v1/status", content=b"{", headers=JSON),
+        }
+        async with guarded.client(token="not-a-token") as stranger:
+            answers["no credential"] = await stranger.post("/v1/status")
+    statuses = {name: response.status_code for name, response in answers.items()}
+    assert statuses == {
+        "unknown path": 404, "unknown asset": 404, "wrong method": 405,
+        "wrong method on /health": 405, "not JSON": 422, "no credential": 401,
+    }  # fmt: skip
+    for name, response in answers.items():
+        body = response.json()
+        assert set(body) <= set(ErrorBody.model_fields), (name, body)
+        ErrorBody.model_validate(body, strict=True)
+    assert answers["unknown path"].json()["error"] == "NotFoundError"
+    assert answers["wrong method"].json() == {
+        "error": "MethodNotAllowed",
+        "message": "method: GET is not allowed on '/v1/status'; use POST",
+    }
+    assert answers["wrong method"].headers["allow"] == "POST"

@@ -1,0 +1,248 @@
+"""The API routes: ``POST /v1/<name>`` for each declared operation, its body the
+operation's request model (one flat JSON object of its arguments), its answer the
+operation's result as JSON (or ``?format=msgspec``, the exact typed form
+``ops.remote.RemotePulseDB`` decodes; ``/v1/sql`` also Arrow IPC or Parquet).
+
+Routes are made from the declaration alone (``Declared``): the operation's name, its
+summary and description, its request model, its return type and whether it may answer
+None (then the route answers 404). What the schema promises beyond that is
+``ops.contract``'s.
+
+(No ``from __future__ import annotations`` here: FastAPI reads the endpoint annotations.)
+"""
+
+import asyncio
+import json
+import typing
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Literal
+
+import msgspec
+import pydantic
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request
+
+from eventlog.errors import NotFoundError, ValidationError
+from ops import contract, tables
+from ops.contract import Declared
+from ops.encoding import to_json
+from ops.http.guard import principal_of
+from sync import models
+from sync.instance import PulseDB
+from sync.recall import Context
+
+
+def router(db: PulseDB, operations: Iterable[Declared]) -> APIRouter:
+    """``POST /v1/<name>`` for each of ``operations``, acting on ``db`` for the principal
+    of each request."""
+    routes = APIRouter(prefix="/v1")
+    for operation in operations:
+        name = operation.name
+        make = sql_endpoint if name == "sql" else endpoint
+        routes.add_api_route(
+            f"/{name}",
+            make(db, operation),
+            methods=["POST"],
+            operation_id=name,
+            summary=operation.summary,
+            description=operation.description,
+            name=name,
+            tags=[tag_of(name)],
+            responses={
+                **contract.responses(contract.errors_of(name, operation.request)),
+                **(contract.SQL_RESULTS if name == "sql" else {}),
+            },
+        )
+    return routes
+
+
+def paths(operations: Iterable[Declared]) -> set[str]:
+    """The paths of the routes of ``operations``."""
+    return {f"/v1/{operation.name}" for operation in operations}
+
+
+TAGS = (
+    ("session", "sessions"), ("collective", "collectives"), ("relation", "relations"),
+    ("related", "relations"),
+    ("insight", "insights"), ("activit", "activities"), ("heartbeat", "activities"),
+    ("agent", "activities"), ("wisdom", "wisdom"), ("search", "search"),
+    ("context", "search"), ("sql", "analytics"), ("experience", "experiences"),
+)  # fmt: skip
+
+
+def tag_of(name: str) -> str:
+    """The OpenAPI group of an operation."""
+    return next((tag for word, tag in TAGS if word in name), "state")
+
+
+# -- bodies -----------------------------------------------------------------------------------
+
+M = typing.TypeVar("M", bound=pydantic.BaseModel)
+
+
+def _integral(value: Any) -> bool:
+    return isinstance(value, float) and value.is_integer()
+
+
+def _number(text: str) -> int | float:
+    value = float(text)
+    return int(value) if value.is_integer() and abs(value) < 2**63 else value
+
+
+async def read_body(request: Request, model: type[M]) -> M:
+    """The request's body as ``model``: a JSON object of the method's arguments, with the
+    JSON types the schema states (strict: no ``false`` for an integer, no ``"1"`` for a
+    number); no body at all stands for ``{}`` where every argument has a default."""
+    raw = await request.body()  # (JSON by its Content-Type: the Guard refused any other)
+    try:
+        if not raw.strip():
+            if any(field.is_required() for field in model.model_fields.values()):
+                raise ValidationError(
+                    "body: required, a JSON object of the method's arguments "
+                    "(Content-Type: application/json)"
+                )
+            return model.model_validate({}, strict=True)
+        try:
+            return model.model_validate_json(raw, strict=True)
+        except pydantic.ValidationError as exc:
+            if not any(_integral(error.get("input")) for error in exc.errors()):
+                raise
+            # JSON Schema counts 3.0 as an integer: read integral numbers as integers
+            data = json.loads(raw, parse_float=_number)
+            return model.model_validate_json(json.dumps(data), strict=True)
+    except pydantic.ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        for error in errors:
+            if error["type"] == "json_invalid":
+                reason = (error.get("ctx") or {}).get("error", "not valid JSON")
+                raise ValidationError(f"body: not valid JSON ({reason})") from None
+        if any(not error["loc"] and error["type"] == "model_type" for error in errors):
+            raise ValidationError(
+                "body: must be a JSON object of the method's arguments "
+                "(Content-Type: application/json)"
+            ) from None
+        raise models.translate(exc) from None
+
+
+# -- answers ----------------------------------------------------------------------------------
+
+FORMAT = Query(
+    "json",
+    description="json: plain JSON; msgspec: the exact typed form ops.remote decodes",
+)
+EMBEDDINGS = Query(False, description="embeddings as lists of floats")
+
+
+def answering(db: PulseDB, operation: Declared) -> Callable[[Request], Awaitable[Any]]:
+    """The call of ``operation`` a request asks for, for its principal: its result, a
+    page as ``{"items", "next"}``, and an operation's "there is none" as a 404."""
+    method = getattr(db, operation.name)
+    model, optional = operation.request, operation.optional
+    takes_model = operation.name == "get_context_candidates"  # (its argument is the model)
+
+    async def answer(request: Request) -> Any:
+        body = await read_body(request, model)
+        with db.acting_as(principal_of(request)):
+            if takes_model:
+                result = await method(body)
+            else:
+                result = await method(**body.model_dump(exclude_unset=True))
+        if result is None and optional:  # a getter's "there is none" (or none it may see)
+            raise NotFoundError(f"{_subject(operation.name)}: none with that id")
+        if isinstance(result, models.Page):  # a page of a listing, and where the rest is
+            result = {"items": result, "next": result.next}
+        return result
+
+    return answer
+
+
+def endpoint(db: PulseDB, operation: Declared) -> Callable[..., Awaitable[Response]]:
+    """The route of ``operation``: its answer in JSON, or msgspec's typed JSON."""
+    answer = answering(db, operation)
+    returns = operation.returns
+    # results that can be large are encoded on a worker thread, not on the event loop
+    large = typing.get_origin(returns) in (list, models.Page) or returns is Context
+
+    async def call(
+        request: Request,
+        format: Literal["json", "msgspec"] = FORMAT,
+        embeddings: bool = EMBEDDINGS,
+    ) -> Response:
+        result = await answer(request)
+
+        def render() -> Response:
+            if format == "msgspec":
+                return Response(msgspec.json.encode(result), media_type="application/json")
+            return JSONResponse(to_json(result, embeddings=embeddings))
+
+        return await asyncio.to_thread(render) if large else render()
+
+    call.__name__ = operation.name
+    return call
+
+
+SQL_FORMAT = Query(
+    "json",
+    description="json, msgspec, arrow (Arrow IPC stream) or parquet; without it, an "
+    "Accept of " + " or ".join(tables.MEDIA_TYPES.values()) + " asks for that one",
+)
+
+
+def sql_endpoint(db: PulseDB, operation: Declared) -> Callable[..., Awaitable[Response]]:
+    """``POST /v1/sql``: the route of ``endpoint``, but a client that goes away cancels
+    its query (interrupted in DuckDB: ``analytics.run_async``) instead of leaving it to
+    run to its time limit for nobody; what little is sent then is a 499. The result is
+    JSON, or Arrow IPC or Parquet when asked (``format=``, or ``Accept``). In JSON a
+    float that is NaN, Infinity or -Infinity is null (JSON has no such numbers;
+    ``SqlResult``); Arrow and Parquet keep the IEEE value."""
+    answer = answering(db, operation)
+
+    async def sql(
+        request: Request,
+        format: Literal["json", "msgspec", "arrow", "parquet"] = SQL_FORMAT,
+        embeddings: bool = EMBEDDINGS,
+    ) -> Response:
+        given = "format" in request.query_params
+        form = format if given else tables.asked(request.headers.get("accept", ""))
+        await request.body()  # read before waiting for the client to go (one receiver)
+        running = asyncio.ensure_future(answer(request))
+        gone = asyncio.ensure_future(_client_gone(request))
+        try:
+            await asyncio.wait({running, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not running.done():
+                running.cancel()
+                await asyncio.wait({running})
+        if running.cancelled():
+            return JSONResponse(
+                {
+                    "error": "ClientClosedRequest",
+                    "message": "query: cancelled, the client went away",
+                },
+                status_code=499,
+            )
+        result = running.result()
+        if form in tables.MEDIA_TYPES:
+            media_type = tables.MEDIA_TYPES[form]
+            content = await asyncio.to_thread(tables.encode, result, form)
+            return Response(content, media_type=media_type)
+        if form == "msgspec":
+            return Response(msgspec.json.encode(result), media_type="application/json")
+        # (msgspec writes a float JSON cannot carry as null, where json.dumps would raise)
+        content = msgspec.json.encode(to_json(result, embeddings=embeddings))
+        return Response(content, media_type="application/json")
+
+    return sql
+
+
+async def _client_gone(request: Request) -> None:
+    """Return once the client of ``request`` (whose body was read) disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _subject(name: str) -> str:
+    """The id argument of a getter, e.g. ``experience_id`` of ``get_experience``."""
+    return f"{name.removeprefix('get_')}_id"
