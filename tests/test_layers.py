@@ -15,9 +15,8 @@ cycle of annotations is still a cycle a reader has to untangle. The rules:
 - no two modules import each other, directly or through others (a strongly connected
   component of more than one module).
 
-What other work still changes is allowed below by name, each entry naming its owner
-(the helper whose branch removes it); an entry that is no longer needed fails the test
-too, so that the lists only shrink.
+An exception is allowed below by name, with the reason it stays; an entry that is no
+longer needed fails the test too, so that the lists only shrink.
 """
 
 from __future__ import annotations
