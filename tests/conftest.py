@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+from typing import AsyncIterator, Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
 from ops.cluster import LocalCluster
+from tests.harness import Service, start, stop
+from tests.harness import eventually as eventually  # (where older tests import it from)
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -45,31 +45,9 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[Any]:
-    """``pulse up`` on a data directory of its own (``tests.test_service.Service``)."""
-    from tests.test_service import start, stop
-
+def service(tmp_path: Path) -> Iterator[Service]:
+    """``pulse up`` on a data directory of its own (``tests.harness.Service``)."""
     running = start(tmp_path / "data")
     yield running
     if running.process.poll() is None:
         stop(running)
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]] | Callable[[], bool],
-    *,
-    timeout: float = 10.0,
-    interval: float = 0.02,
-    what: str = "condition",
-) -> None:
-    """Poll ``check`` until it is true, failing the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        await asyncio.sleep(interval)

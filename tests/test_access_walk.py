@@ -47,8 +47,7 @@ from eventlog.errors import Forbidden, Unauthorized
 from ops.mcp_server import build_mcp
 from ops.remote import API_METHODS, RemotePulseDB
 from sync import PulseDB
-from tests.conftest import eventually
-from tests.test_service import Service, start, stop
+from tests.harness import Service, eventually, in_process, start, stop
 
 OP = "operator-s3cret"  # the service's own --token: the local operator
 NF, FB = 404, 403
@@ -1722,8 +1721,6 @@ async def test_the_operator_needs_its_secret_and_is_never_locked_out(service: Se
 async def test_a_token_revoked_on_one_host_is_refused_on_another(
     tmp_path: Path, nats_server: EmbeddedNats
 ) -> None:
-    from tests.test_edges import in_process
-
     a = await PulseDB.open(tmp_path / "a", nats_server.url)
     b = await PulseDB.open(tmp_path / "b", nats_server.url)
     try:

@@ -27,6 +27,7 @@ from projections import analytics, queries
 from projections.engine import Engine
 from projections.projection import ProjectionSettings
 from sync import PulseDB
+from tests.harness import call, eventually, start, stop
 
 DIM = 4
 WORDS = ["cache", "queue", "index", "schema", "token", "retry"]
@@ -369,8 +370,6 @@ async def test_sql_as_of_for_a_member_sees_its_own_then_and_the_history(db: Puls
 
 
 async def test_validity_and_as_of_over_http(tmp_path: Path) -> None:
-    from tests.test_service import call, start, stop
-
     service = start(tmp_path / "served")
     try:
         async with service.client() as client:
@@ -470,8 +469,6 @@ async def test_as_of_a_moment_true_means_true_then(db: PulseDB) -> None:
     """A fact said to stop being true later (``at`` ahead) was true at every moment
     before that: as of such a moment it is found, though it is not true now."""
     import time
-
-    from tests.conftest import eventually
 
     cid = await db.create_collective("ana", "plans", DIM)
     e = await db.record_experience(cid, "the v1 endpoint serves", [1, 0, 0, 0])

@@ -21,7 +21,7 @@ from ops.bench.language_corpora import CORPORA, DISTRACTORS
 from projections.language import analyze, detect, fingerprint
 from projections.text import TextIndex
 from sync import PulseDB
-from tests.conftest import eventually
+from tests.harness import eventually, pulse
 
 
 @pytest.fixture
@@ -123,8 +123,6 @@ def test_the_analyzers_meet_inflected_forms_compounds_and_spaceless_scripts() ->
 
 
 def test_the_command_line_creates_a_collective_in_a_language(tmp_path: Path) -> None:
-    from tests.test_cli import pulse
-
     data = tmp_path / "data"
     made = pulse("collective", "create", "вікі", "--owner", "me", "--embedder", "hash",
                  "--language", "ukrainian", "--json", data_dir=data)  # fmt: skip

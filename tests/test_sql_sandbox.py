@@ -32,9 +32,7 @@ from projections.analytics import SqlLimits
 from projections.projection import ProjectionSettings
 from sync import PulseDB
 from sync.access import Principal
-from tests.conftest import eventually
-from tests.test_cli import pulse
-from tests.test_service import _env, start, stop
+from tests.harness import clean_env, eventually, pulse, start, stop
 
 LONG = "SELECT count(*) FROM range(1000000000000::BIGINT)"  # minutes of work, no memory
 BIG_SORT = "SELECT * FROM range(100000000::BIGINT) ORDER BY random()"  # ~1 GB to sort
@@ -323,7 +321,7 @@ async def test_over_http_refusals_and_limits_have_their_status_and_a_gone_client
 ) -> None:
     service = start(
         tmp_path / "data",
-        env=_env(PULSE_SQL_TIME_LIMIT="120", PULSE_SQL_MEMORY_LIMIT="64MB",
+        env=clean_env(PULSE_SQL_TIME_LIMIT="120", PULSE_SQL_MEMORY_LIMIT="64MB",
                  PULSE_SQL_TEMP_LIMIT="0B"),
     )  # fmt: skip
     try:
@@ -357,7 +355,7 @@ async def test_over_http_refusals_and_limits_have_their_status_and_a_gone_client
 
 
 async def test_over_http_a_query_past_its_time_limit_is_a_408(tmp_path: Path) -> None:
-    service = start(tmp_path / "data", env=_env(PULSE_SQL_TIME_LIMIT="0.5"))
+    service = start(tmp_path / "data", env=clean_env(PULSE_SQL_TIME_LIMIT="0.5"))
     try:
         async with service.client() as client:
             late = await client.post("/v1/sql", json={"query": LONG})
