@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, settings
 
 from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
 from ops.cluster import LocalCluster
+from tests.access_cases import walk_service, world  # noqa: F401 (the access walk's, per process)
 from tests.harness import Service, start, stop
 from tests.harness import eventually as eventually  # (where older tests import it from)
 
