@@ -45,6 +45,18 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     nodes.stop()
 
 
+@pytest.fixture(scope="session")
+def shared_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """One ``pulse up`` per test process, for the tests that only read what they stored
+    themselves or are refused: starting one costs about 3 CPU-seconds, more than most of
+    those tests. A test that needs a service as it was started, or counts what every
+    test stored (metrics, listings, the sequence), takes ``service``."""
+    running = start(tmp_path_factory.mktemp("shared-service") / "data")
+    yield running
+    if running.process.poll() is None:
+        stop(running)
+
+
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[Service]:
     """``pulse up`` on a data directory of its own (``tests.harness.Service``)."""

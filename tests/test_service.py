@@ -23,8 +23,10 @@ from tests.harness import clean_env as _env
 # -- the HTTP API -----------------------------------------------------------------------------
 
 
-async def test_openapi_lists_every_method_with_the_data_model_limits(service: Service) -> None:
-    async with service.client() as client:
+async def test_openapi_lists_every_method_with_the_data_model_limits(
+    shared_service: Service,
+) -> None:
+    async with shared_service.client() as client:
         schema = (await client.get("/openapi.json")).json()
     paths = set(schema["paths"])
     assert {f"/v1/{name}" for name in API_METHODS} <= paths
@@ -102,9 +104,9 @@ async def test_remember_and_recall_over_plain_http_json(service: Service) -> Non
     ],
 )  # fmt: skip
 async def test_bad_requests_get_the_library_messages(
-    service: Service, method: str, body: dict[str, Any], status: int, message: str
+    shared_service: Service, method: str, body: dict[str, Any], status: int, message: str
 ) -> None:
-    async with service.client() as client:
+    async with shared_service.client() as client:
         before = await call(client, "digest")
         response = await client.post(f"/v1/{method}", json=body)
         assert response.status_code == status, response.text
@@ -114,8 +116,8 @@ async def test_bad_requests_get_the_library_messages(
         assert await call(client, "digest") == before
 
 
-async def test_a_body_that_is_not_json_is_named(service: Service) -> None:
-    async with service.client() as client:
+async def test_a_body_that_is_not_json_is_named(shared_service: Service) -> None:
+    async with shared_service.client() as client:
         form = {"Content-Type": "application/x-www-form-urlencoded"}
         response = await client.post("/v1/list_collectives", content=b"owner=me", headers=form)
         assert response.status_code == 415
@@ -130,8 +132,9 @@ async def test_a_body_that_is_not_json_is_named(service: Service) -> None:
         assert broken.json()["message"].startswith("body: not valid JSON (")
 
 
-async def test_a_host_name_is_no_credential(service: Service) -> None:
+async def test_a_host_name_is_no_credential(shared_service: Service) -> None:
     """Loopback, or a Host name of it, lets nobody in: the credential does."""
+    service = shared_service
     async with service.client() as client, httpx.AsyncClient(base_url=service.url) as anonymous:
         for name in ("localhost:8765", "[::1]:8765", "127.0.0.1", "attacker.example"):
             allowed = await client.post("/v1/list_collectives", json={}, headers={"Host": name})
