@@ -4,8 +4,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 STAMP  := $(VENV)/.installed-stamp
 HYPOTHESIS_PROFILE ?= ci
-# test processes: one per core (pytest-xdist; each test file stays in one process, so its
-# module-wide servers are started once)
+# test processes: one per core (pytest-xdist). Each takes a contiguous half of the tests
+# in file order and, once done, takes half of what another has left (worksteal): the
+# processes end together however unequal the files, and a file's tests stay together
+# (its module-wide servers start once) except where work is handed over.
 TEST_WORKERS ?= auto
 export HYPOTHESIS_PROFILE
 
@@ -22,7 +24,7 @@ run: $(STAMP)
 	$(VENV)/bin/pulse up
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

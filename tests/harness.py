@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import uvicorn
+from hypothesis import settings
 
 from eventlog import EmbeddedNats
 from eventlog.embedded import NatsCredentials
@@ -58,6 +59,13 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout}s")
         await asyncio.sleep(interval)
+
+
+def by_profile(ci: int, dev: int) -> int:
+    """A size of a costly test (examples of a property, moments checked) under the
+    hypothesis profile in use: ``ci`` for `make test`, ``dev`` for
+    `HYPOTHESIS_PROFILE=dev make test` (which draws 300 examples where ci draws 60)."""
+    return dev if settings.default.max_examples > 100 else ci
 
 
 # -- `pulse up` as a subprocess ---------------------------------------------------------------

@@ -27,7 +27,7 @@ from projections import analytics, queries
 from projections.engine import Engine
 from projections.projection import ProjectionSettings
 from sync import PulseDB
-from tests.harness import call, eventually, start, stop
+from tests.harness import by_profile, call, eventually, start, stop
 
 DIM = 4
 WORDS = ["cache", "queue", "index", "schema", "token", "retry"]
@@ -224,6 +224,11 @@ async def answers_of(
     return out
 
 
+# moments of each history checked besides the first two and the last: each costs a replay
+# and every read twice (about 3 CPU-seconds)
+SAMPLED_MOMENTS = by_profile(ci=4, dev=8)
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_as_of_a_sequence_is_what_a_host_that_replayed_up_to_it_answers(
     db: PulseDB, tmp_path: Path, seed: int
@@ -232,7 +237,7 @@ async def test_as_of_a_sequence_is_what_a_host_that_replayed_up_to_it_answers(
     made = await random_history(db, rng, steps=80)
     last = await db.sync()
     probe = unit(rng)
-    moments = sorted({0, 1, last, *rng.sample(range(1, last), 8)})
+    moments = sorted({0, 1, last, *rng.sample(range(1, last), SAMPLED_MOMENTS)})
     for s in moments:
         engine, moment = await fresh_host(db, tmp_path / f"fresh-{s}", s)
         try:
