@@ -22,6 +22,7 @@ from eventlog.log import LogEntry
 from projections import queries as q
 from projections.engine import Engine
 from projections.projection import Projection
+from tests.harness import by_profile
 from tests.histories import COLLECTIVES, histories, redeliveries
 
 
@@ -74,7 +75,7 @@ def sql_story(p: Projection) -> dict[str, object]:
     }
 
 
-@settings(max_examples=40)
+@settings(max_examples=by_profile(ci=20, dev=100))  # each example ~0.25 CPU-s
 @given(histories)
 def test_memory_and_the_sql_views_agree(events: list[ev.Event]) -> None:
     with tempfile.TemporaryDirectory() as tmp:

@@ -30,7 +30,7 @@ from projections.engine import Engine
 from projections.projection import ProjectionSettings
 from projections.snapshot import SNAPSHOT_NAME
 from tests import factories
-from tests.harness import PULSE, Service, call, clean_env, eventually
+from tests.harness import PULSE, Service, by_profile, call, clean_env, eventually
 from tests.histories import histories
 
 # A plain DuckDB process, as an analyst's notebook would be: it knows nothing of Pulse
@@ -310,7 +310,7 @@ def _tables(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[Any, ...]]]:
     return found
 
 
-@settings(max_examples=25)
+@settings(max_examples=by_profile(ci=12, dev=50))  # each example ~0.7 CPU-s
 @given(histories, st.integers(min_value=2, max_value=5))
 def test_a_caught_up_snapshot_holds_every_row_of_the_state(
     events: list[ev.Event], parts: int
