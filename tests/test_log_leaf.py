@@ -38,5 +38,14 @@ class TestLeafLog(LogContract):
     async def inject_raw(
         self, log: EventLog, subject: str, payload: bytes, headers: Mapping[str, str]
     ) -> None:
+        """Published as the host's own writes are, to PULSE_OUT; the log reads PULSE, which
+        sources PULSE_OUT a moment later. ``append`` waits for that (read-your-writes);
+        foreign bytes are waited for here."""
         assert isinstance(log, LeafLog)
+        before = await log.last_seq()
         await log.js.publish(subject, payload, headers=dict(headers))
+
+        async def arrived() -> bool:
+            return await log.last_seq() > before
+
+        await eventually(arrived, what="the message sourced into PULSE")
