@@ -11,7 +11,7 @@ HYPOTHESIS_PROFILE ?= ci
 TEST_WORKERS ?= auto
 export HYPOTHESIS_PROFILE
 
-.PHONY: run test lint bench clean
+.PHONY: run test test-cpu lint bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Pulse needs Python 3.11 or newer; set PYTHON=python3.x")'
@@ -25,6 +25,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+
+# CPU seconds per test and per file, its servers included, in one process (the suite is
+# CPU-bound: `make test` takes about total / cores); e.g. FILES=tests/test_as_of.py
+test-cpu: $(STAMP)
+	$(VENV)/bin/python -m pytest -p no:xdist -p tests.cpu_time $(FILES) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
