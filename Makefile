@@ -4,12 +4,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 STAMP  := $(VENV)/.installed-stamp
 HYPOTHESIS_PROFILE ?= ci
-# test processes: one per core (pytest-xdist; each test file stays in one process, so its
-# module-wide servers are started once)
+# test processes: one per core (pytest-xdist). Each takes a contiguous half of the tests
+# in file order and, once done, takes half of what another has left (worksteal): the
+# processes end together however unequal the files, and a file's tests stay together
+# (its module-wide servers start once) except where work is handed over.
 TEST_WORKERS ?= auto
 export HYPOTHESIS_PROFILE
 
-.PHONY: run test lint bench clean
+.PHONY: run test test-cpu lint bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Pulse needs Python 3.11 or newer; set PYTHON=python3.x")'
@@ -22,7 +24,12 @@ run: $(STAMP)
 	$(VENV)/bin/pulse up
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+
+# CPU seconds per test and per file, its servers included, in one process (the suite is
+# CPU-bound: `make test` takes about total / cores); e.g. FILES=tests/test_as_of.py
+test-cpu: $(STAMP)
+	$(VENV)/bin/python -m pytest -p no:xdist -p tests.cpu_time $(FILES) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

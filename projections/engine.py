@@ -41,7 +41,6 @@ from uuid import UUID
 
 import duckdb
 
-from eventlog.access import Principal
 from eventlog.errors import PulseError
 from eventlog.keys import Keyring
 from eventlog.limits import check_ranges

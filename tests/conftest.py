@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+from typing import AsyncIterator, Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
 from ops.cluster import LocalCluster
+from tests.access_cases import walk_service, world  # noqa: F401 (the access walk's, per process)
+from tests.harness import Service, start, stop
+from tests.harness import eventually as eventually  # (where older tests import it from)
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -44,32 +45,22 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     nodes.stop()
 
 
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[Any]:
-    """``pulse up`` on a data directory of its own (``tests.test_service.Service``)."""
-    from tests.test_service import start, stop
-
-    running = start(tmp_path / "data")
+@pytest.fixture(scope="session")
+def shared_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """One ``pulse up`` per test process, for the tests that only read what they stored
+    themselves or are refused: starting one costs about 3 CPU-seconds, more than most of
+    those tests. A test that needs a service as it was started, or counts what every
+    test stored (metrics, listings, the sequence), takes ``service``."""
+    running = start(tmp_path_factory.mktemp("shared-service") / "data")
     yield running
     if running.process.poll() is None:
         stop(running)
 
 
-async def eventually(
-    check: Callable[[], Awaitable[bool]] | Callable[[], bool],
-    *,
-    timeout: float = 10.0,
-    interval: float = 0.02,
-    what: str = "condition",
-) -> None:
-    """Poll ``check`` until it is true, failing the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        await asyncio.sleep(interval)
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[Service]:
+    """``pulse up`` on a data directory of its own (``tests.harness.Service``)."""
+    running = start(tmp_path / "data")
+    yield running
+    if running.process.poll() is None:
+        stop(running)

@@ -14,7 +14,7 @@ from eventlog.codec import HDR_EVENT_TYPE, HDR_MSG_ID, HDR_SCHEMA, encode_event
 from eventlog.ids import uuid7
 from eventlog.subjects import collective_filter, subject_for
 from tests import factories as f
-from tests.conftest import eventually
+from tests.harness import eventually
 
 
 async def read_all(log: EventLog, from_seq: int = 1, **kwargs: object) -> list[LogEntry]:

@@ -21,7 +21,7 @@ from eventlog.ids import uuid7
 from projections import queries
 from sync import InstanceSettings, PulseDB, PulseDBSync
 from sync.embedders import HashEmbedder
-from tests.conftest import eventually
+from tests.harness import eventually
 
 
 @pytest.fixture

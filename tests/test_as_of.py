@@ -27,6 +27,7 @@ from projections import analytics, queries
 from projections.engine import Engine
 from projections.projection import ProjectionSettings
 from sync import PulseDB
+from tests.harness import by_profile, call, eventually, start, stop
 
 DIM = 4
 WORDS = ["cache", "queue", "index", "schema", "token", "retry"]
@@ -223,6 +224,11 @@ async def answers_of(
     return out
 
 
+# moments of each history checked besides the first two and the last: each costs a replay
+# and every read twice (about 3 CPU-seconds)
+SAMPLED_MOMENTS = by_profile(ci=4, dev=8)
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_as_of_a_sequence_is_what_a_host_that_replayed_up_to_it_answers(
     db: PulseDB, tmp_path: Path, seed: int
@@ -231,7 +237,7 @@ async def test_as_of_a_sequence_is_what_a_host_that_replayed_up_to_it_answers(
     made = await random_history(db, rng, steps=80)
     last = await db.sync()
     probe = unit(rng)
-    moments = sorted({0, 1, last, *rng.sample(range(1, last), 8)})
+    moments = sorted({0, 1, last, *rng.sample(range(1, last), SAMPLED_MOMENTS)})
     for s in moments:
         engine, moment = await fresh_host(db, tmp_path / f"fresh-{s}", s)
         try:
@@ -369,8 +375,6 @@ async def test_sql_as_of_for_a_member_sees_its_own_then_and_the_history(db: Puls
 
 
 async def test_validity_and_as_of_over_http(tmp_path: Path) -> None:
-    from tests.test_service import call, start, stop
-
     service = start(tmp_path / "served")
     try:
         async with service.client() as client:
@@ -470,8 +474,6 @@ async def test_as_of_a_moment_true_means_true_then(db: PulseDB) -> None:
     """A fact said to stop being true later (``at`` ahead) was true at every moment
     before that: as of such a moment it is found, though it is not true now."""
     import time
-
-    from tests.conftest import eventually
 
     cid = await db.create_collective("ana", "plans", DIM)
     e = await db.record_experience(cid, "the v1 endpoint serves", [1, 0, 0, 0])

@@ -26,8 +26,7 @@ from eventlog.snapshots import (
     stream_exists,
 )
 from tests import factories as f
-from tests.test_cli import pulse
-from tests.test_service import start, stop
+from tests.harness import pulse, start, stop
 
 
 @dataclass

@@ -20,7 +20,7 @@ import pytest_asyncio
 from eventlog import ValidationError
 from ops.remote import API_METHODS, RemotePulseDB
 from sync import PulseDB, PulseDBSync
-from tests.test_service import Service
+from tests.harness import Service
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 

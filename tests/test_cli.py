@@ -21,26 +21,8 @@ from ops.cli import build_parser
 from ops.cli.registry import COMMANDS
 from ops.cluster import free_port
 from tests import factories as f
-from tests.test_service import drain
-
-PULSE = str(Path(sys.executable).parent / "pulse")
-
-
-def pulse(*args: str, data_dir: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PULSE, "--data-dir", str(data_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=_env(),
-    )
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("PULSE_NATS_URL", None)
-    env.pop("PULSE_DATA_DIR", None)
-    return env
+from tests.harness import PULSE, drain, pulse
+from tests.harness import cli_env as _env
 
 
 @pytest.fixture

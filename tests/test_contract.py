@@ -19,7 +19,8 @@ import pyarrow.ipc
 import pyarrow.parquet
 import pytest
 
-from tests.test_service import Service, _env, call, start, stop
+from tests.harness import Service, call, start, stop
+from tests.harness import clean_env as _env
 
 ST = str(Path(sys.executable).parent / "st")
 TOKEN = "contract-s3cret"

@@ -29,8 +29,7 @@ from ops.cli import build_parser
 from ops.cli import main as pulse_main
 from ops.cluster import LocalCluster, free_ports
 from ops.operator_secret import read_secret
-from tests.conftest import eventually
-from tests.test_service import drain
+from tests.harness import drain, eventually
 
 PULSE = str(Path(sys.executable).parent / "pulse")
 NATS_SERVER = find_nats_server()

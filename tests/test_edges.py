@@ -6,7 +6,6 @@ token, and an unexpected error answers an id, never its details (those go to the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -18,7 +17,6 @@ from urllib.parse import urlsplit
 import httpx
 import nats
 import pytest
-import uvicorn
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
@@ -28,12 +26,18 @@ from eventlog.codec import encode_event
 from eventlog.errors import ValidationError
 from eventlog.ids import uuid7
 from ops.cli.arguments import every_page
-from ops.mcp_server import build_mcp
-from ops.service import create_app
 from projections import queries
 from sync import PulseDB, pages
-from tests.conftest import eventually
-from tests.test_service import Service, _env, start, stop
+from tests.harness import (
+    IN_PROCESS_SECRET,
+    Service,
+    call,
+    clean_env,
+    eventually,
+    in_process,
+    start,
+    stop,
+)
 
 TOKEN = "s3cret"
 BODY_LIMIT = 4096
@@ -43,17 +47,11 @@ WATCH_LIMIT = 2
 @pytest.fixture(scope="module")
 def edged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """`pulse up` with a token, a 4 KiB body limit and room for two watch streams."""
-    env = _env(PULSE_MAX_BODY_BYTES=str(BODY_LIMIT), PULSE_MAX_WATCHERS=str(WATCH_LIMIT))
+    env = clean_env(PULSE_MAX_BODY_BYTES=str(BODY_LIMIT), PULSE_MAX_WATCHERS=str(WATCH_LIMIT))
     running = start(tmp_path_factory.mktemp("edges") / "data", "--token", TOKEN, env=env)
     running.token = TOKEN
     yield running
     stop(running)
-
-
-async def call(client: httpx.AsyncClient, method: str, **body: Any) -> Any:
-    response = await client.post(f"/v1/{method}", json=body)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 async def exchange(url: str, head: str, *parts: bytes) -> tuple[int, dict[str, str], Any]:
@@ -338,41 +336,6 @@ async def test_health_says_only_up_without_the_token(edged: Service) -> None:
 
 
 # -- 5. unexpected errors ---------------------------------------------------------------------
-
-
-class _Quiet(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-IN_PROCESS_SECRET = "in-process-operator"  # the operator secret of in_process's app
-
-
-@contextlib.asynccontextmanager
-async def in_process(db: PulseDB) -> AsyncIterator[str]:
-    """The app of `pulse up` (HTTP API and MCP) over ``db``, served in this process, with
-    the operator secret ``IN_PROCESS_SECRET``."""
-    mcp = build_mcp(db)
-    mcp_app = mcp.streamable_http_app()
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: object) -> AsyncIterator[None]:
-        async with mcp.session_manager.run():
-            yield
-
-    app = create_app(
-        db, secret=IN_PROCESS_SECRET, mcp_routes=list(mcp_app.routes), lifespan=lifespan
-    )
-    server = _Quiet(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    serving = asyncio.create_task(server.serve())
-    try:
-        await eventually(lambda: server.started or serving.done(), what="uvicorn started")
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await serving
 
 
 def _error_id(text: str) -> str:

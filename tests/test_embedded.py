@@ -15,7 +15,7 @@ import pytest
 
 from eventlog import EmbeddedNats, EmbeddedNatsError, JetStreamLog
 from tests import factories as f
-from tests.conftest import eventually
+from tests.harness import eventually
 
 SHARE = textwrap.dedent(
     """

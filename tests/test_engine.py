@@ -22,6 +22,7 @@ from eventlog.log import LogEntry
 from projections import queries as q
 from projections.engine import Engine
 from projections.projection import Projection
+from tests.harness import by_profile
 from tests.histories import COLLECTIVES, histories, redeliveries
 
 
@@ -74,7 +75,7 @@ def sql_story(p: Projection) -> dict[str, object]:
     }
 
 
-@settings(max_examples=40)
+@settings(max_examples=by_profile(ci=20, dev=100))  # each example ~0.25 CPU-s
 @given(histories)
 def test_memory_and_the_sql_views_agree(events: list[ev.Event]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,7 +85,7 @@ def test_memory_and_the_sql_views_agree(events: list[ev.Event]) -> None:
         projection.close()
 
 
-@settings(max_examples=25)
+@settings(max_examples=by_profile(ci=12, dev=50))  # each example ~0.5 CPU-s
 @given(st.data())
 def test_memory_read_back_from_duckdb_tells_the_same_story(data: st.DataObject) -> None:
     """A reopened projection (memory loaded from DuckDB) reads like the one that folded."""
@@ -179,7 +180,7 @@ async def test_a_batch_that_raises_is_halved_until_the_one_bad_event_is_found(
     await engine.close()
 
 
-@settings(max_examples=15)
+@settings(max_examples=by_profile(ci=10, dev=40))  # each example ~0.6 CPU-s
 @given(st.data())
 def test_offers_never_skip_an_event_of_the_tail(data: st.DataObject) -> None:
     """Writers hand their acknowledged events to the engine (``offer``) while the tail

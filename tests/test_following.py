@@ -20,8 +20,7 @@ from eventlog.ids import uuid7
 from projections.scope import FILE
 from sync import PulseDB
 from sync.access import Principal
-from tests.conftest import eventually
-from tests.test_service import PULSE, start, stop
+from tests.harness import PULSE, clean_env, eventually, start, stop
 
 
 async def _history(db: PulseDB, cid: UUID) -> list[list[object]]:
@@ -232,6 +231,4 @@ async def test_pulse_up_follow_names_its_scope(tmp_path: Path, nats_server: Embe
 
 
 def _env(server: EmbeddedNats) -> dict[str, str]:
-    from tests.test_service import _env as base
-
-    return base(PULSE_NATS_URL=server.url)
+    return clean_env(PULSE_NATS_URL=server.url)

@@ -10,20 +10,12 @@ import pytest
 
 from eventlog import EmbeddedNats
 from eventlog.errors import NotFoundError
-from eventlog.log import EventLog
 from projections.projection import Projection, ProjectionSettings
 from sync import PulseDB
+from tests.harness import raw_payloads
 
 SECRET = "the vault combination is zebra-4417"
 SECRET_VECTOR = [0.11, -0.42, 0.89, 0.05]
-
-
-async def raw_payloads(log: EventLog) -> list[str]:
-    """Every event left on the stream, as its repr (content, vectors and all)."""
-    found = []
-    async for batch in log.read(1):
-        found.extend(repr(entry.event) for entry in batch)
-    return found
 
 
 async def holds_secret(db: PulseDB) -> list[str]:

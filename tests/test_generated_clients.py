@@ -25,7 +25,7 @@ from uuid import UUID
 import httpx
 import pytest
 
-from tests.test_service import Service, start, stop
+from tests.harness import Service, start, stop
 
 CLIENTS = Path(__file__).parent / "clients"  # the TypeScript program and its packages
 GENERATOR = str(Path(sys.executable).parent / "openapi-python-client")

@@ -21,7 +21,7 @@ from eventlog.errors import ConflictError, PulseError, ValidationError
 from eventlog.keys import Keyring
 from eventlog.sealing import Sealer
 from sync import PulseDB
-from tests.conftest import eventually
+from tests.harness import call, eventually, pulse
 
 V = [1.0, 0.0, 0.0]
 
@@ -235,9 +235,6 @@ async def test_http_mcp_and_cli_take_the_key(service: Any) -> None:
     and answers the same; another call under the key is 409 / an error."""
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
-
-    from tests.test_cli import pulse
-    from tests.test_service import call
 
     async with service.client() as client:
         schema = (await client.get("/openapi.json")).json()["components"]["schemas"]

@@ -21,7 +21,7 @@ import pytest
 
 from ops.cli import main
 from sync import PulseDB
-from tests.test_service import start, stop
+from tests.harness import start, stop
 
 PULSE = str(Path(sys.executable).parent / "pulse")
 T = TypeVar("T")

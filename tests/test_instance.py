@@ -9,7 +9,7 @@ from pathlib import Path
 
 from eventlog import EmbeddedNats
 from sync import ExperienceChange, PulseDB, PulseDBSync
-from tests.conftest import eventually
+from tests.harness import eventually
 
 
 async def open_db(path: Path, server: EmbeddedNats) -> PulseDB:

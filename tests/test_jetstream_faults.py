@@ -21,7 +21,7 @@ from eventlog import (
 from eventlog.codec import encode_event
 from ops.cluster import free_port
 from tests import factories as f
-from tests.conftest import eventually
+from tests.harness import eventually
 
 
 async def test_stream_creation_is_idempotent_and_configurable(nats_server: EmbeddedNats) -> None:

@@ -27,7 +27,7 @@ from eventlog.keys import (
 from eventlog.log import LogEntry
 from eventlog.sealing import KEY_MISSING, Sealer, open_with, seal_with, sealed_name
 from eventlog.subjects import subject_for
-from tests.conftest import eventually
+from tests.harness import eventually
 
 CID = uuid7()
 

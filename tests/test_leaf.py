@@ -24,7 +24,7 @@ from eventlog.leaf import LeafLog, out_name
 from ops.cluster import free_ports
 from projections.queries import Experience
 from sync import PulseDB
-from tests.conftest import eventually
+from tests.harness import PULSE, clean_env, eventually, hub_server, start, stop
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,15 +45,6 @@ class Edge:
     def leaf_log(self) -> LeafLog:
         assert isinstance(self.leaf.log, LeafLog)
         return self.leaf.log
-
-
-def hub_server(tmp_path: Path) -> tuple[EmbeddedNats, str]:
-    """An embedded server taking leaf nodes (domain ``hub``), and its leafnode URL."""
-    (port,) = free_ports(1)
-    link = NatsCredentials.generate("leaf")
-    server = EmbeddedNats(tmp_path / "hub-nats", leaf_listen=port, leaf_credentials=link)
-    server.start()
-    return server, link.in_url(f"nats-leaf://127.0.0.1:{port}")
 
 
 @pytest.fixture
@@ -221,11 +212,9 @@ async def test_a_data_directory_that_is_not_an_edge_hosts_is_not_made_one(
     await again.close()
     with pytest.raises(ValidationError, match="collectives: an edge host follows every"):
         await PulseDB.attach(tmp_path / "other", edge.leaf_log, collectives=["x"], owns_log=False)
-    from tests.test_service import PULSE, _env
-
     backup = subprocess.run(
         [PULSE, "--data-dir", str(edge.leaf.data_dir), "backup", str(tmp_path / "b.tar")],
-        capture_output=True, text=True, timeout=60, env=_env(),
+        capture_output=True, text=True, timeout=60, env=clean_env(),
     )  # fmt: skip
     assert backup.returncode == 1 and "an edge host's" in backup.stderr, backup.stderr
 
@@ -233,8 +222,6 @@ async def test_a_data_directory_that_is_not_an_edge_hosts_is_not_made_one(
 async def test_pulse_up_as_a_hub_and_as_an_edge_host(tmp_path: Path) -> None:
     """`pulse up --leaf-listen` (a hub) and `pulse up --leaf-of` (an edge host): banners,
     and `pulse status` on the edge host showing the link."""
-    from tests.test_service import PULSE, _env, start, stop
-
     (port,) = free_ports(1)
     hub = start(tmp_path / "hub", "--leaf-listen", str(port))
     edge = None
@@ -251,7 +238,7 @@ async def test_pulse_up_as_a_hub_and_as_an_edge_host(tmp_path: Path) -> None:
             status = await asyncio.to_thread(
                 subprocess.run,
                 [PULSE, "--data-dir", str(tmp_path / "edge"), "status"],
-                capture_output=True, text=True, env=_env(), timeout=30,
+                capture_output=True, text=True, env=clean_env(), timeout=30,
             )  # fmt: skip
             assert status.returncode == 0, status.stderr
             shown[:] = [x for x in status.stdout.splitlines() if x.startswith("leaf ")]

@@ -15,7 +15,7 @@ import pytest
 from eventlog.memory import MemoryLog
 from projections.store import StateInUse
 from sync import maintenance
-from tests.test_rebuild import history
+from tests.factories import history
 
 # holds a DuckDB file open, as a running instance does, until its stdin closes
 HOLDER = "import sys, duckdb; con = duckdb.connect(sys.argv[1]); print('held', flush=True); sys.stdin.read()"  # noqa: E501

@@ -18,7 +18,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from eventlog import EmbeddedNats
 from sync import PulseDB
-from tests.test_service import PULSE, Service, _env, call, start, stop
+from tests.harness import PULSE, Service, call, clean_env, start, stop
 
 OP = "operator-s3cret"
 PLANTED = "bob planted this ZEBRA"
@@ -39,7 +39,7 @@ async def _tool(url: str, token: str, tool: str, args: dict[str, Any]) -> tuple[
 def _cli(service: Service, token: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [PULSE, "--data-dir", str(service.data_dir), *args],
-        capture_output=True, text=True, timeout=60, env=_env(PULSE_TOKEN=token),
+        capture_output=True, text=True, timeout=60, env=clean_env(PULSE_TOKEN=token),
     )  # fmt: skip
 
 

@@ -28,8 +28,7 @@ from ops.cluster import LocalCluster, free_ports
 from ops.natsconf import Leaf, Node, Written, write_cluster
 from sync import PulseDB
 from tests import factories as f
-from tests.conftest import eventually
-from tests.test_service import start, stop
+from tests.harness import eventually, start, stop
 
 PULSE = str(Path(sys.executable).parent / "pulse")
 

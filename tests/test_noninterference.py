@@ -47,6 +47,7 @@ from eventlog.ids import uuid7
 from projections.projection import ProjectionSettings
 from sync.access import Principal
 from sync.instance import PulseDB
+from tests.harness import start, stop
 
 DIM = 4
 WORDS = ["cache", "retry", "timeout", "schema", "deploy", "zeuscorp", "hermes", "plan"]
@@ -662,8 +663,6 @@ async def test_query_syntax_is_searched_as_words(tmp_path: Path) -> None:
     """``experience:*`` or ``collective:*`` answered 500 (parsed as tantivy's query
     syntax, a field query on a field that is no fast field); quotes, parentheses, ``*``,
     ``AND`` and field names are words like any other now, over HTTP as in Python."""
-    from tests.test_service import start, stop
-
     service = start(tmp_path / "served", "--token", "nonint-s3cret")
     service.token = "nonint-s3cret"
     try:

@@ -14,6 +14,7 @@ from eventlog.log import LogEntry
 from eventlog.sealing import seal_with, sealed_name, tombstone_name
 from projections import fold
 from projections.projection import Projection
+from tests.harness import by_profile
 from tests.histories import creates_in_two_collectives, histories, redeliveries, stored_model
 
 
@@ -21,7 +22,7 @@ def entries(events: list[ev.Event]) -> list[LogEntry]:
     return [LogEntry(seq, "pulse.test", event) for seq, event in enumerate(events, start=1)]
 
 
-@settings(max_examples=25)
+@settings(max_examples=by_profile(ci=12, dev=50))  # each example ~0.6 CPU-s
 @given(st.data())
 def test_any_delivery_gives_the_same_digest_and_the_model_state(data: st.DataObject) -> None:
     events = data.draw(histories)
@@ -63,7 +64,7 @@ def test_reapplying_an_old_batch_changes_nothing(tmp_path: Path) -> None:
     projection.close()
 
 
-@settings(max_examples=25)
+@settings(max_examples=by_profile(ci=12, dev=50))  # each example ~0.6 CPU-s
 @given(st.data())
 def test_events_sealed_with_a_destroyed_key_fold_as_if_purged(data: st.DataObject) -> None:
     """What a host reads of a deleted entity whose key is destroyed (its events still

@@ -16,62 +16,10 @@ import pytest
 
 from eventlog import EmbeddedNats, JetStreamLog
 from eventlog import events as ev
-from eventlog.ids import uuid7
 from projections.store import Store
-from tests import factories as f
+from tests.factories import history
 
 PULSE = str(Path(sys.executable).parent / "pulse")
-
-
-def history(n: int) -> list[ev.Event]:
-    """A realistic mix: experiences, updates, archives, deletes, relations, reinforcements."""
-    cid = uuid7()
-    events: list[ev.Event] = [f.collective(cid, dim=16)]
-    recorded = [
-        f.experience(cid, f"lesson {i} about retries and checkpoints", dim=16) for i in range(n)
-    ]
-    for i, rec in enumerate(recorded):
-        events.append(rec)
-        common = {"event_id": uuid7(), "instance_id": f.INSTANCE, "hlc": rec.hlc + 1}
-        if i % 7 == 1:
-            events.append(
-                ev.ExperienceUpdated(
-                    **common,
-                    experience_id=rec.experience_id,  # type: ignore[arg-type]
-                    collective_id=cid,
-                    importance=0.9,
-                )
-            )
-        elif i % 7 == 2:
-            events.append(
-                ev.ExperienceArchived(**common, experience_id=rec.experience_id, collective_id=cid)
-            )  # type: ignore[arg-type]
-        elif i % 7 == 3:
-            events.append(
-                ev.ExperienceDeleted(**common, experience_id=rec.experience_id, collective_id=cid)
-            )  # type: ignore[arg-type]
-        elif i % 7 == 4:
-            events.append(
-                ev.ExperienceReinforced(
-                    **common,
-                    experience_id=rec.experience_id,  # type: ignore[arg-type]
-                    collective_id=cid,
-                    applications=i % 5 + 1,
-                )
-            )
-        elif i % 7 == 5 and i > 5:
-            events.append(
-                ev.RelationStored(
-                    **common,
-                    relation_id=uuid7(),
-                    collective_id=cid,  # type: ignore[arg-type]
-                    source_id=rec.experience_id,
-                    target_id=recorded[i - 5].experience_id,
-                    relation_type="Supports",
-                    strength=0.5,
-                )
-            )
-    return events
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from eventlog import MemoryLog
 from eventlog.codec import HDR_MSG_ID
 from eventlog.keys import MemoryKeyStore
 from sync import PulseDB
+from tests.harness import by_profile
 
 T = TypeVar("T")
 REPLICAS = 3
@@ -136,5 +137,8 @@ class Replicas(RuleBasedStateMachine):
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-Replicas.TestCase.settings = settings(max_examples=12, stateful_step_count=20, deadline=None)
+# each run: three replicas, 20 steps, about 3.5 CPU-seconds (six runs in `make test`)
+Replicas.TestCase.settings = settings(
+    max_examples=by_profile(ci=6, dev=24), stateful_step_count=20, deadline=None
+)
 test_replicas_converge_under_any_delivery = Replicas.TestCase

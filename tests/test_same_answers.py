@@ -28,6 +28,7 @@ from eventlog.ids import uuid7
 from eventlog.log import LogEntry
 from projections import queries as q
 from projections.projection import Projection, ProjectionSettings
+from tests.harness import by_profile
 from tests.histories import redeliveries
 
 Vectors = npt.NDArray[np.float32]
@@ -503,7 +504,7 @@ def two_hosts(data: st.DataObject, directory: Path) -> tuple[Projection, Project
     return hosts[0], hosts[1]
 
 
-@settings(max_examples=25)
+@settings(max_examples=by_profile(ci=12, dev=50))  # each example ~0.7 CPU-s
 @given(st.data())
 def test_any_delivery_of_a_small_history_gives_the_same_digest_and_similar_hits(
     data: st.DataObject,

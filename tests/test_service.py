@@ -5,14 +5,8 @@ health and metrics, `pulse sql` while serving, and MCP over streamable HTTP and 
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
-import sys
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,103 +16,17 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from ops.operator_secret import read_secret
 from ops.remote import API_METHODS
-from tests.conftest import eventually
-
-PULSE = str(Path(sys.executable).parent / "pulse")
-
-
-@dataclass
-class Service:
-    url: str
-    data_dir: Path
-    process: subprocess.Popen[str]
-    token: str | None = None
-    banner: str = ""  # what `pulse up` printed before it served
-    printed: list[str] = field(default_factory=list)  # its stdout after the banner
-    logged: list[str] = field(default_factory=list)  # its stderr
-    drains: list[threading.Thread] = field(default_factory=list)
-
-    def client(self, token: str | None = None) -> httpx.AsyncClient:
-        """A client acting for ``token``, by default the operator's secret (which
-        ``start`` read from the data directory, as the CLI does)."""
-        given = token or self.token
-        headers = {"Authorization": f"Bearer {given}"} if given else {}
-        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=60)
-
-    def mcp_client(self, token: str | None = None) -> httpx.AsyncClient:
-        """An HTTP client for ``streamable_http_client(..., http_client=)``: ``client``'s
-        credential, and the MCP SDK's read timeout (its streams wait long)."""
-        given = token or self.token
-        headers = {"Authorization": f"Bearer {given}"} if given else {}
-        return httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30, read=300))
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PULSE_")}
-    env.update(extra)
-    return env
-
-
-def start(
-    data_dir: Path, *args: str, env: dict[str, str] | None = None,
-    preexec_fn: Callable[[], None] | None = None,
-) -> Service:  # fmt: skip
-    process = subprocess.Popen(
-        [PULSE, "--data-dir", str(data_dir), "up", "--port", "0", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or _env(),
-        preexec_fn=preexec_fn,
-    )  # fmt: skip
-    assert process.stdout is not None
-    lines = []
-    while not lines or "Ctrl-C stops" not in lines[-1]:
-        line = process.stdout.readline()
-        assert line, f"`pulse up` ended: {''.join(lines)} {process.stderr.read()}"  # type: ignore[union-attr]
-        lines.append(line)
-    banner = "".join(lines)
-    match = re.search(r"HTTP\s+http://[\d.]+:(\d+)", banner)  # (a --host 0.0.0.0 too)
-    assert match, lines
-    service = Service(f"http://127.0.0.1:{match.group(1)}", data_dir, process, banner=banner)
-    service.token = read_secret(data_dir)  # the operator's, as the CLI reads it
-    service.drains = [drain(process.stdout, service.printed), drain(process.stderr, service.logged)]
-    return service
-
-
-def drain(pipe: Any, into: list[str]) -> threading.Thread:
-    """Read ``pipe`` to its end into ``into``, on a thread. A server's pipes must be read
-    while it runs: once one holds 64 KiB unread, its next write blocks the server's event
-    loop, and every request hangs (CI saw exactly that, from MCP disconnect tracebacks)."""
-
-    def read() -> None:
-        with pipe:
-            into.extend(pipe)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    return reader
-
-
-def stop(service: Service) -> str:
-    """Stop the server (SIGTERM); what it printed on stdout after its banner."""
-    service.process.send_signal(signal.SIGTERM)
-    service.process.wait(timeout=30)
-    for reader in service.drains:
-        reader.join(timeout=10)
-    return "".join(service.printed)
-
-
-async def call(client: httpx.AsyncClient, method: str, **body: Any) -> Any:
-    response = await client.post(f"/v1/{method}", json=body)
-    assert response.status_code == 200, response.text
-    return response.json()
-
+from tests.harness import PULSE, Service, call, eventually, start, stop
+from tests.harness import clean_env as _env
 
 # -- the HTTP API -----------------------------------------------------------------------------
 
 
-async def test_openapi_lists_every_method_with_the_data_model_limits(service: Service) -> None:
-    async with service.client() as client:
+async def test_openapi_lists_every_method_with_the_data_model_limits(
+    shared_service: Service,
+) -> None:
+    async with shared_service.client() as client:
         schema = (await client.get("/openapi.json")).json()
     paths = set(schema["paths"])
     assert {f"/v1/{name}" for name in API_METHODS} <= paths
@@ -196,9 +104,9 @@ async def test_remember_and_recall_over_plain_http_json(service: Service) -> Non
     ],
 )  # fmt: skip
 async def test_bad_requests_get_the_library_messages(
-    service: Service, method: str, body: dict[str, Any], status: int, message: str
+    shared_service: Service, method: str, body: dict[str, Any], status: int, message: str
 ) -> None:
-    async with service.client() as client:
+    async with shared_service.client() as client:
         before = await call(client, "digest")
         response = await client.post(f"/v1/{method}", json=body)
         assert response.status_code == status, response.text
@@ -208,8 +116,8 @@ async def test_bad_requests_get_the_library_messages(
         assert await call(client, "digest") == before
 
 
-async def test_a_body_that_is_not_json_is_named(service: Service) -> None:
-    async with service.client() as client:
+async def test_a_body_that_is_not_json_is_named(shared_service: Service) -> None:
+    async with shared_service.client() as client:
         form = {"Content-Type": "application/x-www-form-urlencoded"}
         response = await client.post("/v1/list_collectives", content=b"owner=me", headers=form)
         assert response.status_code == 415
@@ -224,8 +132,9 @@ async def test_a_body_that_is_not_json_is_named(service: Service) -> None:
         assert broken.json()["message"].startswith("body: not valid JSON (")
 
 
-async def test_a_host_name_is_no_credential(service: Service) -> None:
+async def test_a_host_name_is_no_credential(shared_service: Service) -> None:
     """Loopback, or a Host name of it, lets nobody in: the credential does."""
+    service = shared_service
     async with service.client() as client, httpx.AsyncClient(base_url=service.url) as anonymous:
         for name in ("localhost:8765", "[::1]:8765", "127.0.0.1", "attacker.example"):
             allowed = await client.post("/v1/list_collectives", json={}, headers={"Host": name})

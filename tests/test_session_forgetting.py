@@ -21,10 +21,7 @@ from eventlog.errors import QueryCancelled
 from eventlog.keys import DESTROYED, key_name
 from projections.projection import ProjectionSettings
 from sync import PulseDB
-from tests.conftest import eventually
-from tests.test_forgetting import raw_payloads
-from tests.test_service import PULSE, _env, call, start, stop
-from tests.test_shredding import scan
+from tests.harness import PULSE, call, clean_env, eventually, raw_payloads, scan, start, stop
 
 OP = "operator-s3cret"
 SCRUB_BOUND = 30.0  # seconds: the scrub bound (5 s by default, 1 s below) with room to spare
@@ -198,7 +195,7 @@ async def test_delete_session_over_http_the_cli_and_mcp(tmp_path: Path) -> None:
             cli = subprocess.run(
                 [PULSE, "--data-dir", str(data), "session", "delete", made["cli"][0]],
                 capture_output=True, text=True, timeout=60,
-                env=_env(PULSE_TOKEN=tokens["alice"]),
+                env=clean_env(PULSE_TOKEN=tokens["alice"]),
             )  # fmt: skip
             assert cli.returncode == 0, cli.stderr
             assert cli.stdout.strip() == f"deleted session {made['cli'][0]}"

@@ -41,9 +41,8 @@ from projections import fold, queries
 from sync import PulseDB
 from sync.access import Principal
 from sync.sessions import ResumedSession
-from tests.conftest import eventually
+from tests.harness import IN_PROCESS_SECRET, eventually, in_process
 from tests.histories import common, redeliveries
-from tests.test_edges import IN_PROCESS_SECRET, in_process
 
 # -- 1. the life of sessions, through the Python API -----------------------------------------
 

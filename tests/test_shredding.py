@@ -23,8 +23,7 @@ from eventlog.subjects import collective_subject
 from ops.cluster import LocalCluster
 from projections.projection import Projection, ProjectionSettings
 from sync import PulseDB
-from tests.conftest import eventually
-from tests.test_cli import PULSE, _env
+from tests.harness import PULSE, cli_env, eventually, scan
 
 DIM = 16
 
@@ -59,28 +58,11 @@ def _needles(text: str, embedding: bytes) -> dict[str, bytes]:
     return found
 
 
-def scan(roots: list[Path], needles: dict[str, bytes]) -> dict[str, set[str]]:
-    """Which needles each file under ``roots`` holds (file -> needle names)."""
-    hits: dict[str, set[str]] = {}
-    for root in roots:
-        for path in root.rglob("*"):
-            if not path.is_file():
-                continue
-            try:
-                data = path.read_bytes()
-            except FileNotFoundError:  # (a server's temporary file, gone meanwhile)
-                continue
-            found = {name for name, needle in needles.items() if needle in data}
-            if found:
-                hits[str(path)] = found
-    return hits
-
-
 def backup(urls: list[str], destination: Path, data_dir: Path) -> None:
     result = subprocess.run(
         [PULSE, "--data-dir", str(data_dir), "--nats-url", ",".join(urls), "backup",
          str(destination)],
-        capture_output=True, text=True, timeout=120, env=_env(),
+        capture_output=True, text=True, timeout=120, env=cli_env(),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
 

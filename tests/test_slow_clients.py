@@ -22,8 +22,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.conftest import eventually
-from tests.test_service import PULSE, Service, _env, start, stop
+from tests.harness import PULSE, Service, clean_env, eventually, start, stop
 
 TOKEN = "s3cret-slow"
 BOUND = 30.0  # seconds: how long a test waits for the server before it fails
@@ -34,7 +33,7 @@ SESSIONS, SESSIONS_PER_TOKEN = 3, 2
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """`pulse up` with one-second timeouts and small caps on streams and sessions."""
-    env = _env(
+    env = clean_env(
         PULSE_HEADER_TIMEOUT="1", PULSE_BODY_TIMEOUT="1", PULSE_KEEP_ALIVE_TIMEOUT="1",
         PULSE_MAX_WATCHERS=str(WATCHERS), PULSE_MAX_WATCHERS_PER_TOKEN=str(WATCHERS_PER_TOKEN),
         PULSE_MAX_MCP_SESSIONS=str(SESSIONS),
@@ -160,7 +159,7 @@ async def test_running_out_of_descriptors_only_refuses_new_connections(tmp_path:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # (this test holds FLOOD + some)
     if soft < 2 * FLOOD:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4 * FLOOD), hard))
-    env = _env(PULSE_HEADER_TIMEOUT="120", PULSE_BODY_TIMEOUT="120")
+    env = clean_env(PULSE_HEADER_TIMEOUT="120", PULSE_BODY_TIMEOUT="120")
     running = start(tmp_path / "data", "--token", TOKEN, env=env, preexec_fn=few_open_files)
     token = running.token or TOKEN
     where = urlsplit(running.url)
@@ -338,7 +337,7 @@ def test_every_limit_is_a_setting_in_the_help_of_pulse_up() -> None:
 def test_a_bad_setting_is_refused_before_serving(tmp_path: Path) -> None:
     result = subprocess.run(
         [PULSE, "--data-dir", str(tmp_path / "data"), "up", "--port", "0"],
-        capture_output=True, text=True, timeout=60, env=_env(PULSE_HEADER_TIMEOUT="soon"),
+        capture_output=True, text=True, timeout=60, env=clean_env(PULSE_HEADER_TIMEOUT="soon"),
     )  # fmt: skip
     assert result.returncode == 1
     assert result.stderr.strip() == (

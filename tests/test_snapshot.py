@@ -30,9 +30,8 @@ from projections.engine import Engine
 from projections.projection import ProjectionSettings
 from projections.snapshot import SNAPSHOT_NAME
 from tests import factories
-from tests.conftest import eventually
+from tests.harness import PULSE, Service, by_profile, call, clean_env, eventually
 from tests.histories import histories
-from tests.test_service import PULSE, Service, _env, call
 
 # A plain DuckDB process, as an analyst's notebook would be: it knows nothing of Pulse
 # but the path. Each round it opens the file read-only, counts every view named on its
@@ -119,7 +118,7 @@ async def test_a_plain_duckdb_process_reads_every_view_while_pulse_up_writes(
             health = (await client.get("/health")).json()
         status = subprocess.run(
             [PULSE, "--data-dir", str(service.data_dir), "status", "--json"],
-            capture_output=True, text=True, timeout=60, env=_env(),
+            capture_output=True, text=True, timeout=60, env=clean_env(),
         )  # fmt: skip
         # the README's example, as written, from a directory whose .pulse is this one
         (service.data_dir.parent / ".pulse").symlink_to(service.data_dir)
@@ -311,7 +310,7 @@ def _tables(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[Any, ...]]]:
     return found
 
 
-@settings(max_examples=25)
+@settings(max_examples=by_profile(ci=12, dev=50))  # each example ~0.7 CPU-s
 @given(histories, st.integers(min_value=2, max_value=5))
 def test_a_caught_up_snapshot_holds_every_row_of_the_state(
     events: list[ev.Event], parts: int

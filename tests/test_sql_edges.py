@@ -20,8 +20,7 @@ import pytest
 
 from eventlog.errors import QueryTooComplex, QueryTooLarge
 from ops.remote import RemotePulseDB
-from tests.conftest import eventually
-from tests.test_service import Service, _env, call, start, stop
+from tests.harness import Service, call, clean_env, eventually, start, stop
 
 SLOW = "SELECT count(*) FROM range(30000000) t(x) WHERE x % 7 = 3"  # part of a second
 LIMITS = {"PULSE_SQL_MEMORY_LIMIT": "256MB", "PULSE_SQL_TIME_LIMIT": "20"}
@@ -29,7 +28,7 @@ LIMITS = {"PULSE_SQL_MEMORY_LIMIT": "256MB", "PULSE_SQL_TIME_LIMIT": "20"}
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    service = start(tmp_path_factory.mktemp("sql-edges") / "data", env=_env(**LIMITS))
+    service = start(tmp_path_factory.mktemp("sql-edges") / "data", env=clean_env(**LIMITS))
     yield service
     stop(service)
 
@@ -82,7 +81,7 @@ def memory_of(pid: int) -> dict[str, int]:
 
 
 async def test_a_patient_reader_never_keeps_a_deleted_secret_on_disk(tmp_path: Path) -> None:
-    service = start(tmp_path / "data", env=_env(**LIMITS))
+    service = start(tmp_path / "data", env=clean_env(**LIMITS))
     try:
         bob = await reader(service)
         secret = b"okapi-lantern-7731"

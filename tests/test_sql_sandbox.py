@@ -11,13 +11,14 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from uuid import UUID
 
 import duckdb
 import httpx
 import pytest
+import pytest_asyncio
 
 from eventlog import EmbeddedNats
 from eventlog.errors import (
@@ -32,23 +33,46 @@ from projections.analytics import SqlLimits
 from projections.projection import ProjectionSettings
 from sync import PulseDB
 from sync.access import Principal
-from tests.conftest import eventually
-from tests.test_cli import pulse
-from tests.test_service import _env, start, stop
+from tests.harness import clean_env, eventually, pulse, start, stop
 
 LONG = "SELECT count(*) FROM range(1000000000000::BIGINT)"  # minutes of work, no memory
 BIG_SORT = "SELECT * FROM range(100000000::BIGINT) ORDER BY random()"  # ~1 GB to sort
 
 
-@pytest.fixture
-async def db(tmp_path: Path, nats_server: EmbeddedNats) -> AsyncIterator[PulseDB]:
-    instance = await PulseDB.open(tmp_path / "db", nats_server.url)
+async def seeded(directory: Path, nats_url: str) -> PulseDB:
+    """An instance holding a collective, two experiences, a relation and an activity."""
+    instance = await PulseDB.open(directory, nats_url)
     team = await instance.create_collective("ana", "team", 3)
     first = await instance.record_experience(team, "retry publishes", [1.0, 0.0, 0.0])
     second = await instance.record_experience(team, "slow fsync", [0.0, 1.0, 0.0])
     await instance.store_relation(first, second, "Supports")
     await instance.reinforce_experience(first)
     await instance.register_activity(team, "bot-1", "analysing", ["notes.md"])
+    return instance
+
+
+@pytest.fixture
+async def db(tmp_path: Path, nats_server: EmbeddedNats) -> AsyncIterator[PulseDB]:
+    instance = await seeded(tmp_path / "db", nats_server.url)
+    yield instance
+    await instance.close()
+
+
+@pytest.fixture(scope="module")
+def module_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    server = EmbeddedNats(tmp_path_factory.mktemp("sandbox-nats"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def refusing_db(
+    tmp_path_factory: pytest.TempPathFactory, module_nats: EmbeddedNats
+) -> AsyncIterator[PulseDB]:
+    """``db`` once for the module's queries that are refused before they run (they change
+    nothing, and an instance of its own costs each more than its query)."""
+    instance = await seeded(tmp_path_factory.mktemp("sandbox") / "db", module_nats.url)
     yield instance
     await instance.close()
 
@@ -137,11 +161,12 @@ async def test_export_still_writes_parquet_after_queries(db: PulseDB, tmp_path: 
          "query: only read-only queries are allowed"),
     ],
 )  # fmt: skip
+@pytest.mark.asyncio(loop_scope="module")
 async def test_a_way_out_of_the_state_is_refused_by_name(
-    db: PulseDB, query: str, message: str
+    refusing_db: PulseDB, query: str, message: str
 ) -> None:
     with pytest.raises(ValidationError) as refused:
-        await db.sql(query)
+        await refusing_db.sql(query)
     assert str(refused.value).startswith(message), refused.value
 
 
@@ -323,7 +348,7 @@ async def test_over_http_refusals_and_limits_have_their_status_and_a_gone_client
 ) -> None:
     service = start(
         tmp_path / "data",
-        env=_env(PULSE_SQL_TIME_LIMIT="120", PULSE_SQL_MEMORY_LIMIT="64MB",
+        env=clean_env(PULSE_SQL_TIME_LIMIT="120", PULSE_SQL_MEMORY_LIMIT="64MB",
                  PULSE_SQL_TEMP_LIMIT="0B"),
     )  # fmt: skip
     try:
@@ -357,7 +382,7 @@ async def test_over_http_refusals_and_limits_have_their_status_and_a_gone_client
 
 
 async def test_over_http_a_query_past_its_time_limit_is_a_408(tmp_path: Path) -> None:
-    service = start(tmp_path / "data", env=_env(PULSE_SQL_TIME_LIMIT="0.5"))
+    service = start(tmp_path / "data", env=clean_env(PULSE_SQL_TIME_LIMIT="0.5"))
     try:
         async with service.client() as client:
             late = await client.post("/v1/sql", json={"query": LONG})

@@ -26,7 +26,7 @@ import pytest
 from ops.cli import build_parser, main
 from ops.cli.arguments import duration
 from ops.cli.tokens import KEEP_TOKEN
-from tests.test_service import start, stop
+from tests.harness import start, stop
 
 PULSE = str(Path(sys.executable).parent / "pulse")
 TOKEN = re.compile(r"^pulse_[0-9a-f]{32}_[A-Za-z0-9_-]{43}$")

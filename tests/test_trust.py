@@ -22,7 +22,7 @@ import pytest
 
 from eventlog.errors import ValidationError
 from ops.operator_secret import ensure_secret, read_secret, secret_file
-from tests.test_service import Service, _env, call, drain, start, stop
+from tests.harness import Service, call, clean_env, drain, start, stop
 
 APP = "https://app.example"  # a web app's origin, allowed on the second service
 EVIL = "http://evil.example"
@@ -329,7 +329,7 @@ async def test_an_unexpected_error_is_one_line_in_the_log(tmp_path: Path, level:
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
 
-    service = _start_broken(tmp_path / "data", _env(PULSE_LOG_LEVEL=level))
+    service = _start_broken(tmp_path / "data", clean_env(PULSE_LOG_LEVEL=level))
     try:
         async with service.client() as client:
             team = await call(client, "create_collective", owner_id="o", name="team",

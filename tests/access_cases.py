@@ -1,54 +1,42 @@
-"""Fail closed: every method of the HTTP API and every MCP tool, walked with principals
-that lack access and with principals that have it (issue 13, ``sync.access``).
+"""The access walk's world and cases, shared by the test modules of each surface
+(``test_access_http``, ``test_access_mcp``, ``test_access_python``, ``test_access_tokens``;
+issue 13, ``sync.access``): fail closed, on every method of the HTTP API and every MCP tool.
 
 One `pulse up` (with a service token of its own, the operator's) holds a world of owner
 alice: a collective whose rows are all team-visible (``team``), one that also holds
 org-visible rows (``shared``), one a limited token is limited to (``other``), and
 wisdom of both visibilities. Its principals: alice's write, read and limited
 (``collectives=[other]``) tokens, bob's write token (another owner) and an admin token.
+The world is built once per test process (the ``world`` fixture, session-scoped: every
+access module a process runs walks the same world; cases that change or delete make
+fresh entities of their own, so no case depends on another's order).
 
-The walk is driven by ``ops.remote.API_METHODS`` and by the tools (and their actions
-and modes) the MCP server lists: a method or tool without a case fails. Each case says
-what every principal that lacks access gets, exactly: 403 (it may see the thing but not
-change it, or lacks the scope), 404 (an id that would reveal existence: the answer is
-the one a never-created id gets), or a 200 answer that holds only what it may see (a
-check of the answer, never a skip). Every answer to bob or the limited token is also
-searched for anything of alice's it may not see (ids, contents). Then the same cases
+Each case says what every principal that lacks access gets, exactly: 403 (it may see
+the thing but not change it, or lacks the scope), 404 (an id that would reveal
+existence: the answer is the one a never-created id gets), or a 200 answer that holds
+only what it may see (a check of the answer, never a skip). ``CASES`` holds one per
+method of the HTTP API (``ops.remote.API_METHODS``), ``MCP_CASES`` one per MCP tool
+(and its actions and modes): a method or tool without a case fails. Then the same cases
 with access: alice's write token (an admin token for the admin-only methods).
-
-Then the edges of the token itself: 401 without one, malformed, unknown, revoked or
-expired; the loopback service with no token ever created; a revocation on one host
-refusing the token on another.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import itertools
 import json
 import re
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-from mcp.server.fastmcp.exceptions import ToolError
 
-from eventlog import EmbeddedNats
-from eventlog.errors import Forbidden, Unauthorized
-from ops.mcp_server import build_mcp
-from ops.remote import API_METHODS, RemotePulseDB
-from sync import PulseDB
-from tests.conftest import eventually
-from tests.test_service import Service, start, stop
+from tests.harness import Service, start, stop
 
 OP = "operator-s3cret"  # the service's own --token: the local operator
 NF, FB = 404, 403
@@ -112,11 +100,22 @@ class World:
         for who in from_:
             self.hidden[who].update(ids)
 
+    async def sql(self, query: str) -> list[Any]:
+        """The rows of the operator's ``query``. A query a delete's rewrite of the files
+        cancelled (503 ``QueryCancelled``, as documented: retry) is asked again."""
+        async with self.client("op") as client:
+            for _ in range(100):
+                response = await client.post("/v1/sql", json={"query": query})
+                if response.status_code != 503 or response.json()["error"] != "QueryCancelled":
+                    break
+                await asyncio.sleep(0.05)
+        assert response.status_code == 200, f"sql: {response.text}"
+        return list(response.json()["rows"])
+
     async def state(self) -> tuple[str, Any]:
         """What a refused call must leave as it was: the folded state and the activities."""
         digest = await self.call("op", "digest")
-        rows = await self.call("op", "sql", query="SELECT * FROM activities ORDER BY ALL")
-        return digest, rows["rows"]
+        return digest, await self.sql("SELECT * FROM activities ORDER BY ALL")
 
 
 def _sync_call(client: httpx.Client, method: str, **body: Any) -> Any:
@@ -279,17 +278,19 @@ def build_world(url: str) -> World:
     return world
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+@pytest.fixture(scope="session")
+def walk_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """The walk's `pulse up`, once per test process."""
     running = start(tmp_path_factory.mktemp("walk") / "data", "--token", OP)
     running.token = OP
     yield running
     stop(running)
 
 
-@pytest.fixture(scope="module")
-def world(served: Service) -> World:
-    return build_world(served.url)
+@pytest.fixture(scope="session")
+def world(walk_service: Service) -> World:
+    """Alice's world on the walk's `pulse up`, once per test process."""
+    return build_world(walk_service.url)
 
 
 # -- making fresh entities (for the cases that change or delete) ------------------------------
@@ -690,7 +691,7 @@ def in_view(view: str, key: str, count: int) -> Check:
         wanted = answer if isinstance(answer, str) else args[key]
         assert UUID_RE.fullmatch(wanted)
         query = f"SELECT count(*) FROM {view} WHERE {key} = '{wanted}'"
-        rows = (await as_op(w, "sql", query=query)).json()["rows"]
+        rows = await w.sql(query)
         assert rows == [[count]], (view, wanted, rows)
 
     return check
@@ -1179,68 +1180,7 @@ async def checked(check: Check, w: World, args: dict[str, Any], answer: Any) -> 
         await outcome
 
 
-@pytest.mark.parametrize("method", sorted(API_METHODS))
-async def test_http_without_access(world: World, method: str) -> None:
-    """Every principal that lacks access gets exactly what the rules give; a refusal
-    changes nothing, and a 404 reads as the 404 of a never-created id."""
-    for name, case in cases_of(method):
-        for who, expect in case.lacks.items():
-            principal, place = principal_and_place(world, who)
-            args = await case.args(Ctx(world, place))
-            before = await world.state() if isinstance(expect, int) else None
-            response = await http_call(world, principal, method, args)
-            body = response.json()
-            await judged(world, who, expect, response.status_code, body, response.text, args)
-            if isinstance(expect, int):
-                assert await world.state() == before, f"{name} as {who} changed the state"
-            if expect == NF:  # existence does not leak: the same as for an id never made
-                never = await http_call(world, principal, method, phantom(args))
-                assert never.status_code == NF, f"{name} as {who}: {never.text}"
-                assert normalized(never.json()["message"]) == normalized(body["message"]), (
-                    name,
-                    who,
-                    body,
-                    never.json(),
-                )
-
-
-@pytest.mark.parametrize("method", sorted(API_METHODS))
-async def test_http_with_access(world: World, method: str) -> None:
-    for _, case in cases_of(method):
-        args = await case.args(Ctx(world, world.team))
-        response = await http_call(world, case.who, method, args)
-        leak_free(world, case.who, args, response.text)
-        assert response.status_code == 200, response.text
-        await checked(case.has, world, args, response.json())
-
-
-def test_every_method_has_a_case() -> None:
-    methods = {name.split(":")[0] for name in CASES}
-    assert methods == set(API_METHODS), (
-        f"without a case: {sorted(set(API_METHODS) - methods)}; "
-        f"not a method: {sorted(methods - set(API_METHODS))}"
-    )
-
-
-# -- the walk over MCP ---------------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def mcp_session(w: World, who: str | None) -> AsyncIterator[ClientSession]:
-    async with (
-        w.client(who) as client,
-        streamable_http_client(f"{w.url}/mcp", http_client=client) as (read, write, _),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
-        yield session
-
-
-def tool_error(text: str) -> str:
-    """The kind of a tool error ("Error executing tool <name>: <Kind>: <message>")."""
-    found = re.match(r"(?:Error executing tool \w+: )?(\w+): ", text)
-    assert found, text
-    return found.group(1)
+# -- the cases over MCP -----------------------------------------------------------------------
 
 
 def mcp_ids(answer: Any, key: str = "results") -> set[str]:
@@ -1415,156 +1355,7 @@ async def _mcp_resume(c: Ctx) -> dict[str, Any]:
     return {"action": "resume", "collective": made["collective_id"], "agent": made["agent_id"]}
 
 
-async def mcp_call(w: World, who: str, tool: str, args: dict[str, Any]) -> tuple[bool, str]:
-    async with mcp_session(w, who) as session:
-        result = await session.call_tool(tool, args)
-    text = result.content[0].text if result.content else ""  # type: ignore[union-attr]
-    return bool(result.isError), text
-
-
-@pytest.mark.parametrize("name", sorted(MCP_CASES))
-async def test_mcp_without_access(world: World, name: str) -> None:
-    case, tool = MCP_CASES[name], name.split(":")[0]
-    for who, expect in case.lacks.items():
-        principal, place = principal_and_place(world, who)
-        args = await case.args(Ctx(world, place))
-        before = await world.state() if isinstance(expect, int) else None
-        error, text = await mcp_call(world, principal, tool, args)
-        leak_free(world, principal, args, text)
-        if isinstance(expect, int):
-            assert error and tool_error(text) == KIND[expect], f"{name} as {who}: {text}"
-            assert await world.state() == before, f"{name} as {who} changed the state"
-        else:
-            assert not error, f"{name} as {who}: {text}"
-            await checked(expect, world, args, json.loads(text))
-
-
-@pytest.mark.parametrize("name", sorted(MCP_CASES))
-async def test_mcp_with_access(world: World, name: str) -> None:
-    case, tool = MCP_CASES[name], name.split(":")[0]
-    args = await case.args(Ctx(world, world.team))
-    error, text = await mcp_call(world, case.who, tool, args)
-    leak_free(world, case.who, args, text)
-    assert not error, text
-    await checked(case.has, world, args, json.loads(text))
-
-
-async def test_every_mcp_tool_has_a_case(world: World) -> None:
-    """Every tool the server lists, and every action or mode of one, has a case."""
-    async with mcp_session(world, "alice") as session:
-        tools = (await session.list_tools()).tools
-    listed = set()
-    for tool in tools:
-        properties = tool.inputSchema.get("properties", {})
-        variants = [
-            value for key in ("action", "mode") for value in properties.get(key, {}).get("enum", ())
-        ]
-        listed |= {f"{tool.name}:{v}" for v in variants} if variants else {tool.name}
-    assert listed == set(MCP_CASES), (
-        f"without a case: {sorted(listed - set(MCP_CASES))}; "
-        f"not a tool: {sorted(set(MCP_CASES) - listed)}"
-    )
-
-
-async def test_mcp_names_a_collective_only_among_those_it_may_see(world: World) -> None:
-    """A collective named by name: bob's bare names are his own (projections.naming);
-    alice's he names alice/name, and finds only those he may see something of."""
-    args = {"collective": "team", "query": SEARCH}
-    error, text = await mcp_call(world, "bob", "recall", args)
-    assert error and tool_error(text) == "NotFoundError", text
-    assert "no collective named 'team' of owner 'bob'" in text
-    error, text = await mcp_call(world, "bob", "recall", {**args, "collective": "shared"})
-    assert error and tool_error(text) == "NotFoundError", text  # alice's is not his
-    error, text = await mcp_call(world, "bob", "recall", {**args, "collective": "alice/team"})
-    assert error and tool_error(text) == "NotFoundError", text
-    error, text = await mcp_call(world, "bob", "recall", {**args, "collective": "alice/shared"})
-    assert not error and mcp_ids(json.loads(text)) == {world.ids["o1"], world.ids["o2"]}
-
-
-# -- watch (server-sent events) --------------------------------------------------------------
-
-
-async def changes_until(lines: AsyncIterator[str], last: str) -> list[str]:
-    """The experience ids of the changes a stream sends, up to ``last``."""
-    seen: list[str] = []
-
-    async def read() -> None:
-        async for line in lines:
-            if line.startswith("data: "):
-                seen.append(json.loads(line[6:])["experience_id"])
-                if seen[-1] == last:
-                    return
-
-    await asyncio.wait_for(read(), 20)
-    return seen
-
-
-async def test_watch_streams_only_what_the_principal_may_see(world: World) -> None:
-    async with (
-        world.client("bob") as bob,
-        world.client("alice") as alice,
-        world.client("limited") as limited,
-        bob.stream("GET", "/v1/watch_experiences") as bob_sse,
-        alice.stream("GET", "/v1/watch_experiences") as alice_sse,
-        limited.stream("GET", "/v1/watch_experiences") as limited_sse,
-    ):
-        streams = [s.aiter_lines() for s in (bob_sse, alice_sse, limited_sse)]
-        for lines in streams:
-            assert await anext(lines) == ": watching"
-        secret = await world.call(
-            "alice",
-            "record_experience",
-            collective_id=world.ids["scratch"],
-            content=f"{TEAM_MARK} watched",
-        )
-        world.hide(secret)
-        await world.call("alice", "update_experience", experience_id=secret, importance=0.6)
-        shown = await world.call(
-            "alice",
-            "record_experience",
-            collective_id=world.ids["scratch_org"],
-            content="orgshared watched",
-            visibility="org",
-        )
-        bob_seen, alice_seen, limited_seen = [await changes_until(s, shown) for s in streams]
-    assert alice_seen == [secret, secret, shown]
-    assert bob_seen == [shown]
-    assert limited_seen == [shown]
-
-
-async def test_a_watch_ends_when_its_token_is_revoked(world: World) -> None:
-    made = await world.call("admin", "create_token", owner_id="alice", scope="read")
-    world.hide(made["token"], from_=tuple(world.hidden))
-    async with (
-        http(world.url, made["token"]) as client,
-        client.stream("GET", "/v1/watch_experiences") as sse,
-    ):
-        lines = sse.aiter_lines()
-        assert await anext(lines) == ": watching"
-        before = await world.call(
-            "alice",
-            "record_experience",
-            collective_id=world.ids["scratch"],
-            content="seen while valid",
-        )
-        assert await changes_until(lines, before) == [before]
-        await world.call("admin", "revoke_token", token_id=made["token_id"])
-        after = await world.call(
-            "alice",
-            "record_experience",
-            collective_id=world.ids["scratch"],
-            content="not for a revoked token",
-        )
-
-        async def rest() -> list[str]:
-            return [line async for line in lines]
-
-        tail = await asyncio.wait_for(rest(), 20)  # the stream ends
-    assert not any(after in line for line in tail), tail
-    assert "event: unauthorized" in tail, tail
-
-
-# -- 401: no principal -----------------------------------------------------------------------------
+# -- refused: no principal --------------------------------------------------------------------
 
 
 async def refusals(url: str, token: str | None) -> dict[str, httpx.Response]:
@@ -1602,186 +1393,3 @@ async def assert_refused(url: str, token: str | None, why: str) -> None:
     async with http(url, token) as client:
         health = await client.get("/health")
     assert health.status_code == 200 and health.json() == {"status": "up"}
-
-
-async def test_requests_without_a_live_token_are_refused(world: World) -> None:
-    url = world.url
-    await assert_refused(url, None, "a bearer token is required")
-    await assert_refused(url, "nope", "not a Pulse token")
-    await assert_refused(url, "", "not a Pulse token")  # an empty one is not the operator
-    unknown = f"pulse_{uuid.uuid4().hex}_{'A' * 43}"
-    await assert_refused(url, unknown, "unknown token")
-    bob = world.secrets["bob"]
-    forged = bob[:-43] + ("B" if bob[-1] != "B" else "C") * 43  # bob's id, another secret
-    await assert_refused(url, forged, "unknown token")
-    async with http(url) as client:  # another scheme
-        basic = await client.post(
-            "/v1/list_collectives", json={}, headers={"Authorization": f"Basic {bob}"}
-        )
-    assert basic.status_code == 401
-
-    made = await world.call("admin", "create_token", owner_id="alice", scope="write")
-    world.hide(made["token"], from_=tuple(world.hidden))
-    async with http(url, made["token"]) as c:
-        assert (await c.post("/v1/list_collectives", json={})).status_code == 200
-    await world.call("admin", "revoke_token", token_id=made["token_id"])
-    await assert_refused(url, made["token"], "was revoked")  # at once, on this host
-
-    # the service's own token is the operator's, which sees everything
-    async with http(url, OP) as op:
-        listed = (await op.post("/v1/list_collectives", json={"owner_id": "alice"})).json()
-        assert {world.ids["team"], world.ids["other"]} <= {
-            c["collective_id"] for c in listed["items"]
-        }
-        health = (await op.get("/health")).json()
-        assert health["status"] == "ok" and "applied_seq" in health
-        assert (await op.get("/metrics")).status_code == 200
-
-
-async def test_an_expired_token_is_refused(world: World) -> None:
-    made = await world.call("admin", "create_token", owner_id="alice", scope="read", expires_in=1)
-    world.hide(made["token"], from_=tuple(world.hidden))
-    async with http(world.url, made["token"]) as client:
-        first = await client.post("/v1/get_collective", json={"collective_id": world.ids["team"]})
-        assert first.status_code in (200, 401), first.text  # (a slow host: already expired)
-
-        async def expired() -> bool:
-            response = await client.post("/v1/list_collectives", json={})
-            return response.status_code == 401 and "expired" in response.json()["message"]
-
-        await eventually(expired, timeout=15, interval=0.1, what="the token expired")
-    await assert_refused(world.url, made["token"], "expired")
-
-
-async def test_the_remote_client_maps_refusals(world: World) -> None:
-    """``RemotePulseDB`` (the CLI's and ``pulse mcp``'s client): a getter's 404 is None,
-    403 and 401 raise the library's errors."""
-    bob = RemotePulseDB(world.url, world.secrets["bob"])
-    alice = RemotePulseDB(world.url, world.secrets["alice"])
-    nobody = RemotePulseDB(world.url, "nope")
-    try:
-        assert await bob.get_experience(uuid.UUID(world.ids["e1"])) is None
-        assert await bob.get_collective(uuid.UUID(world.ids["team"])) is None
-        assert await bob.get_insight(uuid.UUID(world.ids["i"])) is None
-        found = await bob.get_experience(uuid.UUID(world.ids["o1"]))
-        assert found is not None and found.content == "orgshared alpha nats one"
-        assert (await alice.get_experience(uuid.UUID(world.ids["e1"]))) is not None
-        with pytest.raises(Forbidden, match="not a member"):
-            await bob.record_experience(uuid.UUID(world.ids["shared"]), "x")
-        with pytest.raises(Forbidden, match="needs an admin token"):
-            await alice.list_tokens()
-        with pytest.raises(Unauthorized, match="not a Pulse token"):
-            await nobody.list_collectives()
-    finally:
-        for db in (bob, alice, nobody):
-            await db.close()
-
-
-# -- the operator secret: loopback is no credential, and no revocation locks it out -----------
-
-
-async def test_the_operator_needs_its_secret_and_is_never_locked_out(service: Service) -> None:
-    await assert_refused(service.url, None, "a bearer token is required")  # no token yet
-    async with http(service.url, service.token) as client:
-
-        async def call(method: str, **body: Any) -> Any:
-            response = await client.post(f"/v1/{method}", json=body)
-            assert response.status_code == 200, response.text
-            return response.json()
-
-        team = await call("create_collective", owner_id="me", name="team", embedder="hash")
-        eid = await call("record_experience", collective_id=team, content="as before")
-        hits = await call("search_text", collective_id=team, text="before")
-        assert [h["experience"]["experience_id"] for h in hits] == [eid]
-        assert (await call("get_experience", experience_id=eid))["author_owner"] == "local"
-        async with (
-            streamable_http_client(f"{service.url}/mcp", http_client=client) as (read, write, _),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
-            done = await session.call_tool("remember", {"collective": "team", "content": "x"})
-            assert not done.isError, done.content
-        health = (await client.get("/health")).json()
-        assert health["status"] == "ok" and "applied_seq" in health
-
-        made = await call("create_token", owner_id="me", scope="admin")
-        await assert_refused(service.url, None, "a bearer token is required")
-        bearer = {"Authorization": f"Bearer {made['token']}"}
-        allowed = await client.post("/v1/list_collectives", json={}, headers=bearer)
-        assert allowed.status_code == 200 and len(allowed.json()["items"]) == 1
-        assert "applied_seq" in (await client.get("/health", headers=bearer)).json()
-        # revoking every token leaves the operator as it was
-        await call("revoke_token", token_id=made["token_id"])
-        await assert_refused(service.url, made["token"], "was revoked")
-        assert len((await call("list_collectives"))["items"]) == 1
-
-
-# -- a revocation reaches every host ------------------------------------------------------------
-
-
-async def test_a_token_revoked_on_one_host_is_refused_on_another(
-    tmp_path: Path, nats_server: EmbeddedNats
-) -> None:
-    from tests.test_edges import in_process
-
-    a = await PulseDB.open(tmp_path / "a", nats_server.url)
-    b = await PulseDB.open(tmp_path / "b", nats_server.url)
-    try:
-        made = await a.create_token("alice", scope="write")
-        soon = await a.create_token("alice", scope="read", expires_in=2)
-
-        async def known_on_b() -> bool:
-            await b.sync()
-            return made.token_id in b.access.tokens and soon.token_id in b.access.tokens
-
-        await eventually(known_on_b, what="the tokens on host b")
-        async with in_process(b) as url:
-            async with http(url, made.token) as client:
-                made_here = await client.post(
-                    "/v1/create_collective",
-                    json={"owner_id": "alice", "name": "t", "embedding_dimension": 2},
-                )
-                assert made_here.status_code == 200, made_here.text
-                await a.revoke_token(made.token_id)
-
-                async def refused_on_b() -> bool:
-                    await b.sync()
-                    response = await client.post("/v1/list_collectives", json={})
-                    return response.status_code == 401
-
-                await eventually(refused_on_b, timeout=10, what="the revocation on host b")
-                await assert_refused(url, made.token, "was revoked")
-            with pytest.raises(Unauthorized, match="was revoked"), b.acting_as(made.token):
-                pass
-
-            async def expired_on_b() -> bool:
-                try:
-                    b.principal_of(soon.token)
-                except Unauthorized as exc:
-                    return "expired" in str(exc)
-                return False
-
-            await eventually(expired_on_b, timeout=10, interval=0.1, what="expiry on host b")
-            await assert_refused(url, soon.token, "expired")
-    finally:
-        await b.close()
-        await a.close()
-
-
-async def test_an_mcp_tool_served_over_http_never_runs_without_a_principal(
-    tmp_path: Path, nats_server: EmbeddedNats
-) -> None:
-    """Over stdio a tool acts for the instance's principal; once its server is served over
-    HTTP, a call that arrives without an HTTP request (so without the Guard's principal)
-    is refused, never run as the instance's own (in `pulse up`, the local operator)."""
-    db = await PulseDB.open(tmp_path / "db", nats_server.url)
-    try:
-        await db.create_collective("me", "team", embedder="hash")
-        mcp = build_mcp(db)
-        args = {"collective": "team", "query": "anything"}
-        assert await mcp.call_tool("recall", args)  # as over stdio
-        mcp.streamable_http_app()
-        with pytest.raises(ToolError, match="Unauthorized: a tool call over HTTP without"):
-            await mcp.call_tool("recall", args)
-    finally:
-        await db.close()
