@@ -12,6 +12,7 @@ hook named in ``mkdocs.yml``) as plain Markdown: no script, nothing fetched, sea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -32,25 +34,47 @@ MARKER = "<!-- openapi: reference -->"  # where http-api.md takes the reference
 
 def current(timeout: float = 120) -> dict[str, Any]:
     """The schema ``GET /openapi.json`` answers on a fresh ``pulse up``."""
+    with tempfile.TemporaryDirectory(prefix="pulse-schema-") as tmp:
+        with serving(Path(tmp) / "data") as url:
+            return schema_at(url, timeout)
+
+
+def schema_at(url: str, timeout: float = 120) -> dict[str, Any]:
+    """The schema a running service at ``url`` serves (it needs no credential)."""
+    with urllib.request.urlopen(f"{url}/openapi.json", timeout=timeout) as answer:
+        schema: dict[str, Any] = json.load(answer)
+    return schema
+
+
+@contextlib.contextmanager
+def serving(data_dir: Path) -> Iterator[str]:
+    """``pulse up`` on ``data_dir`` (on a free port, without the caller's $PULSE_*
+    settings) while the block runs; yields its HTTP address."""
     pulse = shutil.which("pulse", path=str(Path(sys.executable).parent)) or "pulse"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PULSE_")}
-    with tempfile.TemporaryDirectory(prefix="pulse-schema-") as tmp:
-        process = subprocess.Popen(
-            [pulse, "--data-dir", str(Path(tmp) / "data"), "up", "--port", "0"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
+    process = subprocess.Popen(
+        [pulse, "--data-dir", str(data_dir), "up", "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    drain: threading.Thread | None = None
+    try:
+        url = _served_at(process)
+        # what it prints after its banner is read to the end, or a full pipe would
+        # block its event loop
+        drain = threading.Thread(target=process.stdout.read, daemon=True)  # type: ignore[union-attr]
+        drain.start()
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
         try:
-            url = _served_at(process)
-            with urllib.request.urlopen(f"{url}/openapi.json", timeout=timeout) as answer:
-                schema: dict[str, Any] = json.load(answer)
-        finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.communicate()
-    return schema
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if drain is not None:
+            drain.join(timeout=10)
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def _served_at(process: subprocess.Popen[str]) -> str:
@@ -60,7 +84,7 @@ def _served_at(process: subprocess.Popen[str]) -> str:
     while not lines or "Ctrl-C stops" not in lines[-1]:
         line = process.stdout.readline()
         if not line:
-            raise RuntimeError(f"pulse up ended: {''.join(lines)}{process.stderr.read()}")  # type: ignore[union-attr]
+            raise RuntimeError(f"pulse up ended before it served: {''.join(lines)}")
         lines.append(line)
     found = re.search(r"HTTP\s+http://[\d.]+:(\d+)", "".join(lines))
     if not found:
