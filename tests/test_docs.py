@@ -128,10 +128,13 @@ def run_console(block: str, cwd: Path, home: Path) -> None:
 
 
 def test_the_quickstart_prints_what_it_shows(tmp_path: Path) -> None:
+    """Run as a newcomer would after `make run`: the commands go through the service of
+    ``./.pulse`` (each would otherwise start its own embedded NATS: slower, same output)."""
     quickstart = example("quickstart-cli")
     assert quickstart.language == "console"
     assert len(quickstart.code.splitlines()) >= 10
-    run_console(quickstart.code, tmp_path, tmp_path)
+    with docs_schema.serving(tmp_path / ".pulse"):
+        run_console(quickstart.code, tmp_path, tmp_path)
 
 
 def test_the_readme_quickstart_is_the_start_of_the_tested_one() -> None:
