@@ -120,14 +120,12 @@ def markdown(schema: Mapping[str, Any], level: int = 3) -> str:
         )  # fmt: skip
         if answer:
             out.append(f"Answers: `{_type(answer, components)}`.\n")
-        body = (
-            operation.get("requestBody", {})
-            .get("content", {})
-            .get("application/json", {})
-            .get("schema")
-        )
-        if body:
-            out.append(_fields(_resolve(body, components), components))
+        sent = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+        if sent.get("schema"):
+            out.append(_fields(_resolve(sent["schema"], components), components))
+        if "example" in sent:
+            shown = json.dumps(sent["example"], indent=2, ensure_ascii=False)
+            out.append(f"A request body:\n\n```json\n{shown}\n```\n")
         statuses = operation.get("responses", {})
         if statuses:
             out.append("| status | meaning |\n| --- | --- |")
