@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -29,7 +27,7 @@ from projections.analytics import VIEWS
 from projections.engine import Engine
 from projections.projection import ProjectionSettings
 from projections.snapshot import SNAPSHOT_NAME
-from tests import factories
+from tests import documented, factories
 from tests.harness import PULSE, Service, by_profile, call, clean_env, eventually
 from tests.histories import histories
 
@@ -120,10 +118,10 @@ async def test_a_plain_duckdb_process_reads_every_view_while_pulse_up_writes(
             [PULSE, "--data-dir", str(service.data_dir), "status", "--json"],
             capture_output=True, text=True, timeout=60, env=clean_env(),
         )  # fmt: skip
-        # the README's example, as written, from a directory whose .pulse is this one
+        # the docs' example, as written, from a directory whose .pulse is this one
         (service.data_dir.parent / ".pulse").symlink_to(service.data_dir)
         example = subprocess.run(
-            [sys.executable, "-c", readme_example()], cwd=service.data_dir.parent,
+            [sys.executable, "-c", docs_example()], cwd=service.data_dir.parent,
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     finally:
@@ -151,12 +149,12 @@ async def test_a_plain_duckdb_process_reads_every_view_while_pulse_up_writes(
         assert seen["t"] - at <= max(bounds) + round_time + 0.5, (content, seen["t"] - at, bounds)
 
 
-def readme_example() -> str:
-    """The README's Python example of opening the snapshot (in "Analysts' own tools")."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    found = re.search(r"```py\n(.*?)\n *```", readme, re.S)
-    assert found and "snapshot.duckdb" in found.group(1)
-    return textwrap.dedent(found.group(1))
+def docs_example() -> str:
+    """The docs' Python example of opening the snapshot (docs/analytics.md, "Analysts'
+    own tools"), found by its name."""
+    code = documented.example("snapshot-python").code
+    assert "snapshot.duckdb" in code
+    return code
 
 
 def _entries(events: list[ev.Event], start: int) -> list[LogEntry]:
