@@ -168,8 +168,6 @@ def parameter(method: str, name: str, annotation: Any) -> Any:
 
 
 # "at least one of": an update must change something (the library refuses an empty one)
-# (create_collective's "embedding_dimension unless an embedder" is its model's validator
-# alone: a body is one flat object, which generated clients read as one class)
 AT_LEAST_ONE: dict[str, tuple[str, ...]] = {
     "update_experience": ("importance", "confidence", "domain", "related_files"),
     "update_session": models.SESSION_FIELDS,
@@ -267,12 +265,29 @@ def derived_model(name: str, method: Callable[..., Any]) -> type[pydantic.BaseMo
     return model
 
 
+# What one field requires of another, as a condition (``if``/``then``), not as shapes of
+# the body: a generated client reads an object whose schema is an anyOf of shapes as a
+# union, and loses its fields. A collective without an embedder needs its dimension
+# (``models.CollectiveIn``'s validator says so to a caller).
+CONDITIONS: dict[str, dict[str, Any]] = {
+    "create_collective": {
+        "if": {"properties": {"embedder": {"type": "null"}}},
+        "then": {
+            "required": ["embedding_dimension"],
+            "properties": {"embedding_dimension": {"type": "integer"}},
+        },
+    },
+}
+
+
 def _based(name: str, base: type[pydantic.BaseModel]) -> type[pydantic.BaseModel]:
-    """``base``, or a subclass whose schema says more (an update's "at least one of")."""
-    fields = AT_LEAST_ONE.get(name)
-    if fields is None:
+    """``base``, or a subclass whose schema says more (an update's "at least one of", a
+    condition between fields)."""
+    fields, condition = AT_LEAST_ONE.get(name), CONDITIONS.get(name)
+    if fields is None and condition is None:
         return base
-    config = pydantic.ConfigDict(json_schema_extra=at_least_one(fields))
+    extra = {**(at_least_one(fields) if fields else {}), **(condition or {})}
+    config = pydantic.ConfigDict(json_schema_extra=extra)
     return type(base.__name__, (base,), {"model_config": config, "__module__": __name__})
 
 
