@@ -167,9 +167,22 @@ class Store:
         self.con.execute(schema.VIEWS)
         self.con.commit()
 
-    def checkpoint_file(self) -> None:
-        """Fold the write-ahead log into the database file now."""
-        self.con.execute("CHECKPOINT")
+    def checkpoint_file(self) -> bool:
+        """Fold the write-ahead log into the database file now; False: not now.
+
+        DuckDB refuses a checkpoint while a transaction on another cursor of the
+        database writes (cursors are lent to the analysts' snapshot, which copies the
+        state on a thread of its own, and to SQL). The write-ahead log already holds
+        every committed write durably, so a save that meets such a transaction leaves
+        the fold to the next save rather than fail: a save failing at the end of a
+        catch-up stopped a host from opening (seen on hosts reopened after a kill)."""
+        try:
+            self.con.execute("CHECKPOINT")
+        except duckdb.TransactionException as error:
+            if "other write transactions" not in str(error):
+                raise
+            return False
+        return True
 
     def close(self) -> None:
         self.con.close()

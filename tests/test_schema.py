@@ -322,3 +322,23 @@ def test_a_version_5_database_keeps_history_from_its_upgrade_on(tmp_path: Path) 
     with pytest.raises(ValidationError, match="needs the history of an entity"):
         past.past(migrated, 5)  # the old lesson changed since, and no history of it was kept
     migrated.close()
+
+
+def test_a_checkpoint_that_meets_a_copy_in_flight_is_left_for_later(tmp_path: Path) -> None:
+    """DuckDB refuses a CHECKPOINT while a transaction on another cursor of the state
+    writes (the analysts' snapshot copies the state in one of its own). A save must not
+    fail for it (it once stopped a host from opening): the fold waits, the data stays."""
+    store = Store(tmp_path / "state.duckdb")
+    store.con.execute("CREATE TABLE notes (n INTEGER)")
+    store.con.execute("INSERT INTO notes SELECT range FROM range(1000)")
+    copying = store.con.cursor()
+    copying.begin()
+    copying.execute("CREATE TABLE aside (n INTEGER)")
+    assert store.checkpoint_file() is False  # refused by DuckDB, not raised
+    copying.commit()
+    copying.close()
+    assert store.checkpoint_file() is True
+    store.close()
+    reopened = Store(tmp_path / "state.duckdb")
+    assert reopened.con.execute("SELECT count(*) FROM notes").fetchone() == (1000,)
+    reopened.close()
