@@ -20,10 +20,17 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# the generated-clients test's TypeScript tools (tests/clients: openapi-typescript,
+# openapi-fetch, typescript), installed from their lock file
+NODE_STAMP := tests/clients/node_modules/.package-lock.json
+$(NODE_STAMP): tests/clients/package-lock.json
+	cd tests/clients && npm ci --no-audit --no-fund --loglevel=error
+	touch $(NODE_STAMP)
+
 run: $(STAMP)
 	$(VENV)/bin/pulse up
 
-test: $(STAMP)
+test: $(STAMP) $(NODE_STAMP)
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # CPU seconds per test and per file, its servers included, in one process (the suite is
@@ -50,4 +57,4 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m ops.bench.languages
 
 clean:
-	rm -rf $(VENV) .pulse .pytest_cache .hypothesis
+	rm -rf $(VENV) .pulse .pytest_cache .hypothesis tests/clients/node_modules site

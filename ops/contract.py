@@ -39,6 +39,8 @@ class Declared(Protocol):
     @property
     def description(self) -> str: ...
     @property
+    def scope(self) -> str: ...
+    @property
     def optional(self) -> bool: ...
     @property
     def request(self) -> type[pydantic.BaseModel]: ...
@@ -117,9 +119,14 @@ def _mentions_uuid(annotation: Any) -> bool:
     return any(_mentions_uuid(arg) for arg in typing.get_args(annotation))
 
 
-def errors_of(name: str, model: type[pydantic.BaseModel]) -> dict[int, str]:
+def errors_of(operation: Declared) -> dict[int, str]:
     """The error statuses ``POST /v1/<name>`` can answer with, and what each means."""
+    name, model = operation.name, operation.request
     found = {**EVERY_ROUTE, **UNAUTHORIZED, **EVERY_METHOD}
+    found[403] = (
+        f"Forbidden: the token's scope (this needs {operation.scope} or more) or membership "
+        f"does not allow this; or {FOREIGN_ORIGIN}"
+    )
     if name in NAMES or any(_mentions_uuid(f.annotation) for f in model.model_fields.values()):
         found |= NOT_FOUND
     if "idempotency_key" in model.model_fields:

@@ -290,6 +290,14 @@ async def test_operations_are_named_and_the_bearer_scheme_declared(guarded: Serv
     assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     assert schema["security"] == [{"bearer": []}]
     assert {} in schema["paths"]["/health"]["get"]["security"]  # (up or down to anyone)
+    scopes = {path: item["post"]["x-scope"] for path, item in schema["paths"].items()
+              if path.startswith("/v1/") and "post" in item}  # fmt: skip
+    assert (scopes["/v1/search_text"], scopes["/v1/record_experience"]) == ("read", "write")
+    assert scopes["/v1/create_token"] == "admin"
+    assert (
+        "needs admin or more"
+        in schema["paths"]["/v1/create_token"]["post"]["responses"]["403"]["description"]
+    )
     rows = schema["components"]["schemas"]["SqlResult"]["properties"]["rows"]
     assert rows["items"]["type"] == "array" and "items" in rows["items"]
     for name, component in schema["components"]["schemas"].items():

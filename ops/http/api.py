@@ -49,8 +49,10 @@ def router(db: PulseDB, operations: Iterable[Declared]) -> APIRouter:
             description=operation.description,
             name=name,
             tags=[tag_of(name)],
+            # the least token scope that may call it (sync.api), for clients to read
+            openapi_extra={"x-scope": operation.scope},
             responses={
-                **contract.responses(contract.errors_of(name, operation.request)),
+                **contract.responses(contract.errors_of(operation)),
                 **(contract.SQL_RESULTS if name == "sql" else {}),
             },
         )
