@@ -1,6 +1,7 @@
 """The access walk's world and cases, shared by the test modules of each surface
 (``test_access_http``, ``test_access_mcp``, ``test_access_python``, ``test_access_tokens``;
-issue 13, ``sync.access``): fail closed, on every method of the HTTP API and every MCP tool.
+issue 13, ``eventlog.access`` and ``sync.access``): fail closed, on every method of the
+HTTP API and every MCP tool.
 
 One `pulse up` (with a service token of its own, the operator's) holds a world of owner
 alice: a collective whose rows are all team-visible (``team``), one that also holds

@@ -2,7 +2,7 @@
 instances: enough collisions to exercise every fold rule (conflicting creates, updates
 before creates, deletes, repeated reinforcements, relation triples taken twice, wrong
 dimensions, relations across collectives), plus a plain model of the fold written from
-the specification alone (the rules in ``projections.fold``'s docstring and DESIGN.md's
+the specification alone (the rules in ``projections.fold``'s docstring and docs/architecture.md's
 table): it shares no code with the fold, whose row classes it uses only as the format
 to compare in."""
 

@@ -85,7 +85,7 @@ def test_headers_carry_id_type_and_schema() -> None:
 
 # -- round trips of every event type (strategies derived from the struct definitions) ------
 
-# What a valid event may hold, written from the data model (DESIGN.md) and the wire's own
+# What a valid event may hold, written from the data model (docs/architecture.md) and the wire's own
 # ranges, not read from eventlog.limits: the codec refuses anything outside these.
 INT_RANGES = {
     "hlc": (0, 2**63 - 1),  # a signed 64-bit integer

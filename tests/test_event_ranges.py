@@ -1,4 +1,4 @@
-"""An event from the log is input from another host (DESIGN.md, "Trust boundaries"): the
+"""An event from the log is input from another host (docs/architecture.md, "Trust boundaries"): the
 codec refuses values outside the data model's limits and a subject that is not the
 event's own, with a ``DecodeError`` naming the field, the limit and the writer, and the
 log turns such a message into an entry without an event (a dead letter downstream)."""

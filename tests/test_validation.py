@@ -308,7 +308,7 @@ async def test_bad_input_is_refused_and_changes_nothing(
 
 
 async def test_every_limit_of_the_data_model_has_a_case() -> None:
-    """The table of DESIGN.md, field by field: a limit without a case fails here."""
+    """The table of docs/architecture.md, field by field: a limit without a case fails here."""
     covered = " ".join(message for _, _, _, message in CASES)
     for field in (
         "owner_id", "name", "embedding_dimension", "content", "embedding", "importance",
