@@ -53,7 +53,7 @@ def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
     with (docs / "concepts.md").open("a") as page:
         page.write("\nSee [the missing page](no-such-page.md).\n")
     config = (ROOT / "mkdocs.yml").read_text()
-    hook = "ops/docs_schema.py"
+    hook = "ops/mkdocs_hooks/http_reference.py"
     assert hook in config
     (tmp_path / "mkdocs.yml").write_text(config.replace(hook, str(ROOT / hook)))
     built = build(tmp_path / "mkdocs.yml", tmp_path / "site")
