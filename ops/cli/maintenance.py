@@ -5,9 +5,9 @@ work is ``sync.maintenance``; the stream's, ``ops.backup``."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from eventlog.errors import ValidationError
 from ops.cli.declare import Arg, Command, arg, positive
@@ -15,6 +15,8 @@ from ops.cli.output import plain
 from ops.cli.running import report
 from ops.progress import ProgressBar
 from ops.remote import running_service
+
+T = TypeVar("T")
 
 
 def _checkpoint_interval() -> Mapping[str, Any]:
@@ -29,6 +31,23 @@ def _settings(args: argparse.Namespace) -> Any:
     return ProjectionSettings(checkpoint_events=args.checkpoint_every)
 
 
+def _over_the_log(args: argparse.Namespace, doing: str, work: Callable[..., Awaitable[T]]) -> T:
+    """Run ``work`` (``sync.maintenance.catch_up`` or ``rebuild``) on the data directory
+    over its log, with a progress line labelled ``doing``."""
+    import asyncio
+
+    from ops.connect import open_log
+
+    async def run() -> T:
+        async with open_log(args) as (log, _server):
+            bar = ProgressBar(doing)
+            done = await work(args.data_dir, log, settings=_settings(args), progress=bar)
+            bar.finish()
+            return done
+
+    return asyncio.run(run())
+
+
 def catch_up(args: argparse.Namespace) -> int:
     """Apply new events from the log to the data directory's projection.
 
@@ -40,21 +59,9 @@ def catch_up(args: argparse.Namespace) -> int:
       pulse catch-up
       pulse --data-dir /srv/pulse catch-up --json
     """
-    import asyncio
-
-    from ops.connect import open_log
     from sync import maintenance
 
-    async def run() -> maintenance.CaughtUp:
-        async with open_log(args) as (log, _server):
-            bar = ProgressBar("applying")
-            done = await maintenance.catch_up(
-                args.data_dir, log, settings=_settings(args), progress=bar
-            )
-            bar.finish()
-            return done
-
-    done = asyncio.run(run())
+    done = _over_the_log(args, "applying", maintenance.catch_up)
     report(
         args,
         {"applied": done.applied, "seq": done.seq, "applied_total": done.applied_total,
@@ -79,9 +86,6 @@ def rebuild(args: argparse.Namespace) -> int:
       pulse rebuild
       pulse --data-dir /srv/pulse rebuild --json
     """
-    import asyncio
-
-    from ops.connect import open_log
     from projections.store import StateInUse
     from sync import maintenance
 
@@ -93,16 +97,7 @@ def rebuild(args: argparse.Namespace) -> int:
             "then run pulse rebuild"
         )
 
-    async def run() -> maintenance.Rebuilt:
-        async with open_log(args) as (log, _server):
-            bar = ProgressBar("rebuilding")
-            done = await maintenance.rebuild(
-                args.data_dir, log, settings=_settings(args), progress=bar
-            )
-            bar.finish()
-            return done
-
-    done = asyncio.run(run())
+    done = _over_the_log(args, "rebuilding", maintenance.rebuild)
     report(
         args,
         {"state": str(done.state), "digest": done.digest},
