@@ -29,6 +29,7 @@ from hypothesis import settings
 
 from eventlog import EmbeddedNats
 from eventlog.embedded import NatsCredentials
+from eventlog.errors import QueryCancelled
 from ops.cluster import free_ports
 from ops.mcp_server import build_mcp
 from ops.operator_secret import read_secret
@@ -259,3 +260,15 @@ def scan(roots: list[Path], needles: dict[str, bytes]) -> dict[str, set[str]]:
             if found:
                 hits[str(path)] = found
     return hits
+
+
+async def sql_retried(db: PulseDB, query: str, **options: Any) -> list[list[Any]]:
+    """The rows of ``query`` (``options``: ``as_of``, ``limit``), run again when the
+    rewrite of the files after a delete cancelled it (QueryCancelled: forgetting never
+    waits for readers, and says retry, as every caller of ``sql`` must)."""
+    for _ in range(9):
+        try:
+            return (await db.sql(query, **options)).rows
+        except QueryCancelled:
+            continue
+    return (await db.sql(query, **options)).rows

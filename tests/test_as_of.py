@@ -27,7 +27,7 @@ from projections import analytics, queries
 from projections.engine import Engine
 from projections.projection import ProjectionSettings
 from sync import PulseDB
-from tests.harness import by_profile, call, eventually, start, stop
+from tests.harness import by_profile, call, eventually, sql_retried, start, stop
 
 DIM = 4
 WORDS = ["cache", "queue", "index", "schema", "token", "retry"]
@@ -172,7 +172,7 @@ async def answers_as_of(db: PulseDB, made: dict[str, Any], s: int, probe: list[f
             out[("related", e)] = None
     out["wisdom"] = await db.get_wisdom("ana", as_of=s)
     for query in SQL:
-        out[query] = (await db.sql(query, as_of=s)).rows
+        out[query] = await sql_retried(db, query, as_of=s)
     return out
 
 

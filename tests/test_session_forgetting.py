@@ -17,11 +17,20 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from eventlog import EmbeddedNats
-from eventlog.errors import QueryCancelled
 from eventlog.keys import DESTROYED, key_name
 from projections.projection import ProjectionSettings
 from sync import PulseDB
-from tests.harness import PULSE, call, clean_env, eventually, raw_payloads, scan, start, stop
+from tests.harness import (
+    PULSE,
+    call,
+    clean_env,
+    eventually,
+    raw_payloads,
+    scan,
+    sql_retried,
+    start,
+    stop,
+)
 
 OP = "operator-s3cret"
 SCRUB_BOUND = 30.0  # seconds: the scrub bound (5 s by default, 1 s below) with room to spare
@@ -40,17 +49,6 @@ def _secrets(what: str) -> dict[str, str]:
 
 def _needles(secrets: dict[str, str]) -> dict[str, bytes]:
     return {name: text.encode() for name, text in secrets.items()}
-
-
-async def sql_retried(db: PulseDB, query: str) -> list[list[object]]:
-    """The rows of ``query``, run again when the rewrite of the files after the delete
-    cancelled it (QueryCancelled: forgetting never waits for readers, and says retry)."""
-    for _ in range(9):
-        try:
-            return (await db.sql(query)).rows
-        except QueryCancelled:
-            continue
-    return (await db.sql(query)).rows
 
 
 async def test_a_deleted_session_and_its_history_are_gone_from_every_host(
