@@ -10,6 +10,12 @@ HYPOTHESIS_PROFILE ?= ci
 # (its module-wide servers start once) except where work is handed over.
 TEST_WORKERS ?= auto
 export HYPOTHESIS_PROFILE
+# Python caches compiled modules in __pycache__ unless PYTHONDONTWRITEBYTECODE is set (as
+# it is on some machines and CI images): then every process (each test worker, each
+# `pulse` command, `pulse up` and its SQL workers) compiles Pulse's modules again, and
+# pytest rewrites every test module again in each worker. The suite starts hundreds of
+# such processes, so it keeps the cache.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: run test test-cpu lint bench clean
 
