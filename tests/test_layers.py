@@ -209,6 +209,55 @@ def test_no_import_cycle() -> None:
     assert wrong + _stale(CYCLES_ALLOWED, set(found)) == []
 
 
+# -- ops/ goes through the facade ----------------------------------------------------------
+
+# The parts an instance is wired from (``PulseDB.__init__``): ops/ uses the facade's
+# operations, ``health()``, ``status()`` and ``last_seq()``, never these. (Names that are
+# also common elsewhere, such as ``log`` or ``server``, are left out: the walker sees
+# names, not types.)
+WIRING = frozenset({"engine", "replication", "writer", "sealer", "follower", "owed", "gate"})
+# (file, attribute) -> why ops/ may read another object's private member: a library's
+PRIVATE_ALLOWED: dict[tuple[str, str], str] = {
+    ("ops/cli/reference.py", name): "argparse has no public API for its parsed tree"
+    for name in ("_actions", "_get_formatter", "_format_action_invocation", "_HelpAction",
+                 "_SubParsersAction", "_expand_help")
+} | {("ops/serving.py", "_server_instances"): "the MCP SDK's sessions, to cap them"}  # fmt: skip
+
+
+def reached_into(root: Path) -> dict[tuple[str, str], int]:
+    """(file, attribute) -> line, for every attribute read in ops/ on something other than
+    ``self``/``cls`` that is a private member or one of the instance's wired parts."""
+    found: dict[tuple[str, str], int] = {}
+    for path in sorted((root / "ops").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Attribute):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            private = node.attr.startswith("_") and not node.attr.startswith("__")
+            if private or node.attr in WIRING:
+                found.setdefault((path.relative_to(root).as_posix(), node.attr), node.lineno)
+    return found
+
+
+def test_ops_never_reaches_inside_an_instance() -> None:
+    found = reached_into(ROOT)
+    wrong = [
+        f"{file} (line {line}) reads .{attr}: use the PulseDB facade"
+        for (file, attr), line in sorted(found.items())
+        if (file, attr) not in PRIVATE_ALLOWED
+    ]
+    assert wrong + _stale(PRIVATE_ALLOWED, set(found)) == []
+
+
+def test_the_facade_rule_sees_a_reach_inside(tmp_path: Path) -> None:
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "x.py").write_text(
+        "def f(db, self):\n    db.engine.directory\n    db._failure\n    self._own\n"
+    )
+    assert reached_into(tmp_path) == {("ops/x.py", "engine"): 2, ("ops/x.py", "_failure"): 3}
+
+
 # -- the walker sees every kind of import ---------------------------------------------------
 
 

@@ -38,6 +38,7 @@ from eventlog.log import LogEntry
 from eventlog.sealing import Sealer
 from eventlog.subjects import subject_for
 from ops.bench import emitter
+from projections.projection import state_dir
 
 BATCH = 5000
 
@@ -120,7 +121,7 @@ async def scrub(experiences: int) -> None:
             start = time.perf_counter()
             done = await db.compact()
             took = time.perf_counter() - start
-            state = db.engine.directory
+            state = state_dir(Path(tmp) / "host")  # (the data directory's current state)
             size = sum(p.stat().st_size for p in state.rglob("*") if p.is_file())
             start = time.perf_counter()
             shutil.copytree(state, Path(tmp) / "copy")
