@@ -2,8 +2,8 @@
 
 ``PulseDBSync.open(data_dir, nats_url=None)`` runs a ``PulseDB`` on a private event loop
 in a background thread; every public coroutine method of ``PulseDB`` is available here
-as a plain method with the same name, arguments and result, and
-``watch_experiences()`` is a plain iterator.
+as a plain method with the same name, arguments and result; ``health()`` is the same
+too (read on the instance's loop), and ``watch_experiences()`` is a plain iterator.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from sync.instance import ExperienceChange, ExperienceWatch, PulseDB
+from sync.instance import ExperienceChange, ExperienceWatch, Health, PulseDB
 
 
 class PulseDBSync:
@@ -64,6 +64,15 @@ class PulseDBSync:
         blocking.__name__ = name
         blocking.__doc__ = method.__doc__
         return blocking
+
+    def health(self) -> Health:
+        """Whether the instance is connected and replicating, and how far it applied."""
+
+        async def read() -> Health:  # (on the loop whose state it reads)
+            return self._db.health()
+
+        result: Health = self._call(read())
+        return result
 
     def watch_experiences(self) -> Iterator[ExperienceChange]:
         """Changes as they are applied, from the moment of this call: a plain iterator."""

@@ -255,6 +255,8 @@ async def test_the_blocking_facade_offers_every_method(tmp_path: Path) -> None:
             hits = s.search_hybrid(cid, "blocking")
             total = s.reinforce_experience(e)
             agents = [a.agent_id for a in s.get_active_agents(cid)]
+            health = s.health()
+            assert health.replicating and health.applied_seq >= s.last_seq() > 0
             return len(hits), total, agents
 
     assert await asyncio.to_thread(work) == (1, 1, ["me"])
