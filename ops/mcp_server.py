@@ -119,7 +119,7 @@ if TYPE_CHECKING:
 else:
     Kind = Literal[KINDS]
 Agent = Annotated[str, AsDeclared("record_experience", "source_agent")]
-K = Annotated[int, Field(ge=1, le=100)]
+K = Annotated[int, AsDeclared("search_similar", "k")]
 Limit = Annotated[
     int,
     Field(ge=1, le=models.PAGE_MAX, description=f"agents per page, 1..{models.PAGE_MAX}"),
@@ -144,15 +144,8 @@ Moment = Annotated[
         "(e.g. 2026-11-30T09:00:00Z); default now"
     ),
 ]
-IdempotencyKey = Annotated[
-    str | None,
-    Field(
-        min_length=1,
-        max_length=models.IDEMPOTENCY_KEY_MAX,
-        description="makes the call idempotent: a retry with the same key and arguments "
-        "returns the first answer and stores nothing new (e.g. a UUID made per call)",
-    ),
-]
+# (printable ASCII, as over HTTP: the declaration's)
+IdempotencyKey = Annotated[str, AsDeclared("record_experience", "idempotency_key")] | None
 
 
 Tool = Callable[..., Awaitable[Any]]

@@ -122,3 +122,29 @@ async def test_health_and_the_log_head_answer_without_the_engine_or_the_log(db: 
     assert health.replicating and health.failure is None and health.nats_connected
     assert health.applied_seq == db.applied_seq == await db.last_seq() > 0
     assert health.instance_id == db.instance_id
+
+
+def _bare(schema: dict[str, typing.Any]) -> dict[str, typing.Any]:
+    """A JSON schema without its prose (titles, descriptions)."""
+    return {k: v for k, v in schema.items() if k not in ("title", "description", "default")}
+
+
+@pytest.mark.parametrize(
+    ("parameter", "operation"), [("k", "search_similar"), ("idempotency_key", "record_experience")]
+)
+def test_mcp_tools_take_a_parameter_as_the_declaration_states_it(
+    parameter: str, operation: str
+) -> None:
+    import pydantic
+
+    from ops.mcp_server import TOOLS
+
+    declared = _bare(OPERATIONS[operation].request.model_json_schema()["properties"][parameter])
+    tools = 0
+    for tool in TOOLS:
+        hints = typing.get_type_hints(tool, include_extras=True)
+        if parameter in hints:
+            taken = _bare(pydantic.TypeAdapter(hints[parameter]).json_schema())
+            assert taken == declared, f"{tool.__name__}({parameter})"
+            tools += 1
+    assert tools >= 2
