@@ -167,8 +167,11 @@ async def gather_limited(coros: Iterable[object], limit: int = CONCURRENCY) -> l
     gate = asyncio.Semaphore(limit)
 
     async def one(coro: object) -> object:
-        async with gate:
-            return await coro  # type: ignore[misc]
+        try:
+            async with gate:
+                return await coro  # type: ignore[misc]
+        finally:  # cancelled while it waited at the gate: never started, closed unawaited
+            coro.close()  # type: ignore[attr-defined]
 
     return list(await asyncio.gather(*(one(c) for c in coros)))
 

@@ -94,6 +94,10 @@ class ProjectionSettings:
     snapshot_interval: float | None = 1.0
 
 
+# DuckDB's cache of table blocks worth a reopen once the rows are loaded (below it, the
+# reopen would cost more than the memory it gives back)
+DROP_CACHE_ABOVE = 16 * 2**20
+
 _DELETES = (
     ev.CollectiveDeleted, ev.ExperienceDeleted, ev.RelationDeleted, ev.InsightDeleted,
     ev.WisdomDeleted, ev.SessionDeleted,
@@ -150,7 +154,7 @@ class Projection:
         # since when a delete applied here waits for the files to be rewritten (None:
         # nothing waits); a scrub a crash prevented is done soon after opening
         self.scrub_since: float | None = self.last_flush if self.store.scrub_owed() else None
-        self.store.drop_cache()  # the rows are in memory now
+        self.store.drop_cache(above=DROP_CACHE_ABOVE)  # the rows are in memory now
         _give_back_freed_memory()  # loading freed much more than it keeps
 
     # -- applying --------------------------------------------------------------------------

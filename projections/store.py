@@ -111,6 +111,11 @@ def _cast(column: str, sql_type: str) -> str:
     return f"CAST({column} AS {sql_type}) AS {column}"
 
 
+# the views' SQL as this Pulse writes them: an open re-creates them only when the file's
+# differ (another version of Pulse), not on every open
+_VIEWS_ID = hashlib.sha256(schema.VIEWS.encode()).hexdigest()[:16]
+
+
 class Store:
     """The DuckDB file of a projection."""
 
@@ -142,29 +147,43 @@ class Store:
             con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
         return con
 
-    def drop_cache(self) -> None:
+    def drop_cache(self, *, above: int = 0) -> None:
         """Let go of the table blocks DuckDB keeps after reading every row (tens of MB
-        it would hold for good): the connection is closed and opened again."""
+        it would hold for good): the connection is closed and opened again. Only when
+        it holds more than ``above`` bytes: closing checkpoints and opening reads the
+        file again, tens of milliseconds that a small state need not pay on every open."""
+        if above > 0:
+            found = self.con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()")
+            held = found.fetchone()
+            if held is None or held[0] is None or int(held[0]) <= above:
+                return
         self.con.close()
         self.con = self._connect()
 
     def _migrate(self) -> None:
         self.con.execute(schema.TABLES)
-        found = self.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        version = int(found[0]) if found else schema.SCHEMA_VERSION
-        if version > schema.SCHEMA_VERSION:
+        found = dict(
+            self.con.execute(
+                "SELECT key, value FROM meta WHERE key IN ('schema_version', 'views')"
+            ).fetchall()
+        )
+        version = int(found["schema_version"]) if "schema_version" in found else None
+        if version is not None and version > schema.SCHEMA_VERSION:
             raise SchemaError(
                 f"{self.path} has schema {version}; this Pulse knows up to "
                 f"{schema.SCHEMA_VERSION}: upgrade Pulse, or `pulse rebuild` from the log"
             )
+        if version == schema.SCHEMA_VERSION and found.get("views") == _VIEWS_ID:
+            return  # as this Pulse leaves it: nothing to write (the common open)
         self.con.begin()
-        for step in range(version, schema.SCHEMA_VERSION):
+        for step in range(version or schema.SCHEMA_VERSION, schema.SCHEMA_VERSION):
             for statement in schema.MIGRATIONS[step]:
                 self.con.execute(statement)
         self.con.execute(
             "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(schema.SCHEMA_VERSION)]
         )
         self.con.execute(schema.VIEWS)
+        self.con.execute("INSERT OR REPLACE INTO meta VALUES ('views', ?)", [_VIEWS_ID])
         self.con.commit()
 
     def checkpoint_file(self) -> bool:

@@ -277,7 +277,7 @@ Files = Annotated[list[FilePath], Field(max_length=FILES_MAX)]
 
 
 class _Input(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 IDEMPOTENCY_KEY_MAX = 200  # characters (sync.idempotency.KEY_MAX)

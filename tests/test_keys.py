@@ -4,6 +4,9 @@ destroyed key meaning "forgotten" (never an error), and a sealed box checked as 
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import warnings
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,7 @@ from eventlog.keys import (
     KvKeyStore,
     MemoryKeyStore,
     collective_prefix,
+    gather_limited,
     key_name,
 )
 from eventlog.log import LogEntry
@@ -320,3 +324,24 @@ async def test_an_event_whose_key_came_late_applies_when_the_host_opens_again(
         assert list(await again.dead_letters()) == []
     finally:
         await again.close()
+
+
+async def test_a_cancelled_gather_leaves_no_coroutine_unawaited() -> None:
+    """Cancelling a gather (a close while keys are fetched) leaves none of the coroutines
+    still waiting at its gate unawaited: each is closed (no RuntimeWarning from GC)."""
+    started = asyncio.Event()
+
+    async def fetch(i: int) -> int:
+        started.set()
+        await asyncio.sleep(60)
+        return i
+
+    gathering = asyncio.ensure_future(gather_limited((fetch(i) for i in range(20)), limit=2))
+    await started.wait()
+    gathering.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gathering
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]

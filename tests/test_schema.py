@@ -342,3 +342,26 @@ def test_a_checkpoint_that_meets_a_copy_in_flight_is_left_for_later(tmp_path: Pa
     reopened = Store(tmp_path / "state.duckdb")
     assert reopened.con.execute("SELECT count(*) FROM notes").fetchone() == (1000,)
     reopened.close()
+
+
+def test_an_open_makes_the_views_again_only_when_their_sql_differs(tmp_path: Path) -> None:
+    def views(store: Store) -> set[str]:
+        found = store.con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal")
+        return {row[0] for row in found.fetchall()}
+
+    path = tmp_path / "state.duckdb"
+    store = Store(path)
+    made = views(store)
+    assert "collectives" in made
+    store.con.execute("DROP VIEW collectives")
+    store.close()
+    store = Store(path)  # this Pulse's views, by their id: taken as they are, nothing written
+    assert views(store) == made - {"collectives"}
+    store.con.execute("UPDATE meta SET value = 'another Pulse' WHERE key = 'views'")
+    store.close()
+    store = Store(path)  # another Pulse's views: all made again, under this one's id
+    assert views(store) == made
+    store.close()
+    store = Store(path)
+    assert views(store) == made
+    store.close()

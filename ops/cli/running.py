@@ -27,11 +27,27 @@ async def open_instance(args: argparse.Namespace) -> Any:
     access_token = token if token and access.token_id_of(token) is not None else None
     from sync import PulseDB
 
+    out_of_the_collectors_sight()
     return await PulseDB.open(
         args.data_dir, args.nats_url or None,
         nats_credentials=getattr(args, "nats_creds", None), nats_ca=getattr(args, "nats_ca", None),
         principal=access_token,
     )  # fmt: skip
+
+
+def out_of_the_collectors_sight() -> None:
+    """Once the modules a command needs are imported: what they built (classes,
+    functions, schemas: about as many objects as a small state holds, and no garbage to
+    speak of) lives as long as the process, so it is frozen out of the cyclic collector's
+    sight (``gc.freeze``). Each full collection then walks only what the command makes:
+    the engine's after catching up (``projections.engine``) is 1 ms rather than 40 to
+    90, and so are the ones the allocations of opening set off. Only in a process where
+    nothing is frozen yet (the command's own; a process that calls ``main`` again and
+    again, as the tests do, may hold garbage by then, which would never be collected)."""
+    import gc
+
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
 
 
 def execute(command: Command, args: argparse.Namespace) -> int:

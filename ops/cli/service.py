@@ -14,7 +14,7 @@ from typing import Any
 
 from eventlog.errors import PulseError, ValidationError
 from ops.cli.declare import Command, arg
-from ops.cli.running import open_instance, wait_for_signal
+from ops.cli.running import open_instance, out_of_the_collectors_sight, wait_for_signal
 from ops.progress import ProgressBar
 from ops.remote import service_file
 
@@ -142,6 +142,7 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
     from ops.service import create_app, metrics_app, origin_of
     from sync import PulseDB
 
+    out_of_the_collectors_sight()
     _log_in_lines()
     origins = tuple(origin_of(o) for o in _allowed_origins(args))
     metrics_at = _listen_address(args.metrics_listen) if args.metrics_listen else None
