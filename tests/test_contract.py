@@ -29,14 +29,26 @@ MAX_EXAMPLES = 5  # per operation and phase: about a minute on two cores
 JSON = {"Content-Type": "application/json"}
 
 
-@pytest.fixture
-def guarded(tmp_path: Path) -> Any:
-    """`pulse up` with a bearer token of its own."""
-    running = start(tmp_path / "data", "--token", TOKEN, env=_env())
+def _guarded(data_dir: Path) -> Any:
+    running = start(data_dir, "--token", TOKEN, env=_env())
     running.token = TOKEN
     yield running
     if running.process.poll() is None:
         stop(running)
+
+
+@pytest.fixture
+def guarded(tmp_path: Path) -> Any:
+    """`pulse up` with a bearer token of its own, for a test that counts or lists what
+    it holds."""
+    yield from _guarded(tmp_path / "data")
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One `pulse up` with a bearer token of its own, for the tests that read its schema
+    and its refusals (none counts what it holds, none depends on the others' writes)."""
+    yield from _guarded(tmp_path_factory.mktemp("contract") / "data")
 
 
 def schemathesis(service: Service, workdir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -79,8 +91,8 @@ def test_the_service_keeps_to_its_openapi_schema(guarded: Service, tmp_path: Pat
 # -- what the schema says beyond JSON ----------------------------------------------------------
 
 
-async def test_the_schema_states_media_types_statuses_and_limits(guarded: Service) -> None:
-    async with guarded.client() as client:
+async def test_the_schema_states_media_types_statuses_and_limits(shared: Service) -> None:
+    async with shared.client() as client:
         schema = (await client.get("/openapi.json")).json()
     paths, components = schema["paths"], schema["components"]["schemas"]
     assert (
@@ -111,8 +123,8 @@ async def test_the_schema_states_media_types_statuses_and_limits(guarded: Servic
             assert "example" in path["post"]["requestBody"]["content"]["application/json"], name
 
 
-async def test_json_types_are_strict_and_refusals_name_the_field(guarded: Service) -> None:
-    async with guarded.client() as client:
+async def test_json_types_are_strict_and_refusals_name_the_field(shared: Service) -> None:
+    async with shared.client() as client:
         for body, problem in [
             ({"timeout": False}, "timeout: Input should be a valid number"),
             ({"timeout": "5"}, "timeout: Input should be a valid number"),
@@ -147,14 +159,14 @@ async def test_json_types_are_strict_and_refusals_name_the_field(guarded: Servic
         assert (await client.post("/v1/status")).status_code == 200
 
 
-async def test_a_watch_is_an_event_stream(guarded: Service) -> None:
-    async with guarded.client() as client:
+async def test_a_watch_is_an_event_stream(shared: Service) -> None:
+    async with shared.client() as client:
         async with client.stream("GET", "/v1/watch_experiences") as response:
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream")
             lines = aiter(response.aiter_lines())
             assert await anext(lines) == ": watching"
-        async with guarded.client(token="not-a-token") as stranger:
+        async with shared.client(token="not-a-token") as stranger:
             refused = await stranger.get("/v1/watch_experiences")
     assert refused.status_code == 401
     assert set(refused.json()) == {"error", "message"} and refused.json()["error"] == "Unauthorized"
@@ -276,8 +288,8 @@ async def test_every_example_works_on_a_collective_made_as_the_quickstart_does(
             await send(name, examples[name])
 
 
-async def test_operations_are_named_and_the_bearer_scheme_declared(guarded: Service) -> None:
-    async with guarded.client() as client:
+async def test_operations_are_named_and_the_bearer_scheme_declared(shared: Service) -> None:
+    async with shared.client() as client:
         schema = (await client.get("/openapi.json")).json()
     named = {
         operation["operationId"]: path
@@ -307,10 +319,10 @@ async def test_operations_are_named_and_the_bearer_scheme_declared(guarded: Serv
     assert update["x-at-least-one"] == ["importance", "confidence", "domain", "related_files"]
 
 
-async def test_every_error_has_the_one_body_404_and_405_too(guarded: Service) -> None:
+async def test_every_error_has_the_one_body_404_and_405_too(shared: Service) -> None:
     from ops.contract import ErrorBody
 
-    async with guarded.client() as client:
+    async with shared.client() as client:
         answers = {
             "unknown path": await client.get("/v2/status"),
             "unknown asset": await client.get("/docs/assets/no-such-file.js"),
@@ -318,7 +330,7 @@ async def test_every_error_has_the_one_body_404_and_405_too(guarded: Service) ->
             "wrong method on /health": await client.post("/health"),
             "not JSON": await client.post("/v1/status", content=b"{", headers=JSON),
         }
-        async with guarded.client(token="not-a-token") as stranger:
+        async with shared.client(token="not-a-token") as stranger:
             answers["no credential"] = await stranger.post("/v1/status")
     statuses = {name: response.status_code for name, response in answers.items()}
     assert statuses == {
