@@ -19,13 +19,16 @@ import pyarrow.ipc
 import pyarrow.parquet
 import pytest
 
-from tests.harness import Service, call, start, stop
+from tests.harness import Service, by_profile, call, start, stop
 from tests.harness import clean_env as _env
 
 ST = str(Path(sys.executable).parent / "st")
 TOKEN = "contract-s3cret"
 SEED = 17
-MAX_EXAMPLES = 5  # per operation and phase: about a minute on two cores
+# random cases per operation of the fuzzing and stateful phases (the coverage phase's
+# cases, every operation's boundaries, negatives and statuses, are all sent whatever this
+# is); `HYPOTHESIS_PROFILE=dev` draws more
+MAX_EXAMPLES = by_profile(ci=3, dev=10)
 JSON = {"Content-Type": "application/json"}
 
 
