@@ -43,8 +43,8 @@ async def test_openapi_lists_every_method_with_the_data_model_limits(
     assert set(relation["relation_type"]["enum"]) >= {"Supports", "Contradicts", "RelatedTo"}
 
 
-async def test_remember_and_recall_over_plain_http_json(service: Service) -> None:
-    async with service.client() as client:
+async def test_remember_and_recall_over_plain_http_json(shared_service: Service) -> None:
+    async with shared_service.client() as client:  # (reads only its own collective)
         team = await call(client, "create_collective", owner_id="ana", name="team",
                           embedder="hash")  # fmt: skip
         a = await call(client, "record_experience", collective_id=team,
@@ -143,8 +143,8 @@ async def test_a_host_name_is_no_credential(shared_service: Service) -> None:
             assert refused.status_code == 401, name
 
 
-async def test_a_conflict_is_409(service: Service) -> None:
-    async with service.client() as client:
+async def test_a_conflict_is_409(shared_service: Service) -> None:
+    async with shared_service.client() as client:
         team = await call(client, "create_collective", owner_id="o", name="t",
                           embedding_dimension=2)  # fmt: skip
         a = await call(client, "record_experience", collective_id=team, content="a",
@@ -157,7 +157,8 @@ async def test_a_conflict_is_409(service: Service) -> None:
         assert again.status_code == 409 and again.json()["error"] == "ConflictError"
 
 
-async def test_watch_streams_changes_as_server_sent_events(service: Service) -> None:
+async def test_watch_streams_changes_as_server_sent_events(shared_service: Service) -> None:
+    service = shared_service  # (another test's writes may still be applied: seen is this one's)
     async with service.client() as client, client.stream("GET", "/v1/watch_experiences") as sse:
         assert sse.headers["content-type"].startswith("text/event-stream")
         lines = sse.aiter_lines()
@@ -170,7 +171,10 @@ async def test_watch_streams_changes_as_server_sent_events(service: Service) -> 
         seen = []
         async for line in lines:
             if line.startswith("data: "):
-                seen.append(json.loads(line[6:]))
+                change = json.loads(line[6:])
+                if isinstance(change, dict) and change.get("experience_id") != eid:
+                    continue
+                seen.append(change)
                 if len(seen) == 2:
                     break
         assert [(c["kind"], c["experience_id"]) for c in seen] == [
@@ -297,17 +301,21 @@ def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     assert not (tmp_path / "data" / "service.json").exists()
 
 
-def test_sql_and_the_cli_go_through_the_running_service(service: Service) -> None:
+def test_sql_and_the_cli_go_through_the_running_service(shared_service: Service) -> None:
+    service = shared_service  # (a collective named as no other test names one)
+
     def pulse(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([PULSE, "--data-dir", str(service.data_dir), *args],
                               capture_output=True, text=True, timeout=60, env=_env())  # fmt: skip
 
-    assert (
-        pulse("collective", "create", "team", "--owner", "o", "--embedder", "hash").returncode == 0
-    )
-    assert pulse("record", "-c", "team", "while serving").returncode == 0
-    assert pulse("activity", "start", "bot-1", "-c", "team", "--task", "analysing").returncode == 0
-    result = pulse("sql", "SELECT e.content, a.agent_id FROM experiences e, activities a", "--json")
+    made = pulse("collective", "create", "cli-team", "--owner", "o", "--embedder", "hash")
+    assert made.returncode == 0
+    assert pulse("record", "-c", "cli-team", "while serving").returncode == 0
+    started = pulse("activity", "start", "bot-1", "-c", "cli-team", "--task", "analysing")
+    assert started.returncode == 0
+    result = pulse("sql", "SELECT e.content, a.agent_id FROM experiences e, activities a, "
+                   "collectives c WHERE c.name = 'cli-team' AND e.collective_id = c.collective_id "
+                   "AND a.collective_id = c.collective_id", "--json")  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [{"content": "while serving", "agent_id": "bot-1"}]
     refused = pulse("sql", "UPDATE experience_rows SET content = 'x'")
@@ -318,8 +326,9 @@ def test_sql_and_the_cli_go_through_the_running_service(service: Service) -> Non
 
 
 async def test_rebuild_refuses_while_the_service_runs_and_leaves_its_state(
-    service: Service,
+    shared_service: Service,
 ) -> None:
+    service = shared_service  # (it reads back only what it recorded)
     async with service.client() as client:
         team = await call(client, "create_collective", owner_id="ana", name="team",
                           embedder="hash")  # fmt: skip
@@ -354,7 +363,8 @@ async def test_rebuild_refuses_while_the_service_runs_and_leaves_its_state(
         assert (await client.get("/health")).status_code == 200
         got = await call(client, "get_experience", experience_id=recorded)
         assert got["content"] == "rebuild only a stopped instance"
-        rows = await call(client, "sql", query="SELECT content FROM experiences")
+        rows = await call(client, "sql", query="SELECT content FROM experiences "
+                          f"WHERE collective_id = '{team}'")  # fmt: skip
         assert rows["rows"] == [["rebuild only a stopped instance"]]
 
 

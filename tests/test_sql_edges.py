@@ -82,59 +82,57 @@ def memory_of(pid: int) -> dict[str, int]:
     return fields
 
 
-async def test_a_patient_reader_never_keeps_a_deleted_secret_on_disk(tmp_path: Path) -> None:
-    service = start(tmp_path / "data", env=clean_env(**LIMITS))
-    try:
-        bob = await reader(service)
-        secret = b"okapi-lantern-7731"
-        async with service.client() as alice:
-            team = await call(alice, "create_collective", owner_id="alice", name="team",
-                              embedder="hash")  # fmt: skip
-            await call(alice, "record_experience", collective_id=team, content="kept")
-            gone = await call(alice, "record_experience", collective_id=team,
-                              content=f"the code is {secret.decode()}")  # fmt: skip
-            # (the scan finds it while it lives: in the state's file, then the snapshot)
-            await eventually(
-                lambda: len(places_holding(secret, service.data_dir, service.process.pid)) >= 2,
-                timeout=30, what="the secret in the state and the snapshot",
-            )  # fmt: skip
-            # two loops per token: while one is between two queries the other's runs
-            answers: dict[str, list[int]] = {f"{who}-{n}": [] for who in ("bob", "admin")
-                                             for n in (1, 2)}  # fmt: skip
-            stop_reading = asyncio.Event()
+async def test_a_patient_reader_never_keeps_a_deleted_secret_on_disk(running: Service) -> None:
+    service = running  # (the secret is this test's alone: the scan finds no other test's)
+    logged = len(service.logged)
+    bob = await reader(service)
+    secret = b"okapi-lantern-7731"
+    async with service.client() as alice:
+        team = await call(alice, "create_collective", owner_id="alice", name="team",
+                          embedder="hash")  # fmt: skip
+        await call(alice, "record_experience", collective_id=team, content="kept")
+        gone = await call(alice, "record_experience", collective_id=team,
+                          content=f"the code is {secret.decode()}")  # fmt: skip
+        # (the scan finds it while it lives: in the state's file, then the snapshot)
+        await eventually(
+            lambda: len(places_holding(secret, service.data_dir, service.process.pid)) >= 2,
+            timeout=30, what="the secret in the state and the snapshot",
+        )  # fmt: skip
+        # two loops per token: while one is between two queries the other's runs
+        answers: dict[str, list[int]] = {f"{who}-{n}": [] for who in ("bob", "admin")
+                                         for n in (1, 2)}  # fmt: skip
+        stop_reading = asyncio.Event()
 
-            async def keep_reading(name: str, client: httpx.AsyncClient) -> None:
-                while not stop_reading.is_set():  # one slow query after another
-                    found = await client.post("/v1/sql", json={"query": SLOW})
-                    answers[name].append(found.status_code)
+        async def keep_reading(name: str, client: httpx.AsyncClient) -> None:
+            while not stop_reading.is_set():  # one slow query after another
+                found = await client.post("/v1/sql", json={"query": SLOW})
+                answers[name].append(found.status_code)
 
-            async with service.client(bob) as as_bob, service.client() as as_admin:
-                readers = [
-                    asyncio.ensure_future(keep_reading(name, as_bob if "bob" in name else as_admin))
-                    for name in answers
-                ]
-                await eventually(lambda: all(answers.values()), timeout=60,
-                                 what="every reader's first answer")  # fmt: skip
-                await call(alice, "delete_experience", experience_id=gone)
-                try:
-                    await eventually(
-                        lambda: not places_holding(secret, service.data_dir, service.process.pid),
-                        timeout=5 + 25, what="the secret gone from every file",
-                    )  # fmt: skip
-                    compacted = await alice.post("/v1/compact", json={})
-                finally:
-                    stop_reading.set()
-                    for task in readers:  # (the client goes: its query is cancelled)
-                        task.cancel()
-                    await asyncio.gather(*readers, return_exceptions=True)
-        assert compacted.status_code == 200, compacted.text
-        # the readers were answered all along: a query in the way of forgetting was
-        # cancelled with a 503 that says to retry, never left to hold the files
-        assert all(set(found) <= {200, 503} for found in answers.values()), answers
-        assert not places_holding(secret, service.data_dir, service.process.pid)
-        assert not [line for line in service.logged if "Traceback" in line]
-    finally:
-        stop(service)
+        async with service.client(bob) as as_bob, service.client() as as_admin:
+            readers = [
+                asyncio.ensure_future(keep_reading(name, as_bob if "bob" in name else as_admin))
+                for name in answers
+            ]
+            await eventually(lambda: all(answers.values()), timeout=60,
+                             what="every reader's first answer")  # fmt: skip
+            await call(alice, "delete_experience", experience_id=gone)
+            try:
+                await eventually(
+                    lambda: not places_holding(secret, service.data_dir, service.process.pid),
+                    timeout=5 + 25, what="the secret gone from every file",
+                )  # fmt: skip
+                compacted = await alice.post("/v1/compact", json={})
+            finally:
+                stop_reading.set()
+                for task in readers:  # (the client goes: its query is cancelled)
+                    task.cancel()
+                await asyncio.gather(*readers, return_exceptions=True)
+    assert compacted.status_code == 200, compacted.text
+    # the readers were answered all along: a query in the way of forgetting was
+    # cancelled with a 503 that says to retry, never left to hold the files
+    assert all(set(found) <= {200, 503} for found in answers.values()), answers
+    assert not places_holding(secret, service.data_dir, service.process.pid)
+    assert not [line for line in service.logged[logged:] if "Traceback" in line]
 
 
 async def test_a_query_too_long_too_large_or_too_deep_is_a_4xx_naming_its_limit(
