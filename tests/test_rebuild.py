@@ -49,23 +49,25 @@ def pulse_json(data_dir: Path, *args: str) -> dict[str, object]:
     return dict(json.loads(result.stdout))
 
 
-def killed_after_checkpoint(data_dir: Path, command: str, label: str, every: int) -> None:
-    """Run ``pulse <command> --checkpoint-every <every>``; SIGKILL it once a progress
-    line reports ``every`` events done (the round that crossed that count wrote its
-    checkpoint before reporting)."""
-    process = subprocess.Popen(
-        [PULSE, "--data-dir", str(data_dir), command, "--checkpoint-every", str(every)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+# a log of about 2,600 events, read in batches of 100, checkpointed every 200 events; a run
+# is killed once it reports 400 events done (``tests/rebuild_worker.py``)
+RECORDS, BATCH, EVERY, KILL_AFTER = 1500, 100, 200, 400
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def killed_after_checkpoint(data_dir: Path, command: str, label: str) -> None:
+    """Run ``pulse <command> --checkpoint-every EVERY`` over batches of BATCH events; it
+    SIGKILLs itself once its progress reaches ``KILL_AFTER`` events done (the round that
+    crossed that count wrote its checkpoint before reporting; the next batches are being
+    applied)."""
+    process = subprocess.run(
+        [sys.executable, "-m", "tests.rebuild_worker", str(data_dir), command, str(EVERY),
+         str(BATCH), str(KILL_AFTER)],
+        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300,
     )  # fmt: skip
-    assert process.stderr is not None
-    for line in process.stderr:
-        assert line.startswith(label), line
-        if int(line.removeprefix(label).split("/")[0].replace(",", "")) >= every:
-            break
-    else:
-        raise AssertionError(f"pulse {command} ended before reporting {every} events")
-    process.send_signal(signal.SIGKILL)
-    process.communicate(timeout=30)
+    *lines, last = process.stderr.splitlines() or [""]
+    assert lines and all(line.startswith(label) for line in lines), process.stderr
+    assert last.startswith("killed at ") and int(last.split()[-1]) >= KILL_AFTER, process.stderr
     assert process.returncode == -signal.SIGKILL, "killed mid-run, not finished"
 
 
@@ -89,9 +91,9 @@ async def test_digest_is_the_same_before_and_after_rebuild(data_dir: Path) -> No
 
 
 async def test_catch_up_killed_mid_batch_resumes_from_its_checkpoint(data_dir: Path) -> None:
-    last = await fill(data_dir, history(12_000))
+    last = await fill(data_dir, history(RECORDS))
     for _ in range(2):  # kill it twice, at different points
-        killed_after_checkpoint(data_dir, "catch-up", "applying ", 2000)
+        killed_after_checkpoint(data_dir, "catch-up", "applying ")
         store = Store((data_dir / "state").resolve() / "state.duckdb", read_only=True)
         seq, applied = store.checkpoint()
         store.close()
@@ -108,10 +110,10 @@ async def test_catch_up_killed_mid_batch_resumes_from_its_checkpoint(data_dir: P
 async def test_rebuild_killed_midway_leaves_a_state_that_opens_and_converges(
     data_dir: Path,
 ) -> None:
-    last = await fill(data_dir, history(12_000))
+    last = await fill(data_dir, history(RECORDS))
     caught = pulse_json(data_dir, "catch-up")
     current = (data_dir / "state").resolve()
-    killed_after_checkpoint(data_dir, "rebuild", "rebuilding ", 2000)
+    killed_after_checkpoint(data_dir, "rebuild", "rebuilding ")
     assert (data_dir / "state").resolve() == current, "the link moves only when it is done"
     left = [d for d in data_dir.glob("state-*") if d != current]
     assert left, "the killed rebuild left its half-built state"

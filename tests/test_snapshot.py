@@ -71,6 +71,7 @@ class Watcher:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.lines: list[dict[str, Any]] = []
+        self.errors = ""  # its standard error, once stopped
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -84,10 +85,11 @@ class Watcher:
         return next((x for x in list(self.lines) if content in x.get("contents", ())), None)
 
     def stop(self) -> str:
-        self.process.kill()
-        _, err = self.process.communicate(timeout=30)
-        self._reader.join(timeout=10)
-        return err
+        if self.process.returncode is None:
+            self.process.kill()
+            _, self.errors = self.process.communicate(timeout=30)
+            self._reader.join(timeout=10)
+        return self.errors
 
 
 async def test_a_plain_duckdb_process_reads_every_view_while_pulse_up_writes(
@@ -114,6 +116,7 @@ async def test_a_plain_duckdb_process_reads_every_view_while_pulse_up_writes(
                 what="the last write in the snapshot",
             )  # fmt: skip
             health = (await client.get("/health")).json()
+        watcher.stop()  # it has seen every write (and reads in a busy loop: stop it now)
         status = subprocess.run(
             [PULSE, "--data-dir", str(service.data_dir), "status", "--json"],
             capture_output=True, text=True, timeout=60, env=clean_env(),
