@@ -132,6 +132,8 @@ from eventlog.errors import (
     QueryTooLarge,
     ValidationError,
 )
+from projections.schema import TABLES as SCHEMA_TABLES
+from projections.schema import VIEWS as SCHEMA_VIEWS
 
 if TYPE_CHECKING:
     from projections.past import PastTables
@@ -320,6 +322,8 @@ def check_sandboxed(
     """Refuse a query (a SELECT) that names anything but the tables and views of the
     database, ``activities``, its own CTEs and the table functions of
     ``TABLE_FUNCTIONS``: see the module docstring. Parses only; nothing is bound.
+    Returns the objects of the state it may read, which a query as of a moment is given
+    (``past_views``; for an admin ``_past_reads``).
 
     ``restricted``: the query of a principal that may not see every row: it may name
     nothing but the views of ``FILTERED_VIEWS`` (by their names alone) and its own CTEs
@@ -342,9 +346,9 @@ def check_sandboxed(
         )
     ctes: set[str] = set()
     tables: list[tuple[str, str, str]] = []
-    refs: list[dict[str, Any]] = []  # every table reference (restricted)
-    functions: set[str] = set()  # every scalar function named (restricted)
-    special = False  # SHOW TABLES and the like (restricted)
+    refs: list[dict[str, Any]] = []  # every table reference
+    functions: set[str] = set()  # every scalar function named
+    special = False  # SHOW TABLES and the like
     nodes = 0
     stack: list[tuple[Any, int]] = [(tree, 1)]
     while stack:
@@ -387,15 +391,14 @@ def check_sandboxed(
         ):  # fmt: skip
             tables.append(_name(node))
             refs.append(node)
-        if restricted:
-            if kind == "FUNCTION":
-                functions.add(str(node.get("function_name", "")).lower())
-            elif kind == "SHOW_REF" and node.get("show_type") == "SHOW_SPECIAL":
-                special = True
+        if kind == "FUNCTION":
+            functions.add(str(node.get("function_name", "")).lower())
+        elif kind == "SHOW_REF" and node.get("show_type") == "SHOW_SPECIAL":
+            special = True
     if restricted:
         return _check_restricted(cursor, ctes, refs, functions, special)
     if not tables:
-        return _NONE
+        return _past_reads(cursor, query, tables, ctes, functions, special)
     known = cursor.execute(
         "SELECT database_name, schema_name, table_name FROM duckdb_tables() UNION ALL "
         "SELECT database_name, schema_name, view_name FROM duckdb_views() "
@@ -422,7 +425,7 @@ def check_sandboxed(
             f"query: no table or view named {shown!r}: the SQL sandbox reads the state's "
             f"tables and views only ({', '.join(VIEWS)}, activities), never files or URLs"
         )
-    return _NONE
+    return _past_reads(cursor, query, tables, ctes, functions, special)
 
 
 _NONE: frozenset[str] = frozenset()
@@ -562,6 +565,19 @@ def _needs(names: Iterable[str]) -> list[str]:
 
 
 _READS = re.compile(r"temp\.main\.([a-z_]+)")
+_SRC = re.compile(r"\{src\}([a-z_]+)")
+# the collectives a principal is a member of
+_MEMBERS = f"SELECT c.collective_id FROM {{src}}collectives c, {_ME} WHERE {member_sql('c')}"
+
+
+def filtered_sources(names: Iterable[str]) -> frozenset[str]:
+    """The views of the state (``{src}``'s) that ``restrict`` reads for a query that
+    names ``names``: what a restricted query as of a moment is given (``past_views``)."""
+    return frozenset(
+        source
+        for select in (_MEMBERS, *(FILTERED_VIEWS[name] for name in _needs(names)))
+        for source in _SRC.findall(select)
+    )
 
 
 def restrict(
@@ -582,10 +598,7 @@ def restrict(
     cursor.execute(  # parameters: owner and agent are free text
         f"CREATE TEMP TABLE pulse_principal AS {PRINCIPAL_SQL}", principal_parameters(viewer)
     )
-    cursor.execute(  # the collectives it is a member of
-        f"CREATE TEMP TABLE pulse_members AS SELECT c.collective_id FROM {src}collectives c, "
-        f"{_ME} WHERE {member_sql('c')}"
-    )
+    cursor.execute(f"CREATE TEMP TABLE pulse_members AS {_MEMBERS.format(src=src)}")
     needed = _needs(names)
     if "activities" in needed:
         cursor.register("pulse_all_activities", activities)
@@ -603,71 +616,138 @@ def _state_schema(cursor: duckdb.DuckDBPyConnection) -> str:
     return '"' + str(found[0] if found else "").replace('"', '""') + '".main.'
 
 
-_PAST = "temp.main.pulse_asof_"  # the prefix of the tables and views as of a moment
-_ROW_TABLES = (
-    "collective_rows", "experience_rows", "application_rows", "relation_rows", "insight_rows",
-    "wisdom_rows", "token_rows",
-)  # fmt: skip
+# -- a query as of a moment -------------------------------------------------------------------
+
+# The objects a query as of a moment reads in place of the state's: each base table (its
+# present rows but those changed since, and the past rows of these), each logged table cut
+# at the sequence, and each view of ``projections.schema`` again over them. A query makes
+# only those it reads, with what they read in turn (``past_closure``): the views name
+# each other and the tables, by ``FROM`` or ``JOIN``, and each such name becomes the
+# temporary one, catalog-qualified (``temp.main.x``), so a view whose source was not made
+# fails to bind rather than read the present.
+_PAST = "pulse_asof_"  # their prefix under a restricted query's filtered views
 _LOGGED_TABLES = ("audit_rows", "count_history", "undecodable")  # one row per sequence
+_TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)")
 _VIEW = re.compile(r"CREATE OR REPLACE VIEW (\w+) AS\n(.*?);\n", re.DOTALL)
+_SOURCE = re.compile(r"\b(FROM|JOIN)\s+(\w+)\b")
+_BOOKKEEPING = ("meta", "checkpoint")  # read as they are (no past)
+# the base tables of folded rows (``projections.store.TABLE_OF``'s)
+_ROW_TABLES = tuple(
+    t for t in _TABLE.findall(SCHEMA_TABLES) if t not in (*_BOOKKEEPING, *_LOGGED_TABLES)
+)
+_SCHEMA_VIEWS: dict[str, str] = dict(_VIEW.findall(SCHEMA_VIEWS))
+# each object and the objects it reads directly, in an order that makes an object after
+# what it reads (the schema creates each view after its sources)
+_PAST_READS: dict[str, frozenset[str]] = {
+    **{table: frozenset() for table in (*_ROW_TABLES, *_LOGGED_TABLES)},
+    **{view: frozenset(m[1] for m in _SOURCE.findall(select) if m[1] in _SCHEMA_VIEWS
+                       or m[1] in _ROW_TABLES or m[1] in _LOGGED_TABLES)
+       for view, select in _SCHEMA_VIEWS.items()},
+}  # fmt: skip
 
 
-def past_views(cursor: duckdb.DuckDBPyConnection, past: PastTables) -> str:
-    """Make a query's cursor read the state as of ``past.seq``: every base table as a
-    temporary view of its present rows but those changed since, and the past rows of
-    these (``projections.past``); the history cut at the sequence; every view of
-    ``projections.schema`` again over them. Returns their prefix (``restrict``'s
-    ``src``); an admin's query reads them by the usual names (temporary views of the
-    same names shadow the state's)."""
-    from projections.schema import VIEWS as STATEMENTS
-    from projections.store import TABLE_OF
+def _closure(name: str) -> frozenset[str]:
+    found = {name}
+    stack = [name]
+    while stack:
+        for source in _PAST_READS[stack.pop()]:
+            if source not in found:
+                found.add(source)
+                stack.append(source)
+    return frozenset(found)
 
-    src = _state_schema(cursor)
-    row_tables = list(TABLE_OF.values())
-    for table in row_tables:
-        parts = [f"SELECT * FROM {src}{table}"]
-        if table in past.gone:
-            key, keys = past.gone[table]
-            pulse_keys = {"k": np.array([k.hex for k in keys], dtype=object)}  # noqa: F841
-            cursor.execute(
-                f"CREATE TEMP TABLE pulse_gone_{table} AS SELECT k::UUID AS k FROM pulse_keys"
-            )
-            parts[0] += f" WHERE {key} NOT IN (SELECT k FROM temp.main.pulse_gone_{table})"
-        if table in past.rows:
-            pulse_staged, select = past.rows[table]  # noqa: F841 (read by DuckDB by name)
-            cursor.execute(f"CREATE TEMP TABLE pulse_over_{table} AS {select} FROM pulse_staged")
-            parts.append(f"SELECT * FROM temp.main.pulse_over_{table}")
-        cursor.execute(
-            f"CREATE TEMP VIEW pulse_asof_{table} AS {' UNION ALL BY NAME '.join(parts)}"
-        )
-    for table in _LOGGED_TABLES:
-        cursor.execute(
-            f"CREATE TEMP VIEW pulse_asof_{table} AS "
-            f"SELECT * FROM {src}{table} WHERE seq <= {int(past.seq)}"
-        )
-    views = _VIEW.findall(STATEMENTS)
-    names = {*row_tables, *_LOGGED_TABLES, *(name for name, _ in views)}
 
+_PAST_CLOSURE: dict[str, frozenset[str]] = {name: _closure(name) for name in _PAST_READS}
+PAST_NAMES = frozenset(_PAST_READS)  # every object a query as of a moment may read
+_NOW = "epoch_ms(get_current_timestamp())"  # "true now" in the views: true then
+
+
+def _past_selects(prefix: str) -> dict[str, str]:
     def past_name(match: re.Match[str]) -> str:
         word, name = match.group(1), match.group(2)
-        return f"{word} {_PAST}{name}" if name in names else match.group(0)
+        return f"{word} temp.main.{prefix}{name}" if name in _PAST_READS else match.group(0)
 
-    for name, select in views:
-        rewritten = re.sub(r"\b(FROM|JOIN)\s+(\w+)\b", past_name, select)
-        rewritten = rewritten.replace(  # "true now" is true then
-            "epoch_ms(get_current_timestamp())", str(int(past.moment_ms))
-        )
-        cursor.execute(f"CREATE TEMP VIEW pulse_asof_{name} AS {rewritten}")
-    return _PAST
+    return {name: _SOURCE.sub(past_name, select) for name, select in _SCHEMA_VIEWS.items()}
 
 
-def shadow_past(cursor: duckdb.DuckDBPyConnection) -> None:
-    """An admin's query as of a moment: the usual names read ``past_views``' views."""
-    from projections.schema import VIEWS as STATEMENTS
-    from projections.store import TABLE_OF
+_PAST_SELECTS = {prefix: _past_selects(prefix) for prefix in ("", _PAST)}
 
-    for name in [*TABLE_OF.values(), *_LOGGED_TABLES, *(n for n, _ in _VIEW.findall(STATEMENTS))]:
-        cursor.execute(f"CREATE TEMP VIEW {name} AS SELECT * FROM {_PAST}{name}")
+
+def past_closure(names: Iterable[str]) -> list[str]:
+    """The objects ``past_views`` makes for a query that reads ``names`` (those of them
+    that are objects of the state, and what these read), in the order it makes them."""
+    wanted: set[str] = set()
+    for name in names:
+        wanted |= _PAST_CLOSURE.get(name, frozenset())
+    return [name for name in _PAST_READS if name in wanted]
+
+
+def past_views(
+    cursor: duckdb.DuckDBPyConnection,
+    past: PastTables,
+    names: Iterable[str] = PAST_NAMES,
+    *,
+    prefix: str = _PAST,
+) -> str:
+    """Make a query's cursor read the state as of ``past.seq``: of the objects the query
+    reads (``names``: of ``PAST_NAMES``, others are left out; all by default) and what
+    they read (``past_closure``), each base table as a temporary view of its present rows
+    but those changed since, and the past rows of these (``projections.past``); the
+    history cut at the sequence; each view of ``projections.schema`` again over them.
+    ``prefix``: of their names; "" for an admin's query, which reads them by the usual
+    names (a temporary object shadows the state's of the same name); ``pulse_asof_`` (the
+    default) under a restricted query's filtered views. Returns their prefix,
+    catalog-qualified (``restrict``'s ``src``)."""
+    src = _state_schema(cursor)
+    selects = _PAST_SELECTS[prefix]
+    for name in past_closure(names):
+        if name in selects:
+            select = selects[name].replace(_NOW, str(int(past.moment_ms)))
+        elif name in _LOGGED_TABLES:
+            select = f"SELECT * FROM {src}{name} WHERE seq <= {int(past.seq)}"
+        else:
+            select = f"SELECT * FROM {src}{name}"
+            if name in past.gone:
+                key, keys = past.gone[name]
+                pulse_keys = {"k": np.array([k.hex for k in keys], dtype=object)}  # noqa: F841
+                cursor.execute(
+                    f"CREATE TEMP TABLE pulse_gone_{name} AS SELECT k::UUID AS k FROM pulse_keys"
+                )
+                select += f" WHERE {key} NOT IN (SELECT k FROM temp.main.pulse_gone_{name})"
+            if name in past.rows:
+                pulse_staged, staged = past.rows[name]  # noqa: F841 (read by DuckDB by name)
+                cursor.execute(f"CREATE TEMP TABLE pulse_over_{name} AS {staged} FROM pulse_staged")
+                select += f" UNION ALL BY NAME SELECT * FROM temp.main.pulse_over_{name}"
+        cursor.execute(f"CREATE TEMP VIEW {prefix}{name} AS {select}")
+    return f"temp.main.{prefix}"
+
+
+_WORD = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+def _past_reads(
+    cursor: duckdb.DuckDBPyConnection,
+    query: str,
+    tables: list[tuple[str, str, str]],
+    ctes: set[str],
+    functions: set[str],
+    special: bool,
+) -> frozenset[str]:
+    """Of ``PAST_NAMES``, those an admin's query (checked) may read: those its parse
+    tree's table references name, and every word of its text that is one (should a
+    reference escape the tree, it is still made: a name the query reads but that is not
+    made would read the present). All of them when the query reads the catalog (SHOW
+    TABLES, ``information_schema``, DuckDB's catalog macros), which lists them."""
+    if special or _catalog_readers(cursor) & functions:
+        return PAST_NAMES
+    found = {w for w in _WORD.findall(query.lower()) if w in PAST_NAMES}
+    for _catalog, _schema, table in tables:
+        name = table.lower()
+        if name in PAST_NAMES:
+            found.add(name)
+        elif name not in ctes and name not in _BOOKKEEPING and name != "activities":
+            return PAST_NAMES  # a view of the catalog
+    return frozenset(found)
 
 
 def _check_restricted(
@@ -850,12 +930,11 @@ class SqlQuery:
         cursor = self._cursor
         query = check_read_only(self.sql, self.limits)
         if self.viewer is None:
-            check_sandboxed(cursor, query, limits=self.limits)
+            reads = check_sandboxed(cursor, query, limits=self.limits)
             cursor.execute("SET enable_progress_bar = false")  # it would print to our stdout
             cursor.register("activities", _relation(cursor, _activity_columns(self._activities)))
-            if self.past is not None:
-                past_views(cursor, self.past)
-                shadow_past(cursor)
+            if self.past is not None:  # under the usual names, shadowing the state's
+                past_views(cursor, self.past, reads, prefix="")
         else:
             if duckdb.extract_statements(self.sql)[0].type.name == "EXPLAIN":
                 raise Forbidden(
@@ -865,7 +944,9 @@ class SqlQuery:
             names = check_sandboxed(cursor, query, restricted=True, limits=self.limits)
             cursor.execute("SET enable_progress_bar = false")
             activities = _relation(cursor, _activity_columns(self._activities))
-            src = None if self.past is None else past_views(cursor, self.past)
+            src = None
+            if self.past is not None:  # what the filtered views read, as of the moment
+                src = past_views(cursor, self.past, filtered_sources(names))
             restrict(cursor, self.viewer, names, activities, src)
         with self._lock:
             if self._stopped is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,10 @@ from mcp.client.streamable_http import streamable_http_client
 
 from eventlog import EmbeddedNats, NotFoundError, ValidationError
 from eventlog import events as ev
+from eventlog.ids import uuid7
 from projections import analytics, queries
 from projections.engine import Engine
-from projections.projection import ProjectionSettings
+from projections.projection import Projection, ProjectionSettings
 from sync import PulseDB
 from tests.harness import by_profile, call, eventually, sql_retried, start, stop
 
@@ -490,3 +492,210 @@ async def test_as_of_a_moment_true_means_true_then(db: PulseDB) -> None:
     assert (await db.get_collective_stats(cid)).invalid == 1
     valid = await db.sql("SELECT valid FROM experiences WHERE content LIKE 'the v1%'", as_of=then)
     assert valid.rows == [[True]]
+
+
+# -- SQL as of a moment makes what the query reads, and what that reads ----------------------
+
+LOCAL_COLUMNS = {"vec_id", "updated_seq", "create_seq"}  # differ between hosts
+
+
+def views_reading_views() -> list[ev.Event]:
+    """A history whose past differs from its present only through what views read: a
+    relation and an insight written before the experience they name (dead letters until
+    it arrives: ``relations`` reads ``relation_checks`` and ``experiences``,
+    ``insight_sources`` reads ``insights``, which reads ``insight_checks``), then a
+    reinforcement (``experiences`` reads ``application_rows``) and an update."""
+    from tests import factories
+
+    created = factories.collective()
+    cid = created.collective_id
+    first, later = factories.experience(cid, "first"), factories.experience(cid, "later")
+    relation = ev.RelationStored(
+        **factories.common(), relation_id=uuid7(), collective_id=cid,  # type: ignore[arg-type]
+        source_id=first.experience_id, target_id=later.experience_id,
+        relation_type="Supports", strength=0.5,
+    )  # fmt: skip
+    insight = ev.InsightStored(
+        **factories.common(), insight_id=uuid7(), collective_id=cid,  # type: ignore[arg-type]
+        content="distilled", embedding=ev.pack_vector([0.5] * DIM),
+        source_experiences=(first.experience_id, later.experience_id), confidence=0.5,
+    )  # fmt: skip
+    reinforced = ev.ExperienceReinforced(
+        **factories.common(), experience_id=first.experience_id,  # type: ignore[arg-type]
+        collective_id=cid, applications=1,
+    )  # fmt: skip
+    updated = ev.ExperienceUpdated(
+        **factories.common(), experience_id=later.experience_id,  # type: ignore[arg-type]
+        collective_id=cid, importance=0.9,
+    )  # fmt: skip
+    return [created, first, relation, insight, later, reinforced, updated]
+
+
+def projection_of(directory: Path, events: list[ev.Event]) -> Projection:
+    from eventlog.log import LogEntry
+    from eventlog.subjects import subject_for
+
+    p = Projection(directory, ProjectionSettings())
+    p.apply([LogEntry(seq=i, subject=subject_for(e), event=e) for i, e in enumerate(events, 1)])
+    p.flush()
+    return p
+
+
+def sql_rows(p: Projection, query: str, as_of: int | None = None, viewer: Any = None) -> Any:
+    """The rows of an admin's query (``viewer``: a principal's) over ``p`` as of a
+    sequence (None: now), the hosts' local columns left out, in a fixed order."""
+    from projections.past import sql_tables
+
+    tables = None if as_of is None else sql_tables(p, as_of)
+    assert (tables is None) == (as_of is None)  # (as of a moment before the present)
+    cursor = p.store.con.cursor()
+    cursor.begin()
+    found = analytics.SqlQuery(
+        cursor, query, [], 10_000, 0, analytics.SqlLimits(), viewer=viewer, past=tables
+    ).run()
+    keep = [i for i, c in enumerate(found.columns) if c not in LOCAL_COLUMNS]
+    return sorted(json.dumps([row[i] for i in keep], default=str) for row in found.rows)
+
+
+# queries that name what they read in other ways than a plain FROM
+ODD_NAMES = [
+    'SELECT count(*) FROM "RELATIONS"',
+    "SELECT (SELECT count(*) FROM main.insight_sources) AS n",
+    "WITH r AS (SELECT * FROM relations) SELECT count(*) FROM r",
+    "SELECT count(*) FROM experiences WHERE experience_id IN (SELECT source_id FROM relations)",
+    "SELECT * FROM dead_letters d JOIN insights i ON i.insight_id = d.id",
+]
+
+
+def test_sql_as_of_reads_the_past_through_every_view_a_view_reads(tmp_path: Path) -> None:
+    """Each object of the state read alone as of a moment (the views that read views
+    among them) answers what a host that applied the events up to it answers now, for
+    an admin and for a member: what the query names is made as of the moment, and what
+    that reads in turn (read now, ``relations`` would hold a relation that was a dead
+    letter then, and ``insight_sources`` the sources of an insight that was)."""
+    from sync.access import Principal
+
+    events = views_reading_views()
+    p = projection_of(tmp_path / "live", events)
+    member = Principal("owner-1", "agent-1", scope="read")
+    try:
+        s = 4  # the relation and the insight are dead letters; not yet reinforced
+        replayed = projection_of(tmp_path / "replay", events[:s])
+        try:
+            for query in [
+                *(f"SELECT * FROM {n}" for n in sorted(analytics.PAST_NAMES)),
+                *ODD_NAMES,
+            ]:
+                assert sql_rows(p, query, s) == sql_rows(replayed, query), query
+            for name in ("experiences", "applications", "relations", "insights", "insight_sources"):
+                query = f"SELECT * FROM {name}"
+                assert sql_rows(p, query, s, member) == sql_rows(replayed, query, viewer=member), (
+                    "member", query,
+                )  # fmt: skip
+        finally:
+            replayed.close()
+        # (the history differs from the present where it is read: else this proves nothing)
+        assert sql_rows(p, "SELECT count(*) FROM relations", 4) == ["[0]"]
+        assert sql_rows(p, "SELECT count(*) FROM relations") == ["[1]"]
+        assert sql_rows(p, "SELECT count(*) FROM insight_sources", 4, member) == ["[0]"]
+        assert sql_rows(p, "SELECT count(*) FROM insight_sources", None, member) == ["[2]"]
+    finally:
+        p.close()
+
+
+def test_sql_as_of_makes_only_what_the_query_reads(tmp_path: Path) -> None:
+    """A query as of a moment is given the objects it names and what they read, not
+    every table and view of the state (each costs time, for every query)."""
+    from projections.past import sql_tables
+
+    events = views_reading_views()
+    p = projection_of(tmp_path / "live", events)
+    try:
+        tables = sql_tables(p, 4)
+        assert tables is not None
+
+        def made(names: list[str], prefix: str = "") -> set[str]:
+            cursor = p.store.con.cursor()
+            cursor.begin()
+            try:
+                analytics.past_views(cursor, tables, names, prefix=prefix)
+                return {
+                    r[0] for r in cursor.execute(
+                        "SELECT view_name FROM duckdb_views() WHERE temporary AND NOT internal"
+                    ).fetchall()
+                }  # fmt: skip
+            finally:
+                cursor.rollback()
+                cursor.close()
+
+        assert made(["collectives"]) == {"collectives", "collective_rows"}
+        assert made(["insight_sources", "meta"]) == {
+            "insight_sources", "insights", "insight_checks", "insight_rows", "collective_rows",
+            "experience_rows",
+        }  # fmt: skip
+        assert made(["history"], "pulse_asof_") == {
+            "pulse_asof_history", "pulse_asof_audit_rows", "pulse_asof_count_history"
+        }  # fmt: skip
+        assert made(list(analytics.PAST_NAMES)) == analytics.PAST_NAMES
+    finally:
+        p.close()
+
+
+def test_what_an_admins_query_reads_is_known_or_everything_is_made(tmp_path: Path) -> None:
+    """The names an admin's query may read, for ``past_views``: those of its parse tree
+    and every word of its text that is one (a superset); every object when the query
+    reads the catalog, which lists them all."""
+    p = projection_of(tmp_path / "live", views_reading_views()[:2])
+    cursor = p.store.con.cursor()
+    try:
+
+        def reads(query: str) -> frozenset[str]:
+            return analytics.check_sandboxed(cursor, query)
+
+        assert reads("SELECT count(*) FROM relations") == {"relations"}
+        assert reads('SELECT * FROM "Experience_Rows", meta') == {"experience_rows"}
+        assert reads("SELECT 1 AS n -- then experiences") == {"experiences"}  # (a superset)
+        assert reads("SELECT applications FROM experiences") == {"experiences", "applications"}
+        assert reads("SELECT count(*) FROM activities") == frozenset()
+        for catalog in (
+            "SHOW TABLES",
+            "SELECT * FROM information_schema.tables",
+            "SELECT pg_get_viewdef('relations')",
+        ):
+            assert reads(catalog) == analytics.PAST_NAMES, catalog
+    finally:
+        cursor.close()
+        p.close()
+
+
+def test_every_source_of_a_view_is_known_to_the_past() -> None:
+    """The objects each view reads, as ``past_views`` finds them in its SQL, are those of
+    DuckDB's own parse of it: a source missed would be read as it is now."""
+    import duckdb
+
+    from projections.schema import VIEWS
+    from projections.store import TABLE_OF
+
+    con = duckdb.connect()
+    try:
+        for name, select in re.findall(r"CREATE OR REPLACE VIEW (\w+) AS\n(.*?);\n", VIEWS, re.S):
+            tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [select]).fetchone()[0])
+            named: set[str] = set()
+            stack: list[Any] = [tree]
+            while stack:
+                node = stack.pop()
+                if isinstance(node, list):
+                    stack.extend(node)
+                elif isinstance(node, dict):
+                    stack.extend(node.values())
+                    if node.get("type") == "BASE_TABLE":
+                        named.add(node["table_name"].lower())
+            assert named == analytics._PAST_READS[name], name
+    finally:
+        con.close()
+    assert (
+        set(TABLE_OF.values())
+        | {"audit_rows", "count_history", "undecodable"}
+        | {n for n, _ in re.findall(r"CREATE OR REPLACE VIEW (\w+) AS\n(.*?);\n", VIEWS, re.S)}
+        == analytics.PAST_NAMES
+    )
