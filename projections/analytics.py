@@ -738,7 +738,7 @@ def _past_reads(
     reference escape the tree, it is still made: a name the query reads but that is not
     made would read the present). All of them when the query reads the catalog (SHOW
     TABLES, ``information_schema``, DuckDB's catalog macros), which lists them."""
-    if special or _catalog_readers(cursor) & functions:
+    if special or (functions and _catalog_readers(cursor) & functions):
         return PAST_NAMES
     found = {w for w in _WORD.findall(query.lower()) if w in PAST_NAMES}
     for _catalog, _schema, table in tables:
