@@ -686,11 +686,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         measure(Sizes().scaled(options.size), out)
     comparison = compare(figures, baseline)
+    load = round(os.getloadavg()[0], 2)  # the machine's business: its figures move with it
     emit("summary", seconds=round(time.perf_counter() - started, 1), baseline=source,
          tolerance=TOLERANCE, worse=[c.as_dict() for c in comparison.worse],
          missing=comparison.missing, new=comparison.new,
-         better=[c.as_dict() for c in comparison.better])  # fmt: skip
+         better=[c.as_dict() for c in comparison.better], load_average=load)  # fmt: skip
     print(summarize(comparison, source), file=sys.stderr)
+    if not options.sources and comparison.worse and load > (os.cpu_count() or 1):
+        busy = (f"(load average {load} on {os.cpu_count()} cores: a busy machine makes "
+                "figures worse; measure again when it is quiet before believing them)")  # fmt: skip
+        print(busy, file=sys.stderr)
     if options.write_baseline:
         runs = len(options.sources) if options.sources else 1
         text = json.dumps(baseline_document(figures, runs), indent=2) + "\n"
