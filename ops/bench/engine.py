@@ -13,6 +13,9 @@ folds them. 384-d vectors and about 200 bytes of content throughout.
   ``js.publish`` calls; target ratio >= 0.5.
 - writes_16_callers (op record, op reinforce): the same from 16 concurrent tasks
   (reinforce: 16 experiences, one per task), beside 16 tasks of raw publishes; >= 0.7.
+  Each write figure also prints the CPU per call of each side (``pulse_cpu_us``: the
+  process, every thread; ``raw_cpu_us``: the event loop's thread during the peer's
+  rounds) and their ``cpu_ratio`` (issue 28's target: <= 2.5).
 - batch_record_1000: ``record_experiences`` of 1,000 items, beside FAISS alone adding the
   same normalized vectors to a fresh ``IndexIDMap2(IndexFlatIP(384))`` (the index of a
   collective that size); ratio = FAISS time / Pulse time, median of the rounds; >= 0.8.
@@ -42,6 +45,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event as ProcessEvent
 from pathlib import Path
@@ -151,41 +155,183 @@ def raw(event: ev.Event) -> WireMessage:
     return WireMessage(f"{RAW_PREFIX}.{wire.subject}", wire.headers, wire.payload)
 
 
-async def publish_all(js: JetStreamContext, wires: Sequence[WireMessage]) -> None:
+async def publish_all(
+    js: JetStreamContext, wires: Sequence[WireMessage], latencies: list[float] | None = None
+) -> None:
+    """Awaited raw publishes, one after the other; each one's latency (s) is appended to
+    ``latencies`` if given."""
     for wire in wires:
+        started = time.perf_counter()
         await js.publish(wire.subject, wire.payload, headers=wire.headers)
+        if latencies is not None:
+            latencies.append(time.perf_counter() - started)
 
 
 def split(items: Sequence[Any], parts: int) -> list[Sequence[Any]]:
     return [items[i::parts] for i in range(parts)]
 
 
-async def timed(action: Action) -> float:
-    started = time.perf_counter()
+async def timed(action: Action) -> tuple[float, float, float]:
+    """Wall seconds of ``action``; CPU seconds of the thread running the event loop (a raw
+    nats-py peer does all its work on that thread), and of the process, meanwhile."""
+    started, thread, process = time.perf_counter(), time.thread_time(), time.process_time()
     await action()
-    return time.perf_counter() - started
+    return (time.perf_counter() - started, time.thread_time() - thread,
+            time.process_time() - process)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Pulse and its raw peer over alternating rounds of ``calls`` calls each.
+
+    Rates are the median round's. CPU is per call over all rounds: the raw peer's is the
+    CPU of the event loop's thread during its rounds (nats-py works on it alone); Pulse's
+    is the process's CPU, every thread, during its rounds, plus that of the threads
+    other than the loop's during the peer's rounds (Pulse finishing its writes' work:
+    flushes, index saves)."""
+
+    calls: int
+    rounds: int
+    pulse_per_s: float
+    raw_per_s: float
+    pulse_cpu_us: float
+    raw_cpu_us: float
+
+    @property
+    def ratio(self) -> float:
+        return self.pulse_per_s / self.raw_per_s
+
+    @property
+    def cpu_ratio(self) -> float:
+        return self.pulse_cpu_us / self.raw_cpu_us
+
+
+async def measure_rates(
+    calls: int, rounds: int, pulse: Callable[[], Action], peer: Callable[[], Action]
+) -> Rates:
+    """Calls/s and CPU per call of Pulse and the raw peer, alternating round by round
+    (P R R P P R ...). Each factory makes its round's data before the clock starts and
+    returns the timed part."""
+    pulse_rates: list[float] = []
+    raw_rates: list[float] = []
+    pulse_cpu = raw_cpu = 0.0
+    for i in range(rounds):
+        for make, rates in [(pulse, pulse_rates), (peer, raw_rates)][:: 1 if i % 2 == 0 else -1]:
+            action = make()
+            wall, thread, process = await timed(action)
+            rates.append(calls / wall)
+            if make is peer:
+                raw_cpu += thread
+                pulse_cpu += process - thread
+            else:
+                pulse_cpu += process
+    total = calls * rounds
+    return Rates(calls, rounds, median(pulse_rates), median(raw_rates),
+                 pulse_cpu / total * 1e6, raw_cpu / total * 1e6)  # fmt: skip
 
 
 async def compare_rates(
     figure: str, calls: int, rounds: int, pulse: Callable[[], Action],
     peer: Callable[[], Action], target: float, **extra: object,
 ) -> None:  # fmt: skip
-    """Calls/s of Pulse and the raw peer, alternating, median of ``rounds`` rounds. Each
-    factory makes its round's data before the clock starts and returns the timed part."""
-    pulse_rates: list[float] = []
-    raw_rates: list[float] = []
-    for i in range(rounds):
-        order = [(pulse, pulse_rates), (peer, raw_rates)]
-        for make, rates in order if i % 2 == 0 else order[::-1]:
-            action = make()
-            rates.append(calls / await timed(action))
-    p, r = median(pulse_rates), median(raw_rates)
-    emit(figure, **extra, calls=calls, rounds=rounds, pulse_per_s=round(p, 1),
-         raw_js_publish_per_s=round(r, 1), ratio=sig(p / r), target=f">= {target}",
-         met=p / r >= target)  # fmt: skip
+    """Calls/s of Pulse and the raw peer, alternating, median of ``rounds`` rounds (and
+    the CPU per call of each, see ``Rates``)."""
+    r = await measure_rates(calls, rounds, pulse, peer)
+    emit(figure, **extra, calls=calls, rounds=rounds, pulse_per_s=round(r.pulse_per_s, 1),
+         raw_js_publish_per_s=round(r.raw_per_s, 1), ratio=sig(r.ratio), target=f">= {target}",
+         met=r.ratio >= target, pulse_cpu_us=round(r.pulse_cpu_us),
+         raw_cpu_us=round(r.raw_cpu_us), cpu_ratio=sig(r.cpu_ratio))  # fmt: skip
 
 
 # -- writes ------------------------------------------------------------------------------------
+
+
+def pulse_records(
+    db: PulseDB, cid: UUID, data: Material, total: int, callers: int = 1,
+    latencies: list[float] | None = None,
+) -> Callable[[], Action]:  # fmt: skip
+    """Rounds of ``total`` ``record_experience`` calls (content and a 384-d vector each)
+    from ``callers`` concurrent tasks; each call's latency (s) goes to ``latencies``."""
+
+    def factory() -> Action:
+        contents, vectors = data.items(total)
+        shares = split(list(zip(contents, vectors, strict=True)), callers)
+
+        async def task(share: Sequence[tuple[str, Vectors]]) -> None:
+            for content, vector in share:
+                started = time.perf_counter()
+                await db.record_experience(cid, content, vector)
+                if latencies is not None:
+                    latencies.append(time.perf_counter() - started)
+
+        async def run() -> None:
+            await asyncio.gather(*(task(share) for share in shares))
+
+        return run
+
+    return factory
+
+
+def raw_publishes(
+    js: JetStreamContext, make: Callable[[], list[WireMessage]], callers: int = 1,
+    latencies: list[float] | None = None,
+) -> Callable[[], Action]:  # fmt: skip
+    """Rounds of awaited raw publishes of ``make()``'s messages (made before the clock
+    starts) from ``callers`` concurrent tasks, task i taking messages i, i+callers, ..."""
+
+    def factory() -> Action:
+        shares = split(make(), callers)
+
+        async def run() -> None:
+            await asyncio.gather(*(publish_all(js, share, latencies) for share in shares))
+
+        return run
+
+    return factory
+
+
+def raw_records(
+    js: JetStreamContext, cid: UUID, data: Material, total: int, callers: int = 1,
+    latencies: list[float] | None = None,
+) -> Callable[[], Action]:  # fmt: skip
+    """The raw peer of ``pulse_records``: the same kind of encoded events, published."""
+    return raw_publishes(js, lambda: data.recorded(cid, total), callers, latencies)
+
+
+def pulse_reinforcements(
+    db: PulseDB, targets: Sequence[UUID], per_target: int
+) -> Callable[[], Action]:
+    """Rounds of ``reinforce_experience`` calls: one task per target, ``per_target``
+    calls each."""
+
+    def factory() -> Action:
+        async def task(target: UUID) -> None:
+            for _ in range(per_target):
+                await db.reinforce_experience(target)
+
+        async def run() -> None:
+            await asyncio.gather(*(task(t) for t in targets))
+
+        return run
+
+    return factory
+
+
+def raw_reinforcements(
+    js: JetStreamContext, cid: UUID, data: Material, totals: dict[UUID, int], per_target: int
+) -> Callable[[], Action]:
+    """The raw peer of ``pulse_reinforcements``: one task per (made-up) experience in
+    ``totals``, publishing its next ``per_target`` totals (``totals`` kept up to date)."""
+
+    def make() -> list[WireMessage]:
+        wires: list[WireMessage] = []
+        for target, done in totals.items():
+            wires += data.reinforced(cid, target, per_target, done)
+            totals[target] = done + per_target
+        n = len(totals)  # task t (every n-th message from t) publishes target t's totals
+        return [wires[t * per_target + r] for r in range(per_target) for t in range(n)]
+
+    return raw_publishes(js, make, len(totals))
 
 
 async def writes(
@@ -193,104 +339,38 @@ async def writes(
     figures: set[str],
 ) -> None:  # fmt: skip
     if "write_1_caller_record" in figures:
-
-        def pulse_record() -> Action:
-            contents, vectors = data.items(calls)
-
-            async def run() -> None:
-                for content, vector in zip(contents, vectors, strict=True):
-                    await db.record_experience(cid, content, vector)
-
-            return run
-
-        def raw_record() -> Action:
-            wires = data.recorded(cid, calls)
-            return lambda: publish_all(js, wires)
-
-        await compare_rates("write_1_caller_record", calls, rounds, pulse_record, raw_record, 0.5)
+        await compare_rates(
+            "write_1_caller_record", calls, rounds, pulse_records(db, cid, data, calls),
+            raw_records(js, cid, data, calls), 0.5,
+        )  # fmt: skip
 
     if "write_1_caller_reinforce" in figures:
         contents, vectors = data.items(1)
         eid = await db.record_experience(cid, contents[0], vectors[0])
-        raw_eid, raw_total = uuid7(), 0
-
-        def pulse_reinforce() -> Action:
-            async def run() -> None:
-                for _ in range(calls):
-                    await db.reinforce_experience(eid)
-
-            return run
-
-        def raw_reinforce() -> Action:
-            nonlocal raw_total
-            wires = data.reinforced(cid, raw_eid, calls, raw_total)
-            raw_total += calls
-            return lambda: publish_all(js, wires)
-
         await compare_rates(
-            "write_1_caller_reinforce", calls, rounds, pulse_reinforce, raw_reinforce, 0.5
-        )
+            "write_1_caller_reinforce", calls, rounds, pulse_reinforcements(db, [eid], calls),
+            raw_reinforcements(js, cid, data, {uuid7(): 0}, calls), 0.5,
+        )  # fmt: skip
 
     if "writes_16_callers" in figures:
         per_task = max(1, calls // CALLERS)
         total = per_task * CALLERS
-
-        def pulse_record16() -> Action:
-            contents, vectors = data.items(total)
-            shares = split(list(zip(contents, vectors, strict=True)), CALLERS)
-
-            async def task(share: Sequence[tuple[str, Vectors]]) -> None:
-                for content, vector in share:
-                    await db.record_experience(cid, content, vector)
-
-            async def run() -> None:
-                await asyncio.gather(*(task(share) for share in shares))
-
-            return run
-
-        def raw16(make: Callable[[], list[WireMessage]]) -> Callable[[], Action]:
-            def factory() -> Action:
-                shares = split(make(), CALLERS)
-
-                async def run() -> None:
-                    await asyncio.gather(*(publish_all(js, share) for share in shares))
-
-                return run
-
-            return factory
-
         await compare_rates(
-            "writes_16_callers", total, rounds, pulse_record16,
-            raw16(lambda: data.recorded(cid, total)), 0.7, op="record", callers=CALLERS,
+            "writes_16_callers", total, rounds, pulse_records(db, cid, data, total, CALLERS),
+            raw_records(js, cid, data, total, CALLERS), 0.7, op="record", callers=CALLERS,
+        )  # fmt: skip
+        hot = await hot_experiences(db, cid, data, CALLERS)
+        await compare_rates(
+            "writes_16_callers", total, rounds, pulse_reinforcements(db, hot, per_task),
+            raw_reinforcements(js, cid, data, {uuid7(): 0 for _ in hot}, per_task), 0.7,
+            op="reinforce", callers=CALLERS,
         )  # fmt: skip
 
-        contents, vectors = data.items(CALLERS)
-        hot = [
-            await db.record_experience(cid, c, v) for c, v in zip(contents, vectors, strict=True)
-        ]
-        raw_hot = {uuid7(): 0 for _ in range(CALLERS)}
 
-        def pulse_reinforce16() -> Action:
-            async def task(target: UUID) -> None:
-                for _ in range(per_task):
-                    await db.reinforce_experience(target)
-
-            async def run() -> None:
-                await asyncio.gather(*(task(t) for t in hot))
-
-            return run
-
-        def raw_reinforced16() -> list[WireMessage]:
-            wires: list[WireMessage] = []
-            for target, done in raw_hot.items():  # task i publishes target i's totals
-                wires += data.reinforced(cid, target, per_task, done)
-                raw_hot[target] = done + per_task
-            return [wires[t * per_task + r] for r in range(per_task) for t in range(CALLERS)]
-
-        await compare_rates(
-            "writes_16_callers", total, rounds, pulse_reinforce16, raw16(raw_reinforced16),
-            0.7, op="reinforce", callers=CALLERS,
-        )  # fmt: skip
+async def hot_experiences(db: PulseDB, cid: UUID, data: Material, n: int) -> list[UUID]:
+    """``n`` new experiences, recorded one after the other, to be reinforced."""
+    contents, vectors = data.items(n)
+    return [await db.record_experience(cid, c, v) for c, v in zip(contents, vectors, strict=True)]
 
 
 async def batch_record(db: PulseDB, data: Material, rounds: int, peer: NATS) -> None:
@@ -381,8 +461,22 @@ async def convergence(
     a: PulseDB, b: PulseDB, server_url: str, js: JetStreamContext, cid: UUID, data: Material,
     n: int,
 ) -> None:  # fmt: skip
+    pulse_ms, raw_ms = await convergence_lags(a, b, server_url, js, cid, data, n)
+    ratio = median(pulse_ms) / median(raw_ms)
+    p99 = pct(pulse_ms, 99)
+    emit("convergence_lag", writes=n, pulse_p50_ms=pct(pulse_ms, 50), pulse_p99_ms=p99,
+         raw_js_p50_ms=pct(raw_ms, 50), raw_js_p99_ms=pct(raw_ms, 99),
+         ratio=sig(ratio), target="ratio <= 3 and pulse_p99_ms <= 10",
+         met=ratio <= 3 and p99 <= 10)  # fmt: skip
+
+
+async def convergence_lags(
+    a: PulseDB, b: PulseDB, server_url: str, js: JetStreamContext, cid: UUID, data: Material,
+    n: int,
+) -> tuple[list[float], list[float]]:  # fmt: skip
     """A's write until B's watch yields it, beside raw publish until a push consumer on
-    another connection receives it; alternating in blocks of 50 writes."""
+    another connection receives it; alternating in blocks of 50 writes. The lags (ms) of
+    each: Pulse's, the raw peer's."""
     seen: asyncio.Queue[tuple[UUID, float]] = asyncio.Queue()
     watch = b.watch_experiences()
 
@@ -437,12 +531,18 @@ async def convergence(
         await subscriber.close()
         watch.close()
         watcher.cancel()
-    ratio = median(pulse_ms) / median(raw_ms)
-    p99 = pct(pulse_ms, 99)
-    emit("convergence_lag", writes=n, pulse_p50_ms=pct(pulse_ms, 50), pulse_p99_ms=p99,
-         raw_js_p50_ms=pct(raw_ms, 50), raw_js_p99_ms=pct(raw_ms, 99),
-         ratio=sig(ratio), target="ratio <= 3 and pulse_p99_ms <= 10",
-         met=ratio <= 3 and p99 <= 10)  # fmt: skip
+    return pulse_ms, raw_ms
+
+
+async def raw_stream(peer: NATS) -> JetStreamContext:
+    """The raw peer's stream, RAW, on ``peer``'s server; its JetStream context."""
+    js = peer.jetstream()
+    await js.add_stream(
+        name=RAW_STREAM, subjects=[f"{RAW_PREFIX}.>"], storage=api.StorageType.FILE,
+        duplicate_window=120.0, allow_direct=True,  # as PULSE: both ack the same way
+        allow_atomic=True,
+    )  # fmt: skip
+    return js
 
 
 async def engine_figures(options: argparse.Namespace, figures: set[str]) -> None:
@@ -454,12 +554,7 @@ async def engine_figures(options: argparse.Namespace, figures: set[str]) -> None
         a = await PulseDB.open(Path(tmp) / "a", server.url)
         peer = await nats.connect(server.url)
         try:
-            js = peer.jetstream()
-            await js.add_stream(
-                name=RAW_STREAM, subjects=[f"{RAW_PREFIX}.>"], storage=api.StorageType.FILE,
-                duplicate_window=120.0, allow_direct=True,  # as PULSE: both ack the same way
-                allow_atomic=True,
-            )  # fmt: skip
+            js = await raw_stream(peer)
             cid = await a.create_collective("bench", "engine", DIM)
             data = Material()
             await writes(a, js, cid, data, options.writes, options.rounds, figures)

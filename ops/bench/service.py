@@ -68,13 +68,19 @@ def corpus(n: int, rng: np.random.Generator) -> tuple[Any, list[ev.Event]]:
 
 
 async def fill(data_dir: Path, events: list[ev.Event]) -> None:
+    """``events`` appended to the log of ``data_dir``'s embedded NATS server."""
     with EmbeddedNats(data_dir) as server:
-        log = await JetStreamLog.connect(server.url)
-        try:
-            for start in range(0, len(events), 1000):
-                await log.append_batch(events[start : start + 1000])
-        finally:
-            await log.close()
+        await append(server.url, events)
+
+
+async def append(nats_url: str, events: list[ev.Event]) -> None:
+    """``events`` appended to the log on the server at ``nats_url``, 1,000 a batch."""
+    log = await JetStreamLog.connect(nats_url)
+    try:
+        for start in range(0, len(events), 1000):
+            await log.append_batch(events[start : start + 1000])
+    finally:
+        await log.close()
 
 
 async def load(
@@ -148,11 +154,14 @@ SECRET = "bench-operator-secret"  # the operator secret of the service start_ser
 OPERATOR = {"Authorization": f"Bearer {SECRET}"}  # the header of a request as the operator
 
 
-def start_service(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
+def start_service(data_dir: Path, nats_url: str | None = None) -> tuple[subprocess.Popen[str], str]:
+    """``pulse up`` on ``data_dir`` (its embedded NATS server, or the one at ``nats_url``)
+    on a free port, once it serves; the process and its HTTP URL."""
     pulse = str(Path(sys.executable).parent / "pulse")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PULSE_")}
+    server = ["--nats-url", nats_url] if nats_url else []
     process = subprocess.Popen(
-        [pulse, "--data-dir", str(data_dir), "up", "--port", "0", "--token", SECRET],
+        [pulse, "--data-dir", str(data_dir), *server, "up", "--port", "0", "--token", SECRET],
         stdout=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     assert process.stdout is not None
