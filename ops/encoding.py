@@ -91,7 +91,7 @@ def _plan(cls: type) -> Any:
     if isinstance(info, mi.StructType):
         if _safe(info, set()):
             return None
-        if info.array_like or cls.__struct_config__.omit_defaults:
+        if info.array_like or _omits(cls):
             return _WHOLE
         fields = tuple(
             (field.encode_name, index, _safe(field.type, set()))
@@ -100,6 +100,11 @@ def _plan(cls: type) -> Any:
         # (msgspec.inspect orders fields as the struct does; astuple too)
         return ((info.tag_field, info.tag) if info.tag_field else None), fields
     return _WHOLE
+
+
+def _omits(cls: type) -> bool:
+    """Whether a struct type leaves out fields at their defaults (``omit_defaults``)."""
+    return bool(getattr(cls, "__struct_config__").omit_defaults)  # noqa: B009
 
 
 def _ready(value: Any, embeddings: bool) -> Any:
