@@ -100,6 +100,7 @@ def create_app(
     app.router.routes.extend([docs.assets(), *(mcp_routes or [])])
     answer_errors(app)
     app.openapi = functools.partial(contract.schema_of, app, operations)  # type: ignore[method-assign]
+    app.add_middleware(api.Direct, db=db, operations=operations)  # (innermost)
     app.add_middleware(
         BodyLimit, limit=max_body_bytes or count_setting("PULSE_MAX_BODY_BYTES", MAX_BODY_BYTES)
     )

@@ -178,10 +178,16 @@ AsOf = Annotated[
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # a vector's values are float32
 
 
+_PLAIN_NUMBERS = frozenset((float, int))
+
+
 def _vector(value: Any) -> Vector:
     """A 1-D array of finite float32 values (from a list, a tuple or an array)."""
     if isinstance(value, (str, bytes)) or (
-        isinstance(value, (list, tuple)) and any(isinstance(v, (bool, str, bytes)) for v in value)
+        isinstance(value, (list, tuple))
+        # (a list of plain floats and ints, as JSON gives, is seen at C speed)
+        and not _PLAIN_NUMBERS.issuperset(map(type, value))
+        and any(isinstance(v, (bool, str, bytes)) for v in value)
     ):
         raise ValueError("must be a list of numbers")  # (numpy would convert "1" and True)
     try:

@@ -4,19 +4,28 @@ health and metrics, `pulse sql` while serving, and MCP over streamable HTTP and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import httpx
 import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from starlette.responses import JSONResponse
 
+from eventlog import MemoryLog
+from ops.encoding import json_bytes, to_json
 from ops.remote import API_METHODS
+from ops.service import create_app
+from sync.instance import PulseDB
+from sync.models import ContextIn
 from tests.harness import PULSE, Service, call, eventually, start, stop
 from tests.harness import clean_env as _env
 
@@ -460,3 +469,155 @@ async def test_mcp_over_stdio_with_and_without_a_running_service(tmp_path: Path)
             assert [c["name"] for c in stats["items"]] == ["team"]
     finally:
         stop(running)
+
+
+# -- the answers' encoding and the fast way to a route ------------------------------------------
+
+ODD_TEXT = 'naïve "quoted" \\ back\nslash \t tab \x01 \x7f \u2028 \U0001f600 中文'
+
+
+async def _filled(client: httpx.AsyncClient) -> tuple[str, str]:
+    team = await call(client, "create_collective", owner_id="ana", name="team",
+                      embedder="hash")  # fmt: skip
+    first = await call(client, "record_experience", collective_id=team, content=ODD_TEXT,
+                       domain=["nats", "ünï"], importance=0.123456789,
+                       experience_type={"kind": "Solution", "approach": "retry",
+                                        "worked": True})  # fmt: skip
+    second = await call(client, "record_experience", collective_id=team,
+                        content="NATS timeouts came from slow fsync", confidence=1e-7,
+                        valid_from="2026-11-30T09:00:00Z")  # fmt: skip
+    await call(client, "store_relation", source_id=first, target_id=second,
+               relation_type="Supports", metadata=ODD_TEXT)  # fmt: skip
+    await call(client, "store_insight", collective_id=team, content="fsync is slow",
+               source_experiences=[first, second])  # fmt: skip
+    return team, first
+
+
+OPERATOR = {"Authorization": "Bearer s3cret"}
+
+
+@contextlib.asynccontextmanager
+async def _in_memory(tmp_path: Path) -> AsyncIterator[tuple[PulseDB, httpx.AsyncClient, Any]]:
+    """An instance on a memory log, its app, and a client of the app (no server)."""
+    db = await PulseDB.attach(tmp_path / "data", MemoryLog())
+    app = create_app(db, secret="s3cret")
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://127.0.0.1", headers=OPERATOR
+        ) as client:
+            yield db, client, app
+    finally:
+        await db.close()
+
+
+async def test_answers_are_the_json_the_builtins_made(tmp_path: Path) -> None:
+    """``json_bytes`` (msgspec, one pass) writes the JSON ``to_json`` + Starlette's
+    JSONResponse (json.dumps) wrote, for results of every shape: the same keys in the same
+    order, the same values, no spaces; a float is the same shortest digits, only its
+    exponent spelt as msgspec does (1e-7 and 0.00001, where json.dumps wrote 1e-07 and
+    1e-05)."""
+    async with _in_memory(tmp_path) as (db, client, _):
+        team, first = await _filled(client)
+        cid, eid = UUID(team), UUID(first)
+        results: list[Any] = [
+            await db.get_experience(eid),
+            await db.search_hybrid(cid, "nats fsync", k=5),
+            await db.search_similar(cid, "nats", k=5, embedder="hash"),
+            await db.get_context_candidates(ContextIn(collective_id=cid, text="nats")),
+            await db.get_related_experiences(eid),
+            await db.get_insights(cid, "fsync"),
+            await db.get_collective_stats(cid),
+            {"items": await db.list_collectives(), "next": None},
+            {"a": b"\x00\x00\x80?", "b": [1, 2.5, None, True], "nested": {"c": b""}},
+            [],
+            None,
+            0.1,
+            1e-7,
+            1e22,
+            3,
+            "x",
+            [0.1 + 0.2, 1 / 3, 5e-324, 1.7976931348623157e308],
+        ]
+        for result in results:
+            for embeddings in (False, True):
+                old = JSONResponse(to_json(result, embeddings=embeddings)).body
+                written = json_bytes(result, embeddings=embeddings)
+                assert _pairs(written) == _pairs(old), (result, embeddings)
+                assert re.sub(rb"e[-+]?\d+", b"", written).count(b".") == re.sub(
+                    rb"e[-+]?\d+", b"", old
+                ).count(b".")  # (whole floats stay written with their ".0")
+        assert (
+            json_bytes([0.5, 1e-7, 1e22, ODD_TEXT, None])
+            == (
+                '[0.5,1e-7,1e22,"' + json.dumps(ODD_TEXT, ensure_ascii=False)[1:-1] + '",null]'
+            ).encode()
+        )
+
+
+def _steady(written: bytes) -> Any:
+    """An answer without what changes from one moment to the next (a hit's energy decays
+    with time, and its score with it)."""
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in ("score", "energy")}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return strip(json.loads(written)) if written.startswith((b"{", b"[")) else written
+
+
+def _pairs(written: bytes) -> Any:
+    """JSON with every object as its list of (key, value) pairs, in order."""
+    return json.loads(written, object_pairs_hook=list)
+
+
+async def test_the_fast_way_answers_as_the_routes_do(tmp_path: Path) -> None:
+    """``POST /v1/<name>`` takes the fast way (``ops.http.api.Direct``: the router never
+    sees it) with the two plain options, and any other query goes to the route, which
+    answers the same (or refuses what is bad, as it always did)."""
+    async with _in_memory(tmp_path) as (_, client, app):
+        team, first = await _filled(client)
+        routed: list[bool] = []
+
+        async def watched(scope: Any, receive: Any, send: Any) -> None:
+            await app(scope, receive, send)
+            routed.append("endpoint" in scope)  # (the router's mark on a request it routed)
+
+        transport = httpx.ASGITransport(app=watched)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://127.0.0.1", headers=OPERATOR
+        ) as watching:
+            calls = [
+                ("search_hybrid", {"collective_id": team, "text": "nats", "k": 3}),
+                ("get_experience", {"experience_id": first}),
+                ("get_experience", {"experience_id": "01900000-0000-7000-8000-000000000000"}),
+                ("get_context_candidates", {"collective_id": team, "text": "nats"}),
+                ("list_collectives", {}),
+                ("record_experience", {"collective_id": team, "content": "x", "importance": 2}),
+                ("get_experience", {"experience_id": first, "colour": "red"}),
+            ]
+            for method, body in calls:
+                for query in ("", "?embeddings=true", "?format=msgspec",
+                              "?format=json&embeddings=false"):  # fmt: skip
+                    routed.clear()
+                    fast = await watching.post(f"/v1/{method}{query}", json=body)
+                    assert routed == [False], (method, query)
+                    other = "&x=1" if query else "?x=1"  # (a parameter the routes ignore)
+                    slow = await watching.post(f"/v1/{method}{query}{other}", json=body)
+                    assert routed == [False, True], (method, query)
+                    assert fast.status_code == slow.status_code, (method, query)
+                    assert _steady(fast.content) == _steady(slow.content), (method, query)
+                    assert fast.headers["content-type"] == slow.headers["content-type"]
+            # what only the routes read: other spellings, and what they refuse
+            plain = await watching.post("/v1/get_experience", json={"experience_id": first})
+            spelled = await watching.post("/v1/get_experience?embeddings=0",
+                                          json={"experience_id": first})  # fmt: skip
+            assert spelled.content == plain.content and routed[-1]
+            bad = await watching.post("/v1/get_experience?format=xml",
+                                      json={"experience_id": first})  # fmt: skip
+            assert bad.status_code == 422 and routed[-1]
+            assert bad.json()["message"].startswith("format: Input should be 'json' or 'msgspec'")
+            assert (await watching.get("/v1/get_experience")).status_code == 405

@@ -21,16 +21,17 @@ import msgspec
 import pydantic
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from eventlog.errors import NotFoundError, ValidationError
+from eventlog.errors import NotFoundError, PulseError, ValidationError
 from ops import contract, tables
 from ops.contract import Declared
-from ops.encoding import to_json
+from ops.encoding import json_bytes, to_json
+from ops.http.errors import error_response
 from ops.http.guard import principal_of
 from sync import models
 from sync.instance import PulseDB
-from sync.recall import Context
 
 
 def router(db: PulseDB, operations: Iterable[Declared]) -> APIRouter:
@@ -57,6 +58,66 @@ def router(db: PulseDB, operations: Iterable[Declared]) -> APIRouter:
             },
         )
     return routes
+
+
+class Direct:
+    """``POST /v1/<name>`` (but ``sql``) straight to its call: one dict lookup, past the
+    route list, FastAPI's dependency solving for the two query options and its exception
+    layers, which cost a request about as much as its encoding. What the fast way cannot
+    answer exactly as the routes would (a query string of other parameters or values
+    than ``format=json|msgspec`` and ``embeddings=true|false``, each at most once;
+    another method; a root path) goes on to the app, whose routes (and OpenAPI schema)
+    stay the declaration's. Plain ASGI, inside ``BodyLimit`` and the ``Guard``: a Pulse
+    error is answered by ``error_response`` and anything else raised on to the Guard, as
+    from the routes."""
+
+    def __init__(self, app: ASGIApp, db: PulseDB, operations: Iterable[Declared]) -> None:
+        self.app = app
+        self.calls = {
+            f"/v1/{operation.name}": direct(db, operation)
+            for operation in operations
+            if operation.name != "sql"
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            call = self.calls.get(scope["path"])
+            options = _options(scope.get("query_string", b"")) if call else None
+            if call is not None and options is not None:
+                try:
+                    response = await call(Request(scope, receive, send), *options)
+                except PulseError as exc:
+                    response = error_response(exc)
+                except ClientDisconnect:  # (as errors.answer_errors answers it)
+                    response = Response(status_code=499)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+_FORMATS = {b"json": "json", b"msgspec": "msgspec"}
+_BOOLS = {b"true": True, b"false": False}
+
+
+def _options(query: bytes) -> tuple[str, bool] | None:
+    """(format, embeddings) of a query string of only those, each at most once with a
+    plain value; None for anything else (the route reads it, and refuses what is bad)."""
+    format, embeddings = "json", False
+    if not query:
+        return format, embeddings
+    seen: set[bytes] = set()
+    for part in query.split(b"&"):
+        key, _, value = part.partition(b"=")
+        if key in seen:
+            return None
+        seen.add(key)
+        if key == b"format" and value in _FORMATS:
+            format = _FORMATS[value]
+        elif key == b"embeddings" and value in _BOOLS:
+            embeddings = _BOOLS[value]
+        else:
+            return None
+    return format, embeddings
 
 
 def paths(operations: Iterable[Declared]) -> set[str]:
@@ -162,26 +223,62 @@ def answering(db: PulseDB, operation: Declared) -> Callable[[Request], Awaitable
 def endpoint(db: PulseDB, operation: Declared) -> Callable[..., Awaitable[Response]]:
     """The route of ``operation``: its answer in JSON, or msgspec's typed JSON."""
     answer = answering(db, operation)
-    returns = operation.returns
-    # results that can be large are encoded on a worker thread, not on the event loop
-    large = typing.get_origin(returns) in (list, models.Page) or returns is Context
 
     async def call(
         request: Request,
         format: Literal["json", "msgspec"] = FORMAT,
         embeddings: bool = EMBEDDINGS,
     ) -> Response:
-        result = await answer(request)
-
-        def render() -> Response:
-            if format == "msgspec":
-                return Response(msgspec.json.encode(result), media_type="application/json")
-            return JSONResponse(to_json(result, embeddings=embeddings))
-
-        return await asyncio.to_thread(render) if large else render()
+        return await respond(await answer(request), format, embeddings)
 
     call.__name__ = operation.name
     return call
+
+
+def direct(db: PulseDB, operation: Declared) -> Callable[..., Awaitable[Response]]:
+    """``endpoint``'s call of ``operation`` for ``Direct``: the same answer, given the
+    request and its two options (``format``, ``embeddings``) already read."""
+    answer = answering(db, operation)
+
+    async def call(request: Request, format: str, embeddings: bool) -> Response:
+        return await respond(await answer(request), format, embeddings)
+
+    return call
+
+
+# items: a result of at most this many is encoded on the event loop (an item's embedding
+# as a list of floats costs about as much as ten items without)
+SMALL = 100
+
+
+async def respond(result: Any, format: str, embeddings: bool) -> Response:
+    """The answer of ``result``, encoded once by msgspec: on the event loop when small
+    (tens of microseconds), on a worker thread when it can be large."""
+    if _items(result) <= (SMALL // 10 if embeddings else SMALL):
+        content = encode(result, format, embeddings)
+    else:
+        content = await asyncio.to_thread(encode, result, format, embeddings)
+    return Response(content, media_type="application/json")
+
+
+def encode(result: Any, format: str, embeddings: bool) -> bytes:
+    """``result`` as plain JSON (``ops.encoding``), or msgspec's typed JSON."""
+    if format == "msgspec":
+        return msgspec.json.encode(result)
+    return json_bytes(result, embeddings=embeddings)
+
+
+def _items(result: Any) -> int:
+    """About how many items ``result`` holds: a list's length, a page's, or the sum of
+    the lists of a struct (``Context``); 1 for anything else."""
+    if isinstance(result, (list, tuple)):
+        return len(result)
+    if isinstance(result, dict):
+        return sum(len(v) for v in result.values() if isinstance(v, (list, tuple))) or 1
+    if isinstance(result, msgspec.Struct):
+        values = msgspec.structs.astuple(result)
+        return sum(len(v) for v in values if isinstance(v, (list, tuple))) or 1
+    return 1
 
 
 SQL_FORMAT = Query(
