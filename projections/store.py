@@ -341,7 +341,7 @@ class Store:
         (``Projection.readmit``; those of ``rejected`` are kept aside again).
 
         A row whose create the log put past the checkpoint is new to the file: it is
-        appended, not upserted (a keyed upsert costs DuckDB twice as much to plan). One
+        appended, not upserted (a keyed upsert costs DuckDB 2-3 times the CPU). One
         that was written before its create (a change that came first) is found so by
         DuckDB; the transaction is then rolled back and written again upserting all."""
         args = (
