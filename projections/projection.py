@@ -76,7 +76,10 @@ class ProjectionSettings:
     hnsw_threshold: int = 10_000  # vectors per collective before its index becomes HNSW
     ef_search: int = 128  # HNSW search breadth (recall against speed)
     batch_size: int = 5000  # events per read when catching up
-    flush_interval: float = 0.25  # seconds between DuckDB writes while events arrive
+    # seconds between DuckDB writes while events arrive: each holds the engine thread (and
+    # the writes offered meanwhile) for ~10-30 ms whatever its rows, and the log holds
+    # what is not written yet; readers of DuckDB (SQL, the snapshot) have it written first
+    flush_interval: float = 1.0
     flush_events: int = 5000  # ... or this many events applied since the last one
     save_interval: float = 30.0  # seconds between index saves while events arrive
     # catching up (a rebuild, a restart behind the log): the indexes take events in
