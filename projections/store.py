@@ -344,69 +344,56 @@ class Store:
         appended, not upserted (a keyed upsert costs DuckDB 2-3 times the CPU). One
         that was written before its create (a change that came first) is found so by
         DuckDB; the transaction is then rolled back and written again upserting all."""
-        args = (
-            rows, vec_ids, forgotten, rejected, last_seq, count, audited, counted, readmitted
-        )  # fmt: skip
-        try:
-            self._write(*args, new_after=self._written_seq)
-        except duckdb.ConstraintException:
-            self._write(*args, new_after=None)
-
-    def _write(
-        self,
-        rows: dict[type[Row], list[Row]],
-        vec_ids: dict[UUID, int],
-        forgotten: set[UUID],
-        rejected: Sequence[Rejected],
-        last_seq: int,
-        count: int,
-        audited: Sequence[Audited],
-        counted: Sequence[Counted],
-        readmitted: Collection[int],
-        *,
-        new_after: int | None,
-    ) -> None:
         deleted = set(self._deleted_collectives)
         for row in rows.get(CollectiveRow, ()):
             if getattr(row, "deleted", False):
                 deleted.add(row.key()[0])
             else:
                 deleted.discard(row.key()[0])
-        self.con.begin()
-        try:
-            if readmitted:
-                self.con.execute(
-                    "DELETE FROM undecodable WHERE seq IN "
-                    f"({', '.join(str(int(s)) for s in sorted(readmitted))})"
-                )
-            for row_type, batch in rows.items():
-                if batch:
-                    self._replace(row_type, batch, vec_ids, last_seq, new_after)
-            if counted:
-                self._counted(counted)
-            if forgotten:
-                for table in ("application_rows", "count_history"):
+
+        def transaction(new_after: int | None) -> None:  # (rolled back whole on any error)
+            self.con.begin()
+            try:
+                if readmitted:
                     self.con.execute(
-                        f"DELETE FROM {table} WHERE experience_id IN ({uuid_literals(forgotten)})"
+                        "DELETE FROM undecodable WHERE seq IN "
+                        f"({', '.join(str(int(s)) for s in sorted(readmitted))})"
                     )
-            for r in rejected:
-                self.con.execute(
-                    "INSERT OR REPLACE INTO undecodable VALUES (?, ?, ?, ?)",
-                    [r.seq, r.subject, r.reason, r.instance_id],
-                )
-            if audited:
-                self._audit(audited, rows, deleted)
-            if self._checkpointed:  # (an UPDATE costs DuckDB a third of an upsert)
-                self.con.execute(
-                    "UPDATE checkpoint SET seq = ?, applied = applied + ? WHERE id = 1",
-                    [last_seq, count],
-                )
-            else:
-                self.con.execute("INSERT INTO checkpoint VALUES (1, ?, ?)", [last_seq, count])
-            self.con.commit()
-        except BaseException:
-            self.con.rollback()
-            raise
+                for row_type, batch in rows.items():
+                    if batch:
+                        self._replace(row_type, batch, vec_ids, last_seq, new_after)
+                if counted:
+                    self._counted(counted)
+                if forgotten:
+                    ids = uuid_literals(forgotten)
+                    for table in ("application_rows", "count_history"):
+                        self.con.execute(f"DELETE FROM {table} WHERE experience_id IN ({ids})")
+                for r in rejected:
+                    self.con.execute(
+                        "INSERT OR REPLACE INTO undecodable VALUES (?, ?, ?, ?)",
+                        [r.seq, r.subject, r.reason, r.instance_id],
+                    )
+                if audited:
+                    self._audit(audited, rows, deleted)
+                if self._checkpointed:  # (an UPDATE costs DuckDB a third of an upsert)
+                    self.con.execute(
+                        "UPDATE checkpoint SET seq = ?, applied = applied + ? WHERE id = 1",
+                        [last_seq, count],
+                    )
+                else:
+                    self.con.execute("INSERT INTO checkpoint VALUES (1, ?, ?)", [last_seq, count])
+                self.con.commit()
+            except BaseException:
+                self.con.rollback()
+                raise
+
+        for new_after in (self._written_seq, None):  # (None: the second try upserts all)
+            try:
+                transaction(new_after)
+                break
+            except duckdb.ConstraintException:
+                if new_after is None:
+                    raise
         self._checkpointed = True
         self._written_seq = last_seq
         self._deleted_collectives = deleted
