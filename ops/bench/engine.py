@@ -38,13 +38,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event as ProcessEvent
@@ -545,31 +546,50 @@ async def raw_stream(peer: NATS) -> JetStreamContext:
     return js
 
 
-async def engine_figures(options: argparse.Namespace, figures: set[str]) -> None:
-    """Figures 1-5: one embedded NATS server shared by Pulse and the raw peer."""
+@dataclass
+class Pair:
+    """A Pulse instance ``a`` beside the raw nats-py ``peer`` (and its stream, ``js``)
+    on one embedded NATS server that syncs every write, in the temporary ``tmp``."""
+
+    tmp: Path
+    url: str
+    a: PulseDB
+    peer: NATS
+    js: JetStreamContext
+
+
+@contextlib.asynccontextmanager
+async def beside_raw(name: str) -> AsyncIterator[Pair]:
+    """What every write figure runs on (here and in ``ops.bench.quick``)."""
     with (
-        tempfile.TemporaryDirectory(prefix="pulse-bench-engine-") as tmp,
+        tempfile.TemporaryDirectory(prefix=f"pulse-bench-{name}-") as tmp,
         EmbeddedNats(Path(tmp) / "nats", sync_always=True) as server,
     ):
         a = await PulseDB.open(Path(tmp) / "a", server.url)
         peer = await nats.connect(server.url)
         try:
-            js = await raw_stream(peer)
-            cid = await a.create_collective("bench", "engine", DIM)
-            data = Material()
-            await writes(a, js, cid, data, options.writes, options.rounds, figures)
-            if "batch_record_1000" in figures:
-                await batch_record(a, data, options.batch_rounds, peer)
-            if "convergence_lag" in figures:
-                b = await PulseDB.open(Path(tmp) / "b", server.url)
-                try:
-                    await b.sync()
-                    await convergence(a, b, server.url, js, cid, data, options.lag_writes)
-                finally:
-                    await b.close()
+            yield Pair(Path(tmp), server.url, a, peer, await raw_stream(peer))
         finally:
             await peer.close()
             await a.close()
+
+
+async def engine_figures(options: argparse.Namespace, figures: set[str]) -> None:
+    """Figures 1-5: one embedded NATS server shared by Pulse and the raw peer."""
+    async with beside_raw("engine") as pair:
+        a, peer, js = pair.a, pair.peer, pair.js
+        cid = await a.create_collective("bench", "engine", DIM)
+        data = Material()
+        await writes(a, js, cid, data, options.writes, options.rounds, figures)
+        if "batch_record_1000" in figures:
+            await batch_record(a, data, options.batch_rounds, peer)
+        if "convergence_lag" in figures:
+            b = await PulseDB.open(pair.tmp / "b", pair.url)
+            try:
+                await b.sync()
+                await convergence(a, b, pair.url, js, cid, data, options.lag_writes)
+            finally:
+                await b.close()
 
 
 # -- /health under load ------------------------------------------------------------------------

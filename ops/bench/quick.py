@@ -46,7 +46,6 @@ import http.client
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -59,7 +58,6 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 from uuid import UUID
 
-import nats
 import numpy as np
 
 from eventlog import EmbeddedNats
@@ -71,6 +69,7 @@ from ops.bench.engine import (
     Material,
     Rates,
     Vectors,
+    beside_raw,
     convergence_lags,
     hot_experiences,
     measure_rates,
@@ -78,10 +77,9 @@ from ops.bench.engine import (
     pulse_reinforcements,
     raw_records,
     raw_reinforcements,
-    raw_stream,
     sig,
 )
-from ops.bench.service import OPERATOR, append, corpus, start_service, words
+from ops.bench.service import OPERATOR, append, corpus, start_service, stop_service, words
 from sync import PulseDB
 
 BASELINE = Path(__file__).with_name("baseline.json")
@@ -380,69 +378,58 @@ def latency_detail(prefix: str, samples: Sequence[float]) -> dict[str, float]:
 
 
 async def write_figures(sizes: Sizes, out: Callable[[Figure], None]) -> None:
-    with (
-        tempfile.TemporaryDirectory(prefix="pulse-bench-quick-") as tmp,
-        EmbeddedNats(Path(tmp) / "nats", sync_always=True) as server,
-    ):
-        a = await PulseDB.open(Path(tmp) / "a", server.url)
-        peer = await nats.connect(server.url)
+    async with beside_raw("quick") as pair:
+        a, js = pair.a, pair.js
+        cid = await a.create_collective("bench", "quick", DIM)
+        data = Material()
+        await pulse_records(a, cid, data, sizes.warm_up)()()
+        await raw_records(js, cid, data, sizes.warm_up)()()
+
+        mine: list[float] = []
+        theirs: list[float] = []
+        one = await measure_rates(
+            sizes.single, sizes.single_rounds,
+            pulse_records(a, cid, data, sizes.single, latencies=mine),
+            raw_records(js, cid, data, sizes.single, latencies=theirs),
+        )  # fmt: skip
+        single = {**latency_detail("pulse", mine), **latency_detail("raw", theirs),
+                  "writes": len(mine)}  # fmt: skip
+        out(figure("record_p50_vs_raw", ms(mine, 50) / ms(theirs, 50), **single))
+        out(figure("record_p99_vs_raw", ms(mine, 99) / ms(theirs, 99), **single))
+        out(figure("record_p99_over_p50", ms(mine, 99) / ms(mine, 50), **single))
+        out(figure("writes_1_caller_record", one.ratio, **rate_detail(one)))
+
+        total = sizes.per_caller * CALLERS
+        records = await measure_rates(
+            total, sizes.rounds, pulse_records(a, cid, data, total, CALLERS),
+            raw_records(js, cid, data, total, CALLERS),
+        )  # fmt: skip
+        out(figure("writes_16_callers_record", records.ratio, **rate_detail(records)))
+        out(figure("cpu_per_record", records.cpu_ratio, **rate_detail(records)))
+
+        hot = await hot_experiences(a, cid, data, CALLERS)
+        reinforcements = await measure_rates(
+            total, sizes.rounds, pulse_reinforcements(a, hot, sizes.per_caller),
+            raw_reinforcements(js, cid, data, {uuid7(): 0 for _ in hot}, sizes.per_caller),
+        )  # fmt: skip
+        detail = rate_detail(reinforcements)
+        out(figure("writes_16_callers_reinforce", reinforcements.ratio, **detail))
+        out(figure("cpu_per_reinforce", reinforcements.cpu_ratio, **detail))
+
+        b = await PulseDB.open(pair.tmp / "b", pair.url)
         try:
-            js = await raw_stream(peer)
-            cid = await a.create_collective("bench", "quick", DIM)
-            data = Material()
-            await pulse_records(a, cid, data, sizes.warm_up)()()
-            await raw_records(js, cid, data, sizes.warm_up)()()
-
-            mine: list[float] = []
-            theirs: list[float] = []
-            one = await measure_rates(
-                sizes.single, sizes.single_rounds,
-                pulse_records(a, cid, data, sizes.single, latencies=mine),
-                raw_records(js, cid, data, sizes.single, latencies=theirs),
-            )  # fmt: skip
-            single = {**latency_detail("pulse", mine), **latency_detail("raw", theirs),
-                      "writes": len(mine)}  # fmt: skip
-            out(figure("record_p50_vs_raw", ms(mine, 50) / ms(theirs, 50), **single))
-            out(figure("record_p99_vs_raw", ms(mine, 99) / ms(theirs, 99), **single))
-            out(figure("record_p99_over_p50", ms(mine, 99) / ms(mine, 50), **single))
-            out(figure("writes_1_caller_record", one.ratio, **rate_detail(one)))
-
-            total = sizes.per_caller * CALLERS
-            records = await measure_rates(
-                total, sizes.rounds, pulse_records(a, cid, data, total, CALLERS),
-                raw_records(js, cid, data, total, CALLERS),
-            )  # fmt: skip
-            out(figure("writes_16_callers_record", records.ratio, **rate_detail(records)))
-            out(figure("cpu_per_record", records.cpu_ratio, **rate_detail(records)))
-
-            hot = await hot_experiences(a, cid, data, CALLERS)
-            reinforcements = await measure_rates(
-                total, sizes.rounds, pulse_reinforcements(a, hot, sizes.per_caller),
-                raw_reinforcements(js, cid, data, {uuid7(): 0 for _ in hot}, sizes.per_caller),
-            )  # fmt: skip
-            detail = rate_detail(reinforcements)
-            out(figure("writes_16_callers_reinforce", reinforcements.ratio, **detail))
-            out(figure("cpu_per_reinforce", reinforcements.cpu_ratio, **detail))
-
-            b = await PulseDB.open(Path(tmp) / "b", server.url)
-            try:
-                await b.sync()
-                pulse_ms, raw_ms = await convergence_lags(
-                    a, b, server.url, js, cid, data, sizes.lags
-                )
-            finally:
-                await b.close()
-            lags = {"pulse_p50_ms": round(float(np.median(pulse_ms)), 3),
-                    "pulse_p99_ms": round(float(np.percentile(pulse_ms, 99)), 3),
-                    "raw_p50_ms": round(float(np.median(raw_ms)), 3),
-                    "raw_p99_ms": round(float(np.percentile(raw_ms, 99)), 3),
-                    "writes": len(pulse_ms)}  # fmt: skip
-            ratio = float(np.median(pulse_ms) / np.median(raw_ms))
-            out(figure("convergence_p50_vs_raw", ratio, **lags))
-            out(figure("convergence_p99_ms", float(np.percentile(pulse_ms, 99)), **lags))
+            await b.sync()
+            pulse_ms, raw_ms = await convergence_lags(a, b, pair.url, js, cid, data, sizes.lags)
         finally:
-            await peer.close()
-            await a.close()
+            await b.close()
+        lags = {"pulse_p50_ms": round(float(np.median(pulse_ms)), 3),
+                "pulse_p99_ms": round(float(np.percentile(pulse_ms, 99)), 3),
+                "raw_p50_ms": round(float(np.median(raw_ms)), 3),
+                "raw_p99_ms": round(float(np.percentile(raw_ms, 99)), 3),
+                "writes": len(pulse_ms)}  # fmt: skip
+        ratio = float(np.median(pulse_ms) / np.median(raw_ms))
+        out(figure("convergence_p50_vs_raw", ratio, **lags))
+        out(figure("convergence_p99_ms", float(np.percentile(pulse_ms, 99)), **lags))
 
 
 def rate_detail(r: Rates) -> dict[str, object]:
@@ -602,17 +589,7 @@ async def stop_when_started(starting: asyncio.Task[tuple[subprocess.Popen[str], 
         process, _ = await starting
     except Exception:  # it did not start: nothing to stop (its error is raised elsewhere)
         return
-    await asyncio.to_thread(stop, process)
-
-
-def stop(process: subprocess.Popen[str]) -> None:
-    """The service stopped as Ctrl-C would (SIGTERM), killed if it does not end."""
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate()
+    await asyncio.to_thread(stop_service, process)
 
 
 def http_figures(sizes: Sizes, out: Callable[[Figure], None]) -> None:

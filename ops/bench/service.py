@@ -154,6 +154,17 @@ SECRET = "bench-operator-secret"  # the operator secret of the service start_ser
 OPERATOR = {"Authorization": f"Bearer {SECRET}"}  # the header of a request as the operator
 
 
+def stop_service(process: subprocess.Popen[str]) -> None:
+    """A ``start_service`` process stopped as Ctrl-C would (SIGTERM), killed if it does
+    not end."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+
+
 def start_service(data_dir: Path, nats_url: str | None = None) -> tuple[subprocess.Popen[str], str]:
     """``pulse up`` on ``data_dir`` (its embedded NATS server, or the one at ``nats_url``)
     on a free port, once it serves; the process and its HTTP URL."""
@@ -194,8 +205,7 @@ async def main(n: int, clients: int, requests: int) -> None:
                 url, cid, queries, contents[: clients * requests], clients, requests
             )
         finally:
-            process.send_signal(signal.SIGTERM)
-            process.communicate(timeout=60)
+            stop_service(process)
         local_search, local_record = await in_process(
             data_dir, cid, queries, contents[clients * requests :], clients, requests
         )
