@@ -6,7 +6,9 @@ tantivy); the asyncio loop hands it work and awaits the result.
     submit(entries) / apply(entries)  -->  fold everything queued, as one batch
     run(fn, *args)                    -->  fn(projection, *args) after that batch
     listeners  <------------------------   Applied(seq, entries, kept_aside) per batch
-                                           every flush_interval: one DuckDB write
+                                           every flush_interval: the changed rows
+                                           handed to the flusher thread, which
+                                           writes DuckDB beside the engine
                                            index files saved after save_interval,
                                            once a second passes without events
                                            snapshot.duckdb refreshed (copied on a
@@ -14,9 +16,14 @@ tantivy); the asyncio loop hands it work and awaits the result.
 
 Group commit: the thread takes whatever arrived while it was busy, so it applies one
 event when idle and thousands under load, and writes DuckDB once per ``flush_interval``
-whatever the number of events. A read (``run``) waits only for the batch in hand, never
-for a SQL round trip, and never blocks the loop: ``/health``, replication and other
-callers keep moving while a batch applies or a query runs.
+whatever the number of events. The write itself (10-40 ms of DuckDB whatever its rows)
+is not on this thread: the engine takes the batch (``Projection.hand_off``, well under
+a millisecond) and the projection's flusher writes it (``store.Flusher``), so a write
+offered meanwhile is applied and its writer woken at once; what needs DuckDB up to date
+(SQL on the state, the snapshot's copy, a save, a scrub, a stop) waits for the flusher.
+A read (``run``) waits only for the batch in hand, never for a SQL round trip, and never
+blocks the loop: ``/health``, replication and other callers keep moving while a batch
+applies or a query runs.
 
 An engine never stops on an event: a batch whose apply raises is split in halves until
 the culprit is found, and that event becomes a dead letter (see ``Projection.skip``).
@@ -88,7 +95,7 @@ class _Call:
 
 
 _STOP = object()
-_WAKE = object()  # a snapshot's copy ended
+_WAKE = object()  # a snapshot's copy, or a DuckDB write, ended
 SMALL_BATCH = 64  # events a batch indexes before its writers are woken
 QUIET = 1.0  # seconds without events before the index files are saved
 SQL_TEMP = "sql-temp"  # the SQL workers' temp files, beside the state (removed at open)
@@ -420,7 +427,7 @@ class Engine:
             assert snapshot is not None
             copying = snapshot.current(p)
             tables = None if as_of is None else sql_tables(p, as_of[0], as_of[1])
-            return copying, p.flushed_seq, tables
+            return copying, p.handed_seq, tables  # (what the copy holds at least)
 
         copying, seq, tables = await self.run(pin)
         if copying is not None:
@@ -489,6 +496,14 @@ class Engine:
             cursor.close()
         self.release()
 
+    def writer_failure(self) -> str | None:
+        """Why the projection's DuckDB writer fails (None: it does not): it keeps what
+        it could not write and tries again; meanwhile the SQL of the present and the
+        snapshot wait, and the log holds everything past DuckDB's checkpoint."""
+        projection = self._projection
+        error = None if projection is None else projection.flusher.error
+        return None if error is None else repr(error)
+
     def snapshot_status(self) -> SnapshotStatus | None:
         """The analysts' snapshot: its path, the sequence it holds, its age and bound
         (None: this engine keeps none)."""
@@ -536,6 +551,7 @@ class Engine:
             self._ready.set_exception(exc)
             return
         self.seq = projection.seq
+        projection.flusher.on_written = lambda: self._inbox.put(_WAKE)
         interval = self.settings.snapshot_interval
         if interval is not None:
             try:
@@ -667,8 +683,9 @@ class Engine:
             due.append(scrub if self.lent == 0 else max(scrub, now + 0.02))
         if self.snapshot is not None and (snapshot := self.snapshot.due()) is not None:
             due.append(snapshot)
-        if projection.dirty:
-            due.append(projection.last_flush + self.settings.flush_interval)
+        if projection.dirty:  # (while the flusher writes, its end wakes the engine)
+            if not projection.flusher.busy:
+                due.append(projection.last_flush + self.settings.flush_interval)
         elif projection.saved_seq < projection.flushed_seq:
             due.append(
                 max(projection.last_save + self.settings.save_interval, self._busy_at + QUIET)
@@ -762,7 +779,8 @@ class Engine:
         changed_at: float = 0.0,
         stopping: bool = False,
     ) -> None:
-        """Write DuckDB when it is due (or asked), save the indexes when that is due,
+        """Hand DuckDB's write to the flusher when it is due (or write it and wait for
+        it, when asked: ``flush``), save the indexes when that is due,
         rewrite the files when a delete waits for it, and refresh the analysts' snapshot
         when it is due; in a bulk round only write DuckDB, and only when asked.
         ``changed_at``: when what this round applied was applied."""
@@ -772,17 +790,19 @@ class Engine:
             snapshot.ended()
             snapshot.note(projection, changed_at)
         try:
-            if projection.dirty and (
-                flush
-                or (
-                    not bulk
-                    and (
-                        now - projection.last_flush >= self.settings.flush_interval
-                        or projection.unflushed >= self.settings.flush_events
-                    )
+            projection.flusher.check()  # (a writer thread that died starts again)
+            if flush:  # asked for: DuckDB up to date before the round ends
+                projection.flush()
+            elif (
+                not bulk
+                and projection.dirty
+                and not projection.flusher.busy  # (memory gathers the changes meanwhile)
+                and (
+                    now - projection.last_flush >= self.settings.flush_interval
+                    or projection.unflushed >= self.settings.flush_events
                 )
             ):
-                projection.flush()
+                projection.hand_off()  # written beside the engine (store.Flusher)
             if save or self._save_due(projection, now):
                 projection.save()
                 _out_of_the_collectors_sight(projection, 2)  # quiet: nobody waits on it

@@ -8,9 +8,12 @@ indexes and the full-text index of one state directory.
     <state dir>/text/              the tantivy index (committed before the manifest)
 
 ``apply`` folds a batch into memory (``projections.state``) and keeps the vector and text
-indexes in step: that is all a write waits for. ``flush`` writes the rows changed since
-the last flush to DuckDB with the checkpoint, in one transaction; ``save`` flushes and
-saves the indexes with the sequence they reflect. On open, memory is read back from
+indexes in step: that is all a write waits for. ``hand_off`` takes the rows changed
+since the last one (their values, frozen) and hands them to the projection's DuckDB
+writer thread (``store.Flusher``), which writes them with the checkpoint in one
+transaction while the engine goes on applying; ``flush`` hands off and waits until
+DuckDB holds everything applied (what reads DuckDB asks for it first); ``save`` flushes
+and saves the indexes with the sequence they reflect. On open, memory is read back from
 DuckDB, the indexes are loaded and reconciled with it, and whatever they miss is
 caught up from the stored rows, never from the network. The log holds every event past
 the DuckDB checkpoint, so a crash loses nothing: the tail replays it.
@@ -25,11 +28,13 @@ engine reads every dead letter again by its sequence (``readmit_due``, ``readmit
 what now reads is folded, in any order as always; the wire schema is recorded in
 ``meta``.
 
-A ``Projection`` is not thread-safe: ``projections.engine.Engine`` owns it on one thread.
+A ``Projection`` is not thread-safe: ``projections.engine.Engine`` owns it on one thread
+(its flusher writes only the batches handed to it, on a DuckDB cursor of its own).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import logging
@@ -61,7 +66,7 @@ from projections.fold import (
 )
 from projections.schema import MISPLACED
 from projections.state import Audited, MemoryState, Rejected, Touched
-from projections.store import Store, holding_file
+from projections.store import Batch, Flusher, Store, freeze, holding_file
 from projections.text import Document, TextIndex
 from projections.vectors import ExactVectors, VectorIndex, read_manifest, write_manifest
 
@@ -119,13 +124,23 @@ class Projection:
         self._seq = self.store.checkpoint()[0]
         if self._seq == 0:  # what it keeps aside from now on, this Pulse kept aside
             self.store.set_wire_schema(codec.SCHEMA_VERSION)
-        self.flushed_seq = self._seq
-        self._unflushed = 0  # events applied in memory since the last DuckDB write
+        self.handed_seq = self._seq  # what the batches handed to the flusher reach
+        self._unflushed = 0  # events applied in memory since the last hand-off
         self._readmitted: set[int] = set()  # dead letters no longer, not yet so in DuckDB
-        self.writes = 0  # DuckDB writes of rows since it opened (the snapshot follows them)
+        self.writes = 0  # DuckDB writes handed off since it opened (the snapshot follows them)
         # changes that remove rows or add them under old sequences (deletes, backfills,
         # dead letters read again): the snapshot is then copied whole, not caught up
         self.reshaped = 0
+        # the thread that writes DuckDB (``store.Flusher``); a failed write is tried
+        # again every flush interval
+        self.flusher = Flusher(self.store, retry_after=self.settings.flush_interval)
+        try:
+            self._open()
+        except BaseException:
+            self.flusher.close()
+            raise
+
+    def _open(self) -> None:
         self.memory = MemoryState()
         self.memory.load(
             (
@@ -169,14 +184,20 @@ class Projection:
 
     @property
     def unflushed(self) -> int:
-        """Events applied in memory since the last DuckDB write."""
+        """Events applied in memory since the last hand-off to the DuckDB writer."""
         return self._unflushed
 
     @property
+    def flushed_seq(self) -> int:
+        """The sequence DuckDB's checkpoint holds (written by the flusher)."""
+        return self.flusher.written_seq
+
+    @property
     def dirty(self) -> bool:
-        """Applied in memory but not yet written to DuckDB."""
+        """Applied in memory but not yet handed to the DuckDB writer (``hand_off``;
+        ``flusher.busy``: handed, not written yet)."""
         return (
-            self.flushed_seq != self._seq
+            self.handed_seq != self._seq
             or bool(self.memory.unflushed_rejected)
             or bool(self._readmitted)
             or self.memory.has_changes()
@@ -348,34 +369,46 @@ class Projection:
 
     # -- DuckDB and the index files ----------------------------------------------------------
 
-    def flush(self) -> int:
-        """Write what memory holds past the DuckDB checkpoint, in one transaction;
-        returns the sequence DuckDB now reflects."""
+    def hand_off(self) -> concurrent.futures.Future[int] | None:
+        """Take what memory holds past the last hand-off (the changed rows' values, the
+        audit, the counts, the dead letters) and hand it to the DuckDB writer, with the
+        checkpoint it moves to; returns at once. The future is the batch's (or, with
+        nothing new, the last batch's not written yet; None: DuckDB holds everything).
+        The engine does this every ``flush_interval`` while the writer is idle; a write
+        is taken whole, so batches are written in order and the checkpoint always
+        matches the rows DuckDB holds."""
         self._check_owner()
         self.sync_indexes()  # assigns the vector ids the rows are written with
-        if self.dirty:
-            rows, forgotten, rejected = self.memory.take_dirty()
-            audited, self.memory.unflushed_audit = self.memory.unflushed_audit, []
-            counted, self.memory.unflushed_counts = self.memory.unflushed_counts, []
-            try:
-                self.store.write(
-                    rows, vec_ids=self.memory.vec_ids, forgotten=forgotten, rejected=rejected,
-                    last_seq=self._seq, count=self._unflushed, audited=audited,
-                    counted=counted, readmitted=self._readmitted,
-                )  # fmt: skip
-            except BaseException:
-                self.memory.restore_dirty(rows, forgotten, rejected)
-                self.memory.unflushed_audit = audited + self.memory.unflushed_audit
-                self.memory.unflushed_counts = counted + self.memory.unflushed_counts
-                raise
-            self._readmitted = set()
-            self.writes += 1
-            self.flushed_seq = self._seq
-            self._unflushed = 0
-            if self.scrub_since is not None:
-                self.store.owe_scrub(True)
         self.last_flush = time.monotonic()
-        return self.flushed_seq
+        if not self.dirty:
+            return self.flusher.last()
+        memory = self.memory
+        rows, forgotten, rejected = memory.take_dirty()
+        audited, memory.unflushed_audit = memory.unflushed_audit, []
+        counted, memory.unflushed_counts = memory.unflushed_counts, []
+        try:
+            batch = Batch(
+                freeze(rows, memory.vec_ids), forgotten, rejected, self._seq, self._unflushed,
+                audited, counted, self._readmitted, owe_scrub=self.scrub_since is not None,
+            )  # fmt: skip
+            done = self.flusher.put(batch, self.store.writer())
+        except BaseException:  # (the writer is closed): memory keeps it for the next
+            memory.restore_dirty(rows, forgotten, rejected)
+            memory.unflushed_audit = audited + memory.unflushed_audit
+            memory.unflushed_counts = counted + memory.unflushed_counts
+            raise
+        self._readmitted = set()
+        self.writes += 1
+        self.handed_seq = self._seq
+        self._unflushed = 0
+        return done
+
+    def flush(self) -> int:
+        """Hand off what memory holds and wait until DuckDB holds everything applied;
+        returns the sequence DuckDB now reflects. Raises the error of a write DuckDB
+        refused meanwhile (the writer keeps the batch, and tries it again)."""
+        self.hand_off()
+        return self.flusher.drain()
 
     def save(self) -> None:
         """Flush, then save the indexes with the sequence they reflect."""
@@ -673,7 +706,10 @@ class Projection:
         self.reshaped += 1
 
     def close(self) -> None:
-        self.save()
+        try:
+            self.save()
+        finally:
+            self.flusher.close()
         self.text.close()
         self.store.close()
         for exact in self.exact.values():

@@ -31,14 +31,16 @@ How it is made, and why so:
   live rows only, none of the bytes deleted rows leave in the state's free blocks, so
   after a delete the snapshot forgets what the state forgot. The views are copied as
   their SQL, naming their tables unqualified, so they read the copy's own tables.
-- Off the engine thread: the engine flushes, opens a cursor in a transaction (the
-  state as of that moment, whatever the engine writes after) and hands it to a thread of
-  this module, which copies and renames; DuckDB reads run beside the engine's writes.
-  The engine thread is woken when a copy ends. A scrub (which reopens the state's file)
-  and a stop wait for a copy in flight.
-- Only when something changed: the projection counts its DuckDB writes
+- Off the engine thread: the engine hands what it applied to the projection's DuckDB
+  writer (``Projection.hand_off``: it does not wait for the write) and a cursor to a
+  thread of this module, which waits for that write, opens the cursor's transaction
+  (the state as of that moment, whatever is written after), copies and renames; DuckDB
+  reads run beside the writer's writes. The engine thread is woken when a copy ends. A
+  scrub (which reopens the state's file) and a stop wait for a copy in flight.
+- Only when something changed: the projection counts its DuckDB writes handed off
   (``Projection.writes``); the snapshot is stale while that count, or anything applied
-  and not yet flushed, is past what it holds.
+  and not yet handed off, is past what it holds. (A copy may hold a write or two more
+  than it counts, handed off while it waited: the next refresh then copies again.)
 - The bound. A change waits at most ``wait()`` plus one refresh to be in the snapshot:
   refreshes start at most every ``wait()`` seconds (``snapshot_interval``, 1 s, or ten
   times what the last refresh of the kind owed, caught up or whole, took if that is
@@ -189,11 +191,12 @@ class Snapshot:
         return max(self._started + self.wait(), self._stale_since)
 
     def refresh(self, projection: Projection) -> concurrent.futures.Future[None]:
-        """Start a refresh: flush, pin the state in a cursor's transaction, and copy it
-        on a thread of its own; returns the copy's future."""
+        """Start a refresh: hand off what is applied to the DuckDB writer, and on a
+        thread of its own wait for that write, pin the state in a cursor's transaction
+        and copy it; returns the copy's future."""
         self.settle()
         self._started = time.monotonic()  # (a failure too waits for the next turn)
-        projection.flush()
+        written = projection.hand_off()
         self._remove_leftovers()
         whole = self._whole(projection) or not self.path.exists()
         if not whole:
@@ -203,25 +206,14 @@ class Snapshot:
                 if f.exists()
             )
             whole = self.path.stat().st_size > GROWTH * state + GROWTH_FLOOR
-        cursor = projection.store.con.cursor()
-        try:
-            cursor.begin()
-            # reading the checkpoint pins the transaction's view of the state here
-            found = cursor.execute("SELECT seq FROM checkpoint WHERE id = 1").fetchone()
-            seq = int(found[0]) if found else 0
-            name = cursor.execute("SELECT current_database()").fetchone()
-            assert name is not None
-        except BaseException:
-            with contextlib.suppress(duckdb.Error):
-                cursor.close()
-            raise
+        cursor = projection.store.con.cursor()  # (made here: the engine's connection)
         self._holds = (projection.writes, projection.reshaped)
         self._copying_since, self._stale_since = self._stale_since, None
         copying: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._copying = copying
         thread = threading.Thread(
             target=self._copy,
-            args=(cursor, str(name[0]), seq, None if whole else self.seq, copying),
+            args=(cursor, written, None if whole else self.seq, copying),
             name="pulse-snapshot",
             daemon=True,
         )
@@ -317,17 +309,27 @@ class Snapshot:
     def _copy(
         self,
         cursor: duckdb.DuckDBPyConnection,
-        database: str,
-        seq: int,
+        written: concurrent.futures.Future[int] | None,
         since: int | None,
         copying: concurrent.futures.Future[None],
     ) -> None:
-        """Copy the state pinned in ``cursor``'s transaction: whole, or (``since``: the
-        sequence the snapshot holds) into a copy of the snapshot, the changes since."""
-        start = time.perf_counter()
-        taken_at = _now()
+        """Once the DuckDB write ``written`` has ended (None: none was in flight), copy
+        the state pinned in ``cursor``'s transaction: whole, or (``since``: the sequence
+        the snapshot holds) into a copy of the snapshot, the changes since. A write that
+        failed fails the copy (it is tried again, whole, at a later refresh)."""
         try:
             try:
+                if written is not None:
+                    written.result()
+                start = time.perf_counter()  # (what it took: the copy, not the write)
+                taken_at = _now()
+                cursor.begin()
+                # reading the checkpoint pins the transaction's view of the state here
+                found = cursor.execute("SELECT seq FROM checkpoint WHERE id = 1").fetchone()
+                seq = int(found[0]) if found else 0
+                named = cursor.execute("SELECT current_database()").fetchone()
+                assert named is not None
+                database = str(named[0])
                 if since is None:
                     cursor.execute(f"ATTACH '{_quoted(self._tmp)}' AS {_ALIAS}")
                     cursor.execute(f'COPY FROM DATABASE "{database}" TO {_ALIAS}')

@@ -9,14 +9,19 @@ instance's process."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import json
+import logging
+import operator
 import os
 import re
+import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import fields
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -52,6 +57,8 @@ TABLE_OF: dict[type[Row], str] = {
     SessionRow: "session_rows",
 }
 
+
+log = logging.getLogger("pulse.store")
 
 CHECKPOINT_THRESHOLD = "256MB"  # see Store.__init__
 
@@ -146,6 +153,85 @@ def _arrow_table(columns: dict[str, tuple[list[Any], str]]) -> tuple[pa.Table, s
     return pa.table(arrays), "SELECT " + ", ".join(select)
 
 
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """Where a frozen row (``freeze``) holds what ``write`` looks at."""
+
+    names: tuple[str, ...]  # the stored columns, then vec_id where the table has one
+    get: Callable[[Row], tuple[Any, ...]]  # a row's stored values, in one C call
+    key: int  # the first key column (the row's id)
+    deleted: int | None
+    create_seq: int | None
+    embedding: int | None
+    vec_id: bool
+
+
+def _layout(row_type: type[Row]) -> _Layout:
+    found = _LAYOUTS.get(row_type)
+    if found is None:
+        found = _LAYOUTS[row_type] = _lay_out(row_type)
+    return found
+
+
+def _lay_out(row_type: type[Row]) -> _Layout:
+    names = stored_columns(row_type)
+    at = {n: i for i, n in enumerate(names)}
+    vec_id = row_type in (ExperienceRow, InsightRow)  # (checked against the table: Store)
+    return _Layout(
+        names=(*names, "vec_id") if vec_id else tuple(names),
+        get=operator.attrgetter(*names),
+        key=at[row_type.KEY[0]],
+        deleted=at.get("deleted"),
+        create_seq=at.get("create_seq"),
+        embedding=at.get("embedding"),
+        vec_id=vec_id,
+    )
+
+
+_LAYOUTS: dict[type[Row], _Layout] = {}
+
+
+def freeze(
+    rows: dict[type[Row], list[Row]], vec_ids: dict[UUID, int]
+) -> dict[type[Row], list[tuple[Any, ...]]]:
+    """The values ``write`` stores of rows, as they are now: the rows stay the engine's
+    (the fold changes them in place), the tuples are the flusher's. An embedding held as
+    a view into the exact-vectors file is copied (the file's slot may be overwritten),
+    and the row's vector id looked up (``vec_ids`` keeps changing)."""
+    frozen: dict[type[Row], list[tuple[Any, ...]]] = {}
+    for row_type, batch in rows.items():
+        layout = _layout(row_type)
+        values = [layout.get(r) for r in batch]
+        if (at := layout.embedding) is not None:
+            for i, v in enumerate(values):
+                if isinstance(v[at], memoryview):
+                    values[i] = (*v[:at], bytes(v[at]), *v[at + 1 :])
+        if layout.vec_id:
+            key = layout.key
+            values = [(*v, vec_ids.get(v[key])) for v in values]
+        frozen[row_type] = values
+    return frozen
+
+
+_COLLECTIVE_DELETED = stored_columns(CollectiveRow).index("deleted")
+
+
+@dataclass(slots=True)
+class Batch:
+    """One DuckDB write: what memory held past the last one, taken by the engine thread
+    (``Projection.hand_off``) and written by the flusher's (``Flusher``)."""
+
+    rows: dict[type[Row], list[tuple[Any, ...]]]  # frozen (``freeze``)
+    forgotten: set[UUID]  # experiences whose counts go
+    rejected: list[Rejected]  # kept aside since
+    last_seq: int  # the checkpoint it moves to
+    count: int  # events applied since the last one
+    audited: list[Audited] = field(default_factory=list)
+    counted: list[Counted] = field(default_factory=list)
+    readmitted: set[int] = field(default_factory=set)  # no longer kept aside
+    owe_scrub: bool = False  # a delete in it waits for the files to be rewritten
+
+
 # the views' SQL as this Pulse writes them: an open re-creates them only when the file's
 # differ (another version of Pulse), not on every open
 _VIEWS_ID = hashlib.sha256(schema.VIEWS.encode()).hexdigest()[:16]
@@ -158,12 +244,15 @@ class Store:
         self.path = Path(path)
         self.read_only = read_only
         self.con = self._connect()
+        self._writer: duckdb.DuckDBPyConnection | None = None  # the flusher's cursor
         if not read_only:
             self._migrate()
         self._types = {
             table: {row[0]: row[1] for row in self.con.execute(f"DESCRIBE {table}").fetchall()}
             for table in TABLE_OF.values()
         }
+        for row_type, table in TABLE_OF.items():  # (what freeze lays out)
+            assert _layout(row_type).vec_id == ("vec_id" in self._types[table]), table
         # what ``write`` knows of the file, so that it runs only the statements it needs:
         # the checkpoint row (then moved by an UPDATE), the sequence it holds (a row
         # created past it is new to the file: a plain INSERT), the collectives deleted
@@ -204,6 +293,7 @@ class Store:
             held = found.fetchone()
             if held is None or held[0] is None or int(held[0]) <= above:
                 return
+        self._let_go_of_writer()
         self.con.close()
         self.con = self._connect()
 
@@ -250,7 +340,22 @@ class Store:
             return False
         return True
 
+    def writer(self) -> duckdb.DuckDBPyConnection:
+        """The connection the flusher writes on: a cursor of this store's (a DuckDB
+        connection is used by one thread at a time), made on the thread that owns the
+        store, and let go of whenever the file is closed or reopened."""
+        if self._writer is None:
+            self._writer = self.con.cursor()
+        return self._writer
+
+    def _let_go_of_writer(self) -> None:
+        if self._writer is not None:
+            with contextlib.suppress(duckdb.Error):
+                self._writer.close()
+            self._writer = None
+
     def close(self) -> None:
+        self._let_go_of_writer()
         self.con.close()
 
     def rewrite(self, copy: Callable[[Path], None] | None = None) -> None:
@@ -264,6 +369,7 @@ class Store:
         for leftover in (fresh, Path(f"{fresh}.wal")):
             leftover.unlink(missing_ok=True)
         file_id = os.urandom(8).hex()  # says the connection opened after is on the copy
+        self._let_go_of_writer()
         self.con.close()
         try:
             con = duckdb.connect(str(self.path))
@@ -322,69 +428,64 @@ class Store:
 
     # -- writing the engine's changes in bulk -----------------------------------------------
 
-    def write(
-        self,
-        rows: dict[type[Row], list[Row]],
-        *,
-        vec_ids: dict[UUID, int],
-        forgotten: set[UUID],
-        rejected: Sequence[Rejected],
-        last_seq: int,
-        count: int,
-        audited: Sequence[Audited] = (),
-        counted: Sequence[Counted] = (),
-        readmitted: Collection[int] = (),
-    ) -> None:
-        """Write the rows the engine changed (already merged in memory) and move the
-        checkpoint, in one transaction: one columnar insert per table, whatever the
-        number of events behind them. ``readmitted``: sequences no longer kept aside
-        (``Projection.readmit``; those of ``rejected`` are kept aside again).
+    def write(self, batch: Batch, con: duckdb.DuckDBPyConnection | None = None) -> None:
+        """Write a batch the engine took from memory (``Batch``) and move the checkpoint,
+        in one transaction: one columnar insert per table, whatever the number of events
+        behind it. ``con``: the connection to write on (the flusher's cursor; default
+        this store's own).
 
         A row whose create the log put past the checkpoint is new to the file: it is
         appended, not upserted (a keyed upsert costs DuckDB 2-3 times the CPU). One
         that was written before its create (a change that came first) is found so by
         DuckDB; the transaction is then rolled back and written again upserting all."""
+        con = self.con if con is None else con
         deleted = set(self._deleted_collectives)
-        for row in rows.get(CollectiveRow, ()):
-            if getattr(row, "deleted", False):
-                deleted.add(row.key()[0])
+        layout = _layout(CollectiveRow)
+        for values in batch.rows.get(CollectiveRow, ()):
+            key = values[layout.key]
+            if values[_COLLECTIVE_DELETED]:
+                deleted.add(key)
             else:
-                deleted.discard(row.key()[0])
+                deleted.discard(key)
 
         def transaction(new_after: int | None) -> None:  # (rolled back whole on any error)
-            self.con.begin()
+            con.begin()
             try:
-                if readmitted:
-                    self.con.execute(
+                if batch.readmitted:
+                    con.execute(
                         "DELETE FROM undecodable WHERE seq IN "
-                        f"({', '.join(str(int(s)) for s in sorted(readmitted))})"
+                        f"({', '.join(str(int(s)) for s in sorted(batch.readmitted))})"
                     )
-                for row_type, batch in rows.items():
-                    if batch:
-                        self._replace(row_type, batch, vec_ids, last_seq, new_after)
-                if counted:
-                    self._counted(counted)
-                if forgotten:
-                    ids = uuid_literals(forgotten)
+                for row_type, frozen in batch.rows.items():
+                    if frozen:
+                        self._replace(con, row_type, frozen, batch.last_seq, new_after)
+                if batch.counted:
+                    self._counted(con, batch.counted)
+                if batch.forgotten:
+                    ids = uuid_literals(batch.forgotten)
                     for table in ("application_rows", "count_history"):
-                        self.con.execute(f"DELETE FROM {table} WHERE experience_id IN ({ids})")
-                for r in rejected:
-                    self.con.execute(
+                        con.execute(f"DELETE FROM {table} WHERE experience_id IN ({ids})")
+                for r in batch.rejected:
+                    con.execute(
                         "INSERT OR REPLACE INTO undecodable VALUES (?, ?, ?, ?)",
                         [r.seq, r.subject, r.reason, r.instance_id],
                     )
-                if audited:
-                    self._audit(audited, rows, deleted)
+                if batch.audited:
+                    self._audit(con, batch.audited, batch.rows, deleted)
                 if self._checkpointed:  # (an UPDATE costs DuckDB a third of an upsert)
-                    self.con.execute(
+                    con.execute(
                         "UPDATE checkpoint SET seq = ?, applied = applied + ? WHERE id = 1",
-                        [last_seq, count],
+                        [batch.last_seq, batch.count],
                     )
                 else:
-                    self.con.execute("INSERT INTO checkpoint VALUES (1, ?, ?)", [last_seq, count])
-                self.con.commit()
+                    con.execute(
+                        "INSERT INTO checkpoint VALUES (1, ?, ?)", [batch.last_seq, batch.count]
+                    )
+                if batch.owe_scrub:  # (a delete waits for the files to be rewritten)
+                    con.execute("INSERT OR REPLACE INTO meta VALUES ('scrub_owed', '1')")
+                con.commit()
             except BaseException:
-                self.con.rollback()
+                con.rollback()
                 raise
 
         for new_after in (self._written_seq, None):  # (None: the second try upserts all)
@@ -395,13 +496,14 @@ class Store:
                 if new_after is None:
                     raise
         self._checkpointed = True
-        self._written_seq = last_seq
+        self._written_seq = batch.last_seq
         self._deleted_collectives = deleted
 
     def _audit(
         self,
+        con: duckdb.DuckDBPyConnection,
         audited: Sequence[Audited],
-        rows: dict[type[Row], list[Row]],
+        rows: dict[type[Row], list[tuple[Any, ...]]],
         deleted_collectives: set[UUID],
     ) -> None:
         """Add the batch's events to the audit; then forget the history of what the batch
@@ -416,18 +518,19 @@ class Store:
             "author_agent": (list(agent), "VARCHAR"), "instance_id": (list(instance), "UUID"),
             "hlc": (list(hlc), "UBIGINT"), "change": (list(change), "VARCHAR"),
         })  # fmt: skip
-        self.con.execute(
+        con.execute(
             f"INSERT INTO audit_rows {select} FROM staged_audit"
         )  # (a sequence is applied once: the audit needs no key, and no index to keep up)
         gone = [
-            r.key()[0] for t in TABLE_OF if t not in (CollectiveRow, ApplicationRow, TokenRow)
-            for r in rows.get(t, ()) if getattr(r, "deleted", False)
+            v[layout.key] for t in TABLE_OF if t not in (CollectiveRow, ApplicationRow, TokenRow)
+            if (layout := _layout(t)).deleted is not None
+            for v in rows.get(t, ()) if v[layout.deleted]
         ]  # fmt: skip
         # what the log keeps of a deleted entity is its latest tombstone and what came
         # after it (the delete purged the rest), and of a deleted collective what came from
         # its tombstone on: so does the history (``projections.past`` reads it)
         if gone:
-            self.con.execute(
+            con.execute(
                 f"DELETE FROM audit_rows WHERE entity_id IN ({uuid_literals(gone)}) "
                 "AND seq < (SELECT max(d.seq) FROM audit_rows d WHERE d.entity_id = "
                 "audit_rows.entity_id AND d.event_type LIKE '%.deleted')"
@@ -436,20 +539,21 @@ class Store:
         # from the log (``sync.core``), without a tombstone of its own (only when the
         # batch names a deleted collective: the statement costs more than the insert)
         if not deleted_collectives.isdisjoint(collective):
-            self.con.execute(
+            con.execute(
                 "DELETE FROM audit_rows WHERE seq >= ? AND event_type NOT LIKE '%.deleted' "
                 "AND collective_id IN (SELECT collective_id FROM collective_rows WHERE deleted)",
                 [min(seq)],
             )
-        dropped = [r.key()[0] for r in rows.get(CollectiveRow, ()) if getattr(r, "deleted", False)]
+        key, deleted = _layout(CollectiveRow).key, _COLLECTIVE_DELETED
+        dropped = [v[key] for v in rows.get(CollectiveRow, ()) if v[deleted]]
         if dropped:
-            self.con.execute(
+            con.execute(
                 f"DELETE FROM audit_rows WHERE collective_id IN ({uuid_literals(dropped)}) "
                 "AND seq < (SELECT max(d.seq) FROM audit_rows d WHERE d.collective_id = "
                 "audit_rows.collective_id AND d.event_type = 'collective.deleted')"
             )
 
-    def _counted(self, counted: Sequence[Counted]) -> None:
+    def _counted(self, con: duckdb.DuckDBPyConnection, counted: Sequence[Counted]) -> None:
         """Add a batch's reinforcements to the counts' history."""
         seq, experience, instance, collective, applications, hlc, owner, agent = zip(
             *counted, strict=True
@@ -460,47 +564,47 @@ class Store:
             "applications": (list(applications), "UBIGINT"), "hlc": (list(hlc), "UBIGINT"),
             "author_owner": (list(owner), "VARCHAR"), "author_agent": (list(agent), "VARCHAR"),
         })  # fmt: skip
-        self.con.execute(f"INSERT INTO count_history {select} FROM staged_counts")
+        con.execute(f"INSERT INTO count_history {select} FROM staged_counts")
 
     def _replace(
         self,
+        con: duckdb.DuckDBPyConnection,
         row_type: type[Row],
-        rows: list[Row],
-        vec_ids: dict[UUID, int],
+        rows: list[tuple[Any, ...]],
         seq: int,
         new_after: int | None,
     ) -> None:
-        """Write rows of a type: those created past ``new_after`` (the checkpoint the
-        file held) appended, the others upserted (all of them, with None)."""
+        """Write frozen rows of a type: those created past ``new_after`` (the checkpoint
+        the file held) appended, the others upserted (all of them, with None)."""
         table = TABLE_OF[row_type]
-        new: list[Row] = []
-        if new_after is not None and "create_seq" in self._types[table]:
-            new = [r for r in rows if (r.create_seq or 0) > new_after]  # type: ignore[attr-defined]
+        at = _layout(row_type).create_seq
+        new: list[tuple[Any, ...]] = []
+        if new_after is not None and at is not None:
+            new = [v for v in rows if (v[at] or 0) > new_after]
         if new:
             if len(new) < len(rows):
-                fresh = {id(r) for r in new}
-                self._insert(table, row_type, [r for r in rows if id(r) not in fresh], vec_ids,
+                fresh = {id(v) for v in new}
+                self._insert(con, table, row_type, [v for v in rows if id(v) not in fresh],
                              seq, "INSERT OR REPLACE")  # fmt: skip
-            self._insert(table, row_type, new, vec_ids, seq, "INSERT")
+            self._insert(con, table, row_type, new, seq, "INSERT")
         else:
-            self._insert(table, row_type, rows, vec_ids, seq, "INSERT OR REPLACE")
+            self._insert(con, table, row_type, rows, seq, "INSERT OR REPLACE")
 
     def _insert(
         self,
+        con: duckdb.DuckDBPyConnection,
         table: str,
         row_type: type[Row],
-        rows: list[Row],
-        vec_ids: dict[UUID, int],
+        rows: list[tuple[Any, ...]],
         seq: int,
         verb: str,
     ) -> None:
         types = self._types[table]
-        columns = {n: ([getattr(r, n) for r in rows], types[n]) for n in stored_columns(row_type)}
-        if "vec_id" in types:
-            columns["vec_id"] = ([vec_ids.get(r.key()[0]) for r in rows], "BIGINT")
+        names = _layout(row_type).names
+        columns = {n: ([v[i] for v in rows], types[n]) for i, n in enumerate(names)}
         columns["updated_seq"] = ([seq] * len(rows), "BIGINT")
         staged, select = _arrow_table({c: columns[c] for c in types})  # (read by name)
-        self.con.execute(f"{verb} INTO {table} {select} FROM staged")
+        con.execute(f"{verb} INTO {table} {select} FROM staged")
 
     def staged(
         self, row_type: type[Row], rows: Sequence[Row], vec_ids: dict[UUID, int], seq: int
@@ -644,3 +748,165 @@ _REPEATED = frozenset(
 
 def _from_db(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
+
+
+class Flusher:
+    """The thread that writes a store's batches (``Batch``), one transaction each, in
+    the order they were handed over, on a cursor of its own; the engine thread only takes
+    the batch from memory (``Projection.hand_off``) and goes on applying.
+
+    Why a thread: a write costs DuckDB 10-40 ms whatever its rows (planning and binding
+    the statements of a wide keyed table), and on the engine thread every write offered
+    meanwhile waited for it (the p99 of a write). DuckDB releases the GIL while it
+    works, so the engine applies beside it; what still holds the GIL is staging the
+    rows as Arrow columns (done here too, off the engine thread).
+
+    In order, each batch with its checkpoint: DuckDB's checkpoint always equals the rows
+    it holds, so a crash loses nothing (the log holds every event past it). A write
+    DuckDB refuses (a conflict, a full disk) is logged and tried again every
+    ``retry_after`` seconds (at once when ``drain`` asks), the batch and those behind it
+    kept: nothing is lost, and the engine hands over nothing more meanwhile (memory
+    keeps gathering the changes). ``drain`` waits until everything handed over is
+    written, or raises the error of the attempt that failed meanwhile. A thread that
+    died is started again by ``check`` (the engine calls it every round)."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        retry_after: float = 1.0,
+        on_written: Callable[[], None] | None = None,
+    ) -> None:
+        self._store = store
+        self.retry_after = retry_after
+        self.on_written = on_written  # called (on this thread) after each batch is written
+        self.gate = threading.Lock()  # held around each write (a test holds it to stall one)
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[Batch, duckdb.DuckDBPyConnection, concurrent.futures.Future[int]]]
+        self._queue = deque()
+        self._failures = 0  # attempts that failed, ever
+        self._retry_now = False
+        self._closed = False
+        self.error: BaseException | None = None  # why the batch in hand failed (None: it has not)
+        self.written_seq = store.checkpoint()[0]  # the checkpoint DuckDB holds
+        self.restarts = 0
+        self.seconds = 0.0  # spent writing (wall, this thread), for benchmarks and health
+        self._thread = self._start()
+
+    def _start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._run, name="pulse-flusher", daemon=True)
+        thread.start()
+        return thread
+
+    @property
+    def busy(self) -> bool:
+        """Whether a batch handed over is not written yet."""
+        return bool(self._queue)
+
+    def put(self, batch: Batch, con: duckdb.DuckDBPyConnection) -> concurrent.futures.Future[int]:
+        """Hand a batch over, to be written on ``con`` after those before it; returns its
+        future: the checkpoint once written, or the error of its first failed attempt
+        (it is tried again all the same)."""
+        done: concurrent.futures.Future[int] = concurrent.futures.Future()
+        with self._cond:
+            if self._closed:
+                raise PulseError("the projection's DuckDB writer is closed")
+            self._queue.append((batch, con, done))
+            self._cond.notify_all()
+        return done
+
+    def last(self) -> concurrent.futures.Future[int] | None:
+        """The future of the last batch handed over and not written yet (None: none)."""
+        with self._cond:
+            return self._queue[-1][2] if self._queue else None
+
+    def drain(self) -> int:
+        """Wait until every batch handed over is written; returns the checkpoint. A
+        batch that keeps failing is tried once more now, and its error raised if that
+        attempt fails (it stays, to be tried again)."""
+        self.check()
+        with self._cond:
+            if not self._queue:
+                return self.written_seq
+            failures = self._failures
+            self._retry_now = True
+            self._cond.notify_all()
+            while self._queue and self._failures == failures and not self._closed:
+                self._cond.wait(0.5)
+                if not self._thread.is_alive():
+                    break
+            if self._queue:
+                raise self.error or PulseError("the projection's DuckDB writer stopped")
+            return self.written_seq
+
+    def check(self) -> bool:
+        """Start the thread again if it died (True); a writer must not stop for good."""
+        if self._closed or self._thread.is_alive():
+            return False
+        log.error("the DuckDB writer thread died; starting it again (nothing is lost)")
+        self.restarts += 1
+        self._thread = self._start()
+        return True
+
+    def close(self) -> None:
+        """Stop the thread once it is done with the write in hand; batches not written
+        are dropped (the log holds their events past the checkpoint)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        with self._cond:
+            left, self._queue = list(self._queue), deque()
+        for _, _, done in left:
+            if not done.done():
+                done.set_exception(PulseError("the projection closed before this write"))
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                batch, con, done = self._queue[0]
+                self._retry_now = False
+            start = time.perf_counter()
+            try:
+                with self.gate:
+                    self._store.write(batch, con)
+            except Exception as exc:
+                log.exception(
+                    "writing the projection to DuckDB failed (up to sequence %d); trying "
+                    "again in %g s, nothing is lost",
+                    batch.last_seq,
+                    self.retry_after,
+                )
+                with self._cond:
+                    self._failures += 1
+                    self.error = exc
+                    self._cond.notify_all()
+                if not done.done():
+                    done.set_exception(exc)
+                with self._cond:  # wait before trying again (a drain asks at once)
+                    deadline = time.monotonic() + self.retry_after
+                    while not (self._retry_now or self._closed):
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
+                continue
+            finally:
+                self.seconds += time.perf_counter() - start
+            with self._cond:
+                self._queue.popleft()
+                self.written_seq = batch.last_seq
+                self.error = None
+                self._cond.notify_all()
+            if not done.done():
+                done.set_result(batch.last_seq)
+            if self.on_written is not None:
+                try:
+                    self.on_written()
+                except Exception:
+                    log.exception("telling the engine a DuckDB write ended failed")
