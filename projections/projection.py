@@ -373,15 +373,16 @@ class Projection:
         """Take what memory holds past the last hand-off (the changed rows' values, the
         audit, the counts, the dead letters) and hand it to the DuckDB writer, with the
         checkpoint it moves to; returns at once. The future is the batch's (or, with
-        nothing new, the last batch's not written yet; None: DuckDB holds everything).
+        nothing new or while DuckDB refuses the last one, the last batch's not written
+        yet; None: DuckDB holds everything).
         The engine does this every ``flush_interval`` while the writer is idle; a write
         is taken whole, so batches are written in order and the checkpoint always
         matches the rows DuckDB holds."""
         self._check_owner()
         self.sync_indexes()  # assigns the vector ids the rows are written with
         self.last_flush = time.monotonic()
-        if not self.dirty:
-            return self.flusher.last()
+        if not self.dirty or self.flusher.error is not None:
+            return self.flusher.last()  # (while a write is refused, memory gathers the rest)
         memory = self.memory
         rows, forgotten, rejected = memory.take_dirty()
         audited, memory.unflushed_audit = memory.unflushed_audit, []
@@ -408,7 +409,11 @@ class Projection:
         returns the sequence DuckDB now reflects. Raises the error of a write DuckDB
         refused meanwhile (the writer keeps the batch, and tries it again)."""
         self.hand_off()
-        return self.flusher.drain()
+        seq = self.flusher.drain()
+        if self.dirty:  # held back while a write was refused: written now
+            self.hand_off()
+            seq = self.flusher.drain()
+        return seq
 
     def save(self) -> None:
         """Flush, then save the indexes with the sequence they reflect."""

@@ -102,8 +102,8 @@ def test_a_write_duckdb_refuses_is_tried_again_and_loses_nothing(tmp_path: Path)
         with pytest.raises(duckdb.TransactionException):  # asked for now: tried, refused
             p.flush()
         p.apply(_entries(more[2:], start=5))  # applying goes on meanwhile
-        assert p.hand_off() is not None  # (queued behind the one refused)
-        assert p.flusher.busy and p.flushed_seq == 2
+        assert p.hand_off() is refused  # (memory keeps the rest while DuckDB refuses)
+        assert p.flusher.busy and p.flushed_seq == 2 and p.dirty
         holder.rollback()
         holder.close()
         assert p.flush() == 5  # the refused batch, then the one behind it

@@ -1,12 +1,14 @@
-"""Benchmark: what one periodic DuckDB write of a projection costs (``Projection.flush``,
-which the engine thread runs every ``flush_interval`` while writes arrive, and any write
-offered meanwhile waits for), beside DuckDB's own floor in the same run.
+"""Benchmark: what one periodic DuckDB write of a projection costs (``Projection.flush``:
+the engine thread hands the batch over every ``flush_interval`` while writes arrive, and
+the projection's flusher thread writes it), beside DuckDB's own floor in the same run.
 
     python -m ops.bench.flush [--n 20000] [--rounds 40] [--kind record reinforce 1]
 
 One thread, no engine, loop or NATS: a projection of ``--n`` experiences (384-d vectors,
 one collective), then ``--rounds`` rounds of: fold a batch, then flush (timed: wall and
-process CPU, DuckDB's own threads included). Batches (``--kind``):
+process CPU, DuckDB's own threads included; ``engine_thread_ms``: the part of it the
+engine thread spends, ``Projection.hand_off``, the rest is the flusher's). Batches
+(``--kind``):
 
 - record: 25 ``experience.recorded`` (new rows, an audit row each);
 - reinforce: 25 ``experience.reinforced`` of existing experiences (changed count rows,
@@ -117,12 +119,14 @@ def run(n: int, rounds: int, kinds: list[str]) -> None:
         for kind in kinds:
             size = 1 if kind == "1" else 25
             make = feed.reinforce if kind == "reinforce" else feed.record
-            flush_wall, flush_cpu, peer_wall, peer_cpu = [], [], [], []
+            flush_wall, flush_cpu, peer_wall, peer_cpu, taking = [], [], [], [], []
             for _ in range(rounds):
                 projection.apply([make() for _ in range(size)])
                 projection.sync_indexes()  # (not the flush's: the engine does it before)
                 wall, cpu = time.perf_counter(), _cpu()
-                projection.flush()
+                projection.hand_off()  # what the engine thread does
+                taking.append(time.perf_counter() - wall)
+                projection.flush()  # ... and the flusher's write, waited for
                 flush_wall.append(time.perf_counter() - wall)
                 flush_cpu.append(_cpu() - cpu)
                 wall, cpu = time.perf_counter(), _cpu()
@@ -142,6 +146,7 @@ def run(n: int, rounds: int, kinds: list[str]) -> None:
                         "figure": f"flush_{kind}" if kind != "1" else "flush_1_row",
                         "n": n, "rows": size, "rounds": rounds, **ms,
                         "flush_wall_p90_ms": round(float(np.percentile(flush_wall, 90)) * 1000, 2),
+                        "engine_thread_ms": round(float(np.median(taking)) * 1000, 3),
                         "cpu_ratio": round(ms["flush_cpu_ms"] / max(ms["peer_cpu_ms"], 1e-3), 2),
                     }
                 ),
