@@ -81,8 +81,8 @@ class ProjectionSettings:
     hnsw_threshold: int = 10_000  # vectors per collective before its index becomes HNSW
     ef_search: int = 128  # HNSW search breadth (recall against speed)
     batch_size: int = 5000  # events per read when catching up
-    # seconds between DuckDB writes while events arrive: each holds the engine thread (and
-    # the writes offered meanwhile) for ~10-30 ms whatever its rows, and the log holds
+    # seconds between DuckDB writes while events arrive: each costs DuckDB ~10-30 ms
+    # whatever its rows (on the flusher's thread, not the engine's), and the log holds
     # what is not written yet; readers of DuckDB (SQL, the snapshot) have it written first
     flush_interval: float = 1.0
     flush_events: int = 5000  # ... or this many events applied since the last one

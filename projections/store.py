@@ -1,11 +1,12 @@
 """DuckDB storage of the folded rows: the analytical copy and the checkpoint.
 
 The engine (``projections.engine``) folds events in memory (``projections.state``) and
-hands this store the rows that changed since its last write; ``Store.write`` writes them
-in one columnar insert per table and advances the checkpoint in the same transaction.
-Whatever happened after the checkpoint is still in the log, so a crash loses nothing.
-On open, ``rows`` reads the state back into memory. One writer per database: the
-instance's process."""
+takes the rows that changed since its last write as a ``Batch`` (their values frozen:
+``freeze``); the projection's ``Flusher`` thread writes the batches in order, each with
+``Store.write``: one columnar insert per table (Arrow columns, staged on that thread)
+and the checkpoint advanced in the same transaction. Whatever happened after the
+checkpoint is still in the log, so a crash loses nothing. On open, ``rows`` reads the
+state back into memory. One writer per database: the instance's process."""
 
 from __future__ import annotations
 
@@ -863,6 +864,12 @@ class Flusher:
                 done.set_exception(PulseError("the projection closed before this write"))
 
     def _run(self) -> None:
+        try:
+            self._write_in_turn()
+        except BaseException:  # (``check`` starts another; the batch in hand stays)
+            log.exception("the DuckDB writer thread stopped")
+
+    def _write_in_turn(self) -> None:
         while True:
             with self._cond:
                 while not self._queue and not self._closed:

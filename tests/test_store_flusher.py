@@ -211,3 +211,24 @@ def test_any_interleaving_of_applies_and_hand_offs_leaves_duckdb_equal_to_memory
                 assert stored == expected[row_type], row_type.__name__
         finally:
             p.close()
+
+
+def test_a_writer_thread_that_died_is_started_again(tmp_path: Path) -> None:
+    p = Projection(tmp_path / "state")
+    try:
+        cid = f.collective().collective_id
+        p.apply(_entries([f.collective(cid)]))
+
+        def die() -> None:  # (what the thread does after this write: end)
+            raise SystemExit
+
+        p.flusher.on_written = die
+        assert p.flush() == 1
+        asyncio.run(eventually(lambda: not p.flusher._thread.is_alive(), what="the end"))
+        p.flusher.on_written = None
+        p.apply(_entries([f.experience(cid)], start=2))
+        assert p.flush() == 2  # (started again by the wait, as by the engine every round)
+        assert p.flusher.restarts == 1
+        assert _stored_ids(p) == _memory_ids(p)
+    finally:
+        p.close()
