@@ -156,11 +156,15 @@ class Sealer:
         without asking the store, for entities whose ids were made just now (never an
         idempotent call's, which a retry may repeat); and the wrapped keys the caller
         stores as it appends (``KeyStore.put_fresh``): a reader that meets an event
-        before its key waits for the key."""
+        before its key waits for the key. An entity whose key this host holds already
+        (its id taken with its key, made ahead: ``Keyring.take``) needs none."""
+        keyring = self.keyring
         making = {
             name: None
             for event in events
-            if ev.event_type_name(event) in MAKING and (name := sealed_name(event)) is not None
+            if ev.event_type_name(event) in MAKING
+            and (name := sealed_name(event)) is not None
+            and not keyring.holds(name)
         }
         wrapped = await self.keyring.fresh(making) if making else {}
         return await self.seal_many(events), wrapped

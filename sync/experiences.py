@@ -240,7 +240,8 @@ class Experiences:
         spec = validated(models.ExperienceIn, **fields)
         collective = await self.gate.writable(spec.collective_id)
         vector = await vector_for(collective, spec.content, spec.embedding, spec.embedder)
-        event = _recorded(self.writer.common(), self.writer.new_id(), spec, vector)
+        experience_id = await self.writer.entity_id("experience", spec.collective_id)
+        event = _recorded(self.writer.common(), experience_id, spec, vector)
         await self.writer.write(event)
         return event.experience_id
 

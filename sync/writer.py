@@ -82,6 +82,16 @@ class Writer:
         call = idempotency.CURRENT.get()
         return uuid7() if call is None else call.next_id()
 
+    async def entity_id(self, entity: str, collective_id: UUID | None) -> UUID:
+        """The id of a new entity: one whose data key is stored already (made ahead:
+        ``Keyring.take``), so its record is one synced write, or derived from the
+        idempotency key of the call in progress (its key made as it is sealed)."""
+        call = idempotency.CURRENT.get()
+        if call is not None:
+            return call.next_id()
+        taken = await self.sealer.keyring.take(entity, collective_id)
+        return uuid7() if taken is None else taken
+
     # -- idempotent calls (sync.idempotency.idempotent) -----------------------------------
 
     def remembered(self, key: str) -> tuple[str, Any] | None:
@@ -107,7 +117,7 @@ class Writer:
         call = idempotency.CURRENT.get()
         first = None
         if call is None:  # what the log holds: its text encrypted (a new entity's key is
-            # made here, and stored as the event is appended)
+            # stored already, or made here and stored as the event is appended)
             (wire,), fresh = await self.sealer.seal_fresh((event,))
             replication.sealed_writing((event,))
             seq = await self._with_keys(fresh, self.log.append(wire))
