@@ -70,10 +70,10 @@ class Replication:
         # the latest time the stream stored a message this host read (0: none yet): an
         # event's clock close enough to it is within the bound of any later one
         self.log_ms = 0
-        # what this instance wrote, by message id (its event id) with its subject, until
-        # its tail brings it back (then it is handed over as written, neither decoded nor
-        # decrypted again: ``EventLog.tail``'s ``own``); the oldest go first
-        self._own: dict[str, tuple[str, ev.Event]] = {}
+        # what this instance wrote, by message id (its event id), until its tail brings it
+        # back (then it is handed over as written, neither decoded nor decrypted again:
+        # ``EventLog.tail``'s ``own``); the oldest go first
+        self._own: dict[str, ev.Event] = {}
         self._purging: set[asyncio.Future[None]] = set()  # copies forgotten (a leaf's)
         self._listeners: list[Callable[[LogEntry], None]] = []
         self._after_batch: list[Callable[[], None]] = []
@@ -141,17 +141,18 @@ class Replication:
         return opened
 
     def _own_event(self, msg_id: str, subject: str) -> ev.Event | None:
-        """The event this instance wrote as message ``msg_id`` on ``subject`` (taken:
-        the tail reads it once), or None."""
-        found = self._own.pop(msg_id, None)
-        return found[1] if found is not None and found[0] == subject else None
+        """The event this instance wrote as message ``msg_id`` (taken: the tail reads it
+        once), or None. Its subject need not be compared (working it out costs more than
+        the rest of the look-up): the stream refuses a second message with an id within
+        its duplicate window, and the first one with a fresh random id is this host's."""
+        return self._own.pop(msg_id, None)
 
     def writing(self, events: Sequence[ev.Event]) -> None:
         """Remember what this instance is about to write, by message id, for its tail
         (``_own_event``): the tail may bring an event back before its append returns."""
         written = self._own
         for event in events:
-            written[str(event.event_id)] = (subjects.subject_for(event), event)
+            written[str(event.event_id)] = event
         while len(written) > WRITTEN_MAX:
             del written[next(iter(written))]
 
