@@ -667,6 +667,16 @@ class Keyring:
         with contextlib.suppress(Exception):
             await gather_limited(self.store.destroy(name) for _, name, _ in made)
 
+    async def stop_making(self) -> None:
+        """Stop making keys ahead (a host closing): what was being stored may be left in
+        the store unused, like the rest of its pools."""
+        making = [m for m in self._making.values() if not m.done()]
+        for task in making:
+            task.cancel()
+        await asyncio.gather(*making, return_exceptions=True)
+        self._making.clear()
+        self._pools.clear()
+
     async def follow(self) -> None:
         """Learn of the keys other hosts make as they are stored (``KeyStore.watch``):
         a host reading their events then finds them in memory."""

@@ -125,3 +125,15 @@ async def test_a_host_restarted_with_unused_keys_reads_every_event(
         assert contents == ["after 0", "after 1", "before 0", "before 1", "before 2"]
     finally:
         await fresh.close()
+
+
+async def test_a_keyring_stopped_while_making_keys_leaves_no_task_behind() -> None:
+    store, cid = MemoryKeyStore(), uuid7()
+    ring = Keyring(store)
+    await ring.take("experience", cid)
+    for _ in range(POOL - POOL_LOW + 1):  # below the low mark: more are being made
+        await ring.take("experience", cid)
+    making = list(ring._making.values())
+    await ring.stop_making()
+    assert all(m.done() for m in making)
+    assert await ring.take("experience", cid) is not None  # (a new pool, if asked again)
