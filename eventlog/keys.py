@@ -22,6 +22,15 @@ store: wait for it). Markers hold only the name.
 
 Names: ``c.<collective id>.<entity>.<entity id>`` for what lives in a collective (so a
 collective's keys are destroyed together), ``w.<wisdom id>`` for wisdom.
+
+Keys made ahead (``Keyring.take``): a host keeps, per kind of entity and collective, a
+few ids of entities to come whose keys it already stored, made ``POOL`` at a time in one
+write of the store (one disk sync). A new entity then takes one, and its record is a
+single synced write (its event) instead of two (the event and its key). Such a key is
+stored before any event sealed with it exists, so a reader never waits for it; a
+collective's delete destroys the unused ones with the rest of its prefix; a host that
+stops leaves at most ``POOL`` unused keys per pool behind (keys of nothing: they wrap
+no data, and go with their collective).
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 from uuid import UUID
@@ -52,6 +62,7 @@ from nats.js.errors import NotFoundError as JsNotFound
 from nats.js.kv import KeyValue
 
 from eventlog.errors import LogUnavailable, PulseError
+from eventlog.ids import uuid7
 from eventlog.streams import BATCH_MAX, TRANSIENT, publish_atomic
 
 T = TypeVar("T")
@@ -69,6 +80,10 @@ ROTATION_GRACE = 3.0  # seconds between a rotation's first pass and erasing the 
 _EXPECT_NOTHING = "Nats-Expected-Last-Subject-Sequence"  # "0": the subject holds nothing
 CONCURRENCY = 256  # store requests in flight at once
 KEYS_CACHED = 500_000  # data keys a host keeps unwrapped in memory (about 100 MB at most)
+POOL = 64  # keys made ahead per (entity, collective), stored in one write (Keyring.take)
+POOL_LOW = 32  # ... made again in the background once fewer are left
+Made = tuple[UUID, str, bytes]  # a key made ahead: its entity's id, its name, the key
+Scope = tuple[str, UUID | None]  # a pool's: (entity, collective id)
 
 
 def key_name(entity: str, entity_id: UUID, collective_id: UUID | None) -> str:
@@ -505,6 +520,9 @@ class Keyring:
         self._kek_lock = asyncio.Lock()
         self._stop_following: Stop | None = None
         self._waiting: dict[str, asyncio.Event] = {}  # names a reader waits for
+        # keys made ahead and stored (``take``), by scope, and the task making more
+        self._pools: dict[Scope, deque[Made]] = {}
+        self._making: dict[Scope, asyncio.Future[None]] = {}
 
     # -- the key-encryption key -------------------------------------------------------------
 
@@ -594,6 +612,70 @@ class Keyring:
             wrapped[name] = _wrapped(kid, kek, name, key)
             self._remember(name, key)
         return wrapped
+
+    async def take(self, entity: str, collective_id: UUID | None) -> UUID | None:
+        """The id of a new ``entity`` (of ``collective_id``; None: wisdom) whose data key
+        is already in the store, made ahead (see the module docstring): its first event
+        is sealed with it and appended alone. None: the pool was dropped as it was being
+        filled (its collective deleted). Raises what the store raises when none is left
+        and storing more fails."""
+        scope = (entity, collective_id)
+        pool = self._pools.get(scope)
+        if not pool:
+            await asyncio.shield(self._make_more(scope))
+            pool = self._pools.get(scope)
+            if not pool:
+                return None
+        entity_id, name, key = pool.popleft()
+        if len(pool) < POOL_LOW:
+            self._make_more(scope)
+        self._remember(name, key)  # (again: it may have aged out of memory meanwhile)
+        return entity_id
+
+    def _make_more(self, scope: Scope) -> asyncio.Future[None]:
+        """The task filling ``scope``'s pool (started if none runs)."""
+        making = self._making.get(scope)
+        if making is None or making.done():
+            making = self._making[scope] = asyncio.ensure_future(self._make_ahead(scope))
+            making.add_done_callback(_retrieved)
+        return making
+
+    async def _make_ahead(self, scope: Scope) -> None:
+        pool = self._pools.setdefault(scope, deque())
+        kid, kek = await self._current_kek()
+        made: list[Made] = []
+        wrapped: dict[str, bytes] = {}
+        for _ in range(POOL - len(pool)):
+            entity_id = uuid7()
+            name = key_name(scope[0], entity_id, scope[1])
+            key = AESGCM.generate_key(bit_length=256)
+            wrapped[name] = _wrapped(kid, kek, name, key)
+            made.append((entity_id, name, key))
+            self._remember(name, key)  # (so this host's echo of them is not unwrapped)
+        try:
+            await self.store.put_fresh(wrapped)
+        except BaseException:
+            for _, name, _ in made:
+                self.forget(name)
+            raise
+        if self._pools.get(scope) is pool:
+            pool.extend(made)
+            return
+        # its collective was deleted meanwhile (``forget``): these go too
+        for _, name, _ in made:
+            self.forget(name)
+        with contextlib.suppress(Exception):
+            await gather_limited(self.store.destroy(name) for _, name, _ in made)
+
+    async def stop_making(self) -> None:
+        """Stop making keys ahead (a host closing): what was being stored may be left in
+        the store unused, like the rest of its pools."""
+        making = [m for m in self._making.values() if not m.done()]
+        for task in making:
+            task.cancel()
+        await asyncio.gather(*making, return_exceptions=True)
+        self._making.clear()
+        self._pools.clear()
 
     async def follow(self) -> None:
         """Learn of the keys other hosts make as they are stored (``KeyStore.watch``):
@@ -696,6 +778,8 @@ class Keyring:
         if prefix is not None:
             for n in [n for n in self._keys if n.startswith(prefix)]:
                 del self._keys[n]
+            for scope in [s for s in self._pools if _scope_prefix(s).startswith(prefix)]:
+                del self._pools[scope]  # (the keys in the store: destroyed with the prefix)
 
     async def destroy(self, name: str) -> None:
         """Destroy a data key on every host (the store's copy), and forget it here."""
@@ -759,6 +843,18 @@ class Keyring:
     async def kek_ids(self) -> list[str]:
         """The ids of the KEKs the store holds (one, except during a rotation)."""
         return [n.split(".", 1)[1] for n in await self.store.names(f"{CURRENT}.")]
+
+
+def _scope_prefix(scope: Scope) -> str:
+    entity, collective_id = scope
+    return "w." if collective_id is None else f"{collective_prefix(collective_id)}{entity}."
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    """Keys made ahead in the background that could not be stored: logged; the next
+    ``take`` that finds none left makes them again and raises if that fails."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("making data keys ahead failed: %r", exc)
 
 
 def _wrapped(kid: bytes, kek: AESGCM, name: str, key: bytes) -> bytes:

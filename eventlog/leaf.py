@@ -96,7 +96,7 @@ from eventlog.keys import (
     Stop,
     bucket_config,
 )
-from eventlog.log import HDR_IDEMPOTENCY, LogEntry, key_conflict
+from eventlog.log import HDR_IDEMPOTENCY, LogEntry, OwnEvents, key_conflict
 from eventlog.streams import StreamSettings
 from eventlog.subjects import is_activity_subject, subject_for
 
@@ -498,11 +498,15 @@ class LeafLog(JetStreamLog):
     # -- reading ---------------------------------------------------------------------------
 
     async def tail(
-        self, from_seq: int = 1, *, subjects: Sequence[str] | None = None
+        self,
+        from_seq: int = 1,
+        *,
+        subjects: Sequence[str] | None = None,
+        own: OwnEvents | None = None,
     ) -> AsyncGenerator[LogEntry, None]:
         self._tails += 1
         try:
-            async for entry in super().tail(from_seq, subjects=subjects):
+            async for entry in super().tail(from_seq, subjects=subjects, own=own):
                 if self._awaiting and entry.event is not None:
                     found = self._awaiting.get(str(entry.event.event_id))
                     if found is not None and not found[0].done():

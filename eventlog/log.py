@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from types import TracebackType
-from typing import AsyncGenerator, Sequence
+from typing import AsyncGenerator, Callable, Sequence
 from uuid import UUID
 
 from eventlog.errors import ConflictError, DecodeError
@@ -23,6 +23,11 @@ from eventlog.keys import KeyStore, MemoryKeyStore
 
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 HDR_IDEMPOTENCY = "Pulse-Idempotency"  # the fingerprint of the idempotent call that wrote it
+
+
+# an event this host wrote and has not read back yet, by its message id (its event id)
+# and the subject it was stored on; taken (popped) by the tail that finds it
+OwnEvents = Callable[[str, str], Event | None]
 
 
 def key_conflict(subject: str) -> ConflictError:
@@ -122,11 +127,18 @@ class EventLog(abc.ABC):
 
     @abc.abstractmethod
     def tail(
-        self, from_seq: int = 1, *, subjects: Sequence[str] | None = None
+        self,
+        from_seq: int = 1,
+        *,
+        subjects: Sequence[str] | None = None,
+        own: OwnEvents | None = None,
     ) -> AsyncGenerator[LogEntry, None]:
         """Every event from ``from_seq`` on, then live ones as they are stored; never ends.
 
         Survives disconnects: after a reconnect it resumes after the last entry it gave.
+        ``own``: the events this host wrote, by message id (``OwnEvents``): a backend
+        that can tell a message's id before decoding it gives such an event back as it
+        was written (checked against the time the log stored it), not decoded again.
         """
 
     @abc.abstractmethod

@@ -17,7 +17,14 @@ from uuid import UUID
 from eventlog.codec import HDR_MSG_ID, decode_event, encode_event
 from eventlog.errors import ConflictError, DecodeError, LogUnavailable, ValidationError
 from eventlog.events import Event
-from eventlog.log import HDR_IDEMPOTENCY, EventLog, LogEntry, StreamState, key_conflict
+from eventlog.log import (
+    HDR_IDEMPOTENCY,
+    EventLog,
+    LogEntry,
+    OwnEvents,
+    StreamState,
+    key_conflict,
+)
 from eventlog.streams import StreamSettings
 from eventlog.subjects import PREFIX, is_activity_subject, subject_matches
 
@@ -155,7 +162,11 @@ class MemoryLog(EventLog):
             yield batch
 
     async def tail(
-        self, from_seq: int = 1, *, subjects: Sequence[str] | None = None
+        self,
+        from_seq: int = 1,
+        *,
+        subjects: Sequence[str] | None = None,
+        own: OwnEvents | None = None,  # (decoded in memory: nothing to save)
     ) -> AsyncGenerator[LogEntry, None]:
         self._check_open()
         next_seq = from_seq

@@ -156,20 +156,33 @@ class Sealer:
         without asking the store, for entities whose ids were made just now (never an
         idempotent call's, which a retry may repeat); and the wrapped keys the caller
         stores as it appends (``KeyStore.put_fresh``): a reader that meets an event
-        before its key waits for the key."""
+        before its key waits for the key. An entity whose key this host holds already
+        (its id taken with its key, made ahead: ``Keyring.take``) needs none."""
+        keyring = self.keyring
+        named = [(event, sealed_name(event)) for event in events]
         making = {
             name: None
-            for event in events
-            if ev.event_type_name(event) in MAKING and (name := sealed_name(event)) is not None
+            for event, name in named
+            if name is not None and ev.event_type_name(event) in MAKING and not keyring.holds(name)
         }
-        wrapped = await self.keyring.fresh(making) if making else {}
-        return await self.seal_many(events), wrapped
+        wrapped = await keyring.fresh(making) if making else {}
+        return await self._seal_named(named), wrapped
 
     async def seal_many(self, events: Sequence[ev.Event]) -> list[ev.Event]:
-        firsts = {n: e for n, e in _firsts(events).items() if not self.keyring.holds(n)}
+        return await self._seal_named([(event, sealed_name(event)) for event in events])
+
+    async def _seal_named(self, named: Sequence[tuple[ev.Event, str | None]]) -> list[ev.Event]:
+        """Events sealed, each with its data key's name (None: not sealed) worked out."""
+        firsts: dict[str, ev.Event] = {}
+        for event, name in named:
+            if name is not None and not self.keyring.holds(name):
+                firsts.setdefault(name, event)
         if len(firsts) > 1:  # their keys made in parallel first (each seal then finds its own)
             await gather_limited(self._make(n, e) for n, e in firsts.items())
-        return [await self.seal(e) for e in events]
+        return [
+            event if name is None else seal_with(event, await self._make(name, event), name)
+            for event, name in named
+        ]
 
     async def open(
         self, entries: Sequence[LogEntry], *, key_wait: float | None = None
@@ -229,13 +242,3 @@ class Sealer:
         scope = tombstone_scope(event)
         if scope is not None:
             self.keyring.forget(scope[0], prefix=scope[1])
-
-
-def _firsts(events: Sequence[ev.Event]) -> dict[str, ev.Event]:
-    """The first event of each data key among ``events``."""
-    firsts: dict[str, ev.Event] = {}
-    for event in events:
-        name = sealed_name(event)
-        if name is not None:
-            firsts.setdefault(name, event)
-    return firsts

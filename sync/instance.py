@@ -403,6 +403,7 @@ class PulseDB:
         await self.follower.stop()
         await replication.stop()
         await self.sealer.keyring.unfollow()
+        await self.sealer.keyring.stop_making()
         replication.wake_all()
         self.watching.end_all()
         await self.engine.close()

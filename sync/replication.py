@@ -2,11 +2,13 @@
 writers waiting for their own sequence (read-your-writes).
 
 A tail of the log from the engine's applied sequence hands every entry to the projection
-engine (``projections.engine``) as it arrives; the engine applies whatever has queued up
-as one batch and reports each batch back. Those reports advance the applied sequence on
-the loop, feed the clock, wake the writers waiting for their sequence, and are told to
-whoever listens (``listen``: the gate forgets what a delete changed, the tokens are read
-again, the watchers hear of experiences). Nothing here calls DuckDB, FAISS or tantivy.
+engine (``projections.engine``) as it arrives (what this host wrote as it was written,
+known by its message id before its body is decoded: ``writing``); the engine applies
+whatever has queued up as one batch and reports each batch back. Those reports advance
+the applied sequence on the loop, feed the clock, wake the writers waiting for their
+sequence, and are told to whoever listens (``listen``: the gate forgets what a delete
+changed, the tokens are read again, the watchers hear of experiences). Nothing here
+calls DuckDB, FAISS or tantivy.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from eventlog import events as ev
 from eventlog import subjects
 from eventlog.errors import LogUnavailable, PulseError
 from eventlog.log import EventLog, LogEntry
-from eventlog.sealing import SEALED_ENTITY, Sealer, tombstone_scope
+from eventlog.sealing import Sealer, tombstone_scope
 from projections.engine import Applied, Engine
 from sync.hlc import MAX_AHEAD_MS, HybridClock, wall_ms
 
@@ -31,7 +33,7 @@ log = logging.getLogger("pulse.instance")
 
 DELETES = (ev.CollectiveDeleted, ev.ExperienceDeleted, ev.RelationDeleted, ev.InsightDeleted,
            ev.WisdomDeleted, ev.SessionDeleted)  # fmt: skip
-WRITTEN_MAX = 20_000  # own sealed writes remembered for the tail
+WRITTEN_MAX = 20_000  # own writes remembered for the tail
 BACKLOG_LIMIT = 50_000  # entries handed to the engine and not applied: the tail waits
 KEPT_ASIDE_MAX = 10_000  # recent dead letters remembered for the writers waiting on them
 
@@ -68,9 +70,10 @@ class Replication:
         # the latest time the stream stored a message this host read (0: none yet): an
         # event's clock close enough to it is within the bound of any later one
         self.log_ms = 0
-        # what this instance wrote sealed, by event id, until its tail brings it back (then
-        # it is handed over as written, not decrypted again); the oldest go first
-        self._own_sealed: dict[UUID, ev.Event] = {}
+        # what this instance wrote, by message id (its event id), until its tail brings it
+        # back (then it is handed over as written, neither decoded nor decrypted again:
+        # ``EventLog.tail``'s ``own``); the oldest go first
+        self._own: dict[str, ev.Event] = {}
         self._purging: set[asyncio.Future[None]] = set()  # copies forgotten (a leaf's)
         self._listeners: list[Callable[[LogEntry], None]] = []
         self._after_batch: list[Callable[[], None]] = []
@@ -106,7 +109,7 @@ class Replication:
     async def _replicate(self, from_seq: int | None = None) -> None:
         try:
             start = self.engine.seq + 1 if from_seq is None else from_seq
-            tail = self.log.tail(start, subjects=self.filters())
+            tail = self.log.tail(start, subjects=self.filters(), own=self._own_event)
             async for entry in tail:
                 if entry.stored_ms is not None and entry.stored_ms > self.log_ms:
                     self.log_ms = entry.stored_ms  # (the writer's own events come back too)
@@ -128,21 +131,28 @@ class Replication:
 
     async def _opened(self, entry: LogEntry) -> LogEntry:
         """A sealed entry of the tail, opened: a write of this instance comes back as the
-        event it wrote (no decryption); another host's is opened with its key."""
+        event it wrote (no decryption; where the log did not give it back so already);
+        another host's is opened with its key."""
         assert entry.event is not None
-        own = self._own_sealed.pop(entry.event.event_id, None)
+        own = self._own_event(str(entry.event.event_id), entry.subject)
         if own is not None:
             return LogEntry(entry.seq, entry.subject, own, None, entry.stored_ms)
         (opened,) = await self.sealer.open((entry,))
         return opened
 
-    def sealed_writing(self, events: Sequence[ev.Event]) -> None:
-        """Remember what this instance is about to write sealed, by event id, for its
-        tail (``_opened``): the tail may bring an event back before its append returns."""
-        written = self._own_sealed
+    def _own_event(self, msg_id: str, subject: str) -> ev.Event | None:
+        """The event this instance wrote as message ``msg_id`` (taken: the tail reads it
+        once), or None. Its subject need not be compared (working it out costs more than
+        the rest of the look-up): the stream refuses a second message with an id within
+        its duplicate window, and the first one with a fresh random id is this host's."""
+        return self._own.pop(msg_id, None)
+
+    def writing(self, events: Sequence[ev.Event]) -> None:
+        """Remember what this instance is about to write, by message id, for its tail
+        (``_own_event``): the tail may bring an event back before its append returns."""
+        written = self._own
         for event in events:
-            if ev.event_type_name(event) in SEALED_ENTITY:
-                written[event.event_id] = event
+            written[str(event.event_id)] = event
         while len(written) > WRITTEN_MAX:
             del written[next(iter(written))]
 

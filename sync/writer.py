@@ -1,6 +1,9 @@
 """The write path: an event checked by a domain service is sealed, appended to the log
 (acknowledged by JetStream, or raise), and the call returns once this host applied it
 (read-your-writes); a write that landed after a concurrent delete is forgotten again.
+A single event reaches the engine through the tail, which gives it back as written (not
+decoded or opened again: ``Replication.writing``); a batch is also offered to the engine
+as soon as it is acknowledged (one hand-over for all of it).
 
 Also here: the common fields of every event (its id, the instance, the clock, the
 author), ids drawn from an idempotency key (``sync.idempotency``) and the results of the
@@ -82,6 +85,16 @@ class Writer:
         call = idempotency.CURRENT.get()
         return uuid7() if call is None else call.next_id()
 
+    async def entity_id(self, entity: str, collective_id: UUID | None) -> UUID:
+        """The id of a new entity: one whose data key is stored already (made ahead:
+        ``Keyring.take``), so its record is one synced write, or derived from the
+        idempotency key of the call in progress (its key made as it is sealed)."""
+        call = idempotency.CURRENT.get()
+        if call is not None:
+            return call.next_id()
+        taken = await self.sealer.keyring.take(entity, collective_id)
+        return uuid7() if taken is None else taken
+
     # -- idempotent calls (sync.idempotency.idempotent) -----------------------------------
 
     def remembered(self, key: str) -> tuple[str, Any] | None:
@@ -105,17 +118,16 @@ class Writer:
         replication = self.replication
         replication.check_open()
         call = idempotency.CURRENT.get()
-        first = None
         if call is None:  # what the log holds: its text encrypted (a new entity's key is
-            # made here, and stored as the event is appended)
+            # stored already, or made here and stored as the event is appended)
             (wire,), fresh = await self.sealer.seal_fresh((event,))
-            replication.sealed_writing((event,))
+            replication.writing((event,))  # (the tail hands it over as written)
             seq = await self._with_keys(fresh, self.log.append(wire))
         else:  # a retry within the duplicate window finds the first copy: nothing new
             wire = await self.sealer.seal(event)
-            seq, first = await self.log.append_keyed(wire, call.fingerprint)
-        if first is None and self._within_clock_bound((event,)):
-            self.engine.offer((LogEntry(seq, subjects.subject_for(event), event),))
+            seq, _ = await self.log.append_keyed(wire, call.fingerprint)
+        # not offered to the engine: the tail brings it back as the ack comes, and one
+        # hand-over costs less than two (the offer, then the tail's copy of it)
         await replication.wait_applied(seq)
         self._check_not_kept_aside(seq)
         await self._forget_if_deleted(event, seq)
@@ -135,7 +147,7 @@ class Writer:
             seqs, fresh = [s for s, _ in stored], all(first is None for _, first in stored)
         else:
             wires, keys = await self.sealer.seal_fresh(events)
-            replication.sealed_writing(events)
+            replication.writing(events)
             seqs = await self._with_keys(keys, self.log.append_batch(wires, atomic=atomic))
             fresh = True
         if (

@@ -70,3 +70,53 @@ async def test_a_long_read_in_a_child_process_gives_what_read_gives(
         )
     finally:
         await log.close()
+
+
+async def test_the_tail_gives_back_what_this_host_wrote_as_written(
+    nats_server: EmbeddedNats,
+) -> None:
+    """``tail(own=...)``: a message this host wrote is known by its id before its body is
+    decoded and given back as the event written (the same object: never decoded); one on
+    another subject than the one written, or stored too long after its clock (a dead
+    letter on every host), is decoded as any other."""
+    import msgspec
+
+    from eventlog import events as ev
+    from eventlog.ids import uuid7
+    from eventlog.limits import CLOCK_AHEAD_MS
+    from eventlog.subjects import subject_for
+    from tests import factories as f
+
+    log = await JetStreamLog.connect(nats_server.url, StreamSettings())
+    try:
+        cid = uuid7()
+        mine = [f.experience(cid, f"mine {i}") for i in range(3)]
+        other = f.experience(cid, "another host's")
+        ahead = ev.pack_hlc(ev.hlc_millis(mine[0].hlc) + 2 * CLOCK_AHEAD_MS, 0)
+        fast = msgspec.structs.replace(f.experience(cid, "a clock too fast"), hlc=ahead)
+        written = {str(e.event_id): (subject_for(e), e) for e in [*mine, fast]}
+        misplaced = f.experience(cid, "not where it was written")
+        written[str(misplaced.event_id)] = ("pulse.elsewhere", misplaced)
+        asked: list[str] = []
+
+        def own(msg_id: str, subject: str) -> ev.Event | None:
+            asked.append(msg_id)
+            found = written.pop(msg_id, None)
+            return found[1] if found is not None and found[0] == subject else None
+
+        for event in [mine[0], other, mine[1], misplaced, fast, mine[2]]:
+            await log.append(event)
+        entries = []
+        async for entry in log.tail(1, own=own):
+            entries.append(entry)
+            if len(entries) == 6:
+                break
+        got = [e.event for e in entries]
+        assert got[0] is mine[0] and got[2] is mine[1] and got[5] is mine[2]
+        assert got[1] == other and got[1] is not other  # decoded
+        assert got[3] == misplaced and got[3] is not misplaced  # decoded: another subject
+        assert got[4] is None and "ahead" in str(entries[4].error)  # a dead letter
+        assert all(e.stored_ms for e in entries)
+        assert len(asked) == 6 and written == {}
+    finally:
+        await log.close()
