@@ -20,19 +20,20 @@ selector inside the FAISS search; a filter that leaves few candidates is answere
 exact scan over just those, so a filter never costs recall. A flat index drops deleted
 vectors at once; an HNSW graph keeps their nodes (with zeroed codes) until more than
 ``COMPACT_FRACTION`` of it is gone, then a new graph is built from the live vectors on
-a background thread and swapped in by the owner thread, with whatever changed during
-the build applied to it first.
+a background thread and swapped in by the owner thread, with what was removed during
+the build erased in it and what was added meanwhile pending (below).
 
 Vectors added to a graph are not inserted into it at once (a single-vector HNSW insert
 costs a few hundred microseconds of the owner thread, which every write would wait for):
-they are *pending*, found by an exact scan of their unit vectors beside the graph
-search (merged before the re-ranking: the same scores, filters and cut), and a
-background worker (``_INSERTER``, one thread; FAISS releases the GIL) inserts them in
-chunks of about ``INSERT_SECONDS``, each under the index's lock, so a search waits for
-at most one chunk. Past ``PENDING_CAP`` pending vectors (writes faster than the worker,
-a catch-up) the adding thread inserts the excess itself, in one bulk call. A saved
-graph holds only what was inserted: the projection finds the rest (rows in no saved
-index) when it opens and adds them again.
+they are *pending*, found by an exact scan of them beside the graph search (merged
+before the re-ranking: the same scores, filters and cut), and a background worker
+(``_INSERTER``, one thread; FAISS releases the GIL) inserts them in chunks of about
+``INSERT_SECONDS``, each under the index's lock, so a search waits for at most one
+chunk. Past ``PENDING_CAP`` pending vectors (writes faster than the worker, a catch-up)
+the adding thread inserts the excess itself, in one bulk call, and a save inserts what
+is pending before it writes the graph. After a crash, vectors that were pending are in
+no saved graph: like any row behind the saved indexes, the projection adds them again
+when it opens.
 
 OpenMP: ``omp_set_num_threads`` sets the calling thread's own team size; a search runs
 with ``SEARCH_THREADS`` (1: FAISS's spinning workers cost a single-query search more
@@ -64,6 +65,8 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -81,7 +84,7 @@ Matrix = npt.NDArray[np.float32]
 HNSW_M = 32  # graph neighbours per node (64 on the bottom layer)
 HNSW_EF_CONSTRUCTION = 80
 COMPACT_FRACTION = 0.2  # a graph is rebuilt once this share of its nodes is gone
-INSERT_SECONDS = 0.003  # about the time of one background chunk of inserts
+INSERT_SECONDS = 0.002  # about the time of one background chunk of inserts
 PENDING_CAP = 4096  # past this many pending vectors, the adding thread inserts the excess
 # OpenMP team sizes by use (``omp_set_num_threads`` is per calling thread)
 SEARCH_THREADS, INSERT_THREADS, BULK_THREADS = 1, 1, os.cpu_count() or 1
@@ -227,8 +230,10 @@ class VectorIndex:
     pending: dict[int, None] = field(default_factory=dict)
     _selectors: dict[bool, Any] = field(default_factory=dict)  # cached faiss.IDSelector
     _positions: npt.NDArray[np.int64] | None = None  # HNSW: vec_id at each graph position
+    _positions_room: npt.NDArray[np.int64] | None = None  # ... a view of this (it grows)
     _position_of: npt.NDArray[np.int32] | None = None  # ... and the reverse, by vec_id
     _graph: tuple[Any, Any] | None = None  # (the index, its HNSW graph), looked up once
+    _flat: Any = None  # the index, known to be flat (a downcast costs ~15 us)
     _params: dict[tuple[int, int], tuple[Any, Any]] = field(default_factory=dict)
     # the vectors (and norms) of the last exact scans by key, by the vec_ids scanned: a
     # restricted caller's next search over the same rows is one matrix product
@@ -236,6 +241,9 @@ class VectorIndex:
     compacting: concurrent.futures.Future[tuple[Any, set[int]]] | None = None
     # the graph and ``pending`` (but adding to it); the inserter holds it for a chunk
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # the owner thread waiting for ``_lock`` (``_held``): the inserter lets it in first
+    _turn: threading.Condition = field(default_factory=threading.Condition)
+    _wanted: int = 0
     # adding to ``pending`` and starting the inserter, beside the inserter taking a chunk
     _queue: threading.Lock = field(default_factory=threading.Lock)
     inserting: concurrent.futures.Future[None] | None = None  # the inserter's run
@@ -247,9 +255,19 @@ class VectorIndex:
     @property
     def is_hnsw(self) -> bool:
         self._settle()
+        return self._is_graph()
+
+    def _is_graph(self) -> bool:
         if self._graph is not None and self._graph[0] is self.index:
             return True
-        return not isinstance(faiss.downcast_index(self.index.index), faiss.IndexFlat)
+        if self._flat is self.index:
+            return False
+        inner = faiss.downcast_index(self.index.index)
+        if isinstance(inner, faiss.IndexFlat):
+            self._flat = self.index
+            return False
+        self._graph = (self.index, inner)
+        return True
 
     def _settle(self) -> None:
         """Swap in a finished compaction."""
@@ -258,18 +276,48 @@ class VectorIndex:
 
     def _graph_positions(self) -> npt.NDArray[np.int64]:
         """The vec_id at each position of the HNSW graph (searched without the id map);
-        under ``_lock``. Inserts append: only the new tail is read."""
+        under ``_lock``. Inserts append: only the new tail is read (into room that
+        doubles), and the reverse map, if made, is extended with it."""
         total = int(self.index.ntotal)
-        positions = self._positions
-        if positions is None or len(positions) > total:
-            positions = faiss.vector_to_array(self.index.id_map).astype(np.int64)
-        elif len(positions) < total:
-            ids = faiss.rev_swig_ptr(self.index.id_map.data(), total)
-            positions = np.concatenate([positions, ids[len(positions) :].astype(np.int64)])
-        else:
+        positions, room = self._positions, self._positions_room
+        if positions is not None and len(positions) == total:
             return positions
-        self._positions, self._position_of = positions, None
-        return positions
+        if positions is None or room is None or len(positions) > total:
+            room = faiss.vector_to_array(self.index.id_map).astype(np.int64)
+            start, self._position_of = total, None
+        else:
+            start = len(positions)
+            if len(room) < total:
+                room = np.empty(max(total, 2 * len(room)), dtype=np.int64)
+                room[:start] = positions
+            ids = faiss.rev_swig_ptr(self.index.id_map.data(), total)
+            room[start:total] = ids[start:]
+        self._positions_room, self._positions = room, room[:total]
+        reverse = self._position_of
+        if reverse is not None and start < total:
+            tail = room[start:total]
+            top = int(tail.max()) + 1
+            if top > len(reverse):
+                grown = np.full(max(top, 2 * len(reverse)), -1, dtype=np.int32)
+                grown[: len(reverse)] = reverse
+                reverse = self._position_of = grown
+            reverse[tail] = np.arange(start, total, dtype=np.int32)
+        return room[:total]
+
+    @contextmanager
+    def _held(self) -> Iterator[None]:
+        """``_lock``, for the owner thread: ahead of the inserter's next chunk (a lock is
+        not fair: the inserter, holding the GIL, would take it again at once)."""
+        with self._turn:
+            self._wanted += 1
+        self._lock.acquire()
+        with self._turn:
+            self._wanted -= 1
+            self._turn.notify_all()
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def _positions_of(self, vec_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """The graph positions of ``vec_ids`` (those in the graph); under ``_lock``."""
@@ -303,7 +351,7 @@ class VectorIndex:
         self.members.update(new_ids.tolist())
         self.gone.difference_update(new_ids.tolist())
         self._selectors.clear()
-        flat = isinstance(faiss.downcast_index(self.index.index), faiss.IndexFlat)
+        flat = not self._is_graph()
         if flat and len(self.members) - len(self.gone) > self.hnsw_threshold:
             self._to_hnsw()  # takes the new vectors from the exact file
         elif flat:
@@ -314,7 +362,7 @@ class VectorIndex:
                 if self.inserting is None:
                     self.inserting = _INSERTER.submit(self._insert_pending)
             if len(self.pending) > PENDING_CAP:  # the inserter falls behind: help it
-                with self._lock:
+                with self._held():
                     self._insert(len(self.pending) - PENDING_CAP // 2, BULK_THREADS)
 
     def _insert(self, count: int, threads: int) -> int:
@@ -340,6 +388,8 @@ class VectorIndex:
         ``INSERT_SECONDS`` at a time, until none is left."""
         try:
             while True:
+                with self._turn:  # the owner thread first
+                    self._turn.wait_for(lambda: not self._wanted)
                 with self._lock:
                     with self._queue:
                         if not self.pending:
@@ -370,7 +420,7 @@ class VectorIndex:
             return
         self.hidden.difference_update(drop)
         if self.is_hnsw:
-            with self._lock:  # no chunk is being inserted: a pending one stays out
+            with self._held():  # no chunk is being inserted: a pending one stays out
                 with self._queue:
                     waiting = [v for v in drop if self.pending.pop(v, 0) is None]
                 self.exact.erase(drop)
@@ -437,7 +487,7 @@ class VectorIndex:
             built, snapshot = compacting.result()
         except Exception:  # keep serving from the old graph; the next removal retries
             return
-        with self._lock:
+        with self._held():
             live = self.members - self.gone
             left = sorted(snapshot - live)  # removed during the build
             self._erase_codes(built, left)
@@ -460,8 +510,12 @@ class VectorIndex:
         if self.compacting is not None:
             concurrent.futures.wait([self.compacting])
         self._settle()
+        self.wait_pending()
+
+    def wait_pending(self) -> None:
+        """Insert every pending vector, on this thread (in one bulk call)."""
         if self.pending:
-            with self._lock:
+            with self._held():
                 self._insert(len(self.pending), BULK_THREADS)
 
     # -- searching ------------------------------------------------------------------------------
@@ -514,9 +568,9 @@ class VectorIndex:
         exact vectors."""
         fetch = max(2 * k, k + 10)
         _threads(SEARCH_THREADS)
-        with self._lock:
-            if self._graph is None or self._graph[0] is not self.index:
-                self._graph = (self.index, faiss.downcast_index(self.index.index))
+        with self._held():
+            self._is_graph()  # (looks the graph up once)
+            assert self._graph is not None
             if allowed is not None:
                 selector = self._bitmap(self._positions_of(allowed))
             else:
@@ -597,7 +651,7 @@ class VectorIndex:
         selector: Any
         if not excluded:
             selector = None
-        elif self._graph is not None and self._graph[0] is self.index:
+        elif self._is_graph():
             ids = np.fromiter(excluded, dtype=np.int64, count=len(excluded))
             out = self._bitmap(self._positions_of(ids))
             selector = faiss.IDSelectorNot(out)
@@ -615,7 +669,7 @@ class VectorIndex:
         """Every vec_id in the FAISS index and the vector FAISS keeps for it (decoded
         from its codes): what forgetting must have overwritten."""
         self._settle()
-        with self._lock:
+        with self._held():
             inner = faiss.downcast_index(self.index.index)
             if not isinstance(inner, faiss.IndexFlat):
                 inner = faiss.downcast_index(inner.storage)
@@ -627,12 +681,13 @@ class VectorIndex:
     # -- persistence ------------------------------------------------------------------------
 
     def save(self, path: Path) -> None:
-        """Write the graph as it is: a compaction still running is saved next time, and
-        pending vectors are not in it (the projection adds them again when it opens:
-        their rows are in no saved index)."""
+        """Write the graph, pending vectors inserted first (at most ``PENDING_CAP``,
+        most often none or a few: the file is whole, and opening it adds nothing back).
+        A compaction still running is saved next time."""
         self._settle()
+        self.wait_pending()
         tmp = path.with_suffix(".tmp")
-        with self._lock:
+        with self._held():
             faiss.write_index(self.index, str(tmp))
         os.replace(tmp, path)
 

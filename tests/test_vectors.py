@@ -13,6 +13,7 @@ search over the live vectors answers.
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -174,25 +175,41 @@ def test_a_compaction_takes_pending_vectors_and_leaves_later_ones_pending(
     assert in_graph(index) == index.members == set(live) | {before[0]}
 
 
-def test_a_restart_finds_the_vectors_its_saved_graph_lacks(tmp_path: Path) -> None:
+def test_a_save_inserts_the_pending_vectors_first(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    index = make_index(tmp_path)
+    vectors = rng.normal(size=(300, DIM)).astype(np.float32)
+    add(index, 0, vectors[:200])
+    with inserter_held():
+        add(index, 200, vectors[200:])
+        assert len(index.pending) == 100
+        index.save(tmp_path / "graph.faiss")
+        assert not index.pending and graph_size(index) == 300
+    assert faiss.read_index(str(tmp_path / "graph.faiss")).ntotal == 300
+
+
+def test_vectors_pending_at_a_crash_are_found_after_it(tmp_path: Path) -> None:
+    """The state on disk as a crash leaves it (DuckDB flushed past the saved graph,
+    which lacks the vectors that were pending): opened, it adds them again."""
     h = History(dim=DIM, seed=5)
     h.record(400)
-    state = tmp_path / "state"
+    state, crashed = tmp_path / "state", tmp_path / "crashed"
     p = Projection(state, ProjectionSettings(hnsw_threshold=100))
     feed(p, h.entries)
+    p.save()
     index = p.vectors[("experience", h.cid)]
-    index.wait()
     with inserter_held():
         fresh, entries = h.record(40)
         feed(p, entries + h.archive(fresh[:5]))
         assert len(index.pending) == 40 and graph_size(index) == 400
-        p.save()  # the graph saved without them
-        saved = faiss.read_index(str(p._path("experience", h.cid)))
-        assert saved.ntotal == 400
+        p.flush()
+        p.store.checkpoint_file()
+        shutil.copytree(state, crashed)  # what a kill -9 now would leave
         p.close()
-        p = Projection(state, ProjectionSettings(hnsw_threshold=100))
+        p = Projection(crashed, ProjectionSettings(hnsw_threshold=100))
+        assert p.seq == h.seq
         index = p.vectors[("experience", h.cid)]
-        assert len(index.pending) == 40, "added again when it opened"
+        assert set(fresh) <= set(index.keys.values())
         for eid in fresh:
             found = q.similar_experiences(p, h.cid, h.vectors[eid], k=1)
             archived = q.similar_experiences(
