@@ -421,10 +421,10 @@ class VectorIndex:
         self.hidden.difference_update(drop)
         if self.is_hnsw:
             with self._held():  # no chunk is being inserted: a pending one stays out
-                with self._queue:
-                    waiting = [v for v in drop if self.pending.pop(v, 0) is None]
+                with self._queue:  # (pending values are None: 0 says "was not pending")
+                    waiting = {v for v in drop if self.pending.pop(v, 0) is None}
                 self.exact.erase(drop)
-                inside = [v for v in drop if v not in set(waiting)] if waiting else drop
+                inside = [v for v in drop if v not in waiting]
                 self.gone.update(inside)
                 self._erase_codes(self.index, inside)
             self.members.difference_update(waiting)
