@@ -20,12 +20,26 @@ selector inside the FAISS search; a filter that leaves few candidates is answere
 exact scan over just those, so a filter never costs recall. A flat index drops deleted
 vectors at once; an HNSW graph keeps their nodes (with zeroed codes) until more than
 ``COMPACT_FRACTION`` of it is gone, then a new graph is built from the live vectors on
-a background thread and swapped in by the owner thread, with whatever changed during
-the build applied to it first.
+a background thread and swapped in by the owner thread, with what was removed during
+the build erased in it and what was added meanwhile pending (below).
 
-Large adds (catching up, rebuilding) run on a background thread too, so folding the
-next batch overlaps with FAISS's (multi-threaded) graph construction; every other use
-of the index waits for a pending add first.
+Vectors added to a graph are not inserted into it at once (a single-vector HNSW insert
+costs a few hundred microseconds of the owner thread, which every write would wait for):
+they are *pending*, found by an exact scan of them beside the graph search (merged
+before the re-ranking: the same scores, filters and cut), and a background worker
+(``_INSERTER``, one thread; FAISS releases the GIL) inserts them in chunks of about
+``INSERT_SECONDS``, each under the index's lock, so a search waits for at most one
+chunk. Past ``PENDING_CAP`` pending vectors (writes faster than the worker, a catch-up)
+the adding thread inserts the excess itself, in one bulk call, and a save inserts what
+is pending before it writes the graph. After a crash, vectors that were pending are in
+no saved graph: like any row behind the saved indexes, the projection adds them again
+when it opens.
+
+OpenMP: ``omp_set_num_threads`` sets the calling thread's own team size; a search runs
+with ``SEARCH_THREADS`` (1: FAISS's spinning workers cost a single-query search more
+than they give, on a shared machine several times more), background inserts with
+``INSERT_THREADS``, bulk builds (a graph from scratch, the inline catch-up) with every
+core.
 
 A caller that may not see every row (``eventlog.access``: not an admin) is answered by an
 exact scan of the rows it may see (``search(exact=True)``), never by the graph: a
@@ -49,7 +63,12 @@ import json
 import math
 import mmap
 import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any, Iterable
 from uuid import UUID
@@ -65,16 +84,27 @@ Matrix = npt.NDArray[np.float32]
 HNSW_M = 32  # graph neighbours per node (64 on the bottom layer)
 HNSW_EF_CONSTRUCTION = 80
 COMPACT_FRACTION = 0.2  # a graph is rebuilt once this share of its nodes is gone
-BACKGROUND_ADD = 2048  # adds at least this large run off the owner thread
+INSERT_SECONDS = 0.002  # about the time of one background chunk of inserts
+PENDING_CAP = 4096  # past this many pending vectors, the adding thread inserts the excess
+# OpenMP team sizes by use (``omp_set_num_threads`` is per calling thread)
+SEARCH_THREADS, INSERT_THREADS, BULK_THREADS = 1, 1, os.cpu_count() or 1
 _CHUNK = 4096  # vector slots per mapping of an exact-vectors file
 # exact scans kept per index (``_scanned``): of this many rows or more, at most this
 # many, each at most this large (a copy of the rows scanned, and their norms)
 SCAN_KEPT_MIN, SCANS_KEPT, SCAN_KEPT_BYTES = 1000, 2, 128 * 2**20
 
-# Background work for the indexes; FAISS parallelises each build and add itself. Adds
-# and compactions have a worker each, so an add never waits behind a compaction.
-_ADDER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulse-faiss-add")
+# Background work for the indexes; FAISS parallelises each build itself. Inserts and
+# compactions have a worker each, so pending vectors never wait behind a compaction.
+_INSERTER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulse-faiss-insert")
 _COMPACTOR = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulse-faiss-compact")
+_omp = threading.local()
+
+
+def _threads(n: int) -> None:
+    """Set this thread's OpenMP team size for FAISS's next calls (if it differs)."""
+    if getattr(_omp, "n", None) != n:
+        faiss.omp_set_num_threads(n)
+        _omp.n = n
 
 
 def graph_index(dim: int) -> Any:
@@ -181,27 +211,43 @@ class ExactVectors:
 
 @dataclass
 class VectorIndex:
-    """One collective's vectors of one kind (see the module doc)."""
+    """One collective's vectors of one kind (see the module doc).
+
+    Threads: the owner thread (the projection's) makes every call; the inserter only
+    moves pending vectors into the graph, under ``_lock`` (held for one chunk), and so
+    does every owner-thread use of the graph or of ``pending`` past adding to it."""
 
     dim: int
     exact: ExactVectors
     hnsw_threshold: int = 10_000
     ef_search: int = 128
     index: Any = field(init=False)  # faiss.IndexIDMap (no reverse map: ids are ours)
-    members: set[int] = field(default_factory=set)  # vec_ids in the FAISS index
+    members: set[int] = field(default_factory=set)  # vec_ids in the index (graph or pending)
     keys: dict[int, UUID] = field(default_factory=dict)  # vec_id -> experience / insight id
     hidden: set[int] = field(default_factory=set)  # archived: only when asked for
     gone: set[int] = field(default_factory=set)  # deleted or invalid, still in HNSW
+    # HNSW: members not in the graph yet, oldest first (the inserter's queue)
+    pending: dict[int, None] = field(default_factory=dict)
     _selectors: dict[bool, Any] = field(default_factory=dict)  # cached faiss.IDSelector
     _positions: npt.NDArray[np.int64] | None = None  # HNSW: vec_id at each graph position
+    _positions_room: npt.NDArray[np.int64] | None = None  # ... a view of this (it grows)
     _position_of: npt.NDArray[np.int32] | None = None  # ... and the reverse, by vec_id
     _graph: tuple[Any, Any] | None = None  # (the index, its HNSW graph), looked up once
+    _flat: Any = None  # the index, known to be flat (a downcast costs ~15 us)
     _params: dict[tuple[int, int], tuple[Any, Any]] = field(default_factory=dict)
-    _adding: concurrent.futures.Future[None] | None = None  # a large add under way
     # the vectors (and norms) of the last exact scans by key, by the vec_ids scanned: a
     # restricted caller's next search over the same rows is one matrix product
     _scans: dict[bytes, tuple[Matrix, npt.NDArray[np.float32]]] = field(default_factory=dict)
     compacting: concurrent.futures.Future[tuple[Any, set[int]]] | None = None
+    # the graph and ``pending`` (but adding to it); the inserter holds it for a chunk
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    # the owner thread waiting for ``_lock`` (``_held``): the inserter lets it in first
+    _turn: threading.Condition = field(default_factory=threading.Condition)
+    _wanted: int = 0
+    # adding to ``pending`` and starting the inserter, beside the inserter taking a chunk
+    _queue: threading.Lock = field(default_factory=threading.Lock)
+    inserting: concurrent.futures.Future[None] | None = None  # the inserter's run
+    _chunk: int = 16  # vectors per background chunk, adjusted to take INSERT_SECONDS
 
     def __post_init__(self) -> None:
         self.index = faiss.IndexIDMap(faiss.IndexFlatIP(self.dim))
@@ -209,27 +255,72 @@ class VectorIndex:
     @property
     def is_hnsw(self) -> bool:
         self._settle()
+        return self._is_graph()
+
+    def _is_graph(self) -> bool:
         if self._graph is not None and self._graph[0] is self.index:
             return True
-        return not isinstance(faiss.downcast_index(self.index.index), faiss.IndexFlat)
+        if self._flat is self.index:
+            return False
+        inner = faiss.downcast_index(self.index.index)
+        if isinstance(inner, faiss.IndexFlat):
+            self._flat = self.index
+            return False
+        self._graph = (self.index, inner)
+        return True
 
     def _settle(self) -> None:
-        """Wait for a pending add; swap in a finished compaction."""
-        if self._adding is not None:
-            adding, self._adding = self._adding, None
-            adding.result()
+        """Swap in a finished compaction."""
         if self.compacting is not None and self.compacting.done():
             self._swap()
 
     def _graph_positions(self) -> npt.NDArray[np.int64]:
-        """The vec_id at each position of the HNSW graph (searched without the id map)."""
-        if self._positions is None or len(self._positions) != self.index.ntotal:
-            self._positions = faiss.vector_to_array(self.index.id_map).astype(np.int64)
-            self._position_of = None
-        return self._positions
+        """The vec_id at each position of the HNSW graph (searched without the id map);
+        under ``_lock``. Inserts append: only the new tail is read (into room that
+        doubles), and the reverse map, if made, is extended with it."""
+        total = int(self.index.ntotal)
+        positions, room = self._positions, self._positions_room
+        if positions is not None and len(positions) == total:
+            return positions
+        if positions is None or room is None or len(positions) > total:
+            room = faiss.vector_to_array(self.index.id_map).astype(np.int64)
+            start, self._position_of = total, None
+        else:
+            start = len(positions)
+            if len(room) < total:
+                room = np.empty(max(total, 2 * len(room)), dtype=np.int64)
+                room[:start] = positions
+            ids = faiss.rev_swig_ptr(self.index.id_map.data(), total)
+            room[start:total] = ids[start:]
+        self._positions_room, self._positions = room, room[:total]
+        reverse = self._position_of
+        if reverse is not None and start < total:
+            tail = room[start:total]
+            top = int(tail.max()) + 1
+            if top > len(reverse):
+                grown = np.full(max(top, 2 * len(reverse)), -1, dtype=np.int32)
+                grown[: len(reverse)] = reverse
+                reverse = self._position_of = grown
+            reverse[tail] = np.arange(start, total, dtype=np.int32)
+        return room[:total]
+
+    @contextmanager
+    def _held(self) -> Iterator[None]:
+        """``_lock``, for the owner thread: ahead of the inserter's next chunk (a lock is
+        not fair: the inserter, holding the GIL, would take it again at once)."""
+        with self._turn:
+            self._wanted += 1
+        self._lock.acquire()
+        with self._turn:
+            self._wanted -= 1
+            self._turn.notify_all()
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def _positions_of(self, vec_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """The graph positions of ``vec_ids`` (members only)."""
+        """The graph positions of ``vec_ids`` (those in the graph); under ``_lock``."""
         positions = self._graph_positions()
         if self._position_of is None:
             top = int(positions.max()) + 1 if len(positions) else 0
@@ -239,21 +330,12 @@ class VectorIndex:
         found = self._position_of[inside]
         return found[found >= 0].astype(np.int64)
 
-    def _bitmap(
-        self, excluded: Iterable[int] | None, allowed: npt.NDArray[np.int64] | None = None
-    ) -> Any:
-        """A selector over graph positions: ``allowed`` ones, or all but ``excluded``."""
-        positions = self._graph_positions()
-        if allowed is not None:
-            keep = np.zeros(len(positions), dtype=bool)
-            keep[self._positions_of(allowed)] = True
-        else:
-            drop = np.fromiter(excluded or (), np.int64)
-            keep = np.ones(len(positions), dtype=bool)
-            if len(drop):
-                keep &= ~np.isin(positions, drop)
+    def _bitmap(self, positions: npt.NDArray[np.int64]) -> Any:
+        """A selector of graph ``positions``; any other (or later) position is out."""
+        keep = np.zeros(int(self.index.ntotal), dtype=bool)
+        keep[positions] = True
         bits = np.packbits(keep, bitorder="little")
-        selector = faiss.IDSelectorBitmap(len(positions), faiss.swig_ptr(bits))
+        selector = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits))  # (n: bytes)
         selector.keep_alive = bits  # FAISS reads the numpy buffer: keep it alive
         return selector
 
@@ -266,17 +348,63 @@ class VectorIndex:
             self.keys[ids[i]] = keys[i]
         new_ids = np.array([ids[i] for i in fresh], dtype=np.int64)
         self.exact.put(new_ids.tolist(), vectors[fresh])
-        unit = normalized(vectors[fresh])
         self.members.update(new_ids.tolist())
         self.gone.difference_update(new_ids.tolist())
         self._selectors.clear()
-        flat = isinstance(faiss.downcast_index(self.index.index), faiss.IndexFlat)
+        flat = not self._is_graph()
         if flat and len(self.members) - len(self.gone) > self.hnsw_threshold:
             self._to_hnsw()  # takes the new vectors from the exact file
-        elif len(new_ids) >= BACKGROUND_ADD:
-            self._adding = _ADDER.submit(self.index.add_with_ids, unit, new_ids)
+        elif flat:
+            self.index.add_with_ids(normalized(vectors[fresh]), new_ids)
         else:
-            self.index.add_with_ids(unit, new_ids)
+            with self._queue:
+                self.pending.update(dict.fromkeys(new_ids.tolist()))
+                if self.inserting is None:
+                    self.inserting = _INSERTER.submit(self._insert_pending)
+            if len(self.pending) > PENDING_CAP:  # the inserter falls behind: help it
+                with self._held():
+                    self._insert(len(self.pending) - PENDING_CAP // 2, BULK_THREADS)
+
+    def _insert(self, count: int, threads: int) -> int:
+        """Insert the oldest ``count`` pending vectors into the graph (under ``_lock``);
+        returns how many."""
+        with self._queue:
+            chunk = list(islice(self.pending, count))
+        if not chunk:
+            return 0
+        ids = np.array(chunk, dtype=np.int64)
+        _threads(threads)
+        self.index.add_with_ids(self.exact.unit(ids), ids)
+        with self._queue:
+            for vec_id in chunk:
+                del self.pending[vec_id]
+        hidden = self.hidden
+        if any(vec_id in hidden for vec_id in chunk):
+            self._selectors.clear()  # cached exclusions predate these positions
+        return len(chunk)
+
+    def _insert_pending(self) -> None:
+        """The inserter: pending vectors into the graph, a chunk of about
+        ``INSERT_SECONDS`` at a time, until none is left."""
+        try:
+            while True:
+                with self._turn:  # the owner thread first
+                    self._turn.wait_for(lambda: not self._wanted)
+                with self._lock:
+                    with self._queue:
+                        if not self.pending:
+                            self.inserting = None
+                            return
+                    start = time.perf_counter()
+                    done = self._insert(self._chunk, INSERT_THREADS)
+                    took = time.perf_counter() - start
+                if done == self._chunk and took > 0:  # aim the next chunk at INSERT_SECONDS
+                    aim = self._chunk * INSERT_SECONDS / took
+                    self._chunk = max(1, min(1024, round((self._chunk + aim) / 2)))
+        except BaseException:
+            with self._queue:  # the next add starts another; until then they are searched
+                self.inserting = None
+            raise
 
     def set_hidden(self, vec_id: int, hidden: bool) -> None:
         if (vec_id in self.hidden) != hidden:
@@ -291,13 +419,21 @@ class VectorIndex:
         if not drop:
             return
         self.hidden.difference_update(drop)
-        self.exact.erase(drop)
         if self.is_hnsw:
-            self.gone.update(drop)
-            self._erase_codes(self.index, drop)
+            with self._held():  # no chunk is being inserted: a pending one stays out
+                with self._queue:  # (pending values are None: 0 says "was not pending")
+                    waiting = {v for v in drop if self.pending.pop(v, 0) is None}
+                self.exact.erase(drop)
+                inside = [v for v in drop if v not in waiting]
+                self.gone.update(inside)
+                self._erase_codes(self.index, inside)
+            self.members.difference_update(waiting)
+            for vec_id in waiting:
+                self.keys.pop(vec_id, None)
             if len(self.gone) > COMPACT_FRACTION * len(self.members):
                 self.compact()
         else:
+            self.exact.erase(drop)
             self.index.remove_ids(np.array(drop, dtype=np.int64))
             self.members.difference_update(drop)
             for vec_id in drop:
@@ -322,6 +458,7 @@ class VectorIndex:
 
     def _to_hnsw(self) -> None:
         ids = self._live_ids()
+        _threads(BULK_THREADS)
         self.index = _build_graph(self.dim, self.exact.unit(ids), ids)
         self._positions = None
         self.members = set(ids.tolist())
@@ -332,8 +469,9 @@ class VectorIndex:
     # -- compaction ---------------------------------------------------------------------------
 
     def compact(self) -> None:
-        """Start building a graph of the live vectors only, on the background worker;
-        the owner thread swaps it in at its next use of the index once it is done."""
+        """Start building a graph of the live vectors only (pending ones too), on the
+        background worker; the owner thread swaps it in at its next use of the index
+        once it is done."""
         if self.compacting is not None or not self.is_hnsw:
             return
         ids = self._live_ids()
@@ -349,25 +487,36 @@ class VectorIndex:
             built, snapshot = compacting.result()
         except Exception:  # keep serving from the old graph; the next removal retries
             return
-        live = self.members - self.gone
-        added = np.array(sorted(live - snapshot), dtype=np.int64)  # arrived during the build
-        if len(added):
-            built.add_with_ids(self.exact.unit(added), added)
-        left = sorted(snapshot - live)  # removed during the build
-        self._erase_codes(built, left)
-        self.index = built
-        self._positions = None
-        self.members = snapshot | set(added.tolist())
-        self.gone = set(left)
-        self.keys = {vec_id: self.keys[vec_id] for vec_id in self.members}
+        with self._held():
+            live = self.members - self.gone
+            left = sorted(snapshot - live)  # removed during the build
+            self._erase_codes(built, left)
+            self.index = built
+            self._positions = None
+            with self._queue:  # what arrived during the build waits for the inserter
+                self.pending = dict.fromkeys(sorted(live - snapshot))
+                if self.pending and self.inserting is None:
+                    self.inserting = _INSERTER.submit(self._insert_pending)
+            self.members = snapshot | live
+            self.gone = set(left)
+            self._selectors.clear()
+        keys = self.keys  # (a pending vector removed during the build has none left)
+        self.keys = {vec_id: keys[vec_id] for vec_id in self.members if vec_id in keys}
         self.hidden &= self.members
-        self._selectors.clear()
 
     def wait(self) -> None:
-        """Finish any add or compaction under way (saving, closing, tests)."""
+        """Finish any compaction under way and insert every pending vector (saving,
+        closing, tests)."""
         if self.compacting is not None:
             concurrent.futures.wait([self.compacting])
         self._settle()
+        self.wait_pending()
+
+    def wait_pending(self) -> None:
+        """Insert every pending vector, on this thread (in one bulk call)."""
+        if self.pending:
+            with self._held():
+                self._insert(len(self.pending), BULK_THREADS)
 
     # -- searching ------------------------------------------------------------------------------
 
@@ -401,32 +550,50 @@ class VectorIndex:
             if hnsw and len(candidates) <= 4 * self.hnsw_threshold // 10 + k:
                 return self._exact(q, k, candidates)
             if hnsw:
-                return self._graph_search(q, k, self._bitmap(None, candidates))
+                return self._graph_search(q, k, include_archived, candidates)
             selector: Any = faiss.IDSelectorBatch(candidates)
         elif hnsw:
-            return self._graph_search(q, k, self._excluding(include_archived))
+            return self._graph_search(q, k, include_archived, None)
         else:
             selector = self._excluding(include_archived)
         params = faiss.SearchParameters(sel=selector)
         scores, ids = self.index.search(q, k, params=params)
         return [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
 
-    def _graph_search(self, q: Matrix, k: int, selector: Any) -> list[tuple[int, float]]:
+    def _graph_search(
+        self, q: Matrix, k: int, include_archived: bool, allowed: npt.NDArray[np.int64] | None
+    ) -> list[tuple[int, float]]:
         """Twice the candidates from the quantized graph (searched by position, past the
-        id map), re-ranked by their exact vectors."""
+        id map) and every pending vector the search may return, re-ranked by their
+        exact vectors."""
         fetch = max(2 * k, k + 10)
-        if self._graph is None or self._graph[0] is not self.index:
-            self._graph = (self.index, faiss.downcast_index(self.index.index))
-        key = (id(selector), fetch)
-        params = self._params.get(key)
-        if params is None or params[0] is not selector:
-            if len(self._params) > 64:
-                self._params.clear()
-            made = faiss.SearchParametersHNSW(sel=selector, efSearch=max(self.ef_search, fetch))
-            params = self._params[key] = (selector, made)
-        _, found = self._graph[1].search(q, fetch, params=params[1])
-        at = found[0][found[0] >= 0]
-        return self._exact(q, k, self._graph_positions()[at])
+        _threads(SEARCH_THREADS)
+        with self._held():
+            self._is_graph()  # (looks the graph up once)
+            assert self._graph is not None
+            if allowed is not None:
+                selector = self._bitmap(self._positions_of(allowed))
+            else:
+                selector = self._excluding(include_archived)
+            key = (id(selector), fetch)
+            params = self._params.get(key)
+            if params is None or params[0] is not selector:
+                if len(self._params) > 64:
+                    self._params.clear()
+                made = faiss.SearchParametersHNSW(sel=selector, efSearch=max(self.ef_search, fetch))
+                params = self._params[key] = (selector, made)
+            _, found = self._graph[1].search(q, fetch, params=params[1])
+            at = found[0][found[0] >= 0]
+            candidates = self._graph_positions()[at]
+            pending = np.fromiter(self.pending, np.int64, len(self.pending))
+        if len(pending):
+            if allowed is not None:
+                pending = pending[np.isin(pending, allowed)]
+            elif not include_archived and self.hidden:
+                hidden = self.hidden
+                pending = pending[[vec_id not in hidden for vec_id in pending.tolist()]]
+            candidates = np.concatenate([candidates, pending])
+        return self._exact(q, k, candidates)
 
     def _exact(
         self, q: Matrix, k: int, ids: npt.NDArray[np.int64], *, by_key: bool = False
@@ -476,20 +643,25 @@ class VectorIndex:
 
     def _excluding(self, include_archived: bool) -> Any:
         """The selector of what a search may return (cached until the sets change);
-        None when that is everything."""
+        None when that is everything. For a graph (under ``_lock``): every position but
+        the excluded ones', so the positions inserted later are in."""
         if include_archived in self._selectors:
             return self._selectors[include_archived]
         excluded = self.gone if include_archived else self.gone | self.hidden
+        selector: Any
         if not excluded:
             selector = None
-        elif self.is_hnsw:
-            selector = self._bitmap(excluded)
+        elif self._is_graph():
+            ids = np.fromiter(excluded, dtype=np.int64, count=len(excluded))
+            out = self._bitmap(self._positions_of(ids))
+            selector = faiss.IDSelectorNot(out)
+            selector.keep_alive = out  # the SWIG wrapper does not keep its argument alive
         else:
             batch = faiss.IDSelectorBatch(
                 np.fromiter(excluded, dtype=np.int64, count=len(excluded))
             )
             selector = faiss.IDSelectorNot(batch)
-            selector.keep_alive = batch  # the SWIG wrapper does not keep its argument alive
+            selector.keep_alive = batch
         self._selectors[include_archived] = selector
         return selector
 
@@ -497,19 +669,26 @@ class VectorIndex:
         """Every vec_id in the FAISS index and the vector FAISS keeps for it (decoded
         from its codes): what forgetting must have overwritten."""
         self._settle()
-        inner = faiss.downcast_index(self.index.index)
-        if not isinstance(inner, faiss.IndexFlat):
-            inner = faiss.downcast_index(inner.storage)
-        ids = faiss.vector_to_array(self.index.id_map).astype(np.int64)
-        vectors = inner.reconstruct_n(0, inner.ntotal) if inner.ntotal else np.zeros((0, self.dim))
+        with self._held():
+            inner = faiss.downcast_index(self.index.index)
+            if not isinstance(inner, faiss.IndexFlat):
+                inner = faiss.downcast_index(inner.storage)
+            ids = faiss.vector_to_array(self.index.id_map).astype(np.int64)
+            total = inner.ntotal
+            vectors = inner.reconstruct_n(0, total) if total else np.zeros((0, self.dim))
         return ids, vectors.astype(np.float32)
 
     # -- persistence ------------------------------------------------------------------------
 
     def save(self, path: Path) -> None:
-        self._settle()  # a compaction still running is saved next time
+        """Write the graph, pending vectors inserted first (at most ``PENDING_CAP``,
+        most often none or a few: the file is whole, and opening it adds nothing back).
+        A compaction still running is saved next time."""
+        self._settle()
+        self.wait_pending()
         tmp = path.with_suffix(".tmp")
-        faiss.write_index(self.index, str(tmp))
+        with self._held():
+            faiss.write_index(self.index, str(tmp))
         os.replace(tmp, path)
 
     @classmethod

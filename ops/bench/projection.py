@@ -53,6 +53,16 @@ target.
   of the rows it may see (``projections.text``: counts under a visibility filter, the
   candidates' content analyzed again), beside both unrestricted (tantivy's BM25) in
   the same loop; ratios to them. No target: it shows what noninterference costs.
+- add_and_search: writes to the rebuilt collective (past ``hnsw_threshold``): one vector
+  added at a time, as a record's ``sync_indexes`` does, each followed by a k=10 search
+  of the index (``VectorIndex.search``: graph + pending vectors, re-ranked), beside
+  FAISS alone doing the same on the index of rebuild_vectors (``add`` of one normalized
+  vector, then ``search``), in alternating blocks of 50 writes. Per write: the add's
+  wall time on the adding thread (what a write waits for) and its CPU; the process CPU
+  per write (every thread: Pulse's block ends when its background inserter has caught
+  up, so the inserter's CPU is counted on Pulse's side); the search p50 / p99 while the
+  vectors are added; ratio_to_faiss_search_p50 target <= 1.5 and p99 <= 3x p50; and
+  recall@10 against exact numpy over every vector at the end.
 - memory: a fresh process opens the rebuilt projection and answers a vector and a text
   query; the growth of its VmRSS and of its RssAnon (``/proc/self/status``) per 100,000
   experiences, beside the raw data per 100,000 (n x 384 x 4 bytes of vectors + the UTF-8
@@ -100,15 +110,17 @@ from projections.vectors import graph_index, normalized
 from sync.recall import _context
 
 FIGURES = ("rebuild_counters", "rebuild_vectors", "similar_search", "hybrid_and_context",
-           "filtered_search", "visible_search", "visible_text", "memory", "recall")  # fmt: skip
+           "filtered_search", "visible_search", "visible_text", "add_and_search", "memory",
+           "recall")  # fmt: skip
 VECTOR_FIGURES = {
     "rebuild_vectors", "similar_search", "hybrid_and_context", "filtered_search",
-    "visible_search", "visible_text", "memory",
+    "visible_search", "visible_text", "add_and_search", "memory",
 }  # fmt: skip
 VOCABULARY, WORDS = 5000, 24  # content words: vocabulary size, most words per experience
 DIM, CLUSTERS = 384, 40
 COUNTER_DIM, COUNTER_EXPERIENCES, COUNTER_INSTANCES, REINFORCE_SHARE = 8, 10_000, 4, 0.75
 RECALL_N, RECALL_QUERIES, RECALL_K = 20_000, 200, 20
+WRITES = 2000  # vectors added by add_and_search
 CHUNK = 1000  # events per append_batch: a JetStream atomic batch holds at most 1,000
 BLOCK = 50  # queries per turn when alternating
 K, POOL = 10, 50
@@ -333,7 +345,8 @@ async def fill_and_rebuild(data_dir: str, corpus: Corpus, unit: Vectors, figures
             total = await append_all(log, corpus.events())
             if "rebuild_vectors" not in figures:
                 await rebuild(data_dir, log)
-                return faiss_build(unit)[0] if "similar_search" in figures else None
+                wanted = {"similar_search", "add_and_search"}
+                return faiss_build(unit)[0] if figures & wanted else None
             raw_s = await timed(raw_drain(log.js, "pulse.c.>", total))
             peer, faiss_s = faiss_build(unit)
             pulse_s = await timed(rebuild(data_dir, log))
@@ -407,6 +420,74 @@ def filtered_search(projection: Projection, corpus: Corpus, probes: Vectors) -> 
          after_a_write_p50_ms=pct(after_write_ms, 50),
          after_a_write_p99_ms=pct(after_write_ms, 99),
          ratio_filtered_to_plain_p50=sig(pct(filtered_ms, 50) / pct(plain_ms, 50)))  # fmt: skip
+
+
+def add_and_search(projection: Projection, corpus: Corpus, peer: Any, probes: Vectors) -> None:
+    """Single-vector adds, each followed by a search, Pulse's index beside FAISS alone."""
+    index = projection.vectors[("experience", corpus.cid)]
+    index.wait()
+    rng = np.random.default_rng(5)
+    fresh: Vectors = (
+        corpus.vectors[rng.integers(0, corpus.n, WRITES)] + 0.35 * rng.normal(size=(WRITES, DIM))
+    ).astype(np.float32)
+    fresh_unit, probe_unit = normalized(fresh), normalized(probes)
+    first = max(index.members) + 1
+    keys = [uuid7() for _ in range(WRITES)]
+    sides = ("pulse", "faiss")
+    wait_ms: dict[str, list[float]] = {side: [] for side in sides}
+    add_cpu: dict[str, list[float]] = {side: [] for side in sides}
+    search_ms: dict[str, list[float]] = {side: [] for side in sides}
+    process_cpu = dict.fromkeys(sides, 0.0)
+
+    def write(side: str, i: int) -> None:
+        probe = i % len(probes)
+        cpu, started = time.thread_time(), time.perf_counter()
+        if side == "pulse":
+            index.add([first + i], fresh[i : i + 1], [keys[i]])
+        else:
+            peer.add(fresh_unit[i : i + 1])
+        wait_ms[side].append((time.perf_counter() - started) * 1000)
+        add_cpu[side].append(time.thread_time() - cpu)
+        started = time.perf_counter()
+        if side == "pulse":
+            index.search(probes[probe], K)
+        else:
+            peer.search(probe_unit[probe : probe + 1], K)
+        search_ms[side].append((time.perf_counter() - started) * 1000)
+
+    for block, start in enumerate(range(0, WRITES, BLOCK)):
+        for side in sides if block % 2 == 0 else sides[::-1]:
+            cpu = time.process_time()
+            for i in range(start, min(start + BLOCK, WRITES)):
+                write(side, i)
+            while side == "pulse" and index.inserting is not None:  # its inserter's share
+                time.sleep(0.0005)
+            process_cpu[side] += time.process_time() - cpu
+    every = np.concatenate([normalized(corpus.vectors), fresh_unit])
+    by_vec_id = {projection.memory.vec_ids[eid]: i for i, eid in enumerate(corpus.ids)}
+    by_vec_id.update({first + i: corpus.n + i for i in range(WRITES)})
+    hits = {side: 0 for side in sides}
+    for j in range(len(probes)):
+        truth = set(np.argsort(-(every @ probe_unit[j]))[:K].tolist())
+        hits["pulse"] += len(truth & {by_vec_id[v] for v, _ in index.search(probes[j], K)})
+        hits["faiss"] += len(truth & set(peer.search(probe_unit[j : j + 1], K)[1][0].tolist()))
+    figures: dict[str, float] = {}
+    for side in sides:
+        figures |= {
+            f"{side}_add_wait_p50_ms": pct(wait_ms[side], 50),
+            f"{side}_add_wait_p99_ms": pct(wait_ms[side], 99),
+            f"{side}_add_cpu_us": round(float(np.mean(add_cpu[side])) * 1e6),
+            f"{side}_process_cpu_per_write_us": round(process_cpu[side] / WRITES * 1e6),
+            f"{side}_search_p50_ms": pct(search_ms[side], 50),
+            f"{side}_search_p99_ms": pct(search_ms[side], 99),
+            f"{side}_recall10": round(hits[side] / (K * len(probes)), 4),
+        }
+    to_faiss = figures["pulse_search_p50_ms"] / figures["faiss_search_p50_ms"]
+    tail = figures["pulse_search_p99_ms"] / figures["pulse_search_p50_ms"]
+    emit("add_and_search", experiences=corpus.n, writes=WRITES, k=K, **figures,
+         ratio_to_faiss_search_p50=sig(to_faiss), search_p99_to_p50=sig(tail),
+         target="ratio_to_faiss_search_p50 <= 1.5 and search_p99_to_p50 <= 3",
+         met=to_faiss <= 1.5 and tail <= 3)  # fmt: skip
 
 
 def visible_search(projection: Projection, corpus: Corpus, probes: Vectors) -> None:
@@ -550,7 +631,7 @@ async def vector_figures(n: int, count: int, figures: set[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="pulse-bench-projection-") as tmp:
         peer = await fill_and_rebuild(tmp, corpus, unit, figures)  # NATS stops after it
         searches = {"similar_search", "hybrid_and_context", "filtered_search", "visible_search",
-                    "visible_text"}  # fmt: skip
+                    "visible_text", "add_and_search"}  # fmt: skip
         if figures & searches:
             projection = Projection(state_dir(tmp))
             try:
@@ -564,8 +645,10 @@ async def vector_figures(n: int, count: int, figures: set[str]) -> None:
                     visible_search(projection, corpus, probes)
                 if "visible_text" in figures:
                     visible_text(projection, corpus, probes, texts)
-                if "filtered_search" in figures:  # last: it changes the projection
+                if "filtered_search" in figures:  # it changes the projection
                     filtered_search(projection, corpus, probes)
+                if "add_and_search" in figures:  # last: it adds vectors without rows
+                    add_and_search(projection, corpus, peer, probes)
             finally:
                 projection.close()
         del peer
