@@ -12,7 +12,7 @@ words each from a 2,000-word vocabulary; 384-d unit vectors near 40 random cente
 - in_process: a ``PulseDB`` in this process on a data directory of its own (its
   embedded NATS holding the collective, ``hash`` embedder, explicit vectors);
 - http: ``pulse up`` in its own process on another data directory holding the same
-  events, called with ``http.client`` over keep-alive connections;
+  events (a copy of the first's log), called with ``http.client`` over keep-alive connections;
 - postgres: the peer of ``ops.bench.pg`` (a table, HNSW, GIN full text), called with
   ``psycopg`` over its unix socket, autocommit, ``synchronous_commit`` on.
 
@@ -49,6 +49,9 @@ import argparse
 import asyncio
 import http.client
 import json
+import os
+import select
+import shutil
 import signal
 import sys
 import tempfile
@@ -196,16 +199,33 @@ def hit_ids(answer: Any) -> list[UUID]:
 
 class Connection:
     """One keep-alive HTTP/1.1 connection to ``pulse up`` (``http.client``), used from one
-    thread at a time."""
+    thread at a time. The service closes a connection idle for its keep-alive timeout
+    (5 s), as a client's turn waits while the other sides take theirs: a block of calls
+    then opens a new one before its clock starts, as a client pool would (``reconnects``
+    counts them)."""
+
+    IDLE = 4.0  # seconds: reconnect before the service's 5 s timeout can close mid-request
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
         self.http = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=120)
         self.headers = {**OPERATOR, "Content-Type": "application/json"}
+        self.used = 0.0
+        self.reconnects = -1  # the first connection is not one
+
+    def fresh(self) -> None:
+        """An open connection the service has not closed, or a new one."""
+        sock = self.http.sock
+        closed = sock is None or bool(select.select([sock], [], [], 0)[0])  # EOF: readable
+        if closed or time.monotonic() - self.used > self.IDLE:
+            self.http.close()
+            self.http.connect()
+            self.reconnects += 1
 
     def calls(self, route: str, bodies: Sequence[bytes]) -> tuple[list[float], list[bytes]]:
         """``bodies`` posted to ``route`` one after the other: each call's latency (s) and
         answer."""
+        self.fresh()
         latencies, answers = [], []
         for body in bodies:
             started = time.perf_counter()
@@ -216,6 +236,7 @@ class Connection:
             if response.status != 200:
                 raise RuntimeError(f"{route}: {response.status} {answer[:300]!r}")
             answers.append(answer)
+        self.used = time.monotonic()
         return latencies, answers
 
     def close(self) -> None:
@@ -305,7 +326,7 @@ class Sizes:
     experiences: int = 100_000
     writes: int = 20_000  # of each side, for each number of writers
     write_rounds: int = 10
-    calls: int = 1000  # of each kind on each side (target 2)
+    calls: int = 500  # of each kind on each side (target 2)
     warm_up: int = 25  # first calls of each kind and side left out
     recall_queries: int = 200
 
@@ -606,9 +627,12 @@ async def run(sizes: Sizes, m: int, ef_construction: int) -> int:
             progress("postgres started; loading it while Pulse's logs fill")
             loading = loop.run_in_executor(pool, load_peer, postgres, data, m, ef_construction)
             t = time.perf_counter()
-            await asyncio.gather(fill(root / "local", events), fill(root / "service", events))
-            filled = time.perf_counter() - t
+            await fill(root / "local", events)
             del events
+            # the same log for the service: a copy of the stopped server's directory (its
+            # configuration is written anew, with the copy's paths, at each start)
+            await loop.run_in_executor(pool, shutil.copytree, root / "local", root / "service")
+            filled = time.perf_counter() - t
             progress(f"both Pulse logs filled in {filled:.1f} s; opening both instances")
             t = time.perf_counter()
             starting = loop.run_in_executor(pool, start_service, root / "service")
@@ -625,7 +649,9 @@ async def run(sizes: Sizes, m: int, ef_construction: int) -> int:
             bench = Bench(data, sizes, db, url, postgres, connection)
             bench.setup = {"experiences": sizes.experiences, "pulse_fill_s": round(filled, 1),
                            "pulse_open_s": round(opened, 1), **setup,
-                           "hnsw_m": m, "hnsw_ef_construction": ef_construction}  # fmt: skip
+                           "hnsw_m": m, "hnsw_ef_construction": ef_construction,
+                           "load_average": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
+                           "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}  # fmt: skip
             emit("setup", **bench.setup)
 
             queries = data.queries(sizes.recall_queries, 99)
@@ -656,7 +682,8 @@ async def run(sizes: Sizes, m: int, ef_construction: int) -> int:
             rows = postgres.rows(connection)
             expected = sizes.experiences + sizes.warm_up + sizes.calls + written
             emit("peer_rows", rows=rows, expected=expected, met=rows == expected,
-                 seconds=round(time.perf_counter() - started, 1))  # fmt: skip
+                 seconds=round(time.perf_counter() - started, 1),
+                 load_average=round(os.getloadavg()[0], 2))  # fmt: skip
             print(
                 "\nTarget 2, no HTTP tax: p50 ms of sequential calls (HTTP: one keep-alive "
                 f"connection), {sizes.calls} calls each, {sizes.experiences} experiences\n"
