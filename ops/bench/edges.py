@@ -635,11 +635,13 @@ async def run(sizes: Sizes, m: int, ef_construction: int) -> int:
             filled = time.perf_counter() - t
             progress(f"both Pulse logs filled in {filled:.1f} s; opening both instances")
             t = time.perf_counter()
-            starting = loop.run_in_executor(pool, start_service, root / "service")
-            stack.push_async_callback(stop_started, starting)
+            # one after the other: two catch-ups of 100,000 events beside the peer's index
+            # build starved a log reader on the 2-core machine ("no answer within 10s")
             db = await PulseDB.open(root / "local")
             stack.push_async_callback(db.close)
             await db.sync()
+            starting = loop.run_in_executor(pool, start_service, root / "service")
+            stack.push_async_callback(stop_started, starting)
             process, url = await starting
             opened = time.perf_counter() - t
             progress(f"Pulse instances open in {opened:.1f} s")
