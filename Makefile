@@ -19,7 +19,7 @@ export HYPOTHESIS_PROFILE
 # such processes, so it keeps the cache.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: run test test-cpu lint bench bench-quick clean
+.PHONY: run test test-cpu lint bench bench-quick bench-edges clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Pulse needs Python 3.11 or newer; set PYTHON=python3.x")'
@@ -63,12 +63,19 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m ops.bench.snapshot
 	$(VENV)/bin/python -m ops.bench.cli_start
 	$(VENV)/bin/python -m ops.bench.languages
+	$(MAKE) bench-edges
 
 # issue 28's key ratios (write tail, HTTP tax, writes against the raw log) in under 45 s,
 # compared with ops/bench/baseline.json: lists every figure more than 15% worse;
 # QUICK_ARGS=--strict fails on one (see docs/benchmarks.md)
 bench-quick: $(STAMP)
 	$(VENV)/bin/python -m ops.bench.quick $(QUICK_ARGS)
+
+# issue 28's targets 1 and 2 (write tail, HTTP tax) beside Postgres+pgvector, which the
+# bench extra brings (EDGES_ARGS=--size 0.1 for a quick run; see docs/benchmarks.md)
+bench-edges: $(STAMP)
+	$(VENV)/bin/python -m pip install --quiet -e '.[bench]'
+	$(VENV)/bin/python -m ops.bench.edges $(EDGES_ARGS)
 
 clean:
 	rm -rf $(VENV) .pulse .pytest_cache .hypothesis tests/clients/node_modules site

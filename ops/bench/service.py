@@ -23,9 +23,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import httpx
 import numpy as np
@@ -43,27 +44,49 @@ def words(rng: np.random.Generator, count: int) -> str:
     return " ".join(f"w{int(i)}" for i in rng.integers(0, VOCABULARY, count))
 
 
-def corpus(n: int, rng: np.random.Generator) -> tuple[Any, list[ev.Event]]:
-    centers = rng.normal(size=(CLUSTERS, DIM))
-    vectors = centers[rng.integers(0, CLUSTERS, n)] + 0.35 * rng.normal(size=(n, DIM))
-    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
-    cid, instance = uuid7(), uuid7()
+def centers(rng: np.random.Generator) -> Any:
+    """The ``CLUSTERS`` centers the corpus's vectors are drawn around."""
+    return rng.normal(size=(CLUSTERS, DIM))
+
+
+def near(around: Any, n: int, rng: np.random.Generator) -> Any:
+    """``n`` unit vectors (float32), each a random center of ``around`` plus noise."""
+    vectors = around[rng.integers(0, len(around), n)] + 0.35 * rng.normal(size=(n, DIM))
+    return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+
+
+def recorded(
+    contents: Sequence[str], vectors: Any, cid: UUID | None = None
+) -> tuple[UUID, list[UUID], list[ev.Event]]:
+    """A ``hash``-embedder collective (``cid``, or a new one) of ``DIM`` dimensions with
+    one experience of each content and vector: its id, the experiences' ids, and the
+    events that make them (the collective's creation first)."""
+    cid, instance = cid or uuid7(), uuid7()
     hlc = ev.pack_hlc(int(time.time() * 1000))
+    ids = [uuid7() for _ in contents]
     events: list[ev.Event] = [
         ev.CollectiveCreated(
             event_id=uuid7(), instance_id=instance, hlc=hlc, collective_id=cid,
             owner_id="bench", name="bench", embedding_dimension=DIM, embedder="hash",
         )
     ]  # fmt: skip
-    for i in range(n):
+    for i, (content, vector) in enumerate(zip(contents, vectors, strict=True)):
         events.append(
             ev.ExperienceRecorded(
-                event_id=uuid7(), instance_id=instance, hlc=hlc + i, experience_id=uuid7(),
-                collective_id=cid, content=words(rng, 12), embedding=vectors[i].tobytes(),
+                event_id=uuid7(), instance_id=instance, hlc=hlc + i, experience_id=ids[i],
+                collective_id=cid, content=content, embedding=vector.tobytes(),
                 experience_type=ev.Generic(), importance=0.5, confidence=0.5,
                 source_agent="bench",
             )
         )  # fmt: skip
+    return cid, ids, events
+
+
+def corpus(n: int, rng: np.random.Generator) -> tuple[Any, list[ev.Event]]:
+    """A collective of ``n`` experiences: 12 words each, vectors near ``CLUSTERS``
+    centers."""
+    vectors = near(centers(rng), n, rng)
+    cid, _, events = recorded([words(rng, 12) for _ in range(n)], vectors)
     return cid, events
 
 
