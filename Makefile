@@ -19,7 +19,7 @@ export HYPOTHESIS_PROFILE
 # such processes, so it keeps the cache.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: run test test-cpu lint bench bench-quick clean
+.PHONY: run test test-cpu lint bench bench-quick bench-scale clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Pulse needs Python 3.11 or newer; set PYTHON=python3.x")'
@@ -69,6 +69,11 @@ bench: $(STAMP)
 # QUICK_ARGS=--strict fails on one (see docs/benchmarks.md)
 bench-quick: $(STAMP)
 	$(VENV)/bin/python -m ops.bench.quick $(QUICK_ARGS)
+
+# issue 28 target 4: a million memories on one host, beside FAISS alone (about an hour
+# and 10 GB of temporary disk at full size); SCALE_ARGS="--size 0.05" for 50,000
+bench-scale: $(STAMP)
+	$(VENV)/bin/python -m ops.bench.scale $(SCALE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pulse .pytest_cache .hypothesis tests/clients/node_modules site
