@@ -42,6 +42,16 @@ def test_exact_neighbours_of_the_written_data(tmp_path: Path) -> None:
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
     truth = scale.exact_neighbours(queries, scale.file_chunks(files.vectors, plan.n))
     assert (truth == brute_force(queries, vectors, scale.K)).all()
+    texts_fd, offsets_fd = (
+        os.open(files.texts, os.O_RDONLY),
+        os.open(files.text_offsets, os.O_RDONLY),
+    )
+    try:
+        texts = scale.read_texts(texts_fd, offsets_fd, 998, 5)
+    finally:
+        os.close(texts_fd)
+        os.close(offsets_fd)
+    assert [scale.number_of(t) for t in texts] == [998, 999, 1000, 1001, 1002]
 
 
 def test_recall_counts_the_true_neighbours_among_the_first_k() -> None:

@@ -61,6 +61,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
 import json
 import math
 import os
@@ -69,9 +71,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from types import FunctionType, MethodType, ModuleType
 from typing import Any, Literal
 from uuid import UUID
 
@@ -122,7 +126,7 @@ class Plan:
     ef_search: int = ProjectionSettings().ef_search
     seed: int = 28
     writes_max: int = 20_000  # new experiences the writers may write (at most)
-    nats_url: str = ""
+    breakdown: bool = True  # where the memory is, after the figures are read (``breakdown``)
     collective: str = ""  # set once the ingest has created it
 
     @classmethod
@@ -223,8 +227,12 @@ class Files:
         return self.work / "vectors.f32"
 
     @property
-    def labels(self) -> Path:
-        return self.work / "labels.i32"
+    def texts(self) -> Path:
+        return self.work / "texts.utf8"
+
+    @property
+    def text_offsets(self) -> Path:
+        return self.work / "texts.i64"
 
     @property
     def queries(self) -> Path:
@@ -247,6 +255,10 @@ class Files:
         return self.work / "peer.faiss"
 
     @property
+    def nats(self) -> Path:
+        return self.work / "log"
+
+    @property
     def data_dir(self) -> Path:
         return self.work / "pulse"
 
@@ -260,14 +272,24 @@ class Files:
 def write_data(files: Files, plan: Plan, say: Callable[[str], None]) -> None:
     """The vectors (in chunks, each from a seed of its own), their clusters, the
     queries and the writers' vectors, to files."""
-    shape = Shape(plan.n, plan.seed)
-    with open(files.vectors, "wb") as vectors, open(files.labels, "wb") as labels:
+    shape, texts = Shape(plan.n, plan.seed), Texts(plan.seed)
+    with (
+        open(files.vectors, "wb") as vectors,
+        open(files.texts, "wb") as text_file,
+        open(files.text_offsets, "wb") as offsets,
+    ):
+        offsets.write(np.zeros(1, dtype=np.int64).tobytes())
+        written = 0
         for number, start in enumerate(range(0, plan.n, CHUNK)):
             rng = np.random.default_rng([plan.seed, 3, number])
             x, at = shape.draw(min(CHUNK, plan.n - start), rng)
             vectors.write(x.tobytes())
-            labels.write(at.tobytes())
-            say(f"data {min(plan.n, start + CHUNK):,}/{plan.n:,} vectors")
+            encoded = [t.encode() for t in texts.make("note", start, at)]
+            text_file.write(b"".join(encoded))
+            ends = written + np.cumsum([len(t) for t in encoded], dtype=np.int64)
+            offsets.write(ends.tobytes())
+            written = int(ends[-1])
+            say(f"data {min(plan.n, start + CHUNK):,}/{plan.n:,} vectors and texts")
     queries, _ = shape.draw(plan.queries, np.random.default_rng([plan.seed, 4]))
     files.queries.write_bytes(queries.tobytes())
     writes, at = shape.draw(min(plan.writes_max, 2000), np.random.default_rng([plan.seed, 5]))
@@ -281,6 +303,14 @@ def read_rows(fd: int, first: int, count: int, width: int, dtype: Any) -> npt.ND
     size = np.dtype(dtype).itemsize * width
     data = os.pread(fd, count * size, first * size)
     return np.frombuffer(data, dtype=dtype).reshape(count, width)
+
+
+def read_texts(texts_fd: int, offsets_fd: int, first: int, count: int) -> list[str]:
+    """Texts ``first`` .. ``first + count - 1`` (read, not mapped)."""
+    ends = read_rows(offsets_fd, first, count + 1, 1, np.int64)[:, 0]
+    blob = os.pread(texts_fd, int(ends[-1] - ends[0]), int(ends[0]))
+    cuts = (ends - ends[0]).tolist()
+    return [blob[a:b].decode() for a, b in zip(cuts, cuts[1:], strict=False)]
 
 
 def read_matrix(path: Path, width: int, dtype: Any = np.float32) -> npt.NDArray[Any]:
@@ -356,6 +386,100 @@ def mb(n: float) -> float:
     return round(n / 2**20, 1)
 
 
+# -- where the memory is ----------------------------------------------------------------------
+
+
+def deep_size(root: object, seen: set[int]) -> int:
+    """The bytes of ``root`` and of everything it holds that ``seen`` does not name yet
+    (``sys.getsizeof`` of each object: containers, slotted and plain objects; a
+    memoryview's buffer and a numpy view's base are not followed)."""
+    total, stack = 0, [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (type, ModuleType, FunctionType, MethodType)):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset, deque)):
+            stack.extend(obj)
+        elif isinstance(obj, (str, bytes, int, float, memoryview, np.ndarray, UUID)):
+            if isinstance(obj, UUID):
+                stack.append(obj.int)
+            continue
+        else:
+            if hasattr(obj, "__dict__"):
+                stack.append(obj.__dict__)
+            for klass in type(obj).__mro__:
+                for slot in getattr(klass, "__slots__", ()):
+                    if hasattr(obj, slot):
+                        stack.append(getattr(obj, slot))
+    return total
+
+
+def smaps_rss(markers: dict[str, str]) -> dict[str, int]:
+    """Resident bytes of this process's mappings (``/proc/self/smaps``): of the mapped
+    files whose path contains each marker (by name), of the other files, and of the
+    anonymous memory (the heaps: Python's objects, FAISS, DuckDB, tantivy's writer)."""
+    found = dict.fromkeys([*markers, "other_files", "anonymous"], 0)
+    name = "anonymous"
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split(maxsplit=6)
+            if len(head) >= 5 and "-" in head[0] and ":" not in head[0]:
+                path = head[5].strip() if len(head) > 5 else ""
+                if not path.startswith("/"):
+                    name = "anonymous"
+                else:
+                    name = next((n for n, m in markers.items() if m in path), "other_files")
+            elif head and head[0] == "Rss:":
+                found[name] += int(head[1]) * 1024
+    return found
+
+
+def faiss_bytes(index: Any) -> int:
+    """The bytes a FAISS index of ``projections.vectors`` holds: codes or vectors, the
+    graph's links, the id map."""
+    total: int = 8 * int(index.ntotal) if hasattr(index, "id_map") else 0
+    inner = faiss.downcast_index(index.index) if hasattr(index, "id_map") else index
+    if isinstance(inner, faiss.IndexFlat):
+        return total + int(inner.ntotal * inner.d * 4)
+    storage = faiss.downcast_index(inner.storage)
+    total += int(storage.ntotal * storage.code_size)
+    hnsw = inner.hnsw
+    return total + int(4 * (hnsw.neighbors.size() + hnsw.levels.size()) + 8 * hnsw.offsets.size())
+
+
+def breakdown(projection: Any) -> dict[str, float]:
+    """Where this process's memory is, by structure (MB), on the engine thread: the
+    Python objects of the folded rows (``MemoryState``), of the vector and text
+    indexes and of the read caches; FAISS's indexes; DuckDB's buffers; the resident
+    pages of the exact vectors' and tantivy's files; then what ``malloc_trim`` gives
+    back (freed memory the C heap kept)."""
+    seen: set[int] = set()
+    rows = deep_size(projection.memory, seen)
+    maps = sum(
+        deep_size({k: v for k, v in vars(index).items() if k not in ("index", "exact")}, seen)
+        for index in projection.vectors.values()
+    )
+    text = deep_size({k: v for k, v in vars(projection.text).items() if k != "index"}, seen)
+    caches = deep_size(projection.caches, seen)
+    indexes = sum(faiss_bytes(index.index) for index in projection.vectors.values())
+    held = projection.store.con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()")
+    duckdb = int((held.fetchone() or (0,))[0] or 0)
+    mapped = smaps_rss({"exact_vectors_file": "/vectors/exact-", "tantivy_files": "/text/"})
+    rss = memory_status()["VmRSS"]
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    trimmed = rss - memory_status()["VmRSS"]
+    parts = {"python_rows_memory_state": rows, "python_vector_index_maps": maps,
+             "python_text_index": text, "python_read_caches": caches, "faiss_indexes": indexes,
+             "duckdb_buffers": duckdb, **mapped, "malloc_trim_gave_back": trimmed,
+             "vm_rss": rss}  # fmt: skip
+    return {name: mb(value) for name, value in parts.items()}
+
+
 # -- the phases (each in a process of its own) -------------------------------------------------
 
 
@@ -400,15 +524,15 @@ class Progress:
               f"{left}){extra}", file=sys.stderr, flush=True)  # fmt: skip
 
 
-async def ingest_phase(files: Files, plan: Plan) -> dict[str, Any]:
+async def ingest_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
     """``record_experiences`` of every item, from ``plan.callers`` concurrent tasks."""
     from sync import PulseDB
 
-    texts = Texts(plan.seed)
     before = memory_status()
-    db = await PulseDB.open(files.data_dir, plan.nats_url, projection_settings=plan.settings())
+    db = await PulseDB.open(files.data_dir, url, projection_settings=plan.settings())
     vectors_fd = os.open(files.vectors, os.O_RDONLY)
-    labels_fd = os.open(files.labels, os.O_RDONLY)
+    texts_fd = os.open(files.texts, os.O_RDONLY)
+    offsets_fd = os.open(files.text_offsets, os.O_RDONLY)
     try:
         cid = await db.create_collective("bench", "scale", DIM)
         progress = Progress("ingest", plan.n)
@@ -421,8 +545,7 @@ async def ingest_phase(files: Files, plan: Plan) -> dict[str, Any]:
             for first in starts:
                 count = min(BATCH, plan.n - first)
                 vectors = read_rows(vectors_fd, first, count, DIM, np.float32)
-                labels = read_rows(labels_fd, first, count, 1, np.int32)[:, 0]
-                contents = texts.make("note", first, labels)
+                contents = read_texts(texts_fd, offsets_fd, first, count)
                 text_bytes += sum(len(c.encode()) for c in contents)
                 items = [{"content": c, "embedding": v}
                          for c, v in zip(contents, vectors, strict=True)]  # fmt: skip
@@ -438,17 +561,18 @@ async def ingest_phase(files: Files, plan: Plan) -> dict[str, Any]:
         seconds, cpu_s = time.perf_counter() - started, time.process_time() - cpu
         progress(done, final=True)
         after = memory_status()
+        parts = await db.engine.run(breakdown) if plan.breakdown else {}
     finally:
-        os.close(vectors_fd)
-        os.close(labels_fd)
+        for fd in (vectors_fd, texts_fd, offsets_fd):
+            os.close(fd)
         await db.close()
     return {"collective": str(cid), "seconds": round(seconds, 3), "cpu_s": round(cpu_s, 2),
             "per_s": round(plan.n / seconds), "text_bytes": text_bytes,
-            "before": before, "after": after,
+            "before": before, "after": after, "breakdown": parts,
             "curve": [[n, mb(rss)] for n, rss in curve]}  # fmt: skip
 
 
-async def search_phase(files: Files, plan: Plan) -> dict[str, Any]:
+async def search_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
     """Open the data directory afresh; searches beside the peer's, then under writes."""
     from sync import PulseDB
 
@@ -457,7 +581,7 @@ async def search_phase(files: Files, plan: Plan) -> dict[str, Any]:
     truth = read_matrix(files.truth, K, np.int64)
     before = memory_status()
     started = time.perf_counter()
-    db = await PulseDB.open(files.data_dir, plan.nats_url, projection_settings=plan.settings())
+    db = await PulseDB.open(files.data_dir, url, projection_settings=plan.settings())
     open_s = time.perf_counter() - started
     try:
 
@@ -472,11 +596,13 @@ async def search_phase(files: Files, plan: Plan) -> dict[str, Any]:
         peer_ms: list[float] = []
         found: dict[int, list[int]] = {}
         peer_found: dict[int, list[int]] = {}
+        cpu = {"pulse": 0.0, "peer": 0.0}  # the process's CPU seconds during each side's turns
         await similar(1)
         peer.search(queries[:1], K)
         for block, first in enumerate(range(0, plan.queries, BLOCK)):
             span = range(first, min(first + BLOCK, plan.queries))
             for side in ("pulse", "peer") if block % 2 == 0 else ("peer", "pulse"):
+                cpu_started = time.process_time()
                 for i in span:
                     if side == "pulse":
                         began = time.perf_counter()
@@ -488,18 +614,23 @@ async def search_phase(files: Files, plan: Plan) -> dict[str, Any]:
                         _, ids = peer.search(queries[i : i + 1], K)
                         peer_ms.append((time.perf_counter() - began) * 1000)
                         peer_found[i] = ids[0].tolist()
+                cpu[side] += time.process_time() - cpu_started
         checked = range(plan.truth_queries)
         recall = recall_at([found[i] for i in checked], truth)
         peer_recall = recall_at([peer_found[i] for i in checked], truth)
         writing_ms, writes = await while_writing(db, cid, files, plan, similar)
+        parts = await db.engine.run(breakdown) if plan.breakdown else {}
     finally:
         await db.close()
     state = (files.data_dir / "state").resolve()
     saved = faiss.read_index(str(state / "vectors" / f"experience-{cid}.faiss"))
     return {"open_s": round(open_s, 3), "before": before, "restarted": restarted,
+            "breakdown": parts,
             "index": type(faiss.downcast_index(saved.index)).__name__,
             "state_mb": {path.name: mb(disk_bytes(path)) for path in sorted(state.iterdir())},
             "pulse_ms": pulse_ms, "peer_ms": peer_ms, "recall": recall,
+            "pulse_cpu_us": round(cpu["pulse"] / plan.queries * 1e6),
+            "peer_cpu_us": round(cpu["peer"] / plan.queries * 1e6),
             "peer_recall": peer_recall, "writing_ms": writing_ms, "writes": writes}  # fmt: skip
 
 
@@ -510,7 +641,7 @@ async def while_writing(
     one after the other (each started writing before the first search); the writes."""
     vectors = read_matrix(files.writes, DIM)
     labels = np.fromfile(files.write_labels, dtype=np.int32)
-    texts = Texts(plan.seed)
+    contents = Texts(plan.seed).make("write", 0, labels)
     stop = asyncio.Event()
     written = 0
     started = [asyncio.Event() for _ in range(WRITERS)]
@@ -519,9 +650,7 @@ async def while_writing(
         nonlocal written
         j = w
         while not stop.is_set() and written < plan.writes_max:
-            at = j % len(vectors)
-            (content,) = texts.make("write", j, labels[at : at + 1])
-            await db.record_experience(cid, content, vectors[at])
+            await db.record_experience(cid, contents[j % len(vectors)], vectors[j % len(vectors)])
             written += 1
             started[w].set()
             j += WRITERS
@@ -541,12 +670,12 @@ async def while_writing(
     return latencies, written
 
 
-async def rebuild_phase(files: Files, plan: Plan) -> dict[str, Any]:
+async def rebuild_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
     """``sync.maintenance.rebuild`` of the data directory from the log."""
     from ops.progress import ProgressBar
     from sync import maintenance
 
-    log = await JetStreamLog.connect(plan.nats_url, append_timeout=60)
+    log = await JetStreamLog.connect(url, append_timeout=60)
     try:
         events = await log.last_seq()
         bar = ProgressBar("rebuild", unit="events")
@@ -569,12 +698,12 @@ def child(phase: str, work: Path) -> None:
     plan = files.read_plan()
     if phase == "faiss":
         result = faiss_phase(files, plan)
-    elif phase == "ingest":
-        result = asyncio.run(ingest_phase(files, plan))
-    elif phase == "search":
-        result = asyncio.run(search_phase(files, plan))
     else:
-        result = asyncio.run(rebuild_phase(files, plan))
+        # the run's server (or, when a kept --work directory's phase runs again to be
+        # profiled, one started for it)
+        with EmbeddedNats(files.nats) as server:
+            go = {"ingest": ingest_phase, "search": search_phase, "rebuild": rebuild_phase}
+            result = asyncio.run(go[phase](files, plan, server.url))
     print(json.dumps(result), flush=True)
 
 
@@ -641,13 +770,17 @@ def figures(plan: Plan, peer: dict[str, Any], ingest: dict[str, Any],
                      "pulse_per_s": ingest["per_s"], "pulse_cpu_s": ingest["cpu_s"],
                      "callers": plan.callers, "batch": BATCH, "faiss_build_s": peer["build_s"],
                      "faiss_per_s": peer["vectors_per_s"],
-                     "faiss_cpu_s": peer["build_cpu_s"]}),
+                     "faiss_cpu_s": peer["build_cpu_s"],
+                     "cpu_ratio": sig(peer["build_cpu_s"] / ingest["cpu_s"])}),
     ]  # fmt: skip
     p50, peer_p50 = pct(search["pulse_ms"], 50), pct(search["peer_ms"], 50)
     searches = {"experiences": n, "queries": len(search["pulse_ms"]), "k": K,
                 "ef_search": plan.ef_search, "pulse_index": search["index"], "pulse_p50_ms": p50,
                 "pulse_p99_ms": pct(search["pulse_ms"], 99), "faiss_p50_ms": peer_p50,
                 "faiss_p99_ms": pct(search["peer_ms"], 99),
+                "pulse_cpu_us_per_search": search["pulse_cpu_us"],
+                "faiss_cpu_us_per_search": search["peer_cpu_us"],
+                "cpu_ratio": sig(search["pulse_cpu_us"] / max(search["peer_cpu_us"], 1)),
                 "pulse_recall_at_10": round(search["recall"], 4),
                 "faiss_recall_at_10": round(search["peer_recall"], 4),
                 "recall_queries": plan.truth_queries}  # fmt: skip
@@ -659,9 +792,9 @@ def figures(plan: Plan, peer: dict[str, Any], ingest: dict[str, Any],
     out.append(Figure("similar_p99_over_p50_writing", sig(w99 / w50), "lower", 3.0,
                       {"writers": WRITERS, "writes": search["writes"], "queries": len(writing),
                        "p50_ms": w50, "p99_ms": w99, "quiet_p50_ms": p50}))  # fmt: skip
-    for name, was, now in (
-        ("memory_ingesting_vs_raw", ingest["before"], ingest["after"]),
-        ("memory_restarted_vs_raw", search["before"], search["restarted"]),
+    for name, was, now, parts in (
+        ("memory_ingesting_vs_raw", ingest["before"], ingest["after"], ingest["breakdown"]),
+        ("memory_restarted_vs_raw", search["before"], search["restarted"], search["breakdown"]),
     ):
         grown = now["VmRSS"] - was["VmRSS"]
         out.append(Figure(name, sig(grown / raw), "lower", 1.5, {
@@ -671,6 +804,7 @@ def figures(plan: Plan, peer: dict[str, Any], ingest: dict[str, Any],
             "rss_anon_growth_mb": mb(now["RssAnon"] - was["RssAnon"]),
             "rss_file_growth_mb": mb(now["RssFile"] - was["RssFile"]),
             "vm_hwm_mb": mb(now["VmHWM"]), "total_vs_raw": sig(now["VmRSS"] / raw),
+            "breakdown_mb": parts,
         }))  # fmt: skip
     events = rebuild["events"]
     per_event, per_vector = rebuild["seconds"] / events, peer["build_s"] / n
@@ -678,8 +812,10 @@ def figures(plan: Plan, peer: dict[str, Any], ingest: dict[str, Any],
                       {"events": events, "rebuild_s": rebuild["seconds"],
                        "rebuild_cpu_s": rebuild["cpu_s"], "rebuild_per_s": round(1 / per_event),
                        "rebuild_vm_hwm_mb": rebuild["vm_hwm_mb"],
-                       "faiss_build_s": peer["build_s"],
-                       "faiss_per_s": peer["vectors_per_s"]}))  # fmt: skip
+                       "faiss_build_s": peer["build_s"], "faiss_per_s": peer["vectors_per_s"],
+                       "faiss_cpu_s": peer["build_cpu_s"],
+                       "cpu_ratio": sig(rebuild["cpu_s"] * n / events / peer["build_cpu_s"]),
+                       }))  # fmt: skip
     out.append(Figure("open_seconds", round(search["open_s"], 2), "lower", 10.0,
                       {"experiences": n, "after": "the ingest (state on disk)",
                        "state_on_disk_mb": search["state_mb"]}))  # fmt: skip
@@ -695,15 +831,24 @@ def table(found: Sequence[Figure]) -> str:
     return "\n".join(lines)
 
 
-def run(plan: Plan, say: Callable[[str], None] = lambda text: None) -> list[Figure]:
-    """Every phase of a run, in a temporary directory removed afterwards."""
-    with tempfile.TemporaryDirectory(prefix="pulse-bench-scale-") as tmp:
+def run(
+    plan: Plan, say: Callable[[str], None] = lambda text: None, work: Path | None = None
+) -> list[Figure]:
+    """Every phase of a run, in a temporary directory removed afterwards (or in
+    ``work``, kept: its data directory, log and files, to profile a phase again)."""
+    with contextlib.ExitStack() as stack:
+        if work is None:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="pulse-bench-scale-"))
+        else:
+            work.mkdir(parents=True, exist_ok=True)
+            if any(work.iterdir()):
+                raise ValueError(f"{work}: not empty")
+            tmp = str(work)
         say(f"working in {tmp}")
         files, phases = Files(Path(tmp)), Phases(Path(tmp))
         write_data(files, plan, say)
-        with EmbeddedNats(Path(tmp) / "nats") as server:
+        with EmbeddedNats(files.nats) as server:
             try:
-                plan = replace(plan, nats_url=server.url)
                 files.write_plan(plan)
                 say("faiss: building graph_index alone, then the exact neighbours")
                 peer = phases.run("faiss")
@@ -742,6 +887,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ef-search", type=int, default=Plan.ef_search,
                         help=f"Pulse's and the peer's breadth ({Plan.ef_search})")  # fmt: skip
     parser.add_argument("--seed", type=int, default=Plan.seed)
+    parser.add_argument("--work", type=Path, metavar="DIR",
+                        help="run in DIR (new or empty) and keep it, to profile a phase "
+                        "again (python -m ops.bench.scale --child PHASE DIR)")  # fmt: skip
     parser.add_argument("--child", nargs=2, metavar=("PHASE", "WORK"), help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.child:
@@ -763,7 +911,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     say(f"{plan.n:,} experiences of {DIM} dimensions")
     try:
-        found = run(plan, say)
+        found = run(plan, say, options.work)
     except KeyboardInterrupt:
         say("interrupted; stopped what was running and removed the temporary directory")
         return 130
