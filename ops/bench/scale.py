@@ -439,6 +439,30 @@ def smaps_rss(markers: dict[str, str]) -> dict[str, int]:
     return found
 
 
+def pymalloc() -> dict[str, int]:
+    """Python's small-object allocator: the bytes of its arenas, in use by objects and
+    free in them (``sys._debugmallocstats``, which writes to the C stderr)."""
+    with tempfile.TemporaryFile() as out:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(out.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.partition("=")
+        if name.startswith("# bytes in allocated blocks"):
+            found["pymalloc_in_use"] = int(value.strip().replace(",", ""))
+        elif name.startswith("# bytes in available blocks"):
+            found["pymalloc_free_in_arenas"] = int(value.strip().replace(",", ""))
+    return found
+
+
 def faiss_bytes(index: Any) -> int:
     """The bytes a FAISS index of ``projections.vectors`` holds: codes or vectors, the
     graph's links, the id map."""
@@ -470,12 +494,13 @@ def breakdown(projection: Any) -> dict[str, float]:
     held = projection.store.con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()")
     duckdb = int((held.fetchone() or (0,))[0] or 0)
     mapped = smaps_rss({"exact_vectors_file": "/vectors/exact-", "tantivy_files": "/text/"})
+    objects = pymalloc()
     rss = memory_status()["VmRSS"]
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     trimmed = rss - memory_status()["VmRSS"]
     parts = {"python_rows_memory_state": rows, "python_vector_index_maps": maps,
              "python_text_index": text, "python_read_caches": caches, "faiss_indexes": indexes,
-             "duckdb_buffers": duckdb, **mapped, "malloc_trim_gave_back": trimmed,
+             "duckdb_buffers": duckdb, **mapped, **objects, "malloc_trim_gave_back": trimmed,
              "vm_rss": rss}  # fmt: skip
     return {name: mb(value) for name, value in parts.items()}
 
@@ -590,6 +615,7 @@ async def search_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
 
         await similar(0)
         restarted = memory_status()
+        parts = await db.engine.run(breakdown) if plan.breakdown else {}
         peer = faiss.read_index(str(files.peer))
         peer.hnsw.efSearch = plan.ef_search
         pulse_ms: list[float] = []
@@ -619,7 +645,6 @@ async def search_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
         recall = recall_at([found[i] for i in checked], truth)
         peer_recall = recall_at([peer_found[i] for i in checked], truth)
         writing_ms, writes = await while_writing(db, cid, files, plan, similar)
-        parts = await db.engine.run(breakdown) if plan.breakdown else {}
     finally:
         await db.close()
     state = (files.data_dir / "state").resolve()
