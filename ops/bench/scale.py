@@ -495,12 +495,17 @@ def breakdown(projection: Any) -> dict[str, float]:
     duckdb = int((held.fetchone() or (0,))[0] or 0)
     mapped = smaps_rss({"exact_vectors_file": "/vectors/exact-", "tantivy_files": "/text/"})
     objects = pymalloc()
+    import pyarrow  # (the store writes rows through Arrow, whose pool is mimalloc's)
+
+    pool = pyarrow.default_memory_pool()
+    arrow = {"arrow_pool_in_use": pool.bytes_allocated(), "arrow_pool_peak": pool.max_memory()}
     rss = memory_status()["VmRSS"]
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     trimmed = rss - memory_status()["VmRSS"]
     parts = {"python_rows_memory_state": rows, "python_vector_index_maps": maps,
              "python_text_index": text, "python_read_caches": caches, "faiss_indexes": indexes,
-             "duckdb_buffers": duckdb, **mapped, **objects, "malloc_trim_gave_back": trimmed,
+             "duckdb_buffers": duckdb, **mapped, **objects, **arrow,
+             "malloc_trim_gave_back": trimmed,
              "vm_rss": rss}  # fmt: skip
     return {name: mb(value) for name, value in parts.items()}
 
