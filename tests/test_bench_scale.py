@@ -75,6 +75,12 @@ def test_texts_are_reproducible_and_name_their_item() -> None:
     assert all(scale.TEXT_MIN // 2 <= len(t.encode()) <= scale.TEXT_MAX for t in made)
 
 
+def test_a_failed_figure_is_not_met_and_shows_as_failed() -> None:
+    failed = scale.Figure("rebuild_vs_faiss_build", math.nan, "lower", 1.5, {"error": "x"})
+    assert failed.met is False
+    assert "failed" in scale.table([failed]) and "NO" in scale.table([failed])
+
+
 def test_a_tiny_run_measures_every_figure() -> None:
     plan = scale.Plan(n=3000, queries=60, truth_queries=60, callers=2, hnsw_threshold=1000,
                       writes_max=400)  # fmt: skip
