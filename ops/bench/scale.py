@@ -39,7 +39,12 @@ is not counted in another's and the peer's build does not share a heap with Puls
    vector.
 
 Figures: one JSON line each (``value``, ``better``, ``target``, ``met`` and the details
-it comes from), then a ``summary`` line; a table on stderr.
+it comes from), then a ``summary`` line; a table on stderr. A phase that fails stops the
+run (the temporary directory is removed, whatever runs is stopped, as on Ctrl-C), except
+the rebuild: its figure is then printed with ``value`` null and the error. Each phase's
+result is kept in the work directory too (``result-<phase>.json``); ``--work DIR`` runs
+in DIR and keeps it, and ``--child PHASE DIR`` runs one phase of it again (starting the
+kept log's server if none runs), e.g. under a profiler.
 
 - ``ingest_vs_faiss_build``: experiences/s acknowledged / vectors/s of the peer's
   build; >= 0.8.
