@@ -103,7 +103,7 @@ def test_a_tiny_run_measures_every_figure() -> None:
 
 
 def test_an_interrupted_run_leaves_nothing_behind() -> None:
-    command = [sys.executable, "-m", "ops.bench.scale", "--size", "0.02", "--queries", "50"]
+    command = [sys.executable, "-m", "ops.bench.scale", "--size", "0.005", "--queries", "50"]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                text=True, cwd=scale.REPO)  # fmt: skip
     assert process.stderr is not None
