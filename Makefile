@@ -70,8 +70,9 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(VENV)/bin/python -m ops.bench.quick $(QUICK_ARGS)
 
-# issue 28 target 4: a million memories on one host, beside FAISS alone (about an hour
-# and 10 GB of temporary disk at full size); SCALE_ARGS="--size 0.05" for 50,000
+# issue 28 target 4: a million memories on one host, beside FAISS alone (estimated at
+# 80-95 minutes on 2 cores and 12 GB of temporary disk at full size: see
+# docs/benchmarks.md); SCALE_ARGS="--size 0.05" for 50,000
 bench-scale: $(STAMP)
 	$(VENV)/bin/python -m ops.bench.scale $(SCALE_ARGS)
 
