@@ -19,7 +19,7 @@ export HYPOTHESIS_PROFILE
 # such processes, so it keeps the cache.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: run test test-cpu lint bench bench-quick bench-edges clean
+.PHONY: run test test-cpu lint bench bench-quick bench-edges bench-scale clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Pulse needs Python 3.11 or newer; set PYTHON=python3.x")'
@@ -76,6 +76,12 @@ bench-quick: $(STAMP)
 bench-edges: $(STAMP)
 	$(VENV)/bin/python -m pip install --quiet -e '.[bench]'
 	$(VENV)/bin/python -m ops.bench.edges $(EDGES_ARGS)
+
+# issue 28 target 4: a million memories on one host, beside FAISS alone (estimated at
+# 80-95 minutes on 2 cores and 12 GB of temporary disk at full size: see
+# docs/benchmarks.md); SCALE_ARGS="--size 0.05" for 50,000
+bench-scale: $(STAMP)
+	$(VENV)/bin/python -m ops.bench.scale $(SCALE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pulse .pytest_cache .hypothesis tests/clients/node_modules site

@@ -852,6 +852,9 @@ async def _pull(
                 finished = True
             for start in range(0, len(entries), batch_size):
                 yield entries[start : start + batch_size]
+            # handing them over is progress: the consumer's time (a reader child blocked
+            # on a full pipe holds this loop) is not the log's silence
+            quiet_since = time.monotonic()
             if finished:
                 return
     finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from typing import Any
+from typing import Any, BinaryIO
 
 from nats.aio.msg import Msg
 
@@ -35,6 +35,11 @@ def _verdict(msg: Msg, seq: int, stored_ms: int) -> Item:
     return (seq, msg.subject, msg.data if current else encode_body(event), None, None)
 
 
+def _write(out: BinaryIO, data: bytes) -> None:
+    out.write(data)
+    out.flush()
+
+
 async def _serve(spec: dict[str, Any]) -> None:
     log = await JetStreamLog.connect(
         spec["servers"], create_streams=False, update_streams=False, name="pulse-reader",
@@ -47,9 +52,11 @@ async def _serve(spec: dict[str, Any]) -> None:
             end_seq=spec["end_seq"], decode=_verdict,
         ):  # fmt: skip
             data = FRAMES.encode(items)
-            out.write(LENGTH.pack(len(data)))
-            out.write(data)
-            out.flush()
+            # written from a thread: while the pipe is full (the reading side busy) this
+            # loop keeps reading what the server sends for the pulls under way; blocked,
+            # the server would drop the connection as a slow consumer after its 10 s
+            # write deadline and the read would fail (no new pull before this returns)
+            await asyncio.to_thread(_write, out, LENGTH.pack(len(data)) + data)
     finally:
         await log.close()
 
