@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal
 
 import msgspec
+import numpy as np
 import pydantic
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
@@ -307,6 +308,19 @@ def parse_body(raw: bytes, model: type[M]) -> M:
         raise models.translate(exc) from None
 
 
+def arguments(body: pydantic.BaseModel) -> dict[str, Any]:
+    """The arguments a request body gives (``model_dump(exclude_unset=True)``), its
+    vectors (arrays already checked) passed as they are instead of copied by pydantic."""
+    given = body.model_fields_set
+    vectors = {name for name in given if isinstance(getattr(body, name), np.ndarray)}
+    if not vectors:
+        return body.model_dump(exclude_unset=True)
+    out = body.model_dump(exclude_unset=True, exclude=vectors)
+    for name in vectors:
+        out[name] = getattr(body, name)
+    return out
+
+
 # -- answers ----------------------------------------------------------------------------------
 
 FORMAT = Query(
@@ -329,7 +343,7 @@ def answering(db: PulseDB, operation: Declared) -> Callable[[bytes, Principal], 
             if takes_model:
                 result = await method(body)
             else:
-                result = await method(**body.model_dump(exclude_unset=True))
+                result = await method(**arguments(body))
         if result is None and optional:  # a getter's "there is none" (or none it may see)
             raise NotFoundError(f"{_subject(operation.name)}: none with that id")
         if isinstance(result, models.Page):  # a page of a listing, and where the rest is
