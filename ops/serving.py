@@ -212,21 +212,63 @@ class HeadersTooLarge(Exception):
     (as uvicorn answers any request it cannot parse) and its connection closed."""
 
 
+class Cork:
+    """A connection's transport as its answers write to it: a write is held back until
+    the next one or the end of this turn of the event loop, whichever comes first, so
+    an answer's head and a small body go out in one write (one segment to the client,
+    one system call) instead of two. A stream's parts still go out as they come."""
+
+    JOIN_MAX = 64 * 1024  # bytes: a larger write is not copied to join it to the held one
+
+    __slots__ = ("transport", "loop", "held")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self.transport, self.loop = transport, loop
+        self.held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self.held
+        if held is None:
+            self.held = data
+            self.loop.call_soon(self.flush)
+            return
+        self.held = None
+        if len(data) <= self.JOIN_MAX:
+            self.transport.write(held + data)
+        else:
+            self.transport.write(held)
+            self.transport.write(data)
+
+    def flush(self) -> None:
+        held = self.held
+        if held is not None:
+            self.held = None
+            if not self.transport.is_closing():
+                self.transport.write(held)
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+
 class EdgeProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, with a deadline for each part of a connection's life:
-    its first request's headers (``header_timeout``; closed without a word if nothing
-    came), a request's headers from its first byte (then 408), its body from the end of
-    its headers (``body_timeout``: 408, and the app sees the client gone), the idle time
-    between requests (``keep_alive_timeout``, instead of uvicorn's timer), and a client
-    that reads nothing of its answer (``send_timeout``). A request's target and headers
-    are at most ``HEADERS_MAX`` bytes (400 past it: httptools itself would take any amount
-within the header deadline).
+        its first request's headers (``header_timeout``; closed without a word if nothing
+        came), a request's headers from its first byte (then 408), its body from the end of
+        its headers (``body_timeout``: 408, and the app sees the client gone), the idle time
+        between requests (``keep_alive_timeout``, instead of uvicorn's timer), and a client
+        that reads nothing of its answer (``send_timeout``). A request's target and headers
+        are at most ``HEADERS_MAX`` bytes (400 past it: httptools itself would take any amount
+    within the header deadline).
 
-    The deadlines share one timer per connection, moved only when it would fire too
-    late: each step of a request just writes down its deadline and what it is for, and
-    a timer that fires before the current deadline is set again for it. A busy
-    keep-alive connection so costs a clock read per step, not three timers armed and
-    cancelled per request."""
+        The deadlines share one timer per connection, moved only when it would fire too
+        late: each step of a request just writes down its deadline and what it is for, and
+        a timer that fires before the current deadline is set again for it. A busy
+        keep-alive connection so costs a clock read per step, not three timers armed and
+        cancelled per request."""
 
     def __init__(self, *args: Any, limits: Limits, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -237,6 +279,7 @@ within the header deadline).
         self._timer_at = math.inf
         self._send_timer: asyncio.TimerHandle | None = None
         self._header_bytes = 0
+        self._cork: Cork | None = None
 
     # the deadlines -----------------------------------------------------------------------
 
@@ -309,6 +352,11 @@ within the header deadline).
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         self._expect("body", self.limits.body_timeout)  # (until on_message_complete)
+        cycle = self.cycle
+        if cycle is not None:
+            if self._cork is None:
+                self._cork = Cork(self.transport, self.loop)
+            cycle.transport = self._cork  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

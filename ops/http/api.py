@@ -31,13 +31,24 @@ from ops import contract, tables
 from ops.contract import Declared
 from ops.encoding import json_bytes, to_json
 from ops.http.errors import error_response, internal_error, internal_response
-from ops.http.guard import PRINCIPAL, Guard, principal_of, resolve, too_large, unauthorized
+from ops.http.guard import (
+    PRINCIPAL,
+    Guard,
+    not_json,
+    principal_of,
+    resolve,
+    too_large,
+    unauthorized,
+)
 from sync import models
 from sync.access import Principal
 from sync.instance import PulseDB
 
 # a direct call: (body, principal, format, embeddings) -> the answer's JSON
 Call = Callable[[bytes, Principal, str, bool], Awaitable[bytes]]
+# what Front takes of a request: its call, format, embeddings, declared body length and
+# Content-Type headers (None: no body)
+Taken = tuple[Call, str, bool, int, list[str] | None]
 
 
 def router(db: PulseDB, operations: Iterable[Declared]) -> APIRouter:
@@ -123,9 +134,10 @@ class Front:
             if operation.name != "sql"
         }
         self.guard, self.limit = guard, limit
+        self._counted: dict[tuple[str, int], tuple[Any, Any]] = {}
 
-    def takes(self, scope: Scope) -> tuple[Call, str, bool, int] | None:
-        """The call, options and declared body length of a request this answers, or None."""
+    def takes(self, scope: Scope) -> Taken | None:
+        """What a request this answers asks for (``Taken``), or None."""
         if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
             return None
         call = self.calls.get(scope["path"])
@@ -135,23 +147,26 @@ class Front:
         if options is None:
             return None
         length = -1
+        body = False
+        types: list[str] = []
         for key, value in scope["headers"]:
             if key == b"content-length":
                 if length >= 0:
                     return None
+                body = value.strip() not in (b"", b"0")  # (as the Guard's has_body)
                 try:
                     length = int(value)
                 except ValueError:
                     length = 0  # (as BodyLimit reads it)
+            elif key == b"content-type":
+                types.append(value.decode("latin-1"))
             elif key in _STACK_ONLY:
                 return None
         if length < 0:  # (no body, or a chunked one: BodyLimit counts it)
             return None
-        return call, *options, length
+        return call, *options, length, types if body else None
 
-    async def serve(
-        self, scope: Scope, receive: Receive, send: Send, taken: tuple[Call, str, bool, int]
-    ) -> None:
+    async def serve(self, scope: Scope, receive: Receive, send: Send, taken: Taken) -> None:
         """Answer a request ``takes`` took, as the Guard would: an unexpected error is
         logged under an id and answered 500 with it, and the request is counted."""
         started = time.perf_counter()
@@ -163,16 +178,29 @@ class Front:
             if status[0] == 500:  # (an answer that already began just ends)
                 await internal_response(error_id)(scope, receive, send)
         finally:
-            elapsed = time.perf_counter() - started
-            self.guard.metrics.observe(scope["path"], "POST", status[0], elapsed)
+            self._count(scope["path"], status[0], time.perf_counter() - started)
+
+    def _count(self, path: str, status: int, seconds: float) -> None:
+        """``Metrics.observe`` of a request, its labelled metrics looked up once."""
+        key = (path, status)
+        counted = self._counted.get(key)
+        if counted is None:
+            metrics = self.guard.metrics
+            counted = self._counted[key] = (
+                metrics.requests.labels(path, "POST", str(status)),
+                metrics.latency.labels(path),
+            )
+        counted[0].inc()
+        counted[1].observe(seconds)
 
     async def _answer(
         self, scope: Scope, receive: Receive, send: Send,
-        taken: tuple[Call, str, bool, int], status: list[int],
+        taken: Taken, status: list[int],
     ) -> None:  # fmt: skip
-        call, format, embeddings, length = taken
+        call, format, embeddings, length, types = taken
         guard = self.guard
-        response: Response | None = guard.refusal(scope)
+        # (the Guard's refusals: no Origin here, so only a body that is not JSON)
+        response: Response | None = None if types is None else not_json(types)
         if response is None:
             try:
                 principal = resolve(scope, guard.secret, guard.db)

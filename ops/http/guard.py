@@ -167,14 +167,7 @@ class Guard:
                     status_code=403,
                 )  # fmt: skip
         if has_body(scope):
-            types = header(scope, b"content-type")
-            if len(types) != 1 or not is_json(types[0]):
-                given = types[0] if len(types) == 1 else (types or "none")
-                return JSONResponse(
-                    {"error": "UnsupportedMediaType", "message": "body: must be JSON with "
-                     f"Content-Type: application/json, got {given!r:.200}"},
-                    status_code=415,
-                )  # fmt: skip
+            return not_json(header(scope, b"content-type"))
         return None
 
     async def _authenticated(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -193,6 +186,18 @@ class Guard:
         if path == "/health":
             return True
         return not self.private_docs and (path in DOCS_PATHS or path.startswith("/docs/"))
+
+
+def not_json(types: list[str]) -> JSONResponse | None:
+    """The 415 of a body whose Content-Type headers (``types``) are not one, JSON's."""
+    if len(types) == 1 and is_json(types[0]):
+        return None
+    given = types[0] if len(types) == 1 else (types or "none")
+    return JSONResponse(
+        {"error": "UnsupportedMediaType", "message": "body: must be JSON with "
+         f"Content-Type: application/json, got {given!r:.200}"},
+        status_code=415,
+    )  # fmt: skip
 
 
 def unauthorized(exc: Unauthorized) -> JSONResponse:
