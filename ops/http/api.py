@@ -170,15 +170,16 @@ class Front:
         """Answer a request ``takes`` took, as the Guard would: an unexpected error is
         logged under an id and answered 500 with it, and the request is counted."""
         started = time.perf_counter()
-        status = [500]  # (what was answered, if anything)
+        status = [0]  # (what is answered, once it begins)
         try:
             await self._answer(scope, receive, send, taken, status)
         except Exception as exc:
             error_id = internal_error(f"POST {scope['path']}", exc)
-            if status[0] == 500:  # (an answer that already began just ends)
+            if not status[0]:  # (an answer that already began just ends)
+                status[0] = 500
                 await internal_response(error_id)(scope, receive, send)
         finally:
-            self._count(scope["path"], status[0], time.perf_counter() - started)
+            self._count(scope["path"], status[0] or 500, time.perf_counter() - started)
 
     def _count(self, path: str, status: int, seconds: float) -> None:
         """``Metrics.observe`` of a request, its labelled metrics looked up once."""
