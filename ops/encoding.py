@@ -3,7 +3,8 @@ out (replaced by their ``dimension``) or as lists of floats.
 
 ``to_json`` makes the JSON-ready builtins of a result; ``json_bytes`` writes the same JSON
 in one pass with msgspec (what ``pulse up`` answers): only the structs that can hold an
-embedding are taken apart in Python, everything else is encoded as it is."""
+embedding are converted in Python, each into a view struct of the same fields
+(``_view``) or else a dict; everything else is encoded as it is."""
 
 from __future__ import annotations
 

@@ -212,6 +212,10 @@ class HeadersTooLarge(Exception):
     (as uvicorn answers any request it cannot parse) and its connection closed."""
 
 
+def _nothing() -> None:
+    pass
+
+
 class Cork:
     """A connection's transport as its answers write to it: a write is held back until
     the next one or the end of this turn of the event loop, whichever comes first, so
@@ -280,6 +284,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._send_timer: asyncio.TimerHandle | None = None
         self._header_bytes = 0
         self._cork: Cork | None = None
+        self.on_connected: Callable[[], None] = _nothing  # (the Listener's count)
 
     # the deadlines -----------------------------------------------------------------------
 
@@ -321,6 +326,7 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.on_connected()
         self._expect("start", self.limits.header_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -412,9 +418,11 @@ class H11EdgeProtocol(H11Protocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._send_timer: asyncio.TimerHandle | None = None
         self._heard = False  # whether a byte of the current request came
+        self.on_connected: Callable[[], None] = _nothing  # (the Listener's count)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.on_connected()
         self._arm_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -523,6 +531,10 @@ class Listener:
         self._open_connections = open_connections
         self._loop = asyncio.get_running_loop()
         self._starting: set[asyncio.Task[None]] = set()
+        # accepted, not yet among the open connections: their protocol's connection_made
+        # calls on_connected (counting the task until it ended counted a connection twice
+        # meanwhile, and refused connections under the cap)
+        self._pending = 0
         self._paused: asyncio.TimerHandle | None = None
         self._closed = False
         self._warned_at = -math.inf
@@ -531,7 +543,7 @@ class Listener:
 
     @property
     def open(self) -> int:
-        return self._open_connections() + len(self._starting)
+        return self._open_connections() + self._pending
 
     def _accept(self) -> None:
         for _ in range(ACCEPT_BATCH):
@@ -555,15 +567,31 @@ class Listener:
                 # no Nagle: an answer's head and body go out at once, not 40 ms apart
                 # (asyncio sets this only on sockets it made itself)
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._pending += 1
             starting = self._loop.create_task(self._start(conn))
             self._starting.add(starting)
             starting.add_done_callback(self._starting.discard)
 
     async def _start(self, conn: socket.socket) -> None:
+        counted = False
+
+        def count() -> None:  # (once it is among the open connections, or failed)
+            nonlocal counted
+            if not counted:
+                counted = True
+                self._pending -= 1
+
+        def protocol() -> asyncio.Protocol:
+            made = self._protocol()
+            made.on_connected = count  # type: ignore[attr-defined]
+            return made
+
         try:
-            await self._loop.connect_accepted_socket(self._protocol, conn)
+            await self._loop.connect_accepted_socket(protocol, conn)
         except OSError:
             conn.close()
+        finally:
+            count()
 
     def _pause(self, exc: OSError) -> None:
         self._loop.remove_reader(self._sock.fileno())
