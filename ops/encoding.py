@@ -3,10 +3,12 @@ out (replaced by their ``dimension``) or as lists of floats.
 
 ``to_json`` makes the JSON-ready builtins of a result; ``json_bytes`` writes the same JSON
 in one pass with msgspec (what ``pulse up`` answers): only the structs that can hold an
-embedding are taken apart in Python, everything else is encoded as it is."""
+embedding are converted in Python, each into a view struct of the same fields
+(``_view``) or else a dict; everything else is encoded as it is."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -122,6 +124,14 @@ def _ready(value: Any, embeddings: bool) -> Any:
             return value
         if plan is _WHOLE:
             return _strip(msgspec.to_builtins(value, builtin_types=(bytes,)), embeddings)
+        view = _views.get((cls, embeddings), _UNMADE)
+        if view is _UNMADE:
+            view = _views[cls, embeddings] = None  # (a recursive type: taken apart below)
+            view = _views[cls, embeddings] = _view(cls, embeddings)
+        if view is not None:
+            made = view(value)
+            if made is not None:
+                return made
         tag, fields = plan
         out: dict[str, Any] = {tag[0]: tag[1]} if tag else {}
         items = msgspec.structs.astuple(value)
@@ -140,6 +150,73 @@ def _ready(value: Any, embeddings: bool) -> Any:
     if isinstance(value, (list, tuple)):
         return [_ready(item, embeddings) for item in value]
     return value
+
+
+# -- views: a struct with an embedding written as a struct of its own -------------------------
+
+# (struct type, embeddings) -> its view (``_view``), or None: taken apart into a dict
+_views: dict[tuple[type, bool], Any] = {}
+_UNMADE = object()
+
+
+def _view(cls: type, embeddings: bool) -> Callable[[Any], Any] | None:
+    """How to write a plain struct type (untagged, all fields written) that holds an
+    embedding in C rather than a dict made field by field: a struct type of the same
+    fields in the same order, the embedding's as ``_put`` writes it (``dimension``, or the
+    list of floats), filled from the original's values with only the fields that hold an
+    embedding (bytes, a struct or a list of structs that do) converted. The view of a
+    value returns None where a value is not of its type's declared shape (then the
+    struct is taken apart as before); None for a type this does not cover."""
+    info = mi.type_info(cls)
+    if not isinstance(info, mi.StructType) or info.array_like or info.tag_field or _omits(cls):
+        return None
+    names: list[str] = []
+    bytes_at: list[int] = []
+    steps: list[tuple[int, type, Callable[[Any], Any]]] = []
+    for index, field in enumerate(info.fields):
+        kind, name = field.type, field.encode_name
+        if isinstance(kind, mi.BytesType):
+            bytes_at.append(index)
+            if not embeddings:
+                name = "dimension"
+        elif isinstance(kind, mi.StructType):
+            sub = _views.get((kind.cls, embeddings), _UNMADE)
+            if sub is _UNMADE:
+                _views[kind.cls, embeddings] = None  # (a recursive type: not a view)
+                sub = _views[kind.cls, embeddings] = _view(kind.cls, embeddings)
+            if sub is None:
+                if not _safe(kind, set()):
+                    return None
+            else:
+                steps.append((index, kind.cls, sub))
+        elif not _safe(kind, set()):
+            return None
+        names.append(name)
+    if len(set(names)) != len(names) or not (bytes_at or steps):
+        return None
+    view = msgspec.defstruct(
+        f"{cls.__name__}View", [f"f{i}" for i in range(len(names))],
+        rename=dict(zip([f"f{i}" for i in range(len(names))], names, strict=True)),
+    )  # fmt: skip
+
+    def write(value: Any) -> Any:
+        values = list(msgspec.structs.astuple(value))
+        for index in bytes_at:
+            item = values[index]
+            if type(item) is not bytes:
+                return None
+            values[index] = unpack_vector(item).tolist() if embeddings else len(item) // 4
+        for index, kind, sub in steps:
+            item = values[index]
+            if type(item) is not kind:
+                return None
+            made = sub(item)
+            if made is None:
+                return None
+            values[index] = made
+        return view(*values)
+
+    return write
 
 
 def _put(out: dict[Any, Any], key: Any, item: Any, embeddings: bool) -> None:

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
 
 from ops import contract
 from ops.http import api, docs, health, metrics, watch
@@ -59,6 +60,22 @@ from sync.instance import PulseDB
 __all__ = ["LOOPBACK", "create_app", "metrics_app", "origin_of"]
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # $PULSE_MAX_BODY_BYTES: a request body, in bytes
+
+
+class PulseApp(FastAPI):
+    """The app, with ``front`` (``api.Front``) answering ``POST /v1/<name>`` before the
+    framework's layers; every other request goes through them."""
+
+    front: api.Front | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        front = self.front
+        if front is not None:
+            taken = front.takes(scope)
+            if taken is not None:
+                await front.serve(scope, receive, send, taken)
+                return
+        await super().__call__(scope, receive, send)
 
 
 def create_app(
@@ -80,7 +97,7 @@ def create_app(
     and /docs want a credential too. ``max_body_bytes``, ``max_watchers`` and
     ``max_watchers_per_token`` default to $PULSE_MAX_BODY_BYTES (8 MiB),
     $PULSE_MAX_WATCHERS (64) and $PULSE_MAX_WATCHERS_PER_TOKEN (16)."""
-    app = FastAPI(
+    app = PulseApp(
         title="Pulse", version="1", summary="A shared memory for collectives of AI agents",
         description=__doc__, lifespan=lifespan,
         docs_url=None, redoc_url=None,  # (ops.http.docs serves /docs, from the package)
@@ -100,12 +117,14 @@ def create_app(
     app.router.routes.extend([docs.assets(), *(mcp_routes or [])])
     answer_errors(app)
     app.openapi = functools.partial(contract.schema_of, app, operations)  # type: ignore[method-assign]
-    app.add_middleware(api.Direct, db=db, operations=operations)  # (innermost)
-    app.add_middleware(
-        BodyLimit, limit=max_body_bytes or count_setting("PULSE_MAX_BODY_BYTES", MAX_BODY_BYTES)
-    )
-    app.add_middleware(  # (outermost: sees the 413s)
-        Guard, metrics=counts, secret=secret, db=db, host=host, allow_origins=allow_origins,
+    limit = max_body_bytes or count_setting("PULSE_MAX_BODY_BYTES", MAX_BODY_BYTES)
+    guarded: dict[str, Any] = dict(
+        metrics=counts, secret=secret, db=db, host=host, allow_origins=allow_origins,
         private_docs=private_docs, routes=api.paths(operations) | {watch.PATH},
     )  # fmt: skip
+    app.add_middleware(api.Direct, db=db, operations=operations)  # (innermost)
+    app.add_middleware(BodyLimit, limit=limit)
+    app.add_middleware(Guard, **guarded)  # (outermost: sees the 413s)
+    # (and before all of them, the same checks and calls for POST /v1/<name>)
+    app.front = api.Front(db, operations, Guard(app, **guarded), limit)
     return app

@@ -4,8 +4,8 @@ uvicorn bounds an idle keep-alive connection, but nothing else a client controls
 connection that sends one header line every few seconds, or a body one byte at a time,
 or never reads its response, is held forever, and once such connections use up the
 process's file descriptors the accept loop fails inside its own error logging and the
-service exits. So the edge here is uvicorn's h11 protocol with three more timers and an
-accept loop of its own:
+service exits. So the edge here is uvicorn's httptools protocol (its h11 one where
+httptools is missing, or $PULSE_HTTP=h11) with deadlines and an accept loop of its own:
 
 - headers: from a connection's start (or the first byte of its next request) to the end
   of the request's headers, at most ``header_timeout``; then 408 (or, if nothing came at
@@ -53,6 +53,14 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    HTTPTOOLS = True
+except ImportError:  # (httptools is a dependency; h11 serves where it is missing)
+    HttpToolsProtocol = H11Protocol  # type: ignore[assignment,misc]  # (never made then)
+    HTTPTOOLS = False
 
 from eventlog.errors import ValidationError
 
@@ -194,12 +202,213 @@ def _timed_out(part: str, seconds: float, setting: str) -> bytes:
     )  # fmt: skip
 
 
-# -- the protocol: uvicorn's h11 one with timers ----------------------------------------------
+# -- the protocol: uvicorn's httptools one (or h11's) with deadlines -----------------------------
+
+HEADERS_MAX = 64 * 1024  # bytes of a request's target and headers (httptools has no bound)
 
 
-class EdgeProtocol(H11Protocol):
+class HeadersTooLarge(Exception):
+    """Raised from the parser's callbacks past ``HEADERS_MAX``: the request is answered 400
+    (as uvicorn answers any request it cannot parse) and its connection closed."""
+
+
+def _nothing() -> None:
+    pass
+
+
+class Cork:
+    """A connection's transport as its answers write to it: a write is held back until
+    the next one or the end of this turn of the event loop, whichever comes first, so
+    an answer's head and a small body go out in one write (one segment to the client,
+    one system call) instead of two. A stream's parts still go out as they come."""
+
+    JOIN_MAX = 64 * 1024  # bytes: a larger write is not copied to join it to the held one
+
+    __slots__ = ("transport", "loop", "held")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self.transport, self.loop = transport, loop
+        self.held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self.held
+        if held is None:
+            self.held = data
+            self.loop.call_soon(self.flush)
+            return
+        self.held = None
+        if len(data) <= self.JOIN_MAX:
+            self.transport.write(held + data)
+        else:
+            self.transport.write(held)
+            self.transport.write(data)
+
+    def flush(self) -> None:
+        held = self.held
+        if held is not None:
+            self.held = None
+            if not self.transport.is_closing():
+                self.transport.write(held)
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+
+class EdgeProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with a deadline for each part of a connection's life:
+        its first request's headers (``header_timeout``; closed without a word if nothing
+        came), a request's headers from its first byte (then 408), its body from the end of
+        its headers (``body_timeout``: 408, and the app sees the client gone), the idle time
+        between requests (``keep_alive_timeout``, instead of uvicorn's timer), and a client
+        that reads nothing of its answer (``send_timeout``). A request's target and headers
+        are at most ``HEADERS_MAX`` bytes (400 past it: httptools itself would take any amount
+    within the header deadline).
+
+        The deadlines share one timer per connection, moved only when it would fire too
+        late: each step of a request just writes down its deadline and what it is for, and
+        a timer that fires before the current deadline is set again for it. A busy
+        keep-alive connection so costs a clock read per step, not three timers armed and
+        cancelled per request."""
+
+    def __init__(self, *args: Any, limits: Limits, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self._deadline: float | None = None  # (loop time) when the current part is late
+        self._part = "start"  # start, head, body, idle: what the deadline is for
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._send_timer: asyncio.TimerHandle | None = None
+        self._header_bytes = 0
+        self._cork: Cork | None = None
+        self.on_connected: Callable[[], None] = _nothing  # (the Listener's count)
+
+    # the deadlines -----------------------------------------------------------------------
+
+    def _expect(self, part: str, seconds: float) -> None:
+        self._part = part
+        deadline = self._deadline = self.loop.time() + seconds
+        if self._timer_at > deadline:  # (no timer, or one that would fire too late)
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = deadline
+            self._timer = self.loop.call_at(deadline, self._late)
+
+    def _late(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        deadline = self._deadline
+        if deadline is None or self.transport.is_closing():
+            return
+        if self.loop.time() < deadline:  # the deadline moved on since: wait for it
+            self._timer_at = deadline
+            self._timer = self.loop.call_at(deadline, self._late)
+            return
+        part = self._part
+        if part == "head":
+            self.transport.write(
+                _timed_out("headers", self.limits.header_timeout, "PULSE_HEADER_TIMEOUT")
+            )
+        elif part == "body":
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_started:
+                self.transport.write(
+                    _timed_out("body", self.limits.body_timeout, "PULSE_BODY_TIMEOUT")
+                )
+            if cycle is not None:  # the app sees the client gone (its sends are dropped)
+                cycle.disconnected = True
+                cycle.message_event.set()
+        self.transport.close()  # (start, idle: nothing came, so nothing is said)
+
+    # the steps of a connection ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.on_connected()
+        self._expect("start", self.limits.header_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._deadline = None
+        for timer in (self._timer, self._send_timer):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._send_timer = None
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_bytes = 0
+        self._expect("head", self.limits.header_timeout)
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value))
+        super().on_header(name, value)
+
+    def _count(self, size: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > HEADERS_MAX:
+            raise HeadersTooLarge  # (httptools raises it on from feed_data: a 400)
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._expect("body", self.limits.body_timeout)  # (until on_message_complete)
+        cycle = self.cycle
+        if cycle is not None:
+            if self._cork is None:
+                self._cork = Cork(self.transport, self.loop)
+            cycle.transport = self._cork  # type: ignore[assignment]
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._between()
+
+    def on_response_complete(self) -> None:
+        # uvicorn's, without its keep-alive timer (the idle deadline stands for it)
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        if self._part not in ("head", "body"):  # (else a next request is being read)
+            self._between()
+
+    def _between(self) -> None:
+        """After a request's body: no deadline while its answer is made, then the idle
+        one until the next request begins."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            self._part, self._deadline = "app", None
+        else:
+            self._expect("idle", self.limits.keep_alive_timeout)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.limits.send_timeout, self._send_late)
+
+    def resume_writing(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+        super().resume_writing()
+
+    def _send_late(self) -> None:
+        self._send_timer = None
+        self.transport.abort()  # (its buffer is what the client did not read)
+
+
+class H11EdgeProtocol(H11Protocol):
     """uvicorn's h11 protocol, with a deadline for a request's headers, one for its body,
-    and one for a client that does not read; the idle keep-alive timer is uvicorn's."""
+    and one for a client that does not read; the idle keep-alive timer is uvicorn's. (The
+    edge where httptools is not installed: ``edge_protocol``.)"""
 
     def __init__(self, *args: Any, limits: Limits, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -209,9 +418,11 @@ class EdgeProtocol(H11Protocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._send_timer: asyncio.TimerHandle | None = None
         self._heard = False  # whether a byte of the current request came
+        self.on_connected: Callable[[], None] = _nothing  # (the Listener's count)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.on_connected()
         self._arm_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -320,6 +531,10 @@ class Listener:
         self._open_connections = open_connections
         self._loop = asyncio.get_running_loop()
         self._starting: set[asyncio.Task[None]] = set()
+        # accepted, not yet among the open connections: their protocol's connection_made
+        # calls on_connected (counting the task until it ended counted a connection twice
+        # meanwhile, and refused connections under the cap)
+        self._pending = 0
         self._paused: asyncio.TimerHandle | None = None
         self._closed = False
         self._warned_at = -math.inf
@@ -328,7 +543,7 @@ class Listener:
 
     @property
     def open(self) -> int:
-        return self._open_connections() + len(self._starting)
+        return self._open_connections() + self._pending
 
     def _accept(self) -> None:
         for _ in range(ACCEPT_BATCH):
@@ -352,15 +567,31 @@ class Listener:
                 # no Nagle: an answer's head and body go out at once, not 40 ms apart
                 # (asyncio sets this only on sockets it made itself)
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._pending += 1
             starting = self._loop.create_task(self._start(conn))
             self._starting.add(starting)
             starting.add_done_callback(self._starting.discard)
 
     async def _start(self, conn: socket.socket) -> None:
+        counted = False
+
+        def count() -> None:  # (once it is among the open connections, or failed)
+            nonlocal counted
+            if not counted:
+                counted = True
+                self._pending -= 1
+
+        def protocol() -> asyncio.Protocol:
+            made = self._protocol()
+            made.on_connected = count  # type: ignore[attr-defined]
+            return made
+
         try:
-            await self._loop.connect_accepted_socket(self._protocol, conn)
+            await self._loop.connect_accepted_socket(protocol, conn)
         except OSError:
             conn.close()
+        finally:
+            count()
 
     def _pause(self, exc: OSError) -> None:
         self._loop.remove_reader(self._sock.fileno())
@@ -434,6 +665,20 @@ def survive_descriptor_exhaustion(loop: asyncio.AbstractEventLoop) -> None:
     loop.set_exception_handler(report)
 
 
+def edge_protocol() -> type[EdgeProtocol | H11EdgeProtocol]:
+    """The protocol of the edge: httptools' (``EdgeProtocol``), else h11's, or the one
+    $PULSE_HTTP names (``h11`` or ``httptools``; the same deadlines either way, h11's
+    parser slower by about 0.2 ms a request)."""
+    asked = os.environ.get("PULSE_HTTP", "").strip().lower()
+    if asked not in ("", "h11", "httptools"):
+        raise ValidationError(f"PULSE_HTTP: must be h11 or httptools, got {asked!r:.100}")
+    if asked == "h11" or not HTTPTOOLS:
+        if asked == "httptools":
+            raise ValidationError("PULSE_HTTP: httptools is not installed")
+        return H11EdgeProtocol
+    return EdgeProtocol
+
+
 # -- the server -------------------------------------------------------------------------------
 
 
@@ -444,6 +689,7 @@ class EdgeServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, limits: Limits) -> None:
         super().__init__(config)
         self.limits = limits
+        self.protocol = edge_protocol()  # (a bad $PULSE_HTTP is refused before serving)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -459,8 +705,10 @@ class EdgeServer(uvicorn.Server):
         sock.set_inheritable(False)
         sock.listen(config.backlog)
 
+        edge = self.protocol
+
         def protocol() -> asyncio.Protocol:
-            return EdgeProtocol(
+            return edge(
                 config=config, server_state=state, app_state=self.lifespan.state,
                 limits=self.limits,
             )  # fmt: skip

@@ -183,6 +183,14 @@ _PLAIN_NUMBERS = frozenset((float, int))
 
 def _vector(value: Any) -> Vector:
     """A 1-D array of finite float32 values (from a list, a tuple or an array)."""
+    if (
+        type(value) is np.ndarray
+        and value.dtype == np.float32
+        and value.ndim == 1
+        and 0 < value.size <= DIMENSION_MAX
+        and math.isfinite(value @ value)  # (no NaN or infinity in it; a cheap screen)
+    ):  # (already one, e.g. checked at the edge: a finite float32 fits a float32)
+        return value.copy()
     if isinstance(value, (str, bytes)) or (
         isinstance(value, (list, tuple))
         # (a list of plain floats and ints, as JSON gives, is seen at C speed)

@@ -45,6 +45,22 @@ def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     stop(running)
 
 
+@pytest.fixture(scope="module", params=["httptools", "h11"])
+def timed(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    """`pulse up` with one-second timeouts on each protocol of the edge (``PULSE_HTTP``:
+    httptools, the default, and h11, where httptools is missing): the same deadlines."""
+    env = clean_env(
+        PULSE_HEADER_TIMEOUT="1", PULSE_BODY_TIMEOUT="1", PULSE_KEEP_ALIVE_TIMEOUT="1",
+        PULSE_HTTP=request.param,
+    )  # fmt: skip
+    running = start(tmp_path_factory.mktemp("timed") / "data", "--token", TOKEN, env=env)
+    running.token = running.token or TOKEN
+    yield running
+    stop(running)
+
+
 @contextlib.asynccontextmanager
 async def connection(url: str) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
     where = urlsplit(url)
@@ -88,8 +104,8 @@ def status_and_body(answer: bytes) -> tuple[int, dict[str, Any]]:
 # -- timeouts (no credential needed) ----------------------------------------------------------
 
 
-async def test_headers_that_trickle_are_cut_off_with_408(edge: Service) -> None:
-    async with connection(edge.url) as (reader, writer):
+async def test_headers_that_trickle_are_cut_off_with_408(timed: Service) -> None:
+    async with connection(timed.url) as (reader, writer):
         writer.write(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         answer = await trickle_until_closed(reader, writer, b"X-Slow: 1\r\n")
     status, body = status_and_body(answer)
@@ -101,16 +117,16 @@ async def test_headers_that_trickle_are_cut_off_with_408(edge: Service) -> None:
     }
 
 
-async def test_a_connection_that_sends_nothing_is_closed(edge: Service) -> None:
-    async with connection(edge.url) as (reader, _):
+async def test_a_connection_that_sends_nothing_is_closed(timed: Service) -> None:
+    async with connection(timed.url) as (reader, _):
         assert await asyncio.wait_for(reader.read(), BOUND) == b""  # closed, without a word
 
 
 async def test_an_idle_connection_and_a_next_request_that_stalls_are_closed(
-    edge: Service,
+    timed: Service,
 ) -> None:
     request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-    async with connection(edge.url) as (reader, writer):
+    async with connection(timed.url) as (reader, writer):
         writer.write(request)
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), BOUND)
         assert head.startswith(b"HTTP/1.1 200 ")
@@ -121,17 +137,17 @@ async def test_an_idle_connection_and_a_next_request_that_stalls_are_closed(
         writer.write(b"GET /health HTTP/1.1\r\n")
         answer = await trickle_until_closed(reader, writer, b"X-Slow: 1\r\n")
     assert status_and_body(answer)[0] == 408
-    async with connection(edge.url) as (reader, writer):
+    async with connection(timed.url) as (reader, writer):
         writer.write(request)
         await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), BOUND)
         await asyncio.wait_for(reader.read(), BOUND)  # the idle one closes (reads to EOF)
 
 
-async def test_a_body_that_trickles_is_cut_off_with_408(edge: Service) -> None:
-    async with connection(edge.url) as (reader, writer):
+async def test_a_body_that_trickles_is_cut_off_with_408(timed: Service) -> None:
+    async with connection(timed.url) as (reader, writer):
         writer.write(
             b"POST /v1/list_collectives HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Authorization: Bearer " + (edge.token or "").encode() + b"\r\n"
+            b"Authorization: Bearer " + (timed.token or "").encode() + b"\r\n"
             b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
         )
         answer = await trickle_until_closed(reader, writer, b" ")
@@ -140,8 +156,18 @@ async def test_a_body_that_trickles_is_cut_off_with_408(edge: Service) -> None:
     assert body["message"] == (
         "body: not received within 1 s, the limit of this service ($PULSE_BODY_TIMEOUT)"
     )
-    async with edge.client() as client:  # and the service goes on
+    async with timed.client() as client:  # and the service goes on
         assert (await client.post("/v1/list_collectives", json={})).status_code == 200
+
+
+async def test_headers_past_their_bound_are_refused_400(edge: Service) -> None:
+    from ops.serving import HEADERS_MAX
+
+    async with connection(edge.url) as (reader, writer):
+        writer.write(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        writer.write(b"X-Large: " + b"x" * HEADERS_MAX + b"\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), BOUND)  # answered, then closed
+    assert answer.startswith(b"HTTP/1.1 400 ")
 
 
 # -- out of descriptors --------------------------------------------------------------------------

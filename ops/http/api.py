@@ -13,25 +13,42 @@ None (then the route answers 404). What the schema promises beyond that is
 
 import asyncio
 import json
+import time
 import typing
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal
 
 import msgspec
+import numpy as np
 import pydantic
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from eventlog.errors import NotFoundError, PulseError, ValidationError
+from eventlog.errors import NotFoundError, PulseError, Unauthorized, ValidationError
 from ops import contract, tables
 from ops.contract import Declared
 from ops.encoding import json_bytes, to_json
-from ops.http.errors import error_response
-from ops.http.guard import principal_of
+from ops.http.errors import error_response, internal_error, internal_response
+from ops.http.guard import (
+    PRINCIPAL,
+    Guard,
+    not_json,
+    principal_of,
+    resolve,
+    too_large,
+    unauthorized,
+)
 from sync import models
+from sync.access import Principal
 from sync.instance import PulseDB
+
+# a direct call: (body, principal, format, embeddings) -> the answer's JSON
+Call = Callable[[bytes, Principal, str, bool], Awaitable[bytes]]
+# what Front takes of a request: its call, format, embeddings, declared body length and
+# Content-Type headers (None: no body)
+Taken = tuple[Call, str, bool, int, list[str] | None]
 
 
 def router(db: PulseDB, operations: Iterable[Declared]) -> APIRouter:
@@ -85,7 +102,10 @@ class Direct:
             options = _options(scope.get("query_string", b"")) if call else None
             if call is not None and options is not None:
                 try:
-                    response = await call(Request(scope, receive, send), *options)
+                    request = Request(scope, receive, send)
+                    raw = await request.body()
+                    answer = await call(raw, principal_of(request), *options)
+                    response = Response(answer, media_type="application/json")
                 except PulseError as exc:
                     response = error_response(exc)
                 except ClientDisconnect:  # (as errors.answer_errors answers it)
@@ -93,6 +113,135 @@ class Direct:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class Front:
+    """``POST /v1/<name>`` (but ``sql``) from the server straight to its call, past every
+    layer of the web framework (its error, telemetry and body-limit middlewares, the
+    ``Guard``, ``BodyLimit`` and ``Direct`` each a coroutine frame and a wrapped
+    ``send``): the Guard's checks and request metrics, BodyLimit's bound and Direct's
+    call in one coroutine, the answer written as its two messages. A request it cannot
+    answer exactly as that stack would (an ``Origin`` header, a body without a
+    Content-Length, any other query than Direct's options) is not taken (``takes``):
+    the app's stack answers it. ``guard`` and ``limit`` are the stack's own."""
+
+    def __init__(
+        self, db: PulseDB, operations: Iterable[Declared], guard: Guard, limit: int
+    ) -> None:
+        self.calls = {
+            f"/v1/{operation.name}": direct(db, operation)
+            for operation in operations
+            if operation.name != "sql"
+        }
+        self.guard, self.limit = guard, limit
+        self._counted: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def takes(self, scope: Scope) -> Taken | None:
+        """What a request this answers asks for (``Taken``), or None."""
+        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+            return None
+        call = self.calls.get(scope["path"])
+        if call is None:
+            return None
+        options = _options(scope.get("query_string", b""))
+        if options is None:
+            return None
+        length = -1
+        body = False
+        types: list[str] = []
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                if length >= 0:
+                    return None
+                body = value.strip() not in (b"", b"0")  # (as the Guard's has_body)
+                try:
+                    length = int(value)
+                except ValueError:
+                    length = 0  # (as BodyLimit reads it)
+            elif key == b"content-type":
+                types.append(value.decode("latin-1"))
+            elif key in _STACK_ONLY:
+                return None
+        if length < 0:  # (no body, or a chunked one: BodyLimit counts it)
+            return None
+        return call, *options, length, types if body else None
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send, taken: Taken) -> None:
+        """Answer a request ``takes`` took, as the Guard would: an unexpected error is
+        logged under an id and answered 500 with it, and the request is counted."""
+        started = time.perf_counter()
+        status = [0]  # (what is answered, once it begins)
+        try:
+            await self._answer(scope, receive, send, taken, status)
+        except Exception as exc:
+            error_id = internal_error(f"POST {scope['path']}", exc)
+            if not status[0]:  # (an answer that already began just ends)
+                status[0] = 500
+                await internal_response(error_id)(scope, receive, send)
+        finally:
+            self._count(scope["path"], status[0] or 500, time.perf_counter() - started)
+
+    def _count(self, path: str, status: int, seconds: float) -> None:
+        """``Metrics.observe`` of a request, its labelled metrics looked up once."""
+        key = (path, status)
+        counted = self._counted.get(key)
+        if counted is None:
+            metrics = self.guard.metrics
+            counted = self._counted[key] = (
+                metrics.requests.labels(path, "POST", str(status)),
+                metrics.latency.labels(path),
+            )
+        counted[0].inc()
+        counted[1].observe(seconds)
+
+    async def _answer(
+        self, scope: Scope, receive: Receive, send: Send,
+        taken: Taken, status: list[int],
+    ) -> None:  # fmt: skip
+        call, format, embeddings, length, types = taken
+        guard = self.guard
+        # (the Guard's refusals: no Origin here, so only a body that is not JSON)
+        response: Response | None = None if types is None else not_json(types)
+        if response is None:
+            try:
+                principal = resolve(scope, guard.secret, guard.db)
+            except Unauthorized as exc:
+                response = unauthorized(exc)
+        if response is None and length > self.limit:
+            response = too_large(self.limit)
+        if response is None:
+            scope[PRINCIPAL] = principal
+            try:
+                raw = await _body(receive)
+                answer = await call(raw, principal, format, embeddings)
+            except PulseError as exc:
+                response = error_response(exc)
+            except ClientDisconnect:  # (as errors.answer_errors answers it)
+                response = Response(status_code=499)
+            else:
+                status[0] = 200
+                await send({"type": "http.response.start", "status": 200, "headers": [
+                    (b"content-length", str(len(answer)).encode()), _JSON]})  # fmt: skip
+                await send({"type": "http.response.body", "body": answer})
+                return
+        status[0] = response.status_code
+        await response(scope, receive, send)
+
+
+_STACK_ONLY = (b"origin", b"transfer-encoding")  # (CORS, and BodyLimit's counting)
+_JSON = (b"content-type", b"application/json")
+
+
+async def _body(receive: Receive) -> bytes:
+    """A request's whole body, or ClientDisconnect (as Starlette's ``Request.body``)."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientDisconnect
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 _FORMATS = {b"json": "json", b"msgspec": "msgspec"}
@@ -153,11 +302,11 @@ def _number(text: str) -> int | float:
     return int(value) if value.is_integer() and abs(value) < 2**63 else value
 
 
-async def read_body(request: Request, model: type[M]) -> M:
-    """The request's body as ``model``: a JSON object of the method's arguments, with the
+def parse_body(raw: bytes, model: type[M]) -> M:
+    """A request's body as ``model``: a JSON object of the method's arguments, with the
     JSON types the schema states (strict: no ``false`` for an integer, no ``"1"`` for a
-    number); no body at all stands for ``{}`` where every argument has a default."""
-    raw = await request.body()  # (JSON by its Content-Type: the Guard refused any other)
+    number); no body at all stands for ``{}`` where every argument has a default. (JSON
+    by its Content-Type: the Guard refused any other.)"""
     try:
         if not raw.strip():
             if any(field.is_required() for field in model.model_fields.values()):
@@ -188,6 +337,19 @@ async def read_body(request: Request, model: type[M]) -> M:
         raise models.translate(exc) from None
 
 
+def arguments(body: pydantic.BaseModel) -> dict[str, Any]:
+    """The arguments a request body gives (``model_dump(exclude_unset=True)``), its
+    vectors (arrays already checked) passed as they are instead of copied by pydantic."""
+    given = body.model_fields_set
+    vectors = {name for name in given if isinstance(getattr(body, name), np.ndarray)}
+    if not vectors:
+        return body.model_dump(exclude_unset=True)
+    out = body.model_dump(exclude_unset=True, exclude=vectors)
+    for name in vectors:
+        out[name] = getattr(body, name)
+    return out
+
+
 # -- answers ----------------------------------------------------------------------------------
 
 FORMAT = Query(
@@ -197,20 +359,20 @@ FORMAT = Query(
 EMBEDDINGS = Query(False, description="embeddings as lists of floats")
 
 
-def answering(db: PulseDB, operation: Declared) -> Callable[[Request], Awaitable[Any]]:
-    """The call of ``operation`` a request asks for, for its principal: its result, a
+def answering(db: PulseDB, operation: Declared) -> Callable[[bytes, Principal], Awaitable[Any]]:
+    """The call of ``operation`` a request body asks for, for a principal: its result, a
     page as ``{"items", "next"}``, and an operation's "there is none" as a 404."""
     method = getattr(db, operation.name)
     model, optional = operation.request, operation.optional
     takes_model = operation.name == "get_context_candidates"  # (its argument is the model)
 
-    async def answer(request: Request) -> Any:
-        body = await read_body(request, model)
-        with db.acting_as(principal_of(request)):
+    async def answer(raw: bytes, principal: Principal) -> Any:
+        body = parse_body(raw, model)
+        with db.acting_as(principal):
             if takes_model:
                 result = await method(body)
             else:
-                result = await method(**body.model_dump(exclude_unset=True))
+                result = await method(**arguments(body))
         if result is None and optional:  # a getter's "there is none" (or none it may see)
             raise NotFoundError(f"{_subject(operation.name)}: none with that id")
         if isinstance(result, models.Page):  # a page of a listing, and where the rest is
@@ -229,19 +391,21 @@ def endpoint(db: PulseDB, operation: Declared) -> Callable[..., Awaitable[Respon
         format: Literal["json", "msgspec"] = FORMAT,
         embeddings: bool = EMBEDDINGS,
     ) -> Response:
-        return await respond(await answer(request), format, embeddings)
+        raw = await request.body()
+        return await respond(await answer(raw, principal_of(request)), format, embeddings)
 
     call.__name__ = operation.name
     return call
 
 
-def direct(db: PulseDB, operation: Declared) -> Callable[..., Awaitable[Response]]:
-    """``endpoint``'s call of ``operation`` for ``Direct``: the same answer, given the
-    request and its two options (``format``, ``embeddings``) already read."""
+def direct(db: PulseDB, operation: Declared) -> Call:
+    """``endpoint``'s call of ``operation`` for ``Direct`` and ``Front``: the same answer
+    (its JSON), given the body, the principal and the two options (``format``,
+    ``embeddings``) already read."""
     answer = answering(db, operation)
 
-    async def call(request: Request, format: str, embeddings: bool) -> Response:
-        return await respond(await answer(request), format, embeddings)
+    async def call(raw: bytes, principal: Principal, format: str, embeddings: bool) -> bytes:
+        return await content(await answer(raw, principal), format, embeddings)
 
     return call
 
@@ -252,13 +416,16 @@ SMALL = 100
 
 
 async def respond(result: Any, format: str, embeddings: bool) -> Response:
-    """The answer of ``result``, encoded once by msgspec: on the event loop when small
-    (tens of microseconds), on a worker thread when it can be large."""
+    """The answer of ``result`` (``content``)."""
+    return Response(await content(result, format, embeddings), media_type="application/json")
+
+
+async def content(result: Any, format: str, embeddings: bool) -> bytes:
+    """``result`` encoded once by msgspec: on the event loop when small (tens of
+    microseconds), on a worker thread when it can be large."""
     if _items(result) <= (SMALL // 10 if embeddings else SMALL):
-        content = encode(result, format, embeddings)
-    else:
-        content = await asyncio.to_thread(encode, result, format, embeddings)
-    return Response(content, media_type="application/json")
+        return encode(result, format, embeddings)
+    return await asyncio.to_thread(encode, result, format, embeddings)
 
 
 def encode(result: Any, format: str, embeddings: bool) -> bytes:
@@ -304,8 +471,8 @@ def sql_endpoint(db: PulseDB, operation: Declared) -> Callable[..., Awaitable[Re
     ) -> Response:
         given = "format" in request.query_params
         form = format if given else tables.asked(request.headers.get("accept", ""))
-        await request.body()  # read before waiting for the client to go (one receiver)
-        running = asyncio.ensure_future(answer(request))
+        raw = await request.body()  # read before waiting for the client to go (one receiver)
+        running = asyncio.ensure_future(answer(raw, principal_of(request)))
         gone = asyncio.ensure_future(_client_gone(request))
         try:
             await asyncio.wait({running, gone}, return_when=asyncio.FIRST_COMPLETED)

@@ -134,7 +134,7 @@ class Guard:
             await send(message)
 
         try:
-            refusal = self._refusal(scope)
+            refusal = self.refusal(scope)
             if refusal is not None:
                 await refusal(scope, receive, sending)
                 return
@@ -151,7 +151,7 @@ class Guard:
                 route_of(path, self.routes), method, status, time.perf_counter() - started
             )
 
-    def _refusal(self, scope: Scope) -> JSONResponse | None:
+    def refusal(self, scope: Scope) -> JSONResponse | None:
         """The answer to a request a browser may have been made to send, if it is one."""
         origins = header(scope, b"origin")
         if origins:
@@ -167,14 +167,7 @@ class Guard:
                     status_code=403,
                 )  # fmt: skip
         if has_body(scope):
-            types = header(scope, b"content-type")
-            if len(types) != 1 or not is_json(types[0]):
-                given = types[0] if len(types) == 1 else (types or "none")
-                return JSONResponse(
-                    {"error": "UnsupportedMediaType", "message": "body: must be JSON with "
-                     f"Content-Type: application/json, got {given!r:.200}"},
-                    status_code=415,
-                )  # fmt: skip
+            return not_json(header(scope, b"content-type"))
         return None
 
     async def _authenticated(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -182,11 +175,7 @@ class Guard:
             scope[PRINCIPAL] = resolve(scope, self.secret, self.db)
         except Unauthorized as exc:
             if not self._public(scope["path"]):
-                response = JSONResponse(
-                    {"error": "Unauthorized", "message": str(exc)},
-                    status_code=401, headers={"WWW-Authenticate": "Bearer"},
-                )  # fmt: skip
-                await response(scope, receive, send)
+                await unauthorized(exc)(scope, receive, send)
                 return
             scope[PRINCIPAL] = None
         await self.app(scope, receive, send)
@@ -197,6 +186,26 @@ class Guard:
         if path == "/health":
             return True
         return not self.private_docs and (path in DOCS_PATHS or path.startswith("/docs/"))
+
+
+def not_json(types: list[str]) -> JSONResponse | None:
+    """The 415 of a body whose Content-Type headers (``types``) are not one, JSON's."""
+    if len(types) == 1 and is_json(types[0]):
+        return None
+    given = types[0] if len(types) == 1 else (types or "none")
+    return JSONResponse(
+        {"error": "UnsupportedMediaType", "message": "body: must be JSON with "
+         f"Content-Type: application/json, got {given!r:.200}"},
+        status_code=415,
+    )  # fmt: skip
+
+
+def unauthorized(exc: Unauthorized) -> JSONResponse:
+    """The 401 of a request without a (valid) credential."""
+    return JSONResponse(
+        {"error": "Unauthorized", "message": str(exc)},
+        status_code=401, headers={"WWW-Authenticate": "Bearer"},
+    )  # fmt: skip
 
 
 def resolve(scope: Scope, secret: str, db: PulseDB) -> Principal:
@@ -292,10 +301,15 @@ class BodyLimit:
             await self._refuse(scope, receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = JSONResponse(
-            {"error": "PayloadTooLarge", "message": f"body: larger than the limit of "
-             f"{self.limit} bytes of this service ($PULSE_MAX_BODY_BYTES); send less "
-             "per request (e.g. smaller batches)"},
-            status_code=413, headers={"Connection": "close"},
-        )  # fmt: skip
-        await response(scope, receive, send)
+        await too_large(self.limit)(scope, receive, send)
+
+
+def too_large(limit: int) -> JSONResponse:
+    """The 413 of a body over ``limit`` bytes (the connection closes: the rest of the
+    body is never read)."""
+    return JSONResponse(
+        {"error": "PayloadTooLarge", "message": f"body: larger than the limit of "
+         f"{limit} bytes of this service ($PULSE_MAX_BODY_BYTES); send less "
+         "per request (e.g. smaller batches)"},
+        status_code=413, headers={"Connection": "close"},
+    )  # fmt: skip
