@@ -28,6 +28,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # -- the helpers -------------------------------------------------------------------------------
 
 
+def interruptible() -> None:
+    """Ctrl-C as at a terminal: a shell's background job (``make test &``) inherits an
+    ignored SIGINT, and Python then installs no KeyboardInterrupt for it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_percentile_interpolates_between_the_nearest_ranks_in_ms() -> None:
     samples = [0.004, 0.001, 0.003, 0.002]  # seconds; sorted 1, 2, 3, 4 ms
     assert percentile_ms(samples, 50) == pytest.approx(2.5)
@@ -222,6 +228,7 @@ def test_ctrl_c_leaves_nothing_running() -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "ops.bench.edges", "--size", "0.002"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=interruptible,
     )  # fmt: skip
     assert process.stderr is not None
     directory = ""

@@ -22,6 +22,12 @@ def brute_force(queries: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-(queries @ rows.T), axis=1, kind="stable")[:, :k]
 
 
+def interruptible() -> None:
+    """Ctrl-C as at a terminal: a shell's background job (``make test &``) inherits an
+    ignored SIGINT, and Python then installs no KeyboardInterrupt for it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_exact_neighbours_in_chunks_are_the_brute_force_ones() -> None:
     rng = np.random.default_rng(5)
     rows = scale.unit(rng.normal(size=(1000, 16)))
@@ -105,7 +111,8 @@ def test_a_tiny_run_measures_every_figure() -> None:
 def test_an_interrupted_run_leaves_nothing_behind() -> None:
     command = [sys.executable, "-m", "ops.bench.scale", "--size", "0.005", "--queries", "50"]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                               text=True, cwd=scale.REPO)  # fmt: skip
+                               text=True, cwd=scale.REPO,
+                               preexec_fn=interruptible)  # fmt: skip
     assert process.stderr is not None
     work = None
     deadline = time.monotonic() + 60
