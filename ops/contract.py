@@ -274,6 +274,7 @@ class Health(pydantic.BaseModel):
     lag: int | None = None
     instance_id: str | None = None
     error: str | None = None
+    duckdb_writer_error: str | None = None  # DuckDB refuses the state's writes: why
     snapshot: Annotated[
         dict[str, Any] | None,
         WithJsonSchema({"anyOf": [struct_schema(SnapshotStatus), {"type": "null"}]}),

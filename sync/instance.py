@@ -154,6 +154,9 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     applied_seq: int  # the last stream sequence this host applied
     instance_id: UUID
     snapshot: SnapshotStatus | None  # the analysts' copy (``projections.snapshot``)
+    # why DuckDB refuses the state's writes (None: it does not); the engine keeps what
+    # it could not write and tries again, and the log holds everything past DuckDB
+    duckdb_writer_error: str | None = None
 
 
 class PulseDB:
@@ -503,6 +506,7 @@ class PulseDB:
             replicating=failure is None, failure=None if failure is None else repr(failure),
             applied_seq=self.applied_seq, instance_id=self.instance_id,
             snapshot=self.engine.snapshot_status(),
+            duckdb_writer_error=self.engine.writer_failure(),
         )  # fmt: skip
 
     async def last_seq(self) -> int:

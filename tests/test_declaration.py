@@ -17,6 +17,7 @@ from ops.remote import RemotePulseDB, describe_api
 from ops.service import create_app
 from sync.api import OPERATIONS
 from sync.instance import Delegate, PulseDB
+from tests.harness import eventually
 
 # what opens, closes and copies out an instance, and what /health asks: the facade's own,
 # on no surface of the API
@@ -148,3 +149,37 @@ def test_mcp_tools_take_a_parameter_as_the_declaration_states_it(
             assert taken == declared, f"{tool.__name__}({parameter})"
             tools += 1
     assert tools >= 2
+
+
+async def test_health_says_why_duckdb_refuses_the_states_writes(db: PulseDB) -> None:
+    """A DuckDB that refuses the state's writes stops nothing (the engine keeps what it
+    could not write, the log holds it): /health tells the admins why, until it passes."""
+    import httpx
+
+    team = await db.create_collective("ana", "team", embedder="hash")
+    assert db.health().duckdb_writer_error is None
+
+    def hold(p: typing.Any) -> typing.Any:  # an uncommitted change of the checkpoint row
+        holder = p.store.con.cursor()  # conflicts with every write of the state
+        holder.begin()
+        holder.execute("UPDATE checkpoint SET applied = applied + 1 WHERE id = 1")
+        return holder
+
+    await db.engine.run(lambda p: p.flush())  # (the checkpoint row is there to hold)
+    holder = await db.engine.run(hold)
+    try:
+        await db.record_experience(team, "written while DuckDB refuses")  # (not refused)
+        await eventually(lambda: db.health().duckdb_writer_error is not None,
+                         what="the refused write in /health")  # fmt: skip
+        assert "Conflict" in (db.health().duckdb_writer_error or "")
+        app = create_app(db, secret="s3cret")
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            answer = await c.get("/health", headers={"Authorization": "Bearer s3cret"})
+        assert answer.json()["duckdb_writer_error"] == db.health().duckdb_writer_error
+    finally:
+        await db.engine.run(lambda _: holder.rollback())
+    await eventually(lambda: db.health().duckdb_writer_error is None,
+                     what="the write passing once DuckDB takes it")  # fmt: skip
+    counted = await db.sql("SELECT count(*) AS n FROM experiences")  # (all of it written)
+    assert [list(row) for row in counted.rows] == [[1]]

@@ -66,6 +66,8 @@ def router(db: PulseDB) -> APIRouter:
         }
         if health.failure is not None:
             body["error"] = health.failure
+        if health.duckdb_writer_error is not None:  # (reads and writes go on; the SQL of
+            body["duckdb_writer_error"] = health.duckdb_writer_error  # the present waits)
         principal = request.scope.get(PRINCIPAL)
         if not (isinstance(principal, Principal) and principal.admin):
             body = {"status": "up" if ok else "down"}  # the rest is for admins
