@@ -97,7 +97,9 @@ def up(args: argparse.Namespace) -> int:
     $PULSE_MAX_WATCHERS_PER_TOKEN [16] per token; MCP sessions: $PULSE_MAX_MCP_SESSIONS
     [256] in all, $PULSE_MAX_MCP_SESSIONS_PER_TOKEN [32] per token, each ended after
     $PULSE_MCP_SESSION_IDLE [1800] idle; past a cap, 503 with Retry-After. Request
-    bodies: at most $PULSE_MAX_BODY_BYTES [8388608], else 413.
+    bodies: at most $PULSE_MAX_BODY_BYTES [8388608], else 413; request line and
+    headers at most 64 KiB, else 400. HTTP is parsed by httptools, or by h11 where
+    httptools is missing or $PULSE_HTTP is h11 (the same limits either way).
     """
     import asyncio
 
