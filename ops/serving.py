@@ -258,7 +258,32 @@ class Cork:
         self.transport.close()
 
 
-class EdgeProtocol(HttpToolsProtocol):
+class _SendDeadline:
+    """The send deadline of both edge protocols: a client that reads nothing of its
+    answer for ``send_timeout`` (the transport's buffer full all along) is cut off."""
+
+    limits: Limits
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    _send_timer: asyncio.TimerHandle | None
+
+    def pause_writing(self) -> None:
+        super().pause_writing()  # type: ignore[misc]
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.limits.send_timeout, self._send_late)
+
+    def resume_writing(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+        super().resume_writing()  # type: ignore[misc]
+
+    def _send_late(self) -> None:
+        self._send_timer = None
+        self.transport.abort()  # (its buffer is what the client did not read)
+
+
+class EdgeProtocol(_SendDeadline, HttpToolsProtocol):
     """uvicorn's httptools protocol, with a deadline for each part of a connection's life:
         its first request's headers (``header_timeout``; closed without a word if nothing
         came), a request's headers from its first byte (then 408), its body from the end of
@@ -389,23 +414,8 @@ class EdgeProtocol(HttpToolsProtocol):
         else:
             self._expect("idle", self.limits.keep_alive_timeout)
 
-    def pause_writing(self) -> None:
-        super().pause_writing()
-        if self._send_timer is None:
-            self._send_timer = self.loop.call_later(self.limits.send_timeout, self._send_late)
 
-    def resume_writing(self) -> None:
-        if self._send_timer is not None:
-            self._send_timer.cancel()
-            self._send_timer = None
-        super().resume_writing()
-
-    def _send_late(self) -> None:
-        self._send_timer = None
-        self.transport.abort()  # (its buffer is what the client did not read)
-
-
-class H11EdgeProtocol(H11Protocol):
+class H11EdgeProtocol(_SendDeadline, H11Protocol):
     """uvicorn's h11 protocol, with a deadline for a request's headers, one for its body,
     and one for a client that does not read; the idle keep-alive timer is uvicorn's. (The
     edge where httptools is not installed: ``edge_protocol``.)"""
@@ -491,21 +501,6 @@ class H11EdgeProtocol(H11Protocol):
         cycle.disconnected = True
         cycle.message_event.set()
         self.transport.close()
-
-    def pause_writing(self) -> None:
-        super().pause_writing()
-        if self._send_timer is None:
-            self._send_timer = self.loop.call_later(self.limits.send_timeout, self._send_late)
-
-    def resume_writing(self) -> None:
-        if self._send_timer is not None:
-            self._send_timer.cancel()
-            self._send_timer = None
-        super().resume_writing()
-
-    def _send_late(self) -> None:
-        self._send_timer = None
-        self.transport.abort()  # (its buffer is what the client did not read)
 
 
 # -- the accept loop --------------------------------------------------------------------------
