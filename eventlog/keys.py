@@ -180,15 +180,23 @@ class KeyStore(abc.ABC):
 async def gather_limited(coros: Iterable[object], limit: int = CONCURRENCY) -> list[object]:
     """Await coroutines with at most ``limit`` in flight; their results in order."""
     gate = asyncio.Semaphore(limit)
+    pending = list(coros)
+    started: set[int] = set()
 
-    async def one(coro: object) -> object:
+    async def one(at: int, coro: object) -> object:
+        started.add(at)
         try:
             async with gate:
                 return await coro  # type: ignore[misc]
         finally:  # cancelled while it waited at the gate: never started, closed unawaited
             coro.close()  # type: ignore[attr-defined]
 
-    return list(await asyncio.gather(*(one(c) for c in coros)))
+    try:
+        return list(await asyncio.gather(*(one(at, c) for at, c in enumerate(pending))))
+    finally:  # cancelled before some of them began (their tasks never ran): close those
+        for at, coro in enumerate(pending):
+            if at not in started:
+                coro.close()  # type: ignore[attr-defined]
 
 
 class MemoryKeyStore(KeyStore):

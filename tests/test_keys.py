@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import warnings
 from pathlib import Path
 
@@ -345,3 +346,19 @@ async def test_a_cancelled_gather_leaves_no_coroutine_unawaited() -> None:
         warnings.simplefilter("always")
         gc.collect()
     assert not [w for w in caught if "never awaited" in str(w.message)]
+
+
+async def test_a_gather_cancelled_before_its_tasks_ran_closes_every_coroutine() -> None:
+    """Cancelled at once (its tasks made, none run yet): every coroutine handed to it is
+    closed, none left unawaited (the warning seen once when an edge host closed)."""
+
+    async def fetch(i: int) -> int:
+        return i
+
+    made = [fetch(i) for i in range(5)]
+    gathering = asyncio.ensure_future(gather_limited(iter(made), limit=2))
+    await asyncio.sleep(0)  # it runs up to the gather; the tasks it made have not run
+    gathering.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gathering
+    assert [inspect.getcoroutinestate(c) for c in made] == [inspect.CORO_CLOSED] * 5
