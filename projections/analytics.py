@@ -318,10 +318,14 @@ def check_sandboxed(
     *,
     restricted: bool = False,
     limits: SqlLimits | None = None,
+    as_of: bool = False,
 ) -> frozenset[str]:
     """Refuse a query (a SELECT) that names anything but the tables and views of the
     database, ``activities``, its own CTEs and the table functions of
     ``TABLE_FUNCTIONS``: see the module docstring. Parses only; nothing is bound.
+    ``as_of``: the query reads the state as of a moment, through temporary views that
+    shadow the state's names; a name qualified by the state's database would pass them by
+    and read the present, so it is refused.
     Returns the objects of the state it may read, which a query as of a moment is given
     (``past_views``; for an admin ``_past_reads``).
 
@@ -397,6 +401,15 @@ def check_sandboxed(
             special = True
     if restricted:
         return _check_restricted(cursor, ctes, refs, functions, special)
+    if as_of:
+        for catalog, schema, table in tables:
+            if catalog:
+                shown = ".".join(p for p in (catalog, schema, table) if p)
+                raise ValidationError(
+                    f"query: as of a moment, {shown!r} would read the state as it is now: "
+                    f"name it without its database ({schema + '.' if schema else ''}{table}), "
+                    "which reads it as of the moment"
+                )
     if not tables:
         return _past_reads(cursor, query, tables, ctes, functions, special)
     known = cursor.execute(
@@ -930,7 +943,7 @@ class SqlQuery:
         cursor = self._cursor
         query = check_read_only(self.sql, self.limits)
         if self.viewer is None:
-            reads = check_sandboxed(cursor, query, limits=self.limits)
+            reads = check_sandboxed(cursor, query, limits=self.limits, as_of=self.past is not None)
             cursor.execute("SET enable_progress_bar = false")  # it would print to our stdout
             cursor.register("activities", _relation(cursor, _activity_columns(self._activities)))
             if self.past is not None:  # under the usual names, shadowing the state's
