@@ -634,12 +634,25 @@ class JetStreamLog(EventLog):
         subjects: Sequence[str] | None = None,
         own: OwnEvents | None = None,
     ) -> AsyncGenerator[LogEntry, None]:
+        async for batch in self.tail_batches(from_seq, subjects=subjects, own=own):
+            for entry in batch:
+                yield entry
+
+    async def tail_batches(
+        self,
+        from_seq: int = 1,
+        *,
+        subjects: Sequence[str] | None = None,
+        own: OwnEvents | None = None,
+    ) -> AsyncGenerator[list[LogEntry], None]:
+        """``tail``, what the consumer's inbox held at a time as one list (never empty):
+        what a reader hands on in one go (``sync.replication``)."""
         decode = _decode if own is None else functools.partial(_decode_own, own)
         async for batch in _pull(
             self, self.settings.name, from_seq, subjects, 256, live=True, decode=decode
         ):
-            for entry in batch:
-                yield entry
+            if batch:
+                yield batch
 
     async def stream_state(self) -> StreamState:
         name = self.settings.name
