@@ -20,6 +20,7 @@ import collections
 import contextlib
 import functools
 import heapq
+import itertools
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from collections import deque
 from typing import Any, AsyncGenerator, Callable, Sequence
 from uuid import UUID
 
+import msgspec
 import nats
 import nats.errors
 import nats.js.errors
@@ -71,6 +73,53 @@ _SCHEMA = str(SCHEMA_VERSION)  # the schema header of what this Pulse writes
 _LIVE_HEARTBEAT = 1.0  # seconds between idle heartbeats on a live tail
 _LIVE_EXPIRES = 10.0  # seconds a live pull request stays open
 _CONSUMER_IDLE = 60.0  # an abandoned consumer is removed by the server after this
+
+
+class _Ack(msgspec.Struct):
+    """JetStream's answer to a publish (what Pulse reads of it)."""
+
+    stream: str = ""
+    seq: int = 0
+    duplicate: bool = False
+    error: dict[str, Any] | None = None
+
+
+_ack_decoder = msgspec.json.Decoder(_Ack)
+
+
+class _Sink:
+    """Stands in for the queue where nats-py leaves a subscription's messages (its
+    ``_pending_queue``, of a subscription made without a callback): each message is
+    handed to ``put`` as nats-py reads it, on the loop. A callback would run in a task
+    of the subscription's own, one more wake-up of the loop per message (an ack and a
+    tail message per write)."""
+
+    __slots__ = ("put_nowait",)
+
+    def __init__(self, put: Callable[[Msg], None]) -> None:
+        self.put_nowait = put
+
+    def qsize(self) -> int:
+        return 0
+
+    def empty(self) -> bool:
+        return True
+
+
+async def _subscribe_direct(nc: NATS, subject: str, put: Callable[[Msg], None]) -> Subscription:
+    """A subscription to ``subject`` whose messages go to ``put`` (see ``_Sink``); no
+    slow-consumer bound (``put`` keeps nothing waiting in nats-py)."""
+    sub = await nc.subscribe(subject, pending_bytes_limit=0)
+    queue = sub._pending_queue
+    sub._pending_queue = _Sink(put)  # type: ignore[assignment]
+    while not queue.empty():  # (none can have arrived: nothing asked for them yet)
+        put(queue.get_nowait())
+    return sub
+
+
+def _expire(future: asyncio.Future[Msg]) -> None:
+    if not future.done():
+        future.set_exception(nats.errors.TimeoutError())
 
 
 def _translate(
@@ -152,6 +201,11 @@ class JetStreamLog(EventLog):
         self.append_timeout = append_timeout
         self.read_timeout = read_timeout
         self._owns_connection = owns_connection
+        # the acknowledgements of appends: one inbox, an answer per reply subject
+        self._acks: dict[str, asyncio.Future[Msg]] = {}
+        self._ack_prefix: str | None = None
+        self._ack_tokens = itertools.count()
+        self._ack_subscribing: asyncio.Future[None] | None = None
 
     def key_store(self) -> KeyStore:
         """The data keys live in the key-value bucket ``<stream>_KEYS`` (``PULSE_KEYS``),
@@ -317,7 +371,7 @@ class JetStreamLog(EventLog):
 
     async def _publish(
         self, event: Event, expected: int | None, extra: dict[str, str] | None = None
-    ) -> api.PubAck:
+    ) -> _Ack:
         """Publish one event until JetStream acknowledges it (retrying what is transient
         within ``append_timeout``); ``extra``: more headers."""
         subject, payload, headers, ttl = self._publish_args(event, expected)
@@ -328,9 +382,7 @@ class JetStreamLog(EventLog):
             if self.nc.is_closed:
                 raise LogUnavailable("the NATS connection is closed")
             try:
-                return await self.js.publish(
-                    subject, payload, timeout=min(remaining, 2.0), headers=headers, msg_ttl=ttl
-                )
+                return await self._acknowledged(subject, payload, headers, ttl, min(remaining, 2.0))
             except Exception as exc:  # translated below; unknown errors propagate
                 error = _translate(exc, subject=subject, expected=expected)
                 if isinstance(error, ConflictError) and expected is not None:
@@ -339,7 +391,7 @@ class JetStreamLog(EventLog):
                     # It is not one if this very event is already on the subject.
                     stored = await self._stored_seq(event, subject, expected)
                     if stored:
-                        return api.PubAck(stream=self._stream_of(subject), seq=stored)
+                        return _Ack(stream=self._stream_of(subject), seq=stored)
                 if error is not None:
                     raise error from exc
                 if not isinstance(exc, (*TRANSIENT, nats.js.errors.APIError)):
@@ -351,6 +403,70 @@ class JetStreamLog(EventLog):
             f"(last error: {last_error!r}); the event may or may not be stored, and retrying "
             "it is safe"
         )
+
+    async def _acknowledged(
+        self,
+        subject: str,
+        payload: bytes,
+        headers: dict[str, str],
+        ttl: float | None,
+        timeout: float,
+    ) -> _Ack:
+        """``js.publish`` with fewer layers: the reply comes to this log's own inbox (one
+        subscription, its messages handed over without a task between: ``_Sink``) and
+        resolves a future that one timer bounds; the ack is decoded by msgspec. The
+        errors are nats-py's, as ``js.publish`` raises them."""
+        if ttl is not None:
+            headers[api.Header.MSG_TTL] = str(int(ttl))
+        prefix = self._ack_prefix or await self._ack_inbox()
+        reply = f"{prefix}{next(self._ack_tokens)}"
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Msg] = loop.create_future()
+        acks = self._acks
+        acks[reply] = future
+        try:
+            await self.nc.publish(subject, payload, reply=reply, headers=headers)
+            timer = loop.call_later(timeout, _expire, future)
+            try:
+                msg = await future
+            finally:
+                timer.cancel()
+        finally:
+            acks.pop(reply, None)
+        if msg.headers and msg.headers.get(api.Header.STATUS) == "503":
+            raise nats.js.errors.NoStreamResponseError
+        try:
+            ack = _ack_decoder.decode(msg.data)
+        except msgspec.DecodeError as exc:
+            raise nats.js.errors.APIError(description=f"not an acknowledgement: {exc}") from None
+        if ack.error is not None:
+            raise nats.js.errors.APIError.from_error(ack.error)
+        return ack
+
+    async def _ack_inbox(self) -> str:
+        """The prefix of the reply subjects of appends, subscribed to once (nats-py
+        subscribes again after a reconnect)."""
+        if self._ack_subscribing is None:
+            self._ack_subscribing = asyncio.get_running_loop().create_future()
+            prefix = f"{self.nc.new_inbox()}."
+            try:
+                await _subscribe_direct(self.nc, f"{prefix}*", self._on_ack)
+            except BaseException as exc:
+                self._ack_subscribing.set_exception(exc)
+                self._ack_subscribing.exception()  # (retrieved: the next append retries)
+                self._ack_subscribing = None
+                raise
+            self._ack_prefix = prefix
+            self._ack_subscribing.set_result(None)
+        else:
+            await asyncio.shield(self._ack_subscribing)
+        assert self._ack_prefix is not None
+        return self._ack_prefix
+
+    def _on_ack(self, msg: Msg) -> None:
+        future = self._acks.pop(msg.subject, None)
+        if future is not None and not future.done():
+            future.set_result(msg)
 
     def _stream_of(self, subject: str) -> str:
         return self.settings.activity_name if is_activity_subject(subject) else self.settings.name
@@ -518,12 +634,25 @@ class JetStreamLog(EventLog):
         subjects: Sequence[str] | None = None,
         own: OwnEvents | None = None,
     ) -> AsyncGenerator[LogEntry, None]:
+        async for batch in self.tail_batches(from_seq, subjects=subjects, own=own):
+            for entry in batch:
+                yield entry
+
+    async def tail_batches(
+        self,
+        from_seq: int = 1,
+        *,
+        subjects: Sequence[str] | None = None,
+        own: OwnEvents | None = None,
+    ) -> AsyncGenerator[list[LogEntry], None]:
+        """``tail``, what the consumer's inbox held at a time as one list (never empty):
+        what a reader hands on in one go (``sync.replication``)."""
         decode = _decode if own is None else functools.partial(_decode_own, own)
         async for batch in _pull(
             self, self.settings.name, from_seq, subjects, 256, live=True, decode=decode
         ):
-            for entry in batch:
-                yield entry
+            if batch:
+                yield batch
 
     async def stream_state(self) -> StreamState:
         name = self.settings.name
@@ -624,7 +753,7 @@ class _Inbox:
         self.items: deque[Msg] = deque()
         self.arrived = asyncio.Event()
 
-    async def put(self, msg: Msg) -> None:
+    def put(self, msg: Msg) -> None:
         self.items.append(msg)
         self.arrived.set()
 
@@ -775,7 +904,7 @@ async def _pull(
                     continue
                 consumer = info.name
                 inbox = _Inbox()
-                sub = await nc.subscribe(nc.new_inbox(), cb=inbox.put)
+                sub = await _subscribe_direct(nc, nc.new_inbox(), inbox.put)
                 outstanding = 0
                 quiet_since = time.monotonic()
                 if not live and info.num_pending == 0:

@@ -51,6 +51,10 @@ def activity_subject(collective_id: UUID, agent_id: str) -> str:
 def subject_for(event: ev.Event) -> str:
     """The subject an event is published on."""
     match event:
+        case ev.Sealed():  # first: every record, update and invalidation is one
+            if event.collective_id is None:
+                return wisdom_subject(event.entity_id)
+            return collective_subject(event.collective_id, event.entity, event.entity_id)
         case ev.CollectiveCreated() | ev.CollectiveDeleted():
             return collective_subject(event.collective_id, "collective", event.collective_id)
         case (
@@ -75,10 +79,6 @@ def subject_for(event: ev.Event) -> str:
             return wisdom_subject(event.wisdom_id)
         case ev.TokenCreated() | ev.TokenRevoked():
             return token_subject(event.token_id)
-        case ev.Sealed():
-            if event.collective_id is None:
-                return wisdom_subject(event.entity_id)
-            return collective_subject(event.collective_id, event.entity, event.entity_id)
     raise TypeError(f"not a Pulse event: {type(event).__name__}")
 
 

@@ -2,9 +2,10 @@
 writers waiting for their own sequence (read-your-writes).
 
 A tail of the log from the engine's applied sequence hands every entry to the projection
-engine (``projections.engine``) as it arrives (what this host wrote as it was written,
-known by its message id before its body is decoded: ``writing``); the engine applies
-whatever has queued up as one batch and reports each batch back. Those reports advance
+engine (``projections.engine``) as it arrives, what the tail read at once in one
+hand-over (what this host wrote as it was written, known by its message id before its
+body is decoded: ``writing``); the engine applies whatever has queued up as one batch
+and reports each batch back. Those reports advance
 the applied sequence on the loop, feed the clock, wake the writers waiting for their
 sequence, and are told to whoever listens (``listen``: the gate forgets what a delete
 changed, the tokens are read again, the watchers hear of experiences). Nothing here
@@ -18,12 +19,13 @@ import functools
 import heapq
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from uuid import UUID
 
 from eventlog import events as ev
 from eventlog import subjects
 from eventlog.errors import LogUnavailable, PulseError
+from eventlog.jetstream import JetStreamLog
 from eventlog.log import EventLog, LogEntry
 from eventlog.sealing import Sealer, tombstone_scope
 from projections.engine import Applied, Engine
@@ -109,17 +111,22 @@ class Replication:
     async def _replicate(self, from_seq: int | None = None) -> None:
         try:
             start = self.engine.seq + 1 if from_seq is None else from_seq
-            tail = self.log.tail(start, subjects=self.filters(), own=self._own_event)
-            async for entry in tail:
-                if entry.stored_ms is not None and entry.stored_ms > self.log_ms:
-                    self.log_ms = entry.stored_ms  # (the writer's own events come back too)
-                if entry.seq <= self.engine.seq:
-                    continue  # a writer here handed it over already: no need to wake the engine
-                if isinstance(entry.event, ev.Sealed):
-                    entry = await self._opened(entry)
-                self.engine.submit((entry,))
-                self.submitted = submitted = entry.seq
-                if self.engine.backlog > BACKLOG_LIMIT:  # let the engine catch its breath
+            engine = self.engine
+            async for batch in self._tail(start):
+                fresh: list[LogEntry] = []
+                for entry in batch:
+                    if entry.stored_ms is not None and entry.stored_ms > self.log_ms:
+                        self.log_ms = entry.stored_ms  # (the writer's own events come back too)
+                    if entry.seq <= engine.seq:
+                        continue  # a writer here handed it over already
+                    if isinstance(entry.event, ev.Sealed):
+                        entry = await self._opened(entry)
+                    fresh.append(entry)
+                if not fresh:
+                    continue  # no need to wake the engine
+                engine.submit(fresh)  # one hand-over for what the tail read at once
+                self.submitted = submitted = fresh[-1].seq
+                if engine.backlog > BACKLOG_LIMIT:  # let the engine catch its breath
                     await self.wait_applied(submitted - BACKLOG_LIMIT // 2, timeout=600)
             raise LogUnavailable("the log tail ended")
         except asyncio.CancelledError:
@@ -128,6 +135,18 @@ class Replication:
             log.exception("replication stopped")
             self.failure = exc
             self.wake_all()
+
+    async def _tail(self, start: int) -> AsyncGenerator[Sequence[LogEntry], None]:
+        """The log's tail from ``start``, in lists: as the JetStream log read them (one
+        list per drain of its consumer's inbox) where its tail is that log's own, else
+        one entry at a time."""
+        log_, filters = self.log, self.filters()
+        if isinstance(log_, JetStreamLog) and type(log_).tail is JetStreamLog.tail:
+            async for batch in log_.tail_batches(start, subjects=filters, own=self._own_event):
+                yield batch
+            return
+        async for entry in log_.tail(start, subjects=filters, own=self._own_event):
+            yield (entry,)
 
     async def _opened(self, entry: LogEntry) -> LogEntry:
         """A sealed entry of the tail, opened: a write of this instance comes back as the

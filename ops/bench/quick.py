@@ -15,6 +15,11 @@ Two phases, each reusing the code of a full benchmark:
   publishes' latencies; and the rate), then from 16 callers (the rate and the process
   CPU per write), ``reinforce_experience`` from 16 callers (the same), rounds of Pulse
   and peer alternating; then the convergence lag A -> B beside publish -> consumer.
+  First, the floor of any design fed by the log (``floor_cpu_per_write``): the raw
+  peer's acknowledged publishes of record events, each also consumed back through a
+  JetStream consumer on the same connection (what every projection of the log pays),
+  CPU per message over a raw publish's alone: the share of ``cpu_per_record``'s bound
+  the log itself takes.
 - HTTP (``ops.bench.service``): a collective of ``hash``-embedder experiences, ``pulse
   up`` on it in its own process, sequential calls over ONE keep-alive connection
   (``http.client``): ``record_experience`` with a 384-d vector, ``search_similar`` with a
@@ -59,13 +64,16 @@ from urllib.parse import urlsplit
 from uuid import UUID
 
 import numpy as np
+from nats.js import JetStreamContext, api
 
 from eventlog import EmbeddedNats
+from eventlog.codec import WireMessage
 from eventlog.ids import uuid7
 from ops.bench import emitter
 from ops.bench.engine import (
     CALLERS,
     DIM,
+    RAW_PREFIX,
     Material,
     Rates,
     Vectors,
@@ -73,11 +81,13 @@ from ops.bench.engine import (
     convergence_lags,
     hot_experiences,
     measure_rates,
+    publish_all,
     pulse_records,
     pulse_reinforcements,
     raw_records,
     raw_reinforcements,
     sig,
+    split,
 )
 from ops.bench.service import OPERATOR, append, corpus, start_service, stop_service, words
 from sync import PulseDB
@@ -116,6 +126,12 @@ SPECS: dict[str, Spec] = {
     ),
     "cpu_per_record": Spec(
         "lower", 2.5, "process CPU per record_experience (16 callers) / per raw publish"
+    ),
+    "floor_cpu_per_write": Spec(
+        "lower",
+        None,
+        "CPU per raw publish of a record's bytes consumed back through a JetStream "
+        "consumer on the same connection (16 callers) / per raw publish",
     ),
     "writes_16_callers_reinforce": Spec(
         "higher", 0.7, "acknowledged reinforce_experience/s, 16 callers / raw publishes/s"
@@ -384,6 +400,7 @@ async def write_figures(sizes: Sizes, out: Callable[[Figure], None]) -> None:
         data = Material()
         await pulse_records(a, cid, data, sizes.warm_up)()()
         await raw_records(js, cid, data, sizes.warm_up)()()
+        await floor_figure(js, cid, data, sizes, out)
 
         mine: list[float] = []
         theirs: list[float] = []
@@ -430,6 +447,57 @@ async def write_figures(sizes: Sizes, out: Callable[[Figure], None]) -> None:
         ratio = float(np.median(pulse_ms) / np.median(raw_ms))
         out(figure("convergence_p50_vs_raw", ratio, **lags))
         out(figure("convergence_p99_ms", float(np.percentile(pulse_ms, 99)), **lags))
+
+
+FLOOR_PREFIX = f"{RAW_PREFIX}.floor"  # (on the raw stream: its rounds' subjects only)
+
+
+async def floor_figure(
+    js: JetStreamContext, cid: UUID, data: Material, sizes: Sizes,
+    out: Callable[[Figure], None],
+) -> None:  # fmt: skip
+    """``floor_cpu_per_write``: rounds of 16 callers' acknowledged raw publishes of
+    record events, each consumed back by an ordered push consumer on the publishing
+    connection (a round ends when every message is acknowledged and delivered), beside
+    rounds of the raw publishes alone, alternating. All of it runs on the event loop's
+    thread; the figure is the first's CPU per message over the second's."""
+    total = sizes.per_caller * CALLERS
+    delivered = 0
+    expected = 0
+    arrived = asyncio.Event()
+
+    async def on_message(msg: object) -> None:
+        nonlocal delivered
+        delivered += 1
+        if delivered >= expected:
+            arrived.set()
+
+    sub = await js.subscribe(
+        f"{FLOOR_PREFIX}.>", cb=on_message, ordered_consumer=True,
+        deliver_policy=api.DeliverPolicy.NEW,
+    )  # fmt: skip
+
+    def floor() -> Callable[[], Awaitable[None]]:
+        wires = [WireMessage(f"{FLOOR_PREFIX}.{w.subject}", w.headers, w.payload)
+                 for w in data.recorded(cid, total)]  # fmt: skip
+
+        async def run() -> None:
+            nonlocal expected
+            expected = delivered + total
+            arrived.clear()
+            await asyncio.gather(*(publish_all(js, share) for share in split(wires, CALLERS)))
+            async with asyncio.timeout(30):
+                await arrived.wait()
+
+        return run
+
+    try:
+        rates = await measure_rates(
+            total, sizes.rounds, floor, raw_records(js, cid, data, total, CALLERS)
+        )
+    finally:
+        await sub.unsubscribe()
+    out(figure("floor_cpu_per_write", rates.cpu_ratio, **rate_detail(rates)))
 
 
 def rate_detail(r: Rates) -> dict[str, object]:
