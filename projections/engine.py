@@ -804,7 +804,7 @@ class Engine:
             ):
                 projection.hand_off()  # written beside the engine (store.Flusher)
             if save or self._save_due(projection, now):
-                projection.save()
+                projection.save(background=not save)  # (the files written beside the engine)
                 _out_of_the_collectors_sight(projection, 2)  # quiet: nobody waits on it
             if (
                 not bulk

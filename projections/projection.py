@@ -72,6 +72,9 @@ from projections.vectors import ExactVectors, VectorIndex, read_manifest, write_
 
 log = logging.getLogger("pulse.projection")
 
+# Writes the index files of a save in the background (``Projection.save(background=True)``)
+_SAVER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulse-index-save")
+
 Progress = Callable[[int, int], None]  # (applied so far, total to apply)
 _Adds = dict[tuple[UUID, int], tuple[list[int], list[bytes | memoryview], list[UUID]]]
 
@@ -166,6 +169,7 @@ class Projection:
         # the dimension and the language the indexes assume, by collective
         self._live_collectives: dict[UUID, tuple[int | None, str]] = {}
         self._unindexed = Touched.nothing()  # applied, not yet in the indexes
+        self._saving: concurrent.futures.Future[bool] | None = None  # a background save
         self.unindexed_events = 0  # events applied since the indexes were brought up
         self._load_indexes()
         self.last_flush = self.last_save = time.monotonic()
@@ -415,8 +419,14 @@ class Projection:
             seq = self.flusher.drain()
         return seq
 
-    def save(self) -> None:
-        """Flush, then save the indexes with the sequence they reflect."""
+    def save(self, *, background: bool = False) -> None:
+        """Flush, then save the indexes with the sequence they reflect. ``background``:
+        return at once, the files written by a thread of their own (``_save_behind``;
+        nothing is done while the last one is under way)."""
+        if background:
+            self._start_save()
+            return
+        self.saved()
         self.flush()
         self.store.checkpoint_file()
         self.text.commit()
@@ -434,6 +444,69 @@ class Projection:
         self.saved_seq = self.flushed_seq
         self.last_save = time.monotonic()
 
+    def saved(self) -> bool:
+        """Wait for a background save under way; whether the last one wrote its manifest
+        (True also when there was none). Its error, if any, is logged, not raised: the
+        files it left are what a crash during it would leave, and the next save writes
+        them all again."""
+        saving, self._saving = self._saving, None
+        if saving is None:
+            return True
+        try:
+            return saving.result()
+        except Exception:
+            log.exception("saving the indexes in the background failed; saved again later")
+            return False
+
+    def _start_save(self) -> None:
+        """A save in two parts. Here, on the owner thread, what must reflect one moment:
+        DuckDB's batch handed over (sequence S), the text index committed (at S or past
+        it: searches commit too), the list of index files. On the saver thread: wait
+        until DuckDB holds S, write each index (``VectorIndex.write``: under its
+        ``_stable`` lock, so at S or past it, but for vectors pending then, which an open
+        adds again from the rows), the exact vectors to the file, and the manifest with S
+        last: it never claims more than the files hold. An open reconciles what the files
+        hold past S with the rows (``_load_indexes``); DuckDB's write-ahead log is folded
+        into its file on the flusher's thread (``Flusher.checkpoint_soon``)."""
+        self._check_owner()
+        if self._saving is not None:
+            if not self._saving.done():
+                return
+            self.saved()
+        self.hand_off()
+        if self.flusher.error is not None:  # DuckDB refuses writes: saved once it takes them
+            return
+        seq = self.handed_seq
+        self.text.commit()
+        indexes = [
+            (self._path(kind, collective_id), index)
+            for (kind, collective_id), index in self.vectors.items()
+        ]
+        exacts = list(self.exact.values())
+        self.flusher.checkpoint_soon(self.store.writer())
+        self.last_save = time.monotonic()
+        self._saving = _SAVER.submit(self._save_behind, seq, indexes, exacts)
+
+    def _save_behind(
+        self, seq: int, indexes: list[tuple[Path, VectorIndex]], exacts: list[ExactVectors]
+    ) -> bool:
+        """The saver thread's part of a background save (``_start_save``); False: not
+        saved (DuckDB did not take sequence ``seq``)."""
+        if not self.flusher.wait_written(seq):
+            return False
+        entries = {}
+        for path, index in indexes:
+            index.write(path)
+            entries[path.name] = index.dim
+        for exact in exacts:
+            exact.sync(every_page=True)
+        for stale in (self.dir / "vectors").glob("*.faiss"):
+            if stale.name not in entries:
+                stale.unlink(missing_ok=True)
+        write_manifest(self.dir / "vectors", seq, entries)
+        self.saved_seq = max(self.saved_seq, seq)
+        return True
+
     def scrub(self, copy: Callable[[Path], None] | None = None) -> dict[str, float]:
         """Rewrite every file of this state so that what deletes forgot is in none of
         them: DuckDB into a fresh file put in place of the old one (a delete only marks
@@ -446,6 +519,7 @@ class Projection:
         self._check_owner()
         took: dict[str, float] = {}
         start = time.perf_counter()
+        self.saved()  # (its files are written again below)
         self.flush()
         self.store.rewrite(copy)
         took["duckdb"] = time.perf_counter() - start
@@ -616,6 +690,12 @@ class Projection:
                 language = memory.collective_language(collective_id)
                 self._live_collectives[collective_id] = (dim, language)
         by_vec_id = {vec_id: row_id for row_id, vec_id in memory.vec_ids.items()}
+        # a file written by a background save may hold vectors of rows DuckDB never got
+        # (applied past the manifest's sequence, then a crash): removed below, and their
+        # numbers never given to another row (an index keeps a removed one's number)
+        for index in self.vectors.values():
+            if index.members:
+                memory.next_vec_id = max(memory.next_vec_id, 1 + max(index.members))
         for (kind, _collective_id), index in self.vectors.items():  # point rows at the file
             for vec_id in index.members:
                 row = self._rows(kind).get((by_vec_id.get(vec_id),))
@@ -712,7 +792,7 @@ class Projection:
 
     def close(self) -> None:
         try:
-            self.save()
+            self.save()  # (after any background save)
         finally:
             self.flusher.close()
         self.text.close()

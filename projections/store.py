@@ -324,7 +324,7 @@ class Store:
         self.con.execute("INSERT OR REPLACE INTO meta VALUES ('views', ?)", [_VIEWS_ID])
         self.con.commit()
 
-    def checkpoint_file(self) -> bool:
+    def checkpoint_file(self, con: duckdb.DuckDBPyConnection | None = None) -> bool:
         """Fold the write-ahead log into the database file now; False: not now.
 
         DuckDB refuses a checkpoint while a transaction on another cursor of the
@@ -332,9 +332,10 @@ class Store:
         state on a thread of its own, and to SQL). The write-ahead log already holds
         every committed write durably, so a save that meets such a transaction leaves
         the fold to the next save rather than fail: a save failing at the end of a
-        catch-up stopped a host from opening (seen on hosts reopened after a kill)."""
+        catch-up stopped a host from opening (seen on hosts reopened after a kill).
+        ``con``: the cursor to run it on (the flusher's, on its thread: ``Flusher``)."""
         try:
-            self.con.execute("CHECKPOINT")
+            (con or self.con).execute("CHECKPOINT")
         except duckdb.TransactionException as error:
             if "other write transactions" not in str(error):
                 raise
@@ -792,6 +793,9 @@ class Flusher:
         self.written_seq = store.checkpoint()[0]  # the checkpoint DuckDB holds
         self.restarts = 0
         self.seconds = 0.0  # spent writing (wall, this thread), for benchmarks and health
+        # a CHECKPOINT asked for (``checkpoint_soon``): the cursor to run it on
+        self._checkpoint: duckdb.DuckDBPyConnection | None = None
+        self.checkpoints = 0  # run on this thread (tests, benchmarks)
         self._thread = self._start()
 
     def _start(self) -> threading.Thread:
@@ -815,6 +819,34 @@ class Flusher:
             self._queue.append((batch, con, done))
             self._cond.notify_all()
         return done
+
+    def checkpoint_soon(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Fold DuckDB's write-ahead log into its file on this thread, on ``con``, once
+        the batches handed over before are written (``Store.checkpoint_file``): the
+        engine thread does not wait for it. A write-ahead log holds every committed
+        write durably: the fold only keeps the log short, and one refused (another
+        cursor writing) is left to the next."""
+        with self._cond:
+            if not self._closed:
+                self._checkpoint = con
+                self._cond.notify_all()
+
+    def wait_written(self, seq: int, timeout: float | None = None) -> bool:
+        """Wait, on any thread, until DuckDB holds sequence ``seq`` (True), or a write
+        failed, the writer closed or ``timeout`` passed meanwhile (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            failures = self._failures
+            while self.written_seq < seq:
+                if self._closed or self._failures != failures or self.error is not None:
+                    return False
+                if not self._queue:  # nothing handed over reaches it
+                    return False
+                left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
 
     def last(self) -> concurrent.futures.Future[int] | None:
         """The future of the last batch handed over and not written yet (None: none)."""
@@ -863,6 +895,17 @@ class Flusher:
             if not done.done():
                 done.set_exception(PulseError("the projection closed before this write"))
 
+    def _fold(self, con: duckdb.DuckDBPyConnection) -> None:
+        start = time.perf_counter()
+        try:
+            with self.gate:
+                self._store.checkpoint_file(con)
+            self.checkpoints += 1
+        except Exception:  # (the next save asks again; the log holds every write)
+            log.exception("folding DuckDB's write-ahead log into its file failed")
+        finally:
+            self.seconds += time.perf_counter() - start
+
     def _run(self) -> None:
         try:
             self._write_in_turn()
@@ -872,12 +915,19 @@ class Flusher:
     def _write_in_turn(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                while not self._queue and not self._closed and self._checkpoint is None:
                     self._cond.wait()
                 if self._closed:
                     return
-                batch, con, done = self._queue[0]
-                self._retry_now = False
+                if not self._queue:  # (a checkpoint asked for, every batch before it written)
+                    checkpoint, self._checkpoint = self._checkpoint, None
+                else:
+                    checkpoint = None
+                    batch, con, done = self._queue[0]
+                    self._retry_now = False
+            if checkpoint is not None:
+                self._fold(checkpoint)
+                continue
             start = time.perf_counter()
             try:
                 with self.gate:

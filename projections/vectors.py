@@ -202,11 +202,15 @@ class ExactVectors:
         self.sync()
         os.close(self._fd)
 
-    def sync(self) -> None:
-        """Write what changed to the file (before the manifest says it is there)."""
-        if self._mapped is not None and self._dirty:
-            self._mapped.flush()
-            self._dirty = False
+    def sync(self, *, every_page: bool = False) -> None:
+        """Write what changed to the file (before the manifest says it is there).
+        ``every_page``: whether or not this thread saw a change (a background save: the
+        owner thread may be writing meanwhile, and its changes need not be flushed)."""
+        mapped = self._mapped
+        if mapped is not None and (self._dirty or every_page):
+            if not every_page:
+                self._dirty = False
+            mapped.flush()
 
 
 @dataclass
@@ -246,6 +250,10 @@ class VectorIndex:
     _wanted: int = 0
     # adding to ``pending`` and starting the inserter, beside the inserter taking a chunk
     _queue: threading.Lock = field(default_factory=threading.Lock)
+    # held while the index must not change (a background save writing it: ``write``);
+    # whatever changes the index (but adding to ``pending``) takes it before ``_lock``,
+    # searches do not (they only read, beside the write)
+    _stable: threading.Lock = field(default_factory=threading.Lock)
     inserting: concurrent.futures.Future[None] | None = None  # the inserter's run
     _chunk: int = 16  # vectors per background chunk, adjusted to take INSERT_SECONDS
 
@@ -269,10 +277,15 @@ class VectorIndex:
         self._graph = (self.index, inner)
         return True
 
-    def _settle(self) -> None:
-        """Swap in a finished compaction."""
+    def _settle(self, *, block: bool = False) -> None:
+        """Swap in a finished compaction (unless a save is writing the index; ``block``:
+        wait for it)."""
         if self.compacting is not None and self.compacting.done():
-            self._swap()
+            if self._stable.acquire(blocking=block):
+                try:
+                    self._swap()
+                finally:
+                    self._stable.release()
 
     def _graph_positions(self) -> npt.NDArray[np.int64]:
         """The vec_id at each position of the HNSW graph (searched without the id map);
@@ -355,15 +368,21 @@ class VectorIndex:
         if flat and len(self.members) - len(self.gone) > self.hnsw_threshold:
             self._to_hnsw()  # takes the new vectors from the exact file
         elif flat:
-            self.index.add_with_ids(normalized(vectors[fresh]), new_ids)
+            with self._stable:
+                self.index.add_with_ids(normalized(vectors[fresh]), new_ids)
         else:
             with self._queue:
                 self.pending.update(dict.fromkeys(new_ids.tolist()))
                 if self.inserting is None:
                     self.inserting = _INSERTER.submit(self._insert_pending)
-            if len(self.pending) > PENDING_CAP:  # the inserter falls behind: help it
-                with self._held():
-                    self._insert(len(self.pending) - PENDING_CAP // 2, BULK_THREADS)
+            # the inserter falls behind: help it (not while a save writes the graph:
+            # what is pending meanwhile is searched exactly, and inserted after it)
+            if len(self.pending) > PENDING_CAP and self._stable.acquire(blocking=False):
+                try:
+                    with self._held():
+                        self._insert(len(self.pending) - PENDING_CAP // 2, BULK_THREADS)
+                finally:
+                    self._stable.release()
 
     def _insert(self, count: int, threads: int) -> int:
         """Insert the oldest ``count`` pending vectors into the graph (under ``_lock``);
@@ -390,7 +409,7 @@ class VectorIndex:
             while True:
                 with self._turn:  # the owner thread first
                     self._turn.wait_for(lambda: not self._wanted)
-                with self._lock:
+                with self._stable, self._lock:
                     with self._queue:
                         if not self.pending:
                             self.inserting = None
@@ -420,7 +439,7 @@ class VectorIndex:
             return
         self.hidden.difference_update(drop)
         if self.is_hnsw:
-            with self._held():  # no chunk is being inserted: a pending one stays out
+            with self._stable, self._held():  # no chunk is being inserted: a pending one stays out
                 with self._queue:  # (pending values are None: 0 says "was not pending")
                     waiting = {v for v in drop if self.pending.pop(v, 0) is None}
                 self.exact.erase(drop)
@@ -434,7 +453,8 @@ class VectorIndex:
                 self.compact()
         else:
             self.exact.erase(drop)
-            self.index.remove_ids(np.array(drop, dtype=np.int64))
+            with self._stable:
+                self.index.remove_ids(np.array(drop, dtype=np.int64))
             self.members.difference_update(drop)
             for vec_id in drop:
                 self.keys.pop(vec_id, None)
@@ -509,13 +529,13 @@ class VectorIndex:
         closing, tests)."""
         if self.compacting is not None:
             concurrent.futures.wait([self.compacting])
-        self._settle()
+        self._settle(block=True)
         self.wait_pending()
 
     def wait_pending(self) -> None:
         """Insert every pending vector, on this thread (in one bulk call)."""
         if self.pending:
-            with self._held():
+            with self._stable, self._held():
                 self._insert(len(self.pending), BULK_THREADS)
 
     # -- searching ------------------------------------------------------------------------------
@@ -684,11 +704,20 @@ class VectorIndex:
         """Write the graph, pending vectors inserted first (at most ``PENDING_CAP``,
         most often none or a few: the file is whole, and opening it adds nothing back).
         A compaction still running is saved next time."""
-        self._settle()
+        self._settle(block=True)
         self.wait_pending()
+        self.write(path)
+
+    def write(self, path: Path) -> None:
+        """Write the index as it is (pending vectors are in no file: an open adds them
+        again), from any thread: nothing changes it meanwhile (``_stable``), and searches
+        go on beside the write. What waits: the inserter, a removal, a swap and a flat
+        add on this index; an add past ``PENDING_CAP`` leaves the excess pending."""
         tmp = path.with_suffix(".tmp")
-        with self._held():
-            faiss.write_index(self.index, str(tmp))
+        with self._stable:
+            with self._lock:  # (a swap replaces it under both)
+                index = self.index
+            faiss.write_index(index, str(tmp))
         os.replace(tmp, path)
 
     @classmethod
