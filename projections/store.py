@@ -62,6 +62,7 @@ TABLE_OF: dict[type[Row], str] = {
 log = logging.getLogger("pulse.store")
 
 CHECKPOINT_THRESHOLD = "256MB"  # see Store.__init__
+MEMORY_LIMIT = "128MB"  # DuckDB's buffer pool for the engine (see Store._connect)
 
 
 def stored_columns(row_type: type[Row]) -> list[str]:
@@ -276,6 +277,13 @@ class Store:
                 "or ask the running instance instead"
             ) from exc
         con.execute("SET enable_progress_bar = false")  # it would print to our stdout
+        # DuckDB keeps what it reads and writes in its buffer pool up to ``memory_limit``
+        # (80% of the machine's memory unless set): while a host ingests, the pool grew
+        # with the rows (145 MB at 50,000 experiences, about 2 KB each) though the state
+        # lives in Python and the engine only appends. Past the limit DuckDB evicts or
+        # spills. The analysts' SQL sets its own (``projections.analytics.sandbox``)
+        # when it first runs a query on this instance, which the engine's writes share.
+        con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
         if not self.read_only:
             # DuckDB folds its write-ahead log into the database file when the log passes
             # this size, inside whichever commit crosses it: tens of milliseconds with
@@ -676,17 +684,21 @@ class Store:
         # values many rows repeat (a collective, a type, an agent, the stamps a create
         # gives every register of its row) are kept once: a row costs a third less
         shared: dict[Any, Any] = {}
-        repeated = [n in _REPEATED or n.endswith("_stamp") for n in columns]
+        keep = shared.setdefault
+        lists = {c for c, t in self._types[table].items() if t.endswith("[]")}
+        repeated = [i for i, n in enumerate(columns) if n in _REPEATED or n.endswith("_stamp")]
+        listed = [i for i, n in enumerate(columns) if n in lists]
         found: dict[tuple[Any, ...], Row] = {}
+        key = row_type.key
+        # column by column, each batch: the rows are made by one ``map`` over the columns
         while batch := result.fetchmany(10_000):
-            for values in batch:
-                row = row_type(
-                    *(
-                        shared.setdefault(v, v) if again and v is not None else v
-                        for v, again in zip(map(_from_db, values), repeated, strict=True)
-                    )
-                )
-                found[row.key()] = row
+            cols: list[Any] = list(zip(*batch, strict=True))
+            for i in listed:  # (DuckDB's lists come back as Python lists: tuples here)
+                cols[i] = [None if v is None else tuple(v) for v in cols[i]]
+            for i in repeated:
+                cols[i] = [None if v is None else keep(v, v) for v in cols[i]]
+            made = list(map(row_type, *cols))
+            found.update(zip(map(key, made), made, strict=True))
         return found
 
     def embeddings(self, row_type: type[Row], ids: Iterable[UUID]) -> dict[UUID, bytes]:
@@ -745,10 +757,6 @@ _REPEATED = frozenset(
      "source_task", "domain", "related_files", "relation_type", "instance_id",
      "visibility", "author_owner", "author_agent")
 )  # fmt: skip
-
-
-def _from_db(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
 
 
 class Flusher:
