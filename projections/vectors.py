@@ -89,6 +89,7 @@ PENDING_CAP = 4096  # past this many pending vectors, the adding thread inserts 
 # OpenMP team sizes by use (``omp_set_num_threads`` is per calling thread)
 SEARCH_THREADS, INSERT_THREADS, BULK_THREADS = 1, 1, os.cpu_count() or 1
 _CHUNK = 4096  # vector slots per mapping of an exact-vectors file
+RELEASE_EVERY = 4096  # vectors put between two ``ExactVectors.release``
 # exact scans kept per index (``_scanned``): of this many rows or more, at most this
 # many, each at most this large (a copy of the rows scanned, and their norms)
 SCAN_KEPT_MIN, SCANS_KEPT, SCAN_KEPT_BYTES = 1000, 2, 128 * 2**20
@@ -145,7 +146,7 @@ class ExactVectors:
         self._view = memoryview(b"")
         self._array: Matrix = np.zeros((0, dim), dtype=np.float32)
         self._dirty = False
-        self._released_to = 0  # the first slot the last put wrote (see ``put``)
+        self._written = 0  # slots put since the last ``release``
         size = os.fstat(self._fd).st_size
         if size >= self.slot_bytes:
             self._map(size // self.slot_bytes)
@@ -157,6 +158,7 @@ class ExactVectors:
             self._mapped.flush()
             os.fdatasync(self._fd)  # (what put wrote with pwrite)
             self._dirty = False
+        self.release()  # (views keep the old mapping: its pages need not stay resident)
         self._mapped = mmap.mmap(self._fd, slots * self.slot_bytes)
         self._view = memoryview(self._mapped)
         self._array = np.frombuffer(self._mapped, dtype=np.float32).reshape(slots, self.dim)
@@ -167,37 +169,35 @@ class ExactVectors:
             self._map(max(_CHUNK, 2 * self._slots, last_vec_id + 1))
 
     def put(self, vec_ids: Iterable[int], vectors: Matrix) -> None:
-        """Store vectors in their slots. A run of consecutive slots (what a host writes:
-        new vec_ids in order) is written with ``pwrite``, so its pages do not become
-        resident in this process as pages written through the mapping do (at a million
-        vectors, 1.5 GB of RSS for a file the searches read k rows of); then the slots
-        written by the previous put, read since through views (a DuckDB write copies
-        each new row's embedding), are let go of too (``_release``)."""
+        """Store vectors in their slots. Slots that make one run (what a host writes: new
+        vec_ids, in any order) are written with ``pwrite``, so their pages do not become
+        resident in this process as pages written through the mapping do."""
         ids = np.fromiter(vec_ids, dtype=np.int64)
         if not len(ids):
             return
         low, high = int(ids.min()), int(ids.max())
         self._reach(high)
-        if high - low + 1 == len(ids) and bool((np.diff(ids) == 1).all()):
-            data = np.ascontiguousarray(vectors, dtype=np.float32).tobytes()
+        order = np.argsort(ids, kind="stable") if high - low + 1 == len(ids) else None
+        if order is not None and bool((ids[order] == np.arange(low, high + 1)).all()):
+            data = np.ascontiguousarray(np.asarray(vectors, dtype=np.float32)[order]).tobytes()
             os.pwrite(self._fd, data, low * self.slot_bytes)
         else:
             self._array[ids] = vectors
         self._dirty = True
-        self._release(min(low, self._released_to), high + 1)
-        self._released_to = low
+        self._written += len(ids)
+        if self._written >= RELEASE_EVERY:
+            self.release()
 
-    def _release(self, first: int, end: int) -> None:
-        """Drop slots ``first`` .. ``end - 1`` from this process's resident pages
-        (``MADV_DONTNEED`` on a shared file mapping: the page cache keeps them, dirty or
-        not, and a later read maps them again)."""
+    def release(self) -> None:
+        """Drop this file's pages from this process's resident memory (``MADV_DONTNEED``
+        on a shared file mapping: the page cache keeps them, dirty or not, and a later
+        read maps them again): the pages that reads touched, through views (a DuckDB
+        write copies each new row's embedding), the inserter and searches. Without it,
+        every vector a host writes stays resident: 1.5 GB of RSS at a million."""
+        self._written = 0
         mapped = self._mapped
-        if mapped is None or first >= end or not hasattr(mmap, "MADV_DONTNEED"):
-            return
-        start = first * self.slot_bytes // mmap.PAGESIZE * mmap.PAGESIZE
-        stop = min(len(mapped), end * self.slot_bytes)
-        if stop > start:
-            mapped.madvise(mmap.MADV_DONTNEED, start, stop - start)
+        if mapped is not None and len(mapped) and hasattr(mmap, "MADV_DONTNEED"):
+            mapped.madvise(mmap.MADV_DONTNEED)
 
     def view(self, vec_id: int) -> memoryview:
         """The stored bytes of one vector, without a copy."""
@@ -236,6 +236,7 @@ class ExactVectors:
             self._mapped.flush()
             os.fdatasync(self._fd)  # (what put wrote with pwrite)
             self._dirty = False
+        self.release()
 
 
 @dataclass
