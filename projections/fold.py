@@ -609,7 +609,7 @@ def shared(value: V) -> V:
         found = _SHARED[value] = value
     elif type(found) is not type(value):  # (equal, of another type: 1 and True)
         return value
-    return found  # type: ignore[no-any-return]
+    return found
 
 
 def _single_key(name: str) -> Any:
