@@ -117,8 +117,8 @@ def test_the_store_bounds_duckdbs_memory(tmp_path: Path) -> None:
     try:
         found = store.con.execute("SELECT current_setting('memory_limit')").fetchone()
         assert found is not None
-        limit_mb = int(MEMORY_LIMIT.removesuffix("MB"))
-        assert found[0].endswith("MiB") and float(found[0].split()[0]) <= limit_mb
+        value, unit = found[0].split()
+        assert MEMORY_LIMIT == "1GB" and unit == "MiB" and float(value) <= 1000
         store.drop_cache()  # (a reopened connection keeps it)
         again = store.con.execute("SELECT current_setting('memory_limit')").fetchone()
         assert again == found
