@@ -89,7 +89,7 @@ PENDING_CAP = 4096  # past this many pending vectors, the adding thread inserts 
 # OpenMP team sizes by use (``omp_set_num_threads`` is per calling thread)
 SEARCH_THREADS, INSERT_THREADS, BULK_THREADS = 1, 1, os.cpu_count() or 1
 _CHUNK = 4096  # vector slots per mapping of an exact-vectors file
-RELEASE_EVERY = 4096  # vectors put between two ``ExactVectors.release``
+RELEASE_EVERY = 4096  # vectors put or read between two ``ExactVectors.release``
 # exact scans kept per index (``_scanned``): of this many rows or more, at most this
 # many, each at most this large (a copy of the rows scanned, and their norms)
 SCAN_KEPT_MIN, SCANS_KEPT, SCAN_KEPT_BYTES = 1000, 2, 128 * 2**20
@@ -146,7 +146,7 @@ class ExactVectors:
         self._view = memoryview(b"")
         self._array: Matrix = np.zeros((0, dim), dtype=np.float32)
         self._dirty = False
-        self._written = 0  # slots put since the last ``release``
+        self._written = 0  # slots put or read since the last ``release``
         size = os.fstat(self._fd).st_size
         if size >= self.slot_bytes:
             self._map(size // self.slot_bytes)
@@ -207,9 +207,14 @@ class ExactVectors:
 
     def get(self, vec_ids: npt.NDArray[np.int64]) -> Matrix:
         """The vectors of ``vec_ids`` (a copy), in that order."""
-        if len(vec_ids):
-            self._reach(int(vec_ids.max()))
-        return self._array[vec_ids]
+        if not len(vec_ids):
+            return self._array[vec_ids]
+        self._reach(int(vec_ids.max()))
+        out = self._array[vec_ids]
+        self._written += len(vec_ids)  # (pages read stay resident as pages written did)
+        if self._written >= RELEASE_EVERY:
+            self.release()
+        return out
 
     def unit(self, vec_ids: npt.NDArray[np.int64]) -> Matrix:
         """The L2-normalized vectors of ``vec_ids``."""
