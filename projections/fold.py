@@ -55,6 +55,7 @@ def stamp_of(event: ev.EventBase) -> Stamp:
 
 
 R = TypeVar("R", bound="Row")
+V = TypeVar("V")
 
 
 @dataclass(slots=True)
@@ -490,13 +491,14 @@ def row_of(event: ev.Event) -> Row | None:
         case ev.ExperienceRecorded():
             kind = event.experience_type
             return ExperienceRow(
-                event.experience_id, event.event_id, event.collective_id, event.content,
-                event.embedding, type(kind).__struct_config__.tag,  # type: ignore[arg-type]
-                msgspec.json.encode(kind).decode(), event.source_agent, event.source_task,
-                event.hlc, event.importance, s, event.confidence, s, event.domain, s,
-                event.related_files, s, visibility=event.visibility,
-                author_owner=event.author_owner, author_agent=event.author_agent,
-                valid_from_ms=event.valid_from_ms,
+                event.experience_id, event.event_id, shared(event.collective_id),
+                event.content, event.embedding,
+                type(kind).__struct_config__.tag,  # type: ignore[arg-type]
+                shared(msgspec.json.encode(kind).decode()), shared(event.source_agent),
+                shared(event.source_task), event.hlc, event.importance, s, event.confidence, s,
+                shared(event.domain), s, shared(event.related_files), s,
+                visibility=shared(event.visibility), author_owner=shared(event.author_owner),
+                author_agent=shared(event.author_agent), valid_from_ms=event.valid_from_ms,
             )  # fmt: skip
         case ev.ExperienceUpdated():
             row = ExperienceRow(event.experience_id, collective_id=event.collective_id)
@@ -587,6 +589,27 @@ def row_of(event: ev.Event) -> Row | None:
         case ev.Sealed():  # still sealed when read: its key was destroyed (a delete), and
             return None  # it is forgotten as if purged (eventlog.sealing)
     return None  # activities live in their own stream, not in the projection
+
+
+_SHARED: dict[Any, Any] = {}
+SHARED_MAX = 4096  # distinct values ``shared`` holds before it starts over
+
+
+def shared(value: V) -> V:
+    """One object for equal values that many rows repeat (a collective's id, an
+    agent's name, a visibility, a type's JSON): each event decodes its own copy, and a
+    row keeps it for as long as the host runs (about 300 bytes a row). Values must be
+    immutable and hashable; None passes through."""
+    if value is None:
+        return value
+    found = _SHARED.get(value)
+    if found is None:
+        if len(_SHARED) >= SHARED_MAX:
+            _SHARED.clear()
+        found = _SHARED[value] = value
+    elif type(found) is not type(value):  # (equal, of another type: 1 and True)
+        return value
+    return found
 
 
 def _single_key(name: str) -> Any:

@@ -134,10 +134,43 @@ class MemoryState:
     # -- loading and merging ---------------------------------------------------------------
 
     def load(self, rows: Iterable[Row], vec_ids: dict[UUID, int]) -> None:
-        """Rows read back from DuckDB on open (already merged: nothing becomes dirty)."""
+        """Rows read back from DuckDB on open (already merged: nothing becomes dirty).
+
+        Experiences, most of the rows, take a path of their own (what ``_index`` does for
+        a new row, in one pass): each collective's order is appended to and sorted once
+        at the end, not kept sorted one insertion at a time."""
+        experiences, members_of, versions = self.experiences, self.experiences_of, self.versions
+        orders: dict[UUID, list[tuple[int, UUID]]] = {}
         for row in rows:
-            self.fold.rows[type(row)][row.key()] = row
-            self._index(row, None)
+            if type(row) is not ExperienceRow or row.experience_id is None:
+                self.fold.rows[type(row)][row.key()] = row
+                self._index(row, None)
+                continue
+            eid, cid = row.experience_id, row.collective_id
+            if (eid,) in experiences or cid in self.changes:  # (not on an open)
+                experiences[(eid,)] = row
+                self._index(row, None)
+                continue
+            experiences[(eid,)] = row
+            if cid is not None:
+                members = members_of.get(cid)
+                if members is None:
+                    members = members_of[cid] = set()
+                members.add(eid)
+                if row.created_hlc is not None:
+                    found = orders.get(cid)
+                    if found is None:
+                        found = orders[cid] = []
+                    found.append((row.created_hlc, eid))
+            versions[cid] = versions.get(cid, 0) + 1
+            if row.deleted:
+                self._forget_counts(eid)
+        for cid, found in orders.items():
+            held = self.order.get(cid)
+            if held:
+                found.extend(held)
+            found.sort()
+            self.order[cid] = found
         self.forgotten_counts.clear()  # DuckDB already holds no counts of deleted ones
         self.vec_ids.update(vec_ids)
         self.next_vec_id = 1 + max(vec_ids.values(), default=0)

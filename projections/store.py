@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-from uuid import UUID
+from uuid import UUID, SafeUUID
 
 import duckdb
 import msgspec
@@ -62,6 +62,10 @@ TABLE_OF: dict[type[Row], str] = {
 log = logging.getLogger("pulse.store")
 
 CHECKPOINT_THRESHOLD = "256MB"  # see Store.__init__
+# DuckDB's buffer pool for the engine (see Store._connect). Not lower: the analysts'
+# snapshot copies through this instance, and its whole copy failed at 128 MB (out of
+# memory at 30,000 experiences: the blocks it pins cannot be evicted)
+MEMORY_LIMIT = "1GB"
 
 
 def stored_columns(row_type: type[Row]) -> list[str]:
@@ -276,6 +280,13 @@ class Store:
                 "or ask the running instance instead"
             ) from exc
         con.execute("SET enable_progress_bar = false")  # it would print to our stdout
+        # DuckDB keeps what it reads and writes in its buffer pool up to ``memory_limit``
+        # (80% of the machine's memory unless set): while a host ingests, the pool grew
+        # with the rows (114-145 MB at 50,000 experiences, about 2 KB each, most of it
+        # the analysts' snapshot's copy, which runs through this instance). Past the
+        # limit DuckDB evicts or spills what it can. The analysts' SQL sets its own
+        # (``projections.analytics.sandbox``) when it first runs a query here.
+        con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
         if not self.read_only:
             # DuckDB folds its write-ahead log into the database file when the log passes
             # this size, inside whichever commit crosses it: tens of milliseconds with
@@ -672,22 +683,39 @@ class Store:
         are left NULL (the projection reads embeddings from its vector files)."""
         table = TABLE_OF[row_type]
         columns = stored_columns(row_type)
-        names = [f"NULL AS {n}" if n in without else n for n in columns]
+        types = self._types[table]
+        # UUIDs are read as text and made here (``_uuid``): DuckDB makes each by calling
+        # ``uuid.UUID``, about 5 us apiece, the most of an open's reading
+        uuids = [i for i, n in enumerate(columns) if types[n] == "UUID" and n not in without]
+        names = [
+            f"NULL AS {n}" if n in without else f"CAST({n} AS VARCHAR)" if i in uuids else n
+            for i, n in enumerate(columns)
+        ]
         result = self.con.execute(f"SELECT {', '.join(names)} FROM {table}")
         # values many rows repeat (a collective, a type, an agent, the stamps a create
         # gives every register of its row) are kept once: a row costs a third less
         shared: dict[Any, Any] = {}
-        repeated = [n in _REPEATED or n.endswith("_stamp") for n in columns]
+        keep = shared.setdefault
+        repeated = [i for i, n in enumerate(columns) if n in _REPEATED or n.endswith("_stamp")]
+        listed = [i for i, n in enumerate(columns) if types[n].endswith("[]")]
         found: dict[tuple[Any, ...], Row] = {}
+        key = row_type.key
+        # column by column, each batch: the rows are made by one ``map`` over the columns
         while batch := result.fetchmany(10_000):
-            for values in batch:
-                row = row_type(
-                    *(
-                        shared.setdefault(v, v) if again and v is not None else v
-                        for v, again in zip(map(_from_db, values), repeated, strict=True)
-                    )
-                )
-                found[row.key()] = row
+            cols: list[Any] = list(zip(*batch, strict=True))
+            for i in listed:  # (DuckDB's lists come back as Python lists: tuples here)
+                cols[i] = [None if v is None else tuple(v) for v in cols[i]]
+            for i in uuids:
+                if i in repeated:  # (made once for each text, then shared)
+                    made_of = {v: _uuid(v) for v in set(cols[i]) if v is not None}
+                    cols[i] = [None if v is None else keep(made_of[v], made_of[v]) for v in cols[i]]
+                else:
+                    cols[i] = [None if v is None else _uuid(v) for v in cols[i]]
+            for i in repeated:
+                if i not in uuids:
+                    cols[i] = [None if v is None else keep(v, v) for v in cols[i]]
+            made = list(map(row_type, *cols))
+            found.update(zip(map(key, made), made, strict=True))
         return found
 
     def embeddings(self, row_type: type[Row], ids: Iterable[UUID]) -> dict[UUID, bytes]:
@@ -741,15 +769,23 @@ def uuid_literals(ids: Any) -> str:
     return ", ".join(f"'{UUID(str(i))}'" for i in sorted(ids, key=str))
 
 
+_new_object, _set_slot = object.__new__, object.__setattr__
+
+
+def _uuid(text: str) -> UUID:
+    """``UUID(text)`` of DuckDB's text of a UUID (36 characters, lower case), made as
+    ``UUID.__init__`` makes one (its two slots), without its parsing."""
+    made: UUID = _new_object(UUID)
+    _set_slot(made, "int", int(text.replace("-", ""), 16))
+    _set_slot(made, "is_safe", SafeUUID.unknown)
+    return made
+
+
 _REPEATED = frozenset(
     ("collective_id", "owner_id", "experience_type", "type_data", "source_agent",
      "source_task", "domain", "related_files", "relation_type", "instance_id",
      "visibility", "author_owner", "author_agent")
 )  # fmt: skip
-
-
-def _from_db(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
 
 
 class Flusher:
