@@ -937,6 +937,8 @@ class Flusher:
             with self.gate:
                 self._store.checkpoint_file(con)
             self.checkpoints += 1
+        except duckdb.ConnectionException:  # the cursor went with a reopened file meanwhile
+            log.debug("DuckDB's file was reopened before its write-ahead log was folded")
         except Exception:  # (the next save asks again; the log holds every write)
             log.exception("folding DuckDB's write-ahead log into its file failed")
         finally:

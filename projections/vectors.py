@@ -317,7 +317,10 @@ class VectorIndex:
         """Swap in a finished compaction (unless a save is writing the index; ``block``:
         wait for it)."""
         if self.compacting is not None and self.compacting.done():
-            if self._stable.acquire(blocking=block):
+            if block:
+                with self._steady():
+                    self._swap()
+            elif self._stable.acquire(blocking=False):
                 try:
                     self._swap()
                 finally:
@@ -368,6 +371,24 @@ class VectorIndex:
         finally:
             self._lock.release()
 
+    @contextmanager
+    def _steady(self) -> Iterator[None]:
+        """``_stable``, for the owner thread: ahead of the inserter's next chunk (which
+        takes it too), as ``_held`` is for ``_lock``; a save writing the index is waited
+        for."""
+        with self._turn:
+            self._wanted += 1
+        try:
+            self._stable.acquire()
+        finally:
+            with self._turn:
+                self._wanted -= 1
+                self._turn.notify_all()
+        try:
+            yield
+        finally:
+            self._stable.release()
+
     def _positions_of(self, vec_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """The graph positions of ``vec_ids`` (those in the graph); under ``_lock``."""
         positions = self._graph_positions()
@@ -404,7 +425,7 @@ class VectorIndex:
         if flat and len(self.members) - len(self.gone) > self.hnsw_threshold:
             self._to_hnsw()  # takes the new vectors from the exact file
         elif flat:
-            with self._stable:
+            with self._steady():
                 self.index.add_with_ids(normalized(vectors[fresh]), new_ids)
         else:
             with self._queue:
@@ -475,7 +496,7 @@ class VectorIndex:
             return
         self.hidden.difference_update(drop)
         if self.is_hnsw:
-            with self._stable, self._held():  # no chunk is being inserted: a pending one stays out
+            with self._steady(), self._held():  # no chunk being inserted: a pending one stays out
                 with self._queue:  # (pending values are None: 0 says "was not pending")
                     waiting = {v for v in drop if self.pending.pop(v, 0) is None}
                 self.exact.erase(drop)
@@ -489,7 +510,7 @@ class VectorIndex:
                 self.compact()
         else:
             self.exact.erase(drop)
-            with self._stable:
+            with self._steady():
                 self.index.remove_ids(np.array(drop, dtype=np.int64))
             self.members.difference_update(drop)
             for vec_id in drop:
@@ -571,7 +592,7 @@ class VectorIndex:
     def wait_pending(self) -> None:
         """Insert every pending vector, on this thread (in one bulk call)."""
         if self.pending:
-            with self._stable, self._held():
+            with self._steady(), self._held():
                 self._insert(len(self.pending), BULK_THREADS)
 
     # -- searching ------------------------------------------------------------------------------

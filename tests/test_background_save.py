@@ -85,15 +85,8 @@ def crashed_copy(p: Projection, state: Path, to: Path) -> None:
     way: the flusher's gate is held while copying)."""
     until(lambda: not p.flusher.busy)
     with p.flusher.gate:
-        shutil.copytree(state, to, copy_function=_copy_if_there)
-
-
-def _copy_if_there(source: str, target: str) -> None:
-    """(tantivy's merging threads remove their temporary files as they go)"""
-    try:
-        shutil.copy2(source, target)
-    except FileNotFoundError:
-        pass
+        # (tantivy's merging threads remove their temporary files as they go)
+        shutil.copytree(state, to, ignore=shutil.ignore_patterns(".tmp*"))
 
 
 def assert_caught_up(crashed: Path, h: History, reference_digest: str) -> None:

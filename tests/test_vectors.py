@@ -204,7 +204,7 @@ def test_vectors_pending_at_a_crash_are_found_after_it(tmp_path: Path) -> None:
         assert len(index.pending) == 40 and graph_size(index) == 400
         p.flush()
         p.store.checkpoint_file()
-        shutil.copytree(state, crashed)  # what a kill -9 now would leave
+        shutil.copytree(state, crashed, ignore=shutil.ignore_patterns(".tmp*"))  # a kill -9 now
         p.close()
         p = Projection(crashed, ProjectionSettings(hnsw_threshold=100))
         assert p.seq == h.seq
