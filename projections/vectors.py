@@ -147,6 +147,10 @@ class ExactVectors:
         self._array: Matrix = np.zeros((0, dim), dtype=np.float32)
         self._dirty = False
         self._written = 0  # slots put or read since the last ``release``
+        # the mappings the file had before it grew, which rows' views may still read: a
+        # release lets go of their pages too (address space only, of at most twice the
+        # file: each mapping is twice the last)
+        self._old: list[mmap.mmap] = []
         size = os.fstat(self._fd).st_size
         if size >= self.slot_bytes:
             self._map(size // self.slot_bytes)
@@ -158,7 +162,8 @@ class ExactVectors:
             self._mapped.flush()
             os.fdatasync(self._fd)  # (what put wrote with pwrite)
             self._dirty = False
-        self.release()  # (views keep the old mapping: its pages need not stay resident)
+        if self._mapped is not None:  # (views into it stay good: ``release`` reaches it)
+            self._old.append(self._mapped)
         self._mapped = mmap.mmap(self._fd, slots * self.slot_bytes)
         self._view = memoryview(self._mapped)
         self._array = np.frombuffer(self._mapped, dtype=np.float32).reshape(slots, self.dim)
@@ -195,9 +200,11 @@ class ExactVectors:
         write copies each new row's embedding), the inserter and searches. Without it,
         every vector a host writes stays resident: 1.5 GB of RSS at a million."""
         self._written = 0
-        mapped = self._mapped
-        if mapped is not None and len(mapped) and hasattr(mmap, "MADV_DONTNEED"):
-            mapped.madvise(mmap.MADV_DONTNEED)
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        for mapped in (*self._old, self._mapped):
+            if mapped is not None and len(mapped):
+                mapped.madvise(mmap.MADV_DONTNEED)
 
     def view(self, vec_id: int) -> memoryview:
         """The stored bytes of one vector, without a copy."""
