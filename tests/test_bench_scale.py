@@ -87,14 +87,17 @@ def test_a_failed_figure_is_not_met_and_shows_as_failed() -> None:
     assert "failed" in scale.table([failed]) and "NO" in scale.table([failed])
 
 
+DIM_BYTES = 4 * 384  # a message of the raw log holds a vector and its text
+
+
 def test_a_tiny_run_measures_every_figure() -> None:
     plan = scale.Plan(n=3000, queries=60, truth_queries=60, callers=2, hnsw_threshold=1000,
                       writes_max=400)  # fmt: skip
     found = {f.name: f for f in scale.run(plan)}
     assert set(found) == {
-        "ingest_vs_faiss_build", "similar_p50_vs_faiss", "similar_recall_at_10",
-        "similar_p99_over_p50_writing", "memory_ingesting_vs_raw", "memory_restarted_vs_raw",
-        "rebuild_vs_faiss_build", "open_seconds",
+        "raw_log_vs_faiss_build", "ingest_vs_faiss_build", "similar_p50_vs_faiss",
+        "similar_recall_at_10", "similar_p99_over_p50_writing", "memory_ingesting_vs_raw",
+        "memory_restarted_vs_raw", "rebuild_vs_faiss_build", "open_seconds",
     }  # fmt: skip
     for f in found.values():
         assert math.isfinite(f.value) and f.value > 0, f
@@ -104,6 +107,7 @@ def test_a_tiny_run_measures_every_figure() -> None:
     # the hits were mapped back to their items: a wrong mapping would find none
     assert 0.9 <= found["similar_recall_at_10"].value <= 1
     assert 0.9 <= float(search["faiss_recall_at_10"]) <= 1  # type: ignore[arg-type]
+    assert found["raw_log_vs_faiss_build"].detail["bytes_per_message"] > DIM_BYTES
     assert found["rebuild_vs_faiss_build"].detail["events"] > 3000  # type: ignore[operator]
     assert found["similar_p99_over_p50_writing"].detail["writes"] > 0  # type: ignore[operator]
 

@@ -23,18 +23,21 @@ is not counted in another's and the peer's build does not share a heap with Puls
    same vectors, alone: its build time is the peer of the ingest and of the rebuild.
    Then the exact top 10 of every query by brute force (numpy, in chunks): the ground
    truth of recall.
-3. ingest: an in-process ``PulseDB`` on the server; ``record_experiences`` of 1,000
+3. log: the floor of any ingest through the log: raw nats-py publishing each item's
+   bytes (vector and text) to a stream of its own on the same server, ``BATCH`` at a
+   time with ``publish_async``, waiting for the acknowledgements of each batch.
+4. ingest: an in-process ``PulseDB`` on the server; ``record_experiences`` of 1,000
    items from ``--callers`` concurrent tasks until all are acknowledged (each call
    returns once this host applied it), with a progress line on stderr; VmRSS of this
    process (``/proc/self/status``) then, beside what it was before ``PulseDB.open``.
-4. search: a fresh process opens the same data directory (the time of
+5. search: a fresh process opens the same data directory (the time of
    ``PulseDB.open``: the state on disk), makes one search, and reads its VmRSS (the
    restart figure). Then ``search_similar`` (k=10, ``energy_weight=0``: nearest by
    meaning) beside the peer's own ``search`` of its index (efSearch = ``--ef-search``,
    Pulse's breadth; k=10, one query at a time), alternating in blocks of 50; recall@10
    of both against the ground truth. Then the same searches while 8 tasks call
    ``record_experience`` in a loop (new vectors and texts): their p50 and p99.
-5. rebuild: ``sync.maintenance.rebuild`` (what ``pulse rebuild`` runs) on the data
+6. rebuild: ``sync.maintenance.rebuild`` (what ``pulse rebuild`` runs) on the data
    directory, in seconds per event of the log, beside the peer's build in seconds per
    vector.
 
@@ -46,8 +49,12 @@ result is kept in the work directory too (``result-<phase>.json``); ``--work DIR
 in DIR and keeps it, and ``--child PHASE DIR`` runs one phase of it again (starting the
 kept log's server if none runs), e.g. under a profiler.
 
+- ``raw_log_vs_faiss_build``: messages/s of the raw log / vectors/s of the peer's
+  build: what ``ingest_vs_faiss_build`` could reach were Pulse's own work free (below
+  0.8, that target cannot be met on this machine by a design that logs every
+  experience, synced, before acknowledging it).
 - ``ingest_vs_faiss_build``: experiences/s acknowledged / vectors/s of the peer's
-  build; >= 0.8.
+  build; >= 0.8 (``vs_raw_log``: over the raw log's rate).
 - ``similar_p50_vs_faiss``: ``search_similar`` p50 / the peer's search p50; <= 1.5,
   at ``similar_recall_at_10`` >= 0.95 (the peer's recall is printed beside it).
 - ``similar_p99_over_p50_writing``: p99 / p50 of the searches while 8 writers write;
@@ -724,7 +731,62 @@ async def rebuild_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
             "vm_hwm_mb": mb(memory_status()["VmHWM"])}  # fmt: skip
 
 
-PHASES = ("faiss", "ingest", "search", "rebuild")
+async def log_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
+    """The floor of any ingest that logs each experience before acknowledging it: raw
+    nats-py publishing every item's bytes (its vector and text, nothing else) to a
+    stream of its own on the same server, pipelined as nats-py allows (``publish_async``
+    of ``BATCH`` at a time, then waiting for their acknowledgements), the stream removed
+    afterwards."""
+    import nats
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    stream = "SCALE_RAW_FLOOR"
+    await js.add_stream(name=stream, subjects=["scale.raw.>"])
+    vectors_fd = os.open(files.vectors, os.O_RDONLY)
+    texts_fd = os.open(files.texts, os.O_RDONLY)
+    offsets_fd = os.open(files.text_offsets, os.O_RDONLY)
+    try:
+        progress = Progress("raw log", plan.n)
+        seconds = cpu_s = 0.0
+        sent = payload_bytes = 0
+        for first in range(0, plan.n, BATCH):
+            count = min(BATCH, plan.n - first)
+            vectors = read_rows(vectors_fd, first, count, DIM, np.float32)
+            payloads = [
+                v.tobytes() + c.encode()
+                for v, c in zip(
+                    vectors, read_texts(texts_fd, offsets_fd, first, count), strict=True
+                )
+            ]
+            payload_bytes += sum(map(len, payloads))
+            started, cpu = time.perf_counter(), time.process_time()  # (reading: not timed)
+            for i, payload in enumerate(payloads):
+                await js.publish_async(f"scale.raw.{(first + i) % 64}", payload)
+            await js.publish_async_completed()
+            seconds += time.perf_counter() - started
+            cpu_s += time.process_time() - cpu
+            sent += count
+            progress(sent)
+        progress(sent, final=True)
+        stored = (await js.stream_info(stream)).state.messages
+    finally:
+        for fd in (vectors_fd, texts_fd, offsets_fd):
+            os.close(fd)
+        with contextlib.suppress(Exception):
+            await js.delete_stream(stream)
+        await nc.close()
+    if stored != plan.n:
+        raise RuntimeError(f"raw log: {stored} messages stored of {plan.n}")
+    return {
+        "seconds": round(seconds, 3),
+        "cpu_s": round(cpu_s, 2),
+        "per_s": round(plan.n / seconds),
+        "bytes_per_message": round(payload_bytes / plan.n),
+    }
+
+
+PHASES = ("faiss", "log", "ingest", "search", "rebuild")
 
 
 def child(phase: str, work: Path) -> None:
@@ -737,7 +799,8 @@ def child(phase: str, work: Path) -> None:
         # the run's server (or, when a kept --work directory's phase runs again to be
         # profiled, one started for it)
         with EmbeddedNats(files.nats) as server:
-            go = {"ingest": ingest_phase, "search": search_phase, "rebuild": rebuild_phase}
+            go = {"log": log_phase, "ingest": ingest_phase, "search": search_phase,
+                  "rebuild": rebuild_phase}  # fmt: skip
             result = asyncio.run(go[phase](files, plan, server.url))
     print(json.dumps(result), flush=True)
 
@@ -797,18 +860,28 @@ def pct(samples: Sequence[float], p: float) -> float:
 
 
 def figures(plan: Plan, peer: dict[str, Any], ingest: dict[str, Any],
-            search: dict[str, Any], rebuild: dict[str, Any]) -> list[Figure]:  # fmt: skip
+            search: dict[str, Any], rebuild: dict[str, Any],
+            raw_log: dict[str, Any]) -> list[Figure]:  # fmt: skip
     """The figures of a run from its phases' results."""
     n = plan.n
     raw = n * DIM * 4 + ingest["text_bytes"]
     out = [
+        Figure("raw_log_vs_faiss_build", sig(raw_log["per_s"] / peer["vectors_per_s"]),
+               "higher", 0.8, {"experiences": n, "raw_log_s": raw_log["seconds"],
+                               "raw_log_per_s": raw_log["per_s"],
+                               "raw_log_cpu_s": raw_log["cpu_s"],
+                               "bytes_per_message": raw_log["bytes_per_message"],
+                               "faiss_per_s": peer["vectors_per_s"],
+                               "what": "the floor of ingest_vs_faiss_build: raw nats-py "
+                               "publishing each experience's bytes, acknowledged"}),
         Figure("ingest_vs_faiss_build", sig(ingest["per_s"] / peer["vectors_per_s"]), "higher",
                0.8, {"experiences": n, "pulse_s": ingest["seconds"],
                      "pulse_per_s": ingest["per_s"], "pulse_cpu_s": ingest["cpu_s"],
                      "callers": plan.callers, "batch": BATCH, "faiss_build_s": peer["build_s"],
                      "faiss_per_s": peer["vectors_per_s"],
                      "faiss_cpu_s": peer["build_cpu_s"],
-                     "cpu_ratio": sig(peer["build_cpu_s"] / ingest["cpu_s"])}),
+                     "cpu_ratio": sig(peer["build_cpu_s"] / ingest["cpu_s"]),
+                     "vs_raw_log": sig(ingest["per_s"] / raw_log["per_s"])}),
     ]  # fmt: skip
     p50, peer_p50 = pct(search["pulse_ms"], 50), pct(search["peer_ms"], 50)
     searches = {"experiences": n, "queries": len(search["pulse_ms"]), "k": K,
@@ -900,6 +973,8 @@ def run(
                 say("faiss: building graph_index alone, then the exact neighbours")
                 peer = phases.run("faiss")
                 say(f"faiss: {peer['build_s']} s ({peer['vectors_per_s']:,}/s)")
+                say("log: raw nats-py publishing the same bytes (the floor of an ingest)")
+                raw_log = phases.run("log")
                 ingest = phases.run("ingest")
                 plan = replace(plan, collective=ingest["collective"])
                 files.write_plan(plan)
@@ -914,7 +989,7 @@ def run(
                 nats = memory_status(server.pid) if server.pid else {}
             finally:
                 phases.stop()
-    found = figures(plan, peer, ingest, search, rebuild)
+    found = figures(plan, peer, ingest, search, rebuild, raw_log)
     for f in found:
         if f.name.startswith("memory_") and nats:  # (the log's server, another process)
             f.detail["nats_server_vm_rss_mb_at_the_end"] = mb(nats["VmRSS"])
