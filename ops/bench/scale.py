@@ -25,7 +25,8 @@ is not counted in another's and the peer's build does not share a heap with Puls
    truth of recall.
 3. log: the floor of any ingest through the log: raw nats-py publishing each item's
    bytes (vector and text) to a stream of its own on the same server, ``BATCH`` at a
-   time with ``publish_async``, waiting for the acknowledgements of each batch.
+   time with ``publish_async`` from ``--callers`` tasks (as the ingest), each waiting
+   for its batch's acknowledgements.
 4. ingest: an in-process ``PulseDB`` on the server; ``record_experiences`` of 1,000
    items from ``--callers`` concurrent tasks until all are acknowledged (each call
    returns once this host applied it), with a progress line on stderr; VmRSS of this
@@ -734,13 +735,13 @@ async def rebuild_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
 async def log_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
     """The floor of any ingest that logs each experience before acknowledging it: raw
     nats-py publishing every item's bytes (its vector and text, nothing else) to a
-    stream of its own on the same server, pipelined as nats-py allows (``publish_async``
-    of ``BATCH`` at a time, then waiting for their acknowledgements), the stream removed
-    afterwards."""
+    stream of its own on the same server, pipelined as nats-py allows: ``publish_async`` of
+    ``BATCH`` at a time from ``plan.callers`` tasks, as the ingest's, each waiting for
+    its batch's acknowledgements; the stream is removed afterwards."""
     import nats
 
     nc = await nats.connect(url)
-    js = nc.jetstream()
+    js = nc.jetstream(publish_async_max_pending=plan.callers * BATCH)
     stream = "SCALE_RAW_FLOOR"
     await js.add_stream(name=stream, subjects=["scale.raw.>"])
     vectors_fd = os.open(files.vectors, os.O_RDONLY)
@@ -748,26 +749,26 @@ async def log_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
     offsets_fd = os.open(files.text_offsets, os.O_RDONLY)
     try:
         progress = Progress("raw log", plan.n)
-        seconds = cpu_s = 0.0
+        starts = iter(range(0, plan.n, BATCH))
         sent = payload_bytes = 0
-        for first in range(0, plan.n, BATCH):
-            count = min(BATCH, plan.n - first)
-            vectors = read_rows(vectors_fd, first, count, DIM, np.float32)
-            payloads = [
-                v.tobytes() + c.encode()
-                for v, c in zip(
-                    vectors, read_texts(texts_fd, offsets_fd, first, count), strict=True
-                )
-            ]
-            payload_bytes += sum(map(len, payloads))
-            started, cpu = time.perf_counter(), time.process_time()  # (reading: not timed)
-            for i, payload in enumerate(payloads):
-                await js.publish_async(f"scale.raw.{(first + i) % 64}", payload)
-            await js.publish_async_completed()
-            seconds += time.perf_counter() - started
-            cpu_s += time.process_time() - cpu
-            sent += count
-            progress(sent)
+
+        async def caller() -> None:  # as the ingest's callers: reading included
+            nonlocal sent, payload_bytes
+            for first in starts:
+                count = min(BATCH, plan.n - first)
+                vectors = read_rows(vectors_fd, first, count, DIM, np.float32)
+                texts = read_texts(texts_fd, offsets_fd, first, count)
+                payloads = [v.tobytes() + c.encode() for v, c in zip(vectors, texts, strict=True)]
+                payload_bytes += sum(map(len, payloads))
+                acks = [await js.publish_async(f"scale.raw.{(first + i) % 64}", payload)
+                        for i, payload in enumerate(payloads)]  # fmt: skip
+                await asyncio.gather(*acks)
+                sent += count
+                progress(sent)
+
+        started, cpu = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(caller() for _ in range(plan.callers)))
+        seconds, cpu_s = time.perf_counter() - started, time.process_time() - cpu
         progress(sent, final=True)
         stored = (await js.stream_info(stream)).state.messages
     finally:
