@@ -28,12 +28,18 @@ or session ends.
 
 Every limit is an environment variable of ``pulse up`` (``Limits.from_environment``),
 listed in ``pulse up --help``.
+
+A ``POST /v1/<name>`` the app's ``api.Front`` takes is handed to it by the httptools
+edge itself, past uvicorn's proxy-headers wrapper and the app, and its 200 written by
+the edge in one write (``EdgeProtocol._answered``: the bytes uvicorn would write);
+every other answer, and every other request, is uvicorn's and the app's as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import errno
 import json
 import logging
@@ -52,6 +58,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.config import STARTUP_FAILURE
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 try:
@@ -310,6 +317,7 @@ class EdgeProtocol(_SendDeadline, HttpToolsProtocol):
         self._header_bytes = 0
         self._cork: Cork | None = None
         self.on_connected: Callable[[], None] = _nothing  # (the Listener's count)
+        self._front = front_of(self.app, self.access_logger)
 
     # the deadlines -----------------------------------------------------------------------
 
@@ -405,6 +413,76 @@ class EdgeProtocol(_SendDeadline, HttpToolsProtocol):
         if self._part not in ("head", "body"):  # (else a next request is being read)
             self._between()
 
+    # the API's calls, answered from here ----------------------------------------------------
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        """uvicorn's, but a request the app's ``Front`` takes (``api.Front.takes``) is
+        served by it directly: not through uvicorn's proxy-headers wrapper and the app
+        (whose first step is the same ``takes``), and its answer written by
+        ``_answered``. Still inside uvicorn's ``run_asgi`` (what an exception or a
+        missing answer makes of the request) and its task (counted for the shutdown)."""
+        front = self._front
+        if front is not None and app is self.app:  # (not uvicorn's 503 for its own cap)
+            taken = front.takes(cycle.scope)
+            if taken is not None:
+                answered = self._answered(cycle)
+
+                def served(scope: Scope, receive: Receive, send: Send) -> Any:
+                    return front.serve(scope, receive, send, taken, answered)
+
+                run = cycle.run_asgi(served)
+                if self.config.reset_contextvars:
+                    task = self.loop.create_task(run, context=contextvars.Context())
+                else:
+                    task = self.loop.create_task(run)
+                task.add_done_callback(self.tasks.discard)
+                self.tasks.add(task)
+                return
+        super()._start_asgi_task(cycle, app)
+
+    def _answered(self, cycle: Any) -> Callable[[bytes], Any]:
+        """What writes a call's answer of ``cycle``: the bytes uvicorn's ``send`` writes
+        for its two messages (status line, uvicorn's default headers, Content-Length,
+        Content-Type JSON, ``connection: close`` where the connection does not stay,
+        the body), in one write, with the same flow control and the same end (the
+        response complete, the connection closed or on to its next request)."""
+        flow = self.flow
+
+        async def answered(body: bytes) -> None:
+            if flow.write_paused and not cycle.disconnected:
+                await flow.drain()
+            if cycle.disconnected:
+                return
+            if cycle.response_started:  # (cannot be: the answer begins here)
+                raise RuntimeError("a call's answer after its response began")
+            cycle.response_started = True
+            cycle.waiting_for_100_continue = False
+            head = [_OK]
+            for name, value in cycle.default_headers:
+                head += (name, b": ", value, b"\r\n")
+            head.append(b"content-length: %d\r\ncontent-type: application/json\r\n" % len(body))
+            if not cycle.keep_alive:
+                head.append(b"connection: close\r\n")
+            head.append(b"\r\n")
+            cork = self._cork
+            if len(body) <= Cork.JOIN_MAX:
+                head.append(body)
+                whole = b"".join(head)
+                if cork is not None and cork.held is not None:
+                    cork.write(whole)  # (behind what is held, as it was)
+                else:
+                    self.transport.write(whole)
+            else:
+                cycle.transport.write(b"".join(head))
+                cycle.transport.write(body)
+            cycle.response_complete = True
+            cycle.message_event.set()
+            if not cycle.keep_alive:
+                cycle.transport.close()
+            cycle.on_response()
+
+        return answered
+
     def _between(self) -> None:
         """After a request's body: no deadline while its answer is made, then the idle
         one until the next request begins."""
@@ -413,6 +491,22 @@ class EdgeProtocol(_SendDeadline, HttpToolsProtocol):
             self._part, self._deadline = "app", None
         else:
             self._expect("idle", self.limits.keep_alive_timeout)
+
+
+_OK = b"HTTP/1.1 200 OK\r\n"  # (uvicorn's status line of a 200)
+
+
+def front_of(app: Any, access: logging.Logger) -> Any:
+    """The ``api.Front`` of the app uvicorn serves (``ops.service.PulseApp``), where it
+    answers exactly as through the app: nothing but uvicorn's proxy-headers wrapper
+    around the app (whose changes to the scope, the client's address and scheme, are
+    read by uvicorn's access log only), and the access log not written (uvicorn logs
+    at warning in ``pulse up``). None otherwise: then every request goes to the app."""
+    if access.isEnabledFor(logging.INFO):
+        return None
+    if isinstance(app, ProxyHeadersMiddleware):
+        app = app.app
+    return getattr(app, "front", None)
 
 
 class H11EdgeProtocol(_SendDeadline, H11Protocol):

@@ -49,6 +49,8 @@ Call = Callable[[bytes, Principal, str, bool], Awaitable[bytes]]
 # what Front takes of a request: its call, format, embeddings, declared body length and
 # Content-Type headers (None: no body)
 Taken = tuple[Call, str, bool, int, list[str] | None]
+# writes a call's answer (its JSON) as a 200 with Content-Length and Content-Type JSON
+Answered = Callable[[bytes], Awaitable[None]]
 
 
 def router(db: PulseDB, operations: Iterable[Declared]) -> APIRouter:
@@ -166,13 +168,18 @@ class Front:
             return None
         return call, *options, length, types if body else None
 
-    async def serve(self, scope: Scope, receive: Receive, send: Send, taken: Taken) -> None:
+    async def serve(
+        self, scope: Scope, receive: Receive, send: Send, taken: Taken,
+        answered: Answered | None = None,
+    ) -> None:  # fmt: skip
         """Answer a request ``takes`` took, as the Guard would: an unexpected error is
-        logged under an id and answered 500 with it, and the request is counted."""
+        logged under an id and answered 500 with it, and the request is counted.
+        ``answered``, if given, writes a call's answer (200, JSON) itself, as ``send``
+        would write its two messages (``ops.serving.EdgeProtocol``)."""
         started = time.perf_counter()
         status = [0]  # (what is answered, once it begins)
         try:
-            await self._answer(scope, receive, send, taken, status)
+            await self._answer(scope, receive, send, taken, status, answered)
         except Exception as exc:
             error_id = internal_error(f"POST {scope['path']}", exc)
             if not status[0]:  # (an answer that already began just ends)
@@ -196,7 +203,7 @@ class Front:
 
     async def _answer(
         self, scope: Scope, receive: Receive, send: Send,
-        taken: Taken, status: list[int],
+        taken: Taken, status: list[int], answered: Answered | None,
     ) -> None:  # fmt: skip
         call, format, embeddings, length, types = taken
         guard = self.guard
@@ -220,6 +227,9 @@ class Front:
                 response = Response(status_code=499)
             else:
                 status[0] = 200
+                if answered is not None:
+                    await answered(answer)
+                    return
                 await send({"type": "http.response.start", "status": 200, "headers": [
                     (b"content-length", str(len(answer)).encode()), _JSON]})  # fmt: skip
                 await send({"type": "http.response.body", "body": answer})

@@ -219,8 +219,11 @@ def resolve(scope: Scope, secret: str, db: PulseDB) -> Principal:
             "or the operator secret in the data directory's operator-token file)"
         )
     if secrets.compare_digest(given.encode(), secret.encode()):
-        return Principal.operator()
+        return OPERATOR
     return db.principal_of(given)
+
+
+OPERATOR = Principal.operator()  # (frozen: one for every request of the operator)
 
 
 def _bearer(scope: Scope) -> str | None:
