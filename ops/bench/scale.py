@@ -25,8 +25,8 @@ is not counted in another's and the peer's build does not share a heap with Puls
    truth of recall.
 3. log: the floor of any ingest through the log: raw nats-py publishing each item's
    bytes (vector and text) to a stream of its own on the same server, ``BATCH`` at a
-   time with ``publish_async`` from ``--callers`` tasks (as the ingest), each waiting
-   for its batch's acknowledgements.
+   time from ``--callers`` tasks, each batch one JetStream atomic batch (as
+   ``record_experiences`` writes one), each task waiting for its batch's answer.
 4. ingest: an in-process ``PulseDB`` on the server; ``record_experiences`` of 1,000
    items from ``--callers`` concurrent tasks until all are acknowledged (each call
    returns once this host applied it), with a progress line on stderr; VmRSS of this
@@ -735,15 +735,21 @@ async def rebuild_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
 async def log_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
     """The floor of any ingest that logs each experience before acknowledging it: raw
     nats-py publishing every item's bytes (its vector and text, nothing else) to a
-    stream of its own on the same server, pipelined as nats-py allows: ``publish_async`` of
-    ``BATCH`` at a time from ``plan.callers`` tasks, as the ingest's, each waiting for
-    its batch's acknowledgements; the stream is removed afterwards."""
+    stream of its own on the same server, ``BATCH`` at a time from ``plan.callers``
+    tasks, as the ingest's, each waiting for its batch's acknowledgement. A batch is one
+    JetStream atomic batch (the ``Nats-Batch-*`` headers, one commit and one disk sync),
+    as ``record_experiences`` writes one; the stream is removed afterwards."""
+    import uuid
+
     import nats
+    from nats.js import api
 
     nc = await nats.connect(url)
-    js = nc.jetstream(publish_async_max_pending=plan.callers * BATCH)
+    js = nc.jetstream()
     stream = "SCALE_RAW_FLOOR"
-    await js.add_stream(name=stream, subjects=["scale.raw.>"])
+    await js.add_stream(api.StreamConfig(
+        name=stream, subjects=["scale.raw.>"], storage=api.StorageType.FILE, allow_atomic=True,
+    ))  # fmt: skip
     vectors_fd = os.open(files.vectors, os.O_RDONLY)
     texts_fd = os.open(files.texts, os.O_RDONLY)
     offsets_fd = os.open(files.text_offsets, os.O_RDONLY)
@@ -758,11 +764,20 @@ async def log_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
                 count = min(BATCH, plan.n - first)
                 vectors = read_rows(vectors_fd, first, count, DIM, np.float32)
                 texts = read_texts(texts_fd, offsets_fd, first, count)
-                payloads = [v.tobytes() + c.encode() for v, c in zip(vectors, texts, strict=True)]
-                payload_bytes += sum(map(len, payloads))
-                acks = [await js.publish_async(f"scale.raw.{(first + i) % 64}", payload)
-                        for i, payload in enumerate(payloads)]  # fmt: skip
-                await asyncio.gather(*acks)
+                batch = uuid.uuid4().hex
+                for i, (v, c) in enumerate(zip(vectors, texts, strict=True), 1):
+                    payload = v.tobytes() + c.encode()
+                    payload_bytes += len(payload)
+                    headers = {"Nats-Batch-Id": batch, "Nats-Batch-Sequence": str(i)}
+                    subject = f"scale.raw.{(first + i) % 64}"
+                    if i < count:
+                        await nc.publish(subject, payload, headers=headers)
+                    else:
+                        headers["Nats-Batch-Commit"] = "1"
+                        reply = await nc.request(subject, payload, headers=headers, timeout=60)
+                answer = json.loads(reply.data)
+                if answer.get("count") != count:
+                    raise RuntimeError(f"raw log: a batch of {count} was answered {answer}")
                 sent += count
                 progress(sent)
 
