@@ -482,9 +482,11 @@ class KvKeyStore(KeyStore):
         reply = await self._retrying(lambda: self.js._nc.request(subject, body, timeout=10.0))
         answer = json.loads(reply.data or b"{}")
         error = answer.get("error")
-        # 10057 is any failed delete; one that found no message (erased before) is done
+        # 10057 is any failed delete; one that found no message (erased before) is done, as
+        # is 10067, "sequence N not found": another erasure of it came first (the service's
+        # own, say, of a key that a collective's delete erases again)
         what = str((error or {}).get("description", error))
-        if error and (error.get("err_code") != 10057 or "not permitted" in what):
+        if error and (error.get("err_code") not in (10057, 10067) or "not permitted" in what):
             raise PulseError(f"erasing a data key failed: {what}")
 
     async def names(self, prefix: str = "") -> list[str]:

@@ -113,13 +113,13 @@ def test_a_tiny_run_measures_every_figure() -> None:
 
 
 def test_an_interrupted_run_leaves_nothing_behind() -> None:
-    command = [sys.executable, "-m", "ops.bench.scale", "--size", "0.005", "--queries", "50"]
+    command = [sys.executable, "-m", "ops.bench.scale", "--size", "0.002", "--queries", "20"]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                text=True, cwd=scale.REPO,
                                preexec_fn=interruptible)  # fmt: skip
     assert process.stderr is not None
     work = None
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     try:
         for line in process.stderr:  # until the ingest (a phase's process) has begun
             if line.startswith("scale: working in "):
@@ -128,6 +128,12 @@ def test_an_interrupted_run_leaves_nothing_behind() -> None:
                 break
             assert time.monotonic() < deadline, "the run did not reach the ingest"
         assert work is not None and Path(work).exists()
+        # and its process has been handed over: the phase's Popen returned (the ingest
+        # has opened its data directory), so the run's Phases.stop sees it (a Ctrl-C
+        # while Popen starts it is another matter, and not this test's)
+        while not (ingesting(work) and scale.Files(Path(work)).data_dir.exists()):
+            assert time.monotonic() < deadline, "the ingest's process did not start"
+            time.sleep(0.05)
         process.send_signal(signal.SIGINT)
         process.communicate(timeout=60)
     finally:
@@ -137,6 +143,13 @@ def test_an_interrupted_run_leaves_nothing_behind() -> None:
     assert process.returncode == 130
     assert not Path(work).exists()
     assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and uses(pid, work)]
+
+
+def ingesting(work: str) -> bool:
+    """Whether the ingest phase's process of the run in ``work`` is running."""
+    return any(
+        pid.isdigit() and uses(pid, work) and uses(pid, "ingest") for pid in os.listdir("/proc")
+    )
 
 
 def uses(pid: str, path: str) -> bool:

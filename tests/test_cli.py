@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import duckdb
 import pytest
@@ -21,7 +21,7 @@ from ops.cli import build_parser
 from ops.cli.registry import COMMANDS
 from ops.cluster import free_port
 from tests import factories as f
-from tests.harness import PULSE, drain, pulse
+from tests.harness import PULSE, Service, drain, pulse, start, stop
 from tests.harness import cli_env as _env
 
 
@@ -148,7 +148,11 @@ def test_demo_shows_three_hosts_agreeing(tmp_path: Path) -> None:
 
 
 def test_every_operation_from_the_command_line(tmp_path: Path) -> None:
+    """Each command as a user runs it: the first ones in a process of their own over the
+    data directory (no service runs), the others through the `pulse up` that serves it
+    (each then costs a quarter of the CPU: no instance to open)."""
     data = tmp_path / "data"
+    served: list[Service] = []
 
     def ok(*args: str) -> str:
         result = pulse(*args, data_dir=data)
@@ -158,6 +162,18 @@ def test_every_operation_from_the_command_line(tmp_path: Path) -> None:
     def js(*args: str) -> object:
         return json.loads(ok(*args, "--json"))
 
+    try:
+        _every_operation(data, tmp_path, ok, js, served)
+    finally:
+        for service in served:
+            if service.process.poll() is None:
+                stop(service)
+
+
+def _every_operation(
+    data: Path, tmp_path: Path, ok: Callable[..., str], js: Callable[..., Any],
+    served: list[Service],
+) -> None:  # fmt: skip
     cid = ok("collective", "create", "team", "--owner", "ana", "--embedder", "hash")
     assert js("collective", "list", "--owner", "ana") == [
         {"collective_id": cid, "owner_id": "ana", "name": "team", "embedding_dimension": 384,
@@ -177,6 +193,15 @@ def test_every_operation_from_the_command_line(tmp_path: Path) -> None:
     )
     b = ok("record", "-c", cid, "NATS timeouts come from slow fsync", "--file", "ops/nats.conf")
     assert js("get", a)["experience_type"] == {"kind": "Fact", "statement": "s", "source": "x"}
+    ok("export", str(tmp_path / "export"))  # (in a process of its own: never through one)
+    exported = (
+        duckdb.connect()
+        .execute(f"SELECT count(*) FROM '{tmp_path / 'export' / 'experiences.parquet'}'")
+        .fetchone()
+    )
+    assert exported == (2,)
+    served.append(start(data))  # from here on, through the service (running_service)
+    assert "url" in json.loads((data / "service.json").read_text())
     hits = js("search", "-c", "team", "nats timeout", "--mode", "text")
     assert {h["experience"]["experience_id"] for h in hits} == {a, b}
     assert js("search", "-c", "team", "slow fsync", "--mode", "similar", "-k", "1")[0][
@@ -219,13 +244,6 @@ def test_every_operation_from_the_command_line(tmp_path: Path) -> None:
         {"content": "Retry NATS publishes on timeout", "applications": 1},
     ]
     assert js("cold", "-c", "team", "--threshold", "1") != []
-    ok("export", str(tmp_path / "export"))
-    exported = (
-        duckdb.connect()
-        .execute(f"SELECT count(*) FROM '{tmp_path / 'export' / 'experiences.parquet'}'")
-        .fetchone()
-    )
-    assert exported == (2,)
     for removal in (("unrelate", rid), ("insight", "delete", iid), ("wisdom", "delete", wid),
                     ("delete", a)):  # fmt: skip
         ok(*removal)

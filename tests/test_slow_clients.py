@@ -45,17 +45,16 @@ def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     stop(running)
 
 
-@pytest.fixture(scope="module", params=["httptools", "h11"])
-def timed(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Service]:
-    """`pulse up` with one-second timeouts on each protocol of the edge (``PULSE_HTTP``:
-    httptools, the default, and h11, where httptools is missing): the same deadlines."""
+@pytest.fixture(scope="module")
+def fallback(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """`pulse up` with ``edge``'s one-second timeouts on h11 (``PULSE_HTTP=h11``: the
+    parser where httptools, the default, is missing), whose deadlines are code of their
+    own (``ops.serving.H11EdgeProtocol``)."""
     env = clean_env(
         PULSE_HEADER_TIMEOUT="1", PULSE_BODY_TIMEOUT="1", PULSE_KEEP_ALIVE_TIMEOUT="1",
-        PULSE_HTTP=request.param,
+        PULSE_HTTP="h11",
     )  # fmt: skip
-    running = start(tmp_path_factory.mktemp("timed") / "data", "--token", TOKEN, env=env)
+    running = start(tmp_path_factory.mktemp("h11") / "data", "--token", TOKEN, env=env)
     running.token = running.token or TOKEN
     yield running
     stop(running)
@@ -104,7 +103,7 @@ def status_and_body(answer: bytes) -> tuple[int, dict[str, Any]]:
 # -- timeouts (no credential needed) ----------------------------------------------------------
 
 
-async def test_headers_that_trickle_are_cut_off_with_408(timed: Service) -> None:
+async def headers_that_trickle_are_cut_off_with_408(timed: Service) -> None:
     async with connection(timed.url) as (reader, writer):
         writer.write(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         answer = await trickle_until_closed(reader, writer, b"X-Slow: 1\r\n")
@@ -117,14 +116,12 @@ async def test_headers_that_trickle_are_cut_off_with_408(timed: Service) -> None
     }
 
 
-async def test_a_connection_that_sends_nothing_is_closed(timed: Service) -> None:
+async def a_connection_that_sends_nothing_is_closed(timed: Service) -> None:
     async with connection(timed.url) as (reader, _):
         assert await asyncio.wait_for(reader.read(), BOUND) == b""  # closed, without a word
 
 
-async def test_an_idle_connection_and_a_next_request_that_stalls_are_closed(
-    timed: Service,
-) -> None:
+async def an_idle_connection_and_a_next_request_that_stalls_are_closed(timed: Service) -> None:
     request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     async with connection(timed.url) as (reader, writer):
         writer.write(request)
@@ -143,7 +140,7 @@ async def test_an_idle_connection_and_a_next_request_that_stalls_are_closed(
         await asyncio.wait_for(reader.read(), BOUND)  # the idle one closes (reads to EOF)
 
 
-async def test_a_body_that_trickles_is_cut_off_with_408(timed: Service) -> None:
+async def a_body_that_trickles_is_cut_off_with_408(timed: Service) -> None:
     async with connection(timed.url) as (reader, writer):
         writer.write(
             b"POST /v1/list_collectives HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -158,6 +155,36 @@ async def test_a_body_that_trickles_is_cut_off_with_408(timed: Service) -> None:
     )
     async with timed.client() as client:  # and the service goes on
         assert (await client.post("/v1/list_collectives", json={})).status_code == 200
+
+
+# each on ``edge`` (httptools), and all at once on h11
+
+
+async def test_headers_that_trickle_are_cut_off_with_408(edge: Service) -> None:
+    await headers_that_trickle_are_cut_off_with_408(edge)
+
+
+async def test_a_connection_that_sends_nothing_is_closed(edge: Service) -> None:
+    await a_connection_that_sends_nothing_is_closed(edge)
+
+
+async def test_an_idle_connection_and_a_next_request_that_stalls_are_closed(
+    edge: Service,
+) -> None:
+    await an_idle_connection_and_a_next_request_that_stalls_are_closed(edge)
+
+
+async def test_a_body_that_trickles_is_cut_off_with_408(edge: Service) -> None:
+    await a_body_that_trickles_is_cut_off_with_408(edge)
+
+
+async def test_h11_keeps_the_same_deadlines(fallback: Service) -> None:
+    await asyncio.gather(
+        headers_that_trickle_are_cut_off_with_408(fallback),
+        a_connection_that_sends_nothing_is_closed(fallback),
+        an_idle_connection_and_a_next_request_that_stalls_are_closed(fallback),
+        a_body_that_trickles_is_cut_off_with_408(fallback),
+    )
 
 
 async def test_headers_past_their_bound_are_refused_400(edge: Service) -> None:
