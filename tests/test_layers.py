@@ -223,6 +223,8 @@ PRIVATE_ALLOWED: dict[tuple[str, str], str] = {
     for name in ("_actions", "_get_formatter", "_format_action_invocation", "_HelpAction",
                  "_SubParsersAction", "_expand_help")
 } | {("ops/serving.py", "_server_instances"): "the MCP SDK's sessions, to cap them",
+     ("ops/serving.py", "_start_asgi_task"): "uvicorn's httptools protocol, whose request "
+     "task the edge's override starts for every request that Front does not take",
      ("ops/bench/scale.py", "_debugmallocstats"): "CPython's only report of its arenas",
      ("ops/bench/scale.py", "engine"): "the memory breakdown by structure: a diagnosis "
      "of the engine's insides, which no facade should offer"}  # fmt: skip
