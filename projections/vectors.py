@@ -66,7 +66,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -363,30 +363,24 @@ class VectorIndex:
             reverse[tail] = np.arange(start, total, dtype=np.int32)
         return room[:total]
 
-    @contextmanager
-    def _held(self) -> Iterator[None]:
+    def _held(self) -> AbstractContextManager[None]:
         """``_lock``, for the owner thread: ahead of the inserter's next chunk (a lock is
         not fair: the inserter, holding the GIL, would take it again at once)."""
-        with self._turn:
-            self._wanted += 1
-        self._lock.acquire()
-        with self._turn:
-            self._wanted -= 1
-            self._turn.notify_all()
-        try:
-            yield
-        finally:
-            self._lock.release()
+        return self._ahead(self._lock)
 
-    @contextmanager
-    def _steady(self) -> Iterator[None]:
+    def _steady(self) -> AbstractContextManager[None]:
         """``_stable``, for the owner thread: ahead of the inserter's next chunk (which
         takes it too), as ``_held`` is for ``_lock``; a save writing the index is waited
         for."""
+        return self._ahead(self._stable)
+
+    @contextmanager
+    def _ahead(self, lock: threading.Lock) -> Iterator[None]:
+        """``lock``, taken with the inserter told that the owner thread waits for it."""
         with self._turn:
             self._wanted += 1
         try:
-            self._stable.acquire()
+            lock.acquire()
         finally:
             with self._turn:
                 self._wanted -= 1
@@ -394,7 +388,7 @@ class VectorIndex:
         try:
             yield
         finally:
-            self._stable.release()
+            lock.release()
 
     def _positions_of(self, vec_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """The graph positions of ``vec_ids`` (those in the graph); under ``_lock``."""
