@@ -11,25 +11,14 @@ import asyncio
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
 import pytest
 
 from tests.harness import Service
+from tests.test_slow_clients import connection
 
 BOUND = 30.0  # seconds: how long a test waits for the server before it fails
-
-
-@asynccontextmanager
-async def connection(url: str) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
-    parts = urlsplit(url)
-    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
-    try:
-        yield reader, writer
-    finally:
-        writer.close()
 
 
 def request(service: Service, path: str, body: bytes, *extra: str) -> bytes:
