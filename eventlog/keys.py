@@ -483,10 +483,10 @@ class KvKeyStore(KeyStore):
         answer = json.loads(reply.data or b"{}")
         error = answer.get("error")
         # 10057 is any failed delete; one that found no message (erased before) is done, as
-        # is 10067, "sequence N not found": another erasure of it came first (the service's
+        # is 10043, "sequence N not found": another erasure of it came first (the service's
         # own, say, of a key that a collective's delete erases again)
         what = str((error or {}).get("description", error))
-        if error and (error.get("err_code") not in (10057, 10067) or "not permitted" in what):
+        if error and (error.get("err_code") not in (10057, 10043) or "not permitted" in what):
             raise PulseError(f"erasing a data key failed: {what}")
 
     async def names(self, prefix: str = "") -> list[str]:
