@@ -19,7 +19,10 @@ Two phases, each reusing the code of a full benchmark:
   peer's acknowledged publishes of record events, each also consumed back through a
   JetStream consumer on the same connection (what every projection of the log pays),
   CPU per message over a raw publish's alone: the share of ``cpu_per_record``'s bound
-  the log itself takes.
+  the log itself takes. Then ``parts_cpu_per_write``: that floor plus what the parts a
+  record must pass through cost alone (``ops.bench.parts``: sealing, a DuckDB row, a
+  tantivy document, a vector added), over a raw publish: the least any design with
+  Pulse's parts could reach.
 - HTTP (``ops.bench.service``): a collective of ``hash``-embedder experiences, ``pulse
   up`` on it in its own process, sequential calls over ONE keep-alive connection
   (``http.client``): ``record_experience`` with a 384-d vector, ``search_similar`` with a
@@ -89,6 +92,7 @@ from ops.bench.engine import (
     sig,
     split,
 )
+from ops.bench.parts import parts_cpu_us
 from ops.bench.service import OPERATOR, append, corpus, start_service, stop_service, words
 from sync import PulseDB
 
@@ -114,6 +118,13 @@ SPECS: dict[str, Spec] = {
         None,
         "CPU per raw publish of a record's bytes consumed back through a JetStream "
         "consumer on the same connection (16 callers) / per raw publish",
+    ),
+    "parts_cpu_per_write": Spec(
+        "lower",
+        None,
+        "floor_cpu_per_write's CPU plus that of the parts a record must pass through alone "
+        "(a content sealed, a DuckDB row, a tantivy document, a vector added: "
+        "ops.bench.parts) / per raw publish",
     ),
     "record_p50_vs_raw": Spec(
         "lower", None, "in-process record_experience (384-d), 1 caller: p50 / raw publish p50"
@@ -498,6 +509,10 @@ async def floor_figure(
     finally:
         await sub.unsubscribe()
     out(figure("floor_cpu_per_write", rates.cpu_ratio, **rate_detail(rates)))
+    parts = parts_cpu_us(data.recorded(cid, total))
+    out(figure("parts_cpu_per_write", (rates.pulse_cpu_us + parts["write"]) / rates.raw_cpu_us,
+               floor_cpu_us=round(rates.pulse_cpu_us), raw_cpu_us=round(rates.raw_cpu_us),
+               parts_cpu_us=parts))  # fmt: skip
 
 
 def rate_detail(r: Rates) -> dict[str, object]:
