@@ -82,9 +82,20 @@ def explain(p: Projection) -> dict[str, object]:
         f"{row.applications} @ {row.last_hlc}"
         for row in p.memory.applications.values()
     )
+    # the sequences this host applied (a reinforcement's in the counts' history, any other
+    # event's in the audit, a dead letter's in undecodable): an event one host never
+    # applied is told apart from one applied into a different state
+    applied = sorted(
+        {
+            int(seq)
+            for table in ("count_history", "audit_rows", "undecodable")
+            for (seq,) in p.store.con.execute(f"SELECT DISTINCT seq FROM {table}").fetchall()
+        }
+    )
     return {
         "seq": p.seq, "flushed_seq": p.flushed_seq, "tables": tables, "memory": memory,
         "rejected": sorted(f"{r.seq} {r.subject}: {r.reason}" for r in p.memory.rejected.values()),
+        "applied": applied,
     }  # fmt: skip
 
 

@@ -71,9 +71,13 @@ def disagreement(reports: list[dict[str, Any]]) -> str:
     """What differs between the hosts' states: for each digested table (and the G-counter
     entries memory holds) whose rows differ, the rows each host has that another lacks."""
     lines = ["hosts disagree: " + ", ".join(r["digest"][:12] for r in reports)]
+    everywhere = set.intersection(*(set(r["explain"]["applied"]) for r in reports))
     for i, r in enumerate(reports):
         e = r["explain"]
         lines.append(f"host {i}: seq {e['seq']}, flushed {e['flushed_seq']}, totals {r['totals']}")
+        missed = sorted(set(range(1, e["seq"] + 1)) - set(e["applied"]))
+        only = sorted(set(e["applied"]) - everywhere)
+        lines.append(f"  never applied: {missed[:50]}; applied, not by every host: {only[:50]}")
     shown = [{**r["explain"]["tables"], "memory": r["explain"]["memory"],
               "rejected": r["explain"]["rejected"]} for r in reports]  # fmt: skip
     for name in shown[0]:
