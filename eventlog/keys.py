@@ -339,14 +339,37 @@ class KvKeyStore(KeyStore):
 
     async def _latest(self, name: str) -> tuple[Any, bool]:
         """The entry of the value ``name`` holds (None: none), and whether its latest
-        message is a deletion marker."""
+        message is a deletion marker.
+
+        The bucket's direct gets may be answered by any replica, one behind the leader
+        among them: what it does not hold yet is asked of the leader, which holds every
+        acknowledged write (a KEK this host had just stored was "missing" under load)."""
         kv = await self.kv()
         try:
             entry = await self._retrying(lambda: kv.get(name))
         except KeyNotFoundError as exc:  # (KeyDeletedError is one: a marker)
-            return None, getattr(exc, "entry", None) is not None
+            if getattr(exc, "entry", None) is not None:
+                return None, True
+            return await self._from_leader(name)
         if entry.operation in ("DEL", "PURGE"):
             return None, True
+        return entry, False
+
+    async def _from_leader(self, name: str) -> tuple[Any, bool]:
+        """``_latest``, read by the stream's leader (not a direct get)."""
+        subject = f"$KV.{self.bucket}.{name}"
+        try:
+            msg = await self._retrying(
+                lambda: self.js.get_msg(self.stream, subject=subject, direct=False)
+            )
+        except JsNotFound:
+            return None, False
+        if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
+            return None, True
+        entry = KeyValue.Entry(
+            bucket=self.bucket, key=name, value=msg.data, revision=msg.seq,
+            delta=None, created=None, operation=None,
+        )  # fmt: skip
         return entry, False
 
     async def get(self, name: str) -> Found:
@@ -497,19 +520,48 @@ class KvKeyStore(KeyStore):
 
     async def _scan(self, prefix: str, *, values: bool) -> dict[str, bytes]:
         """The last value of every name under ``prefix`` that holds one (one consumer
-        on the bucket, filtered by the server; ``values=False``: names only)."""
-        kv = await self.kv()
+        on the bucket, filtered by the server; ``values=False``: names only).
+
+        A pull consumer, read until the last message it had when it was made: nothing
+        is delivered before it is asked for, so the count its creation reports is what
+        there is. (nats-py's ``KeyValue.watch`` decides that a push consumer has nothing
+        to deliver from its consumer info and the messages received so far; when the
+        messages arrive after that answer, under load, it ends at once with nothing:
+        a rotation then kept the old KEK, or erased it with keys still wrapped by it.)"""
+        await self.kv()
+        names = f"$KV.{self.bucket}."  # (each message's subject: this, then its name)
 
         async def scan() -> dict[str, bytes]:
-            watcher = await kv.watch(f"{prefix}>", ignore_deletes=True, meta_only=not values)
+            config = api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+                ack_policy=api.AckPolicy.NONE,
+                headers_only=not values,
+                mem_storage=True,
+                num_replicas=1,
+                inactive_threshold=60.0,
+            )  # fmt: skip
+            sub = await self.js.pull_subscribe(
+                f"{names}{prefix}>", stream=self.stream, config=config
+            )
             found: dict[str, bytes] = {}
+            consumer = None
             try:
-                async for entry in watcher:
-                    if entry is None:  # the end of what the bucket held
-                        break
-                    found[entry.key] = entry.value or b""
+                info = await sub.consumer_info()
+                consumer, left = info.name, info.num_pending or 0
+                while left > 0:
+                    for msg in await sub.fetch(min(left, 1000), timeout=self.budget):
+                        left = msg.metadata.num_pending or 0
+                        name = msg.subject[len(names) :]
+                        if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
+                            found.pop(name, None)
+                        else:
+                            found[name] = msg.data or b""
             finally:
-                await watcher.stop()  # type: ignore[no-untyped-call]
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+                if consumer is not None:  # (else it goes once idle: inactive_threshold)
+                    with contextlib.suppress(Exception):
+                        await self.js.delete_consumer(self.stream, consumer)
             return found
 
         return await self._retrying(scan)

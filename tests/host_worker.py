@@ -7,7 +7,9 @@ Prints "ready", then "acked N" after each acknowledged reinforcement. If the fil
 ACKS_FILE.hold holds a number N, after its N-th acknowledgement it prints "holding" and
 waits (to be killed between calls, so every call it made is acknowledged or never made).
 After OPS calls it prints "finished" and waits for a line on stdin, then syncs and
-prints one JSON line: its digest and the totals it sees.
+prints one JSON line: its digest and the totals it sees, and what explains a digest
+that differs (``explain``): the applied sequence, each digested table's rows (DuckDB's),
+and the G-counter entries memory holds.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ from pathlib import Path
 from uuid import UUID
 
 from eventlog.errors import PulseError
+from projections import schema
+from projections.projection import Projection
 from sync import PulseDB
+
+ROWS_SHOWN = 500  # a table with more rows is shown by its count only
 
 
 async def main(
@@ -57,8 +63,40 @@ async def main(
     for experience in ids:
         got = await db.get_experience(experience)
         totals[str(experience)] = got.applications if got else -1
-    print(json.dumps({"digest": await db.digest(), "totals": totals}), flush=True)
+    digest = await db.digest()
+    explained = await db.engine.run(explain)
+    print(json.dumps({"digest": digest, "totals": totals, "explain": explained}), flush=True)
     await db.close()
+
+
+def explain(p: Projection) -> dict[str, object]:
+    """What the digest hashes, table by table (each row as text), and the G-counter entries
+    in memory; on the engine thread, DuckDB flushed first."""
+    p.flush()
+    tables: dict[str, object] = {}
+    for name, query in schema.DIGEST_QUERIES.items():
+        rows = [repr(row) for row in p.store.con.execute(query).fetchall()]
+        tables[name] = rows if len(rows) <= ROWS_SHOWN else f"{len(rows)} rows"
+    memory = sorted(
+        f"{row.experience_id} {row.instance_id} {row.collective_id}: "
+        f"{row.applications} @ {row.last_hlc}"
+        for row in p.memory.applications.values()
+    )
+    # the sequences this host applied (a reinforcement's in the counts' history, any other
+    # event's in the audit, a dead letter's in undecodable): an event one host never
+    # applied is told apart from one applied into a different state
+    applied = sorted(
+        {
+            int(seq)
+            for table in ("count_history", "audit_rows", "undecodable")
+            for (seq,) in p.store.con.execute(f"SELECT DISTINCT seq FROM {table}").fetchall()
+        }
+    )
+    return {
+        "seq": p.seq, "flushed_seq": p.flushed_seq, "tables": tables, "memory": memory,
+        "rejected": sorted(f"{r.seq} {r.subject}: {r.reason}" for r in p.memory.rejected.values()),
+        "applied": applied,
+    }  # fmt: skip
 
 
 if __name__ == "__main__":

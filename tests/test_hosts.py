@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 from queue import Empty, Queue
+from typing import Any
 
 from eventlog import StreamSettings
 from ops.cluster import LocalCluster
@@ -66,6 +67,34 @@ class Worker:
         return len(self.acks.read_text().splitlines()) if self.acks.exists() else 0
 
 
+def disagreement(reports: list[dict[str, Any]]) -> str:
+    """What differs between the hosts' states: for each digested table (and the G-counter
+    entries memory holds) whose rows differ, the rows each host has that another lacks."""
+    lines = ["hosts disagree: " + ", ".join(r["digest"][:12] for r in reports)]
+    everywhere = set.intersection(*(set(r["explain"]["applied"]) for r in reports))
+    for i, r in enumerate(reports):
+        e = r["explain"]
+        lines.append(f"host {i}: seq {e['seq']}, flushed {e['flushed_seq']}, totals {r['totals']}")
+        missed = sorted(set(range(1, e["seq"] + 1)) - set(e["applied"]))
+        only = sorted(set(e["applied"]) - everywhere)
+        lines.append(f"  never applied: {missed[:50]}; applied, not by every host: {only[:50]}")
+    shown = [{**r["explain"]["tables"], "memory": r["explain"]["memory"],
+              "rejected": r["explain"]["rejected"]} for r in reports]  # fmt: skip
+    for name in shown[0]:
+        held = [s[name] for s in shown]
+        if all(h == held[0] for h in held):
+            continue
+        lines.append(f"{name} differs:")
+        if any(isinstance(h, str) for h in held):
+            lines.extend(f"  host {i}: {h if isinstance(h, str) else len(h)}" for i, h in
+                         enumerate(held))  # fmt: skip
+            continue
+        everywhere = set.intersection(*(set(h) for h in held))
+        for i, h in enumerate(held):
+            lines.extend(f"  only host {i}: {row}" for row in h if row not in everywhere)
+    return "\n".join(lines)
+
+
 async def test_three_hosts_agree_through_node_and_instance_failures(
     tmp_path: Path, cluster: LocalCluster
 ) -> None:
@@ -107,10 +136,11 @@ async def test_three_hosts_agree_through_node_and_instance_failures(
             if w.process.poll() is None:
                 w.close(kill=True)
 
+    (tmp_path / "reports.json").write_text(json.dumps(reports))  # (kept by pytest: a post-mortem)
     acked = Counter(
         line for w in (0, 1, 2) for line in (tmp_path / f"acks-{w}.log").read_text().splitlines()
     )
     assert sum(acked.values()) == OPS * WORKERS
-    assert len({r["digest"] for r in reports}) == 1, "hosts disagree"
+    assert len({r["digest"] for r in reports}) == 1, disagreement(reports)
     for report in reports:
         assert report["totals"] == {str(i): acked[str(i)] for i in ids}
