@@ -230,3 +230,31 @@ def test_a_write_appends_to_the_columns_in_place(tmp_path: Path) -> None:
     assert twin.vec_ids.tolist() == [*present[:3].tolist(), present[4]]
     assert not np.shares_memory(twin.vec_ids, columns.vec_ids)
     p.close()
+
+
+# -- FAISS's thread team on the searching thread -----------------------------------------------
+
+
+def test_a_flat_search_runs_with_the_search_team_on_any_thread(tmp_path: Path) -> None:
+    """A flat index's search sets the calling thread's OpenMP team to ``SEARCH_THREADS``
+    as a graph search does (a search now runs on its caller's thread, whose team FAISS
+    would otherwise take as every core: idle workers spinning, 20-30x the CPU of the
+    search itself on a loaded machine)."""
+    import faiss
+
+    from projections.vectors import SEARCH_THREADS, ExactVectors, VectorIndex
+
+    index = VectorIndex(4, ExactVectors(tmp_path / "exact-4.f32", 4))
+    index.add([1, 2, 3], np.eye(3, 4, dtype=np.float32), [uuid7() for _ in range(3)])
+    seen: list[int] = []
+
+    def search() -> None:  # (a fresh thread: its team is whatever it was given)
+        faiss.omp_set_num_threads(SEARCH_THREADS + 2)
+        assert [v for v, _ in index.search(np.array([1, 0, 0, 0], np.float32), 1)] == [1]
+        seen.append(faiss.omp_get_max_threads())
+
+    thread = threading.Thread(target=search)
+    thread.start()
+    thread.join()
+    assert seen == [SEARCH_THREADS]
+    assert not index.is_hnsw
