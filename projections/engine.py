@@ -135,6 +135,10 @@ class Engine:
         # the snapshot (``projections.sqlworker``); None: no snapshot, run here
         self.sql_workers: SqlWorkers | None = None
         self._lent_lock = threading.Lock()  # (released on the threads that ran the query)
+        # held by the engine thread for each round of work, and by an inline read (``now``)
+        self.round = threading.Lock()
+        self._put_count = 0  # work items queued (under _stop_lock) ...
+        self._handled = 0  # ... and handled by a round (under round)
 
     @classmethod
     async def start(
@@ -162,6 +166,7 @@ class Engine:
         """Queue work, or refuse it once the engine has stopped (never left hanging)."""
         with self._stop_lock:
             if not self._stopped:
+                self._put_count += 1
                 self._inbox.put(item)
                 return
         if item.done is not None and not item.done.done():
@@ -196,8 +201,36 @@ class Engine:
         return done
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Await ``fn(projection, *args)`` run on the engine thread."""
+        """Await ``fn(projection, *args)`` run on the engine thread; a read marked
+        ``inline`` (``projections.queries.inline``) runs on this thread instead when the
+        engine is between rounds (see ``now``)."""
+        if getattr(fn, "inline", False):
+            done, found = self.now(fn, *args)
+            if done:
+                return found  # type: ignore[return-value]
         return await asyncio.wrap_future(self.call(fn, *args))
+
+    def now(self, fn: Callable[..., T], *args: Any) -> tuple[bool, T | None]:
+        """``(True, fn(projection, *args))`` run on this thread if the engine thread is
+        between rounds, has no work queued and everything applied is indexed, else
+        ``(False, None)`` at once
+        (never waits). The projection is the engine thread's: ``round`` is held by it for
+        every round of work, and by this call while ``fn`` runs, so ``fn`` sees the
+        state between two rounds, as a queued call does, without the two thread hand-
+        offs. Read-your-writes holds: a write returns once its round applied it, and a
+        round that is not a catch-up's indexes what it applied before it lets go (a
+        catch-up's leaves ``unindexed_events``: then the read is queued)."""
+        projection = self._projection
+        if projection is None or not self._ready.done() or self._stopped:
+            return False, None
+        if not self.round.acquire(blocking=False):
+            return False, None
+        try:  # (work queued before this read, or taken by a round not begun: it waits)
+            if self._stopped or self._handled != self._put_count or projection.unindexed_events:
+                return False, None
+            return True, fn(projection, *args)
+        finally:
+            self.round.release()
 
     # -- conveniences over run --------------------------------------------------------------
 
@@ -575,7 +608,11 @@ class Engine:
                 except queue.Empty:
                     break
             try:
-                stopping = self._handle(projection, items)
+                with self.round:
+                    try:
+                        stopping = self._handle(projection, items)
+                    finally:
+                        self._handled += sum(isinstance(i, (_Apply, _Call)) for i in items)
             except Exception as exc:  # a bug must not stop the engine: fail this round only
                 log.exception("the engine failed on a round of work; going on")
                 for item in items:
@@ -583,6 +620,7 @@ class Engine:
                     if future is not None and not future.done():
                         future.set_exception(exc)
                 stopping = any(item is _STOP for item in items)
+        self.round.acquire()  # (kept: no read runs inline from here on)
         try:
             if self.snapshot is not None:
                 self.snapshot.close(projection)  # waits for a copy; the last changes

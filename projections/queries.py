@@ -10,7 +10,7 @@ import itertools
 import math
 import time
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, TypeVar
 from uuid import UUID
 
 import msgspec
@@ -354,7 +354,18 @@ class _Columns:
     """A collective's live experiences as numpy columns, for filters: every filter is a
     few vectorised comparisons instead of a pass over the rows. Kept up to date from the
     experiences that changed since (``MemoryState.take_changes``); built again when the
-    collective itself changed or too much did."""
+    collective itself changed or too much did.
+
+    Each column is a view of the first ``size`` slots of a larger array that doubles when
+    full, so the rows of a write are appended in place (a copy of every column each
+    write was O(n): at a million rows, 100 MB copied by the first search after a
+    write). Slots past ``size`` may be shared with a ``copy`` (a past's): an append to
+    a copy starts new arrays."""
+
+    COLUMNS = (
+        "vec_ids", "alive", "importance", "confidence", "created_ms", "archived", "types",
+        "visibility", "author", "valid_from", "valid_to",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self._reset()
@@ -364,6 +375,8 @@ class _Columns:
 
         self.version = -1
         self.index_of: dict[UUID, int] = {}
+        self.size = 0
+        self._room = 0  # slots of the arrays under the columns (0: none of its own yet)
         self.vec_ids = np.zeros(0, dtype=np.int64)
         self.alive = np.zeros(0, dtype=bool)
         self.importance = np.zeros(0, dtype=np.float64)
@@ -379,6 +392,7 @@ class _Columns:
         self.valid_from = np.zeros(0, dtype=np.int64)
         self.valid_to = np.zeros(0, dtype=np.int64)  # NO_END: still true
         self.earliest_end: int | None = None  # of the live rows (NO_END: none); None: unknown
+        self._full: dict[str, Any] = {}  # the arrays under the columns, by name
         self._domains: list[tuple[str, ...]] = []
         self._by_domain: dict[str, npt.NDArray[np.bool_]] = {}
 
@@ -389,32 +403,40 @@ class _Columns:
         if version == self.version:
             return
         changed = p.memory.take_changes(collective_id)
-        self.earliest_end = None
-        dead = len(self.alive) - int(np.count_nonzero(self.alive))
+        dead = self.size - int(np.count_nonzero(self.alive))
         if (
             changed is None
-            or len(changed) > len(self.vec_ids) // 4 + 1000
-            or dead > len(self.alive) // 2 + 1000  # superseded slots: start afresh
+            or len(changed) > self.size // 4 + 1000
+            or dead > self.size // 2 + 1000  # superseded slots: start afresh
         ):
             self._reset()
             rows = list(p.memory.live_experiences_of(collective_id))
         else:
             rows = []
             for experience_id in changed:
-                at = self.index_of.get(experience_id)
-                if at is not None:
-                    self.alive[at] = False  # a changed row is appended anew if live
+                self._drop(self.index_of.get(experience_id))  # appended anew if live
                 row = p.memory.live_experience(experience_id)
                 if row is not None and row.collective_id == collective_id:
                     rows.append(row)
         self.append(p, rows)
         self.version = version
 
+    def _drop(self, at: int | None) -> None:
+        """The row at slot ``at`` is no longer (the earliest end is looked for again if
+        it was this row's)."""
+        if at is None or not self.alive[at]:
+            return
+        self.alive[at] = False
+        if self.earliest_end is not None and self.valid_to[at] <= self.earliest_end:
+            self.earliest_end = None
+
     def copy(self) -> _Columns:
         """A copy that changes apart from this one (``projections.past``)."""
         twin = _Columns.__new__(_Columns)
         twin.__dict__.update(self.__dict__)
-        twin.alive = self.alive.copy()  # (the only array changed in place)
+        twin.alive = self.alive.copy()  # (the only column changed in place)
+        twin._room = 0  # its first append makes arrays of its own (these are shared)
+        twin._full = {}
         twin.index_of, twin.authors = dict(self.index_of), dict(self.authors)
         twin._domains, twin._by_domain = list(self._domains), {}
         return twin
@@ -426,38 +448,45 @@ class _Columns:
         rows = [r for r in rows if r.experience_id in vec_ids]
         if not rows:
             return
-        start = len(self.vec_ids)
+        start, end = self.size, self.size + len(rows)
         for i, r in enumerate(rows):
             self.index_of[r.experience_id] = start + i
-
-        def grown(old: Any, new: list[Any], dtype: Any) -> Any:
-            return np.concatenate([old, np.array(new, dtype=dtype)])
-
-        self.vec_ids = grown(self.vec_ids, [vec_ids[r.experience_id] for r in rows], np.int64)
-        self.alive = grown(self.alive, [True] * len(rows), bool)
-        self.importance = grown(self.importance, [r.importance or 0.0 for r in rows], np.float64)
-        self.confidence = grown(self.confidence, [r.confidence or 0.0 for r in rows], np.float64)
-        self.created_ms = grown(
-            self.created_ms, [ev.hlc_millis(r.created_hlc or 0) for r in rows], np.int64
-        )
-        self.archived = grown(self.archived, [r.archived for r in rows], bool)
-        self.types = grown(self.types, [r.experience_type or "" for r in rows], object)
-        self.visibility = grown(
-            self.visibility, [visibility_code(r.visibility) for r in rows], np.int8
-        )
         codes = self.authors
-        self.author = grown(
-            self.author,
-            [codes.setdefault((r.author_owner, r.author_agent), len(codes)) for r in rows],
-            np.int32,
-        )
-        self.valid_from = grown(self.valid_from, [valid_from(r) for r in rows], np.int64)
-        self.valid_to = grown(
-            self.valid_to, [NO_END if r.valid_to is None else r.valid_to for r in rows], np.int64
-        )
-        self.earliest_end = None
+        ends = [NO_END if r.valid_to is None else r.valid_to for r in rows]
+        values: dict[str, list[Any]] = {
+            "vec_ids": [vec_ids[r.experience_id] for r in rows],
+            "alive": [True] * len(rows),
+            "importance": [r.importance or 0.0 for r in rows],
+            "confidence": [r.confidence or 0.0 for r in rows],
+            "created_ms": [ev.hlc_millis(r.created_hlc or 0) for r in rows],
+            "archived": [r.archived for r in rows],
+            "types": [r.experience_type or "" for r in rows],
+            "visibility": [visibility_code(r.visibility) for r in rows],
+            "author": [
+                codes.setdefault((r.author_owner, r.author_agent), len(codes)) for r in rows
+            ],
+            "valid_from": [valid_from(r) for r in rows],
+            "valid_to": ends,
+        }
+        if end > self._room:  # new arrays, twice as large (or this copy's own)
+            room = max(end, 2 * self._room, 64)
+            for name in self.COLUMNS:
+                column = getattr(self, name)
+                full = np.zeros(room, dtype=column.dtype)
+                full[:start] = column[:start]
+                self._full[name] = full
+            self._room = room
+        for name in self.COLUMNS:
+            full = self._full[name]
+            full[start:end] = values[name]
+            setattr(self, name, full[:end])
+        self.size = end
+        if self.earliest_end is not None:
+            self.earliest_end = min(self.earliest_end, min(ends))
         self._domains.extend(r.domain or () for r in rows)
-        self._by_domain.clear()
+        for name, found in list(self._by_domain.items()):  # (the new rows' part only)
+            more = np.fromiter((name in (r.domain or ()) for r in rows), bool, len(rows))
+            self._by_domain[name] = np.concatenate([found, more])
 
     def domain(self, name: str) -> npt.NDArray[np.bool_]:
         import numpy as np
@@ -640,6 +669,18 @@ def similar_ids(
     return keyed
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def inline(fn: F) -> F:
+    """Mark a read that may run on its caller's thread when the engine thread is between
+    rounds (``projections.engine.Engine.now``): one that changes nothing but caches, is
+    short, and waits for nothing slow (a FAISS search releases the GIL)."""
+    setattr(fn, "inline", True)  # noqa: B010 (an attribute a function type has not)
+    return fn
+
+
+@inline
 def similar_experiences(
     p: Projection,
     collective_id: UUID,

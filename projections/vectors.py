@@ -635,6 +635,7 @@ class VectorIndex:
         else:
             selector = self._excluding(include_archived)
         params = faiss.SearchParameters(sel=selector)
+        _threads(SEARCH_THREADS)  # (a flat search too: OpenMP's idle team spins)
         scores, ids = self.index.search(q, k, params=params)
         return [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
 
