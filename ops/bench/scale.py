@@ -476,6 +476,33 @@ def pymalloc() -> dict[str, int]:
     return found
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]  # fmt: skip
+
+
+def c_heap() -> dict[str, int]:
+    """glibc's heap (``mallinfo2``, every arena): the bytes its arenas hold, in use and
+    free, and the large blocks it mapped apart; the number of arenas (``malloc_info``)."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _Mallinfo2
+    libc.fdopen.restype = ctypes.c_void_p
+    libc.fdopen.argtypes = [ctypes.c_int, ctypes.c_char_p]
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    info = libc.mallinfo2()
+    found = {"malloc_arenas_bytes": info.arena, "malloc_in_use": info.uordblks,
+             "malloc_free_in_arenas": info.fordblks, "malloc_mapped_apart": info.hblkhd}  # fmt: skip
+    with tempfile.TemporaryFile() as out:
+        stream = libc.fdopen(os.dup(out.fileno()), b"w")
+        libc.malloc_info(0, stream)
+        libc.fclose(stream)
+        out.seek(0)
+        found["malloc_arenas"] = out.read().count(b"<heap nr=")
+    return found
+
+
 def faiss_bytes(index: Any) -> int:
     """The bytes a FAISS index of ``projections.vectors`` holds: codes or vectors, the
     graph's links, the id map."""
@@ -512,15 +539,20 @@ def breakdown(projection: Any) -> dict[str, float]:
 
     pool = pyarrow.default_memory_pool()
     arrow = {"arrow_pool_in_use": pool.bytes_allocated(), "arrow_pool_peak": pool.max_memory()}
+    heap = c_heap()
+    tags = projection.store.con.execute(
+        "SELECT tag, memory_usage_bytes FROM duckdb_memory() WHERE memory_usage_bytes > 0"
+    ).fetchall()
+    by_tag = {f"duckdb_{str(tag).lower()}": int(used) for tag, used in tags}
     rss = memory_status()["VmRSS"]
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     trimmed = rss - memory_status()["VmRSS"]
     parts = {"python_rows_memory_state": rows, "python_vector_index_maps": maps,
              "python_text_index": text, "python_read_caches": caches, "faiss_indexes": indexes,
-             "duckdb_buffers": duckdb, **mapped, **objects, **arrow,
+             "duckdb_buffers": duckdb, **by_tag, **mapped, **objects, **arrow, **heap,
              "malloc_trim_gave_back": trimmed,
              "vm_rss": rss}  # fmt: skip
-    return {name: mb(value) for name, value in parts.items()}
+    return {name: value if name == "malloc_arenas" else mb(value) for name, value in parts.items()}
 
 
 # -- the phases (each in a process of its own) -------------------------------------------------

@@ -1,0 +1,45 @@
+"""The flusher folds DuckDB's write-ahead log into the file once it passes
+``Flusher.wal_fold`` (issue 28, target 4): until a checkpoint, DuckDB holds every row it
+logged in memory too (``IN_MEMORY_TABLE`` in ``duckdb_memory()``), about 3 KB per
+experience ingested between two of the engine's saves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from projections.projection import Projection, ProjectionSettings
+from tests.test_compaction import History, feed
+from tests.test_vectors import until
+
+
+def in_memory_table_bytes(p: Projection) -> int:
+    found = p.store.con.execute(
+        "SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory() "
+        "WHERE tag = 'IN_MEMORY_TABLE'"
+    ).fetchone()
+    return int(found[0]) if found else 0
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_the_flusher_folds_a_long_write_ahead_log(tmp_path: Path, fold: bool) -> None:
+    h = History(dim=64, seed=5)
+    h.record(300)
+    p = Projection(tmp_path / "state", ProjectionSettings())
+    try:
+        if fold:
+            p.flusher.wal_fold = 0  # any log is long
+        feed(p, h.entries)
+        assert p.flush() == h.seq
+        wal = Path(f"{p.store.path}.wal")
+        if fold:  # folded after the write: no log, no rows held in memory beside it
+            until(lambda: p.flusher.checkpoints >= 1)
+            assert not wal.exists() or wal.stat().st_size == 0
+            assert in_memory_table_bytes(p) == 0
+        else:  # (the default: a log this short stays, and DuckDB holds its rows)
+            assert p.flusher.checkpoints == 0
+            assert wal.stat().st_size > 0
+            assert in_memory_table_bytes(p) > 0
+    finally:
+        p.close()
