@@ -399,7 +399,11 @@ async def test_data_keys_cross_the_link_and_are_erased_on_both_sides(
         return await hub.sealer.keyring.store.get(ours) is DESTROYED
 
     await eventually(marked, what="the key's marker at the hub", timeout=20)
-    assert _stores_holding(hub_store, wrapped) == []
+
+    def gone_at_the_hub() -> bool:  # (the hub erases its copy once it reads the marker)
+        return _stores_holding(hub_store, wrapped) == []
+
+    await eventually(gone_at_the_hub, what="the key erased at the hub", timeout=20)
 
     def gone_here() -> bool:  # (the hub's echo of it may reach the edge's copy late: the
         return _stores_holding(leaf_store, wrapped) == []  # marker after it erases it)
