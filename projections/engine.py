@@ -206,7 +206,8 @@ class Engine:
         engine is between rounds (see ``now``)."""
         if getattr(fn, "inline", False):
             done, found = self.now(fn, *args)
-            if done:
+            if done:  # (a turn for the loop's other tasks, as an awaited hand-off gives)
+                await asyncio.sleep(0)
                 return found  # type: ignore[return-value]
         return await asyncio.wrap_future(self.call(fn, *args))
 

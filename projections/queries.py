@@ -1,5 +1,7 @@
 """Read queries over a projection: what the public API calls, run on the engine thread
-(``projections.engine``). Results are typed msgspec Structs. Everything here reads the
+(``projections.engine``), or for those marked ``inline`` on the caller's thread while the
+engine thread is between rounds (``Engine.now``: the state is the same either way).
+Results are typed msgspec Structs. Everything here reads the
 engine's memory (``projections.state``) and its indexes, never DuckDB, and only what
 ``MemoryState`` calls live, so deleted, invalid and (unless asked for) archived rows
 never come back."""

@@ -258,3 +258,39 @@ def test_a_flat_search_runs_with_the_search_team_on_any_thread(tmp_path: Path) -
     thread.join()
     assert seen == [SEARCH_THREADS]
     assert not index.is_hnsw
+
+
+async def test_an_inline_read_gives_the_loops_other_tasks_a_turn(tmp_path: Path) -> None:
+    """A caller searching in a loop lets the loop's other tasks run between its searches,
+    as an awaited hand-off to the engine thread does (an inline read never suspends)."""
+    import asyncio
+
+    engine = await Engine.start(tmp_path / "state")
+    inline_runs = 0
+
+    @q.inline
+    def counted(_: Projection) -> None:
+        nonlocal inline_runs
+        inline_runs += threading.get_ident() == here
+
+    here = threading.get_ident()
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    try:
+        await asyncio.sleep(0)
+        while inline_runs < 3:  # (rounds of housekeeping come and go)
+            before = ticks
+            ran = inline_runs
+            await engine.run(counted)
+            if inline_runs > ran:
+                assert ticks > before, "the ticker waited for the inline read"
+    finally:
+        task.cancel()
+        await engine.close()
