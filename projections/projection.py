@@ -460,9 +460,10 @@ class Projection:
 
     def _start_save(self) -> None:
         """A save in two parts. Here, on the owner thread, what must reflect one moment:
-        DuckDB's batch handed over (sequence S), the text index committed (at S or past
-        it: searches commit too), the list of index files. On the saver thread: wait
-        until DuckDB holds S, write each index (``VectorIndex.write``: under its
+        DuckDB's batch handed over (sequence S), the text index's commit taken (at S or
+        past it: searches commit too; ``TextIndex.commit_behind``), the list of index
+        files. On the saver thread: commit the text index, wait until DuckDB holds S,
+        write each index (``VectorIndex.write``: under its
         ``_stable`` lock, so at S or past it, but for vectors pending then, which an open
         adds again from the rows), the exact vectors to the file, and the manifest with S
         last: it never claims more than the files hold. An open reconciles what the files
@@ -477,7 +478,7 @@ class Projection:
         if self.flusher.error is not None:  # DuckDB refuses writes: saved once it takes them
             return
         seq = self.handed_seq
-        self.text.commit()
+        text_commit = self.text.commit_behind()  # (run by the saver: TextIndex holds meanwhile)
         indexes = [
             (self._path(kind, collective_id), index)
             for (kind, collective_id), index in self.vectors.items()
@@ -485,13 +486,24 @@ class Projection:
         exacts = list(self.exact.values())
         self.flusher.checkpoint_soon(self.store.writer())
         self.last_save = time.monotonic()
-        self._saving = _SAVER.submit(self._save_behind, seq, indexes, exacts)
+        try:
+            self._saving = _SAVER.submit(self._save_behind, seq, indexes, exacts, text_commit)
+        except BaseException:  # (the saver is gone: the interpreter exits) committed here
+            if text_commit is not None:
+                text_commit()
+            raise
 
     def _save_behind(
-        self, seq: int, indexes: list[tuple[Path, VectorIndex]], exacts: list[ExactVectors]
+        self,
+        seq: int,
+        indexes: list[tuple[Path, VectorIndex]],
+        exacts: list[ExactVectors],
+        text_commit: Callable[[], None] | None = None,
     ) -> bool:
         """The saver thread's part of a background save (``_start_save``); False: not
         saved (DuckDB did not take sequence ``seq``)."""
+        if text_commit is not None:  # first, and in any case (the engine holds its changes)
+            text_commit()
         if not self.flusher.wait_written(seq):
             return False
         entries = {}
@@ -569,7 +581,10 @@ class Projection:
             self.vectors[(kind, collective_id)] = index
         return index
 
-    def _sync(self, touched: Touched) -> None:
+    def _sync(self, touched: Touched, text_owed: frozenset[UUID] = frozenset()) -> None:
+        """Bring the indexes up for what ``touched`` names; ``text_owed``: rows put in the
+        text index again even where the vector index holds them already (see
+        ``_load_indexes``)."""
         memory = self.memory
         for collective_id in touched.collectives:
             now = (
@@ -587,9 +602,9 @@ class Projection:
             touched.experiences |= memory.experiences_of.get(collective_id, set())
             touched.insights |= memory.insights_of.get(collective_id, set())
         if touched.experiences:
-            self._sync_rows("experience", touched.experiences)
+            self._sync_rows("experience", touched.experiences, text_owed)
         if touched.insights:
-            self._sync_rows("insight", touched.insights)
+            self._sync_rows("insight", touched.insights, text_owed)
         # no text commit here: a tantivy commit costs ~15 ms; searches commit first
         # (so they read every applied write) and save() commits with the manifest
 
@@ -610,11 +625,13 @@ class Projection:
             _own_copy(table.get((row_id,)))
         index.exact.erase(index.members)
 
-    def _sync_rows(self, kind: str, ids: set[UUID]) -> None:
+    def _sync_rows(
+        self, kind: str, ids: set[UUID], text_owed: frozenset[UUID] = frozenset()
+    ) -> None:
         adds: _Adds = {}
         for row_id in sorted(ids):  # one insertion order everywhere: ties rank alike
             try:
-                self._sync_row(kind, row_id, adds)
+                self._sync_row(kind, row_id, adds, row_id in text_owed)
             except Exception:  # one row an index refuses must not stop the others
                 log.exception("%s %s could not be indexed", kind, row_id)
         table = self._rows(kind)
@@ -632,9 +649,10 @@ class Projection:
                 if row is not None and vec_id in index.members:
                     row.embedding = index.exact.view(vec_id)  # held once, in the file
 
-    def _sync_row(self, kind: str, row_id: UUID, adds: _Adds) -> None:
+    def _sync_row(self, kind: str, row_id: UUID, adds: _Adds, text_owed: bool = False) -> None:
         """One experience or insight into (or out of) its indexes; vectors to add are
-        gathered in ``adds``, one FAISS call per collective."""
+        gathered in ``adds``, one FAISS call per collective. ``text_owed``: put in the
+        text index even if the vector index holds it already."""
         memory = self.memory
         row: ExperienceRow | InsightRow | None
         if kind == "experience":
@@ -651,11 +669,13 @@ class Projection:
             assert dim is not None
             index = self._index(kind, collective_id, dim)
             vec_id = memory.vec_id(row_id, ExperienceRow if kind == "experience" else InsightRow)
-            if vec_id not in index.members or not isinstance(row.embedding, memoryview):
+            fresh = vec_id not in index.members or not isinstance(row.embedding, memoryview)
+            if fresh:
                 ids_, vecs, keys = adds.setdefault((collective_id, dim), ([], [], []))
                 ids_.append(vec_id)
                 vecs.append(row.embedding or b"")
                 keys.append(row_id)
+            if fresh or text_owed:
                 language = memory.collective_language(collective_id)
                 self.text.put(
                     kind, row_id, collective_id, row.content or "", language,
@@ -745,12 +765,16 @@ class Projection:
         }
         if saved_seq < self._seq or any(unindexed.values()):  # catch up from the rows
             changed = self.store.changed_since(saved_seq)
+            # the text index was committed at the manifest's sequence, the vector files
+            # written after it: a row changed since may be in a file and not in the text
+            # index, so every changed row is put in the text index again
             self._sync(
                 Touched(
                     changed["experience"] | unindexed["experience"],
                     changed["insight"] | unindexed["insight"],
                     changed["collective"],
-                )
+                ),
+                frozenset(changed["experience"] | changed["insight"]),
             )
             self.save()
 

@@ -9,7 +9,10 @@ collective's documents of that kind (a conjunction with a term every document ca
 makes tantivy score every match, where a plain query skips the ones that cannot make
 the top k). What is archived or otherwise hidden is filtered by the caller against the
 engine's memory. Changes are committed lazily: by the next search (so a search sees
-every change made before it), or when the projection saves its indexes.
+every change made before it), or when the projection saves its indexes. A save commits
+on its own thread (``commit_behind``: a commit takes tens of milliseconds, and tantivy
+lets go of the GIL meanwhile); the changes made while it runs are held here in order and
+handed to the writer once it ends (tantivy's writer takes nothing while it commits).
 
 Search text is words, never query syntax: the text is analyzed as the collective's
 documents are (``en_stem`` for English, ``projections.language`` otherwise) and the
@@ -37,7 +40,9 @@ Two ways to score, by who asks (``search``):
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import logging
 import math
 import os
 import shutil
@@ -55,6 +60,8 @@ from projections import language as lang
 
 if TYPE_CHECKING:
     from eventlog.access import Viewer
+
+log = logging.getLogger("pulse.text")
 
 _THREADS = min(2, os.cpu_count() or 1)  # indexing threads of the writer (it runs beside us)
 
@@ -208,6 +215,11 @@ class TextIndex:
         stamp.write_text(analysis, encoding="utf-8")
         self._writer: tantivy.IndexWriter | None = None
         self._dirty = False
+        # a commit under way on another thread (``commit_behind``), and the changes made
+        # meanwhile, in order: (put's document fields, or None to remove) by id, or a
+        # collective removed
+        self._committing: concurrent.futures.Future[None] | None = None
+        self._held: list[tuple[str, Any]] = []
         # the analysis of documents scored lately (restricted searches), by id
         self._analyzed: OrderedDict[UUID, Counts] = OrderedDict()  # least recent first
 
@@ -228,22 +240,90 @@ class TextIndex:
         author_owner: str | None = None,
         author_agent: str | None = None,
     ) -> None:
-        self.remove(doc_id)
         fields = _fields(
             (kind, doc_id, collective_id, content, language, visibility, author_owner,
              author_agent)
         )  # fmt: skip
-        self.writer.add_document(tantivy.Document(**fields))
-
-    def remove(self, doc_id: UUID) -> None:
-        self.writer.delete_documents_by_term("id", str(doc_id))
         self._analyzed.pop(doc_id, None)
         self._dirty = True
+        if self._holding():
+            self._held.append(("put", fields))
+            return
+        writer = self.writer
+        writer.delete_documents_by_term("id", fields["id"])
+        writer.add_document(tantivy.Document(**fields))
+
+    def remove(self, doc_id: UUID) -> None:
+        self._analyzed.pop(doc_id, None)
+        self._dirty = True
+        if self._holding():
+            self._held.append(("id", str(doc_id)))
+            return
+        self.writer.delete_documents_by_term("id", str(doc_id))
 
     def remove_collective(self, collective_id: UUID) -> None:
-        self.writer.delete_documents_by_term("collective", str(collective_id))
         self._analyzed.clear()
         self._dirty = True
+        if self._holding():
+            self._held.append(("collective", str(collective_id)))
+            return
+        self.writer.delete_documents_by_term("collective", str(collective_id))
+
+    def _holding(self) -> bool:
+        """Whether a commit is under way on another thread (changes are held meanwhile);
+        one that ended is settled first (``_settle``)."""
+        committing = self._committing
+        if committing is None:
+            return False
+        if not committing.done():
+            return True
+        self._settle()
+        return False
+
+    def _settle(self) -> None:
+        """Wait for a commit under way on another thread, then hand the writer what was
+        held meanwhile, in order. A commit that failed is logged: its changes are still
+        the writer's, committed with the next."""
+        committing, self._committing = self._committing, None
+        if committing is None:
+            return
+        try:
+            committing.result()
+        except Exception:
+            log.exception("committing the text index in the background failed; committed later")
+            self._dirty = True
+        held, self._held = self._held, []
+        if held:
+            writer = self.writer
+            for what, value in held:
+                if what == "put":
+                    writer.delete_documents_by_term("id", value["id"])
+                    writer.add_document(tantivy.Document(**value))
+                else:
+                    writer.delete_documents_by_term(what, value)
+            self._dirty = True
+
+    def commit_behind(self) -> Callable[[], None] | None:
+        """A commit of every change made so far, to run on another thread (None: none to
+        commit); the changes made until it has run are held (the module doc). The
+        caller runs what this returns, once, in any case."""
+        self._settle()
+        if self._writer is None or not self._dirty:
+            return None
+        writer, done = self._writer, concurrent.futures.Future[None]()
+        self._committing = done
+        self._dirty = False
+
+        def run() -> None:
+            try:
+                writer.commit()
+                self.index.reload()
+            except BaseException as exc:
+                done.set_exception(exc)
+                raise
+            done.set_result(None)
+
+        return run
 
     def rewrite(self, documents: Iterable[Document]) -> int:
         """Empty the index and fill it again with ``documents`` (kind, id, collective,
@@ -251,6 +331,7 @@ class TextIndex:
         remove the files no commit uses: what deleted documents left in segments goes
         with them (tantivy-py cannot force a merge). Returns how many documents it
         holds."""
+        self._settle()
         writer = self.writer
         writer.delete_all_documents()
         self._analyzed.clear()
@@ -265,6 +346,8 @@ class TextIndex:
         return count
 
     def commit(self) -> None:
+        """Commit every change made so far (waiting for one under way elsewhere first)."""
+        self._settle()
         if self._writer is not None and self._dirty:
             self._writer.commit()
             self._dirty = False

@@ -1,15 +1,17 @@
 """The background save (``Projection.save(background=True)``).
 
 The engine saves its index files every ``save_interval`` without holding its thread for
-the write: it hands DuckDB's batch over and commits the text index (sequence S), and a
-saver thread waits for DuckDB to hold S, writes each vector index (while the engine
+the write: it hands DuckDB's batch over and takes the text index's commit (sequence S),
+and a saver thread commits the text index (the engine's text changes held meanwhile),
+waits for DuckDB to hold S, writes each vector index (while the engine
 goes on applying, so a file may hold vectors past S, or lack some pending at S), syncs
 the exact vectors and writes the manifest with S last. These tests stop the saver at
 each of its steps, apply more meanwhile (records, deletes, archives; DuckDB flushed past
 S or not; the inserter run or held), and copy the state directory there: what a kill -9
 at that moment would leave. Opened and caught up from the log, the copy must reach the
 state of a clean replay: the same digest, the same live and archived vectors in the
-index, each live vector found by a search for itself.
+index, each live vector found by a search for itself, the live experiences and no other
+in the text index.
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ from projections import projection as projection_module
 from projections import queries as q
 from projections import vectors as vectors_module
 from projections.projection import Projection, ProjectionSettings
+from projections.text import TextIndex
 from projections.vectors import VectorIndex, read_manifest
 from tests.test_compaction import History, feed
 from tests.test_vectors import inserter_held, until
 
 DIM = 16
 SETTINGS = ProjectionSettings(hnsw_threshold=60, ef_search=400)
-STEPS = ("write", "manifest", "done")  # where the saver is stopped: before each, after all
+# where the saver is stopped: before each, after all
+STEPS = ("text", "write", "manifest", "done")
 
 
 class Saver:
@@ -45,6 +49,17 @@ class Saver:
         self.arrived = {name: threading.Event() for name in STEPS}
         self.go = {name: threading.Event() for name in STEPS}
         write, manifest = VectorIndex.write, vectors_module.write_manifest
+        commit_behind = TextIndex.commit_behind
+
+        def paused_commit_behind(text: TextIndex) -> Callable[[], None]:
+            commit = commit_behind(text)
+
+            def paused() -> None:
+                self._pause("text")
+                if commit is not None:
+                    commit()
+
+            return paused
 
         def paused_write(index: VectorIndex, path: Path) -> None:
             self._pause("write")
@@ -55,6 +70,7 @@ class Saver:
             manifest(directory, seq, entries)
             self._pause("done")
 
+        monkeypatch.setattr(TextIndex, "commit_behind", paused_commit_behind)
         monkeypatch.setattr(VectorIndex, "write", paused_write)
         monkeypatch.setattr(projection_module, "write_manifest", paused_manifest)
 
@@ -104,6 +120,8 @@ def assert_caught_up(crashed: Path, h: History, reference_digest: str) -> None:
         for eid in h.shown():
             found = q.similar_experiences(p, h.cid, h.vectors[eid], k=1)
             assert [r.experience.experience_id for r in found] == [eid]
+        texts = p.text.search("experience", h.cid, "lesson", 10 * len(h.vectors))
+        assert {doc_id for doc_id, _ in texts} == set(h.live())
     finally:
         p.close()
 
@@ -148,6 +166,9 @@ def _reference(tmp_path: Path, h: History) -> str:
 )
 # the file holds vectors of rows DuckDB never got: their numbers must not be reused
 @example(crash="manifest", seed=1, during=(20, 3, 2), flushed=False, inserted=True)
+# the vector file holds records applied during the save, the text index (committed at S)
+# does not: they must be put in the text index again on opening
+@example(crash="done", seed=0, during=(3, 1, 4), flushed=True, inserted=True)
 def test_a_crash_during_a_background_save_opens_and_catches_up(
     tmp_path_factory: pytest.TempPathFactory,
     monkeypatch: pytest.MonkeyPatch,
@@ -174,7 +195,7 @@ def test_a_crash_during_a_background_save_opens_and_catches_up(
         saver = Saver(patch)
         try:
             p.save(background=True)
-            saver.at("write")
+            saver.at("text")  # (the text index's changes are held from here until it commits)
             with maybe(not inserted, inserter_held):  # held: what is recorded stays pending
                 fresh, more = h.record(recorded)
                 feed(p, more + h.delete(h.pick(deleted)) + h.archive(h.pick(archived)))
@@ -182,6 +203,10 @@ def test_a_crash_during_a_background_save_opens_and_catches_up(
                     until(lambda: not p.vectors[("experience", h.cid)].pending)
                 if flushed:
                     p.flush()
+                if crash == "text":
+                    crashed_copy(p, state, tmp_path / "crashed")
+                saver.go["text"].set()
+                saver.at("write")
                 if crash == "write":
                     crashed_copy(p, state, tmp_path / "crashed")
                 saver.go["write"].set()
