@@ -388,6 +388,8 @@ class KvKeyStore(KeyStore):
 
     async def replace(self, name: str, old: bytes, value: bytes) -> bool:
         entry, _ = await self._latest(name)
+        if entry is not None and entry.value != old:  # (a replica behind may answer a
+            entry, _ = await self._from_leader(name)  # direct get: the leader decides)
         if entry is None or entry.value != old or entry.revision is None:
             return False
         kv, last = await self.kv(), entry.revision

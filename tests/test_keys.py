@@ -201,6 +201,43 @@ async def test_a_scan_of_the_store_finds_every_key_when_its_messages_come_late(
         server.stop()
 
 
+async def test_a_rotation_wraps_again_a_key_a_replica_behind_shows_older(
+    tmp_path: Path,
+) -> None:
+    """A rotation replaces a wrapped key only if it still holds what the scan read; a
+    direct get answered by a replica behind the leader shows an older value. That must
+    not read as "changed meanwhile": the key would stay wrapped with the old KEK, which
+    the rotation then erases. The leader decides."""
+    server = EmbeddedNats(tmp_path / "nats")
+    server.start()
+    log = await JetStreamLog.connect(server.url, StreamSettings())
+    try:
+        store = log.key_store()
+        assert isinstance(store, KvKeyStore)
+        name = key_name("experience", uuid7(), CID)
+        kv = await store.kv()
+        await kv.create(name, b"first")
+        subject = f"$KV.{store.bucket}.{name}"
+        older = await store.js.get_msg(store.stream, subject=subject, direct=True)
+        await kv.put(name, b"second")  # (what the leader holds, and the scan read)
+        get_msg = store.js.get_msg
+
+        async def behind(*args: Any, direct: bool = False, **kwargs: Any) -> Any:
+            if direct:
+                return older  # (as a replica that has not applied "second" yet)
+            return await get_msg(*args, direct=direct, **kwargs)
+
+        store.js.get_msg = behind  # type: ignore[method-assign]
+        assert await store.replace(name, b"second", b"third")
+        store.js.get_msg = get_msg  # type: ignore[method-assign]
+        assert await store.get(name) == b"third"
+        assert not await store.replace(name, b"second", b"fourth")  # changed: refused
+        assert await store.get(name) == b"third"
+    finally:
+        await log.close()
+        server.stop()
+
+
 async def test_a_read_answered_by_a_replica_behind_still_finds_what_was_written(
     tmp_path: Path,
 ) -> None:
