@@ -72,6 +72,19 @@ WAL_FOLD = 16 * 2**20
 MEMORY_LIMIT = "1GB"
 
 
+def first(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...] | None:
+    """The first row of a query's result (None: no row), with the result read to its end.
+
+    ``fetchone()`` leaves the result open, and with it the cursor's transaction, until
+    the next statement on that cursor: on the engine's connection, idle while a host
+    ingests, that kept a transaction open for good, so DuckDB could not clean up the
+    versions the flusher's UPDATEs left and refused every CHECKPOINT ("other write
+    transactions active"), holding every row written since the open in memory
+    (``IN_MEMORY_TABLE``: 145 MB at 50,000 experiences) and its write-ahead log growing."""
+    rows = result.fetchall()
+    return tuple(rows[0]) if rows else None
+
+
 def stored_columns(row_type: type[Row]) -> list[str]:
     """The fields of a row type DuckDB holds (all but a placed row's strays)."""
     return [f.name for f in fields(row_type) if f.name != "strays"]
@@ -265,7 +278,7 @@ class Store:
         # what ``write`` knows of the file, so that it runs only the statements it needs:
         # the checkpoint row (then moved by an UPDATE), the sequence it holds (a row
         # created past it is new to the file: a plain INSERT), the collectives deleted
-        found = self.con.execute("SELECT seq FROM checkpoint WHERE id = 1").fetchone()
+        found = first(self.con.execute("SELECT seq FROM checkpoint WHERE id = 1"))
         self._checkpointed = found is not None
         self._written_seq = int(found[0]) if found else 0
         self._deleted_collectives: set[UUID] = {
@@ -306,7 +319,7 @@ class Store:
         file again, tens of milliseconds that a small state need not pay on every open."""
         if above > 0:
             found = self.con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()")
-            held = found.fetchone()
+            held = first(found)
             if held is None or held[0] is None or int(held[0]) <= above:
                 return
         self._let_go_of_writer()
@@ -392,7 +405,7 @@ class Store:
             con = duckdb.connect(str(self.path))
             try:
                 con.execute("CHECKPOINT")
-                found = con.execute("SELECT current_database()").fetchone()
+                found = first(con.execute("SELECT current_database()"))
                 assert found is not None
                 con.execute(f"ATTACH '{fresh}' AS pulse_rewrite")
                 con.execute(f'COPY FROM DATABASE "{found[0]}" TO pulse_rewrite')
@@ -416,9 +429,9 @@ class Store:
         finally:
             self.con = self._connect()
         for _ in range(50):  # DuckDB hands back a database still open elsewhere (the old
-            found = self.con.execute(  # file, unlinked): wait for it to be let go
-                "SELECT value FROM meta WHERE key = 'file_id'"
-            ).fetchone()
+            found = first(  # file, unlinked): wait for it to be let go
+                self.con.execute("SELECT value FROM meta WHERE key = 'file_id'")
+            )
             if found is not None and found[0] == file_id:
                 return
             self.con.close()
@@ -430,7 +443,7 @@ class Store:
 
     def scrub_owed(self) -> bool:
         """Whether a delete applied here still waits for the files to be rewritten."""
-        found = self.con.execute("SELECT value FROM meta WHERE key = 'scrub_owed'").fetchone()
+        found = first(self.con.execute("SELECT value FROM meta WHERE key = 'scrub_owed'"))
         return bool(found and found[0] == "1")
 
     def owe_scrub(self, owed: bool) -> None:
@@ -440,7 +453,7 @@ class Store:
 
     def checkpoint(self) -> tuple[int, int]:
         """(last applied stream sequence, number of events applied so far)."""
-        found = self.con.execute("SELECT seq, applied FROM checkpoint WHERE id = 1").fetchone()
+        found = first(self.con.execute("SELECT seq, applied FROM checkpoint WHERE id = 1"))
         return (int(found[0]), int(found[1])) if found else (0, 0)
 
     # -- writing the engine's changes in bulk -----------------------------------------------
@@ -651,7 +664,7 @@ class Store:
     def wire_schema(self) -> int:
         """The wire schema version (``eventlog.codec.SCHEMA_VERSION``) of the Pulse that
         kept aside the messages held here (1 before it was recorded: the only one then)."""
-        found = self.con.execute("SELECT value FROM meta WHERE key = 'wire_schema'").fetchone()
+        found = first(self.con.execute("SELECT value FROM meta WHERE key = 'wire_schema'"))
         return int(found[0]) if found else 1
 
     def set_wire_schema(self, version: int) -> None:
@@ -836,6 +849,7 @@ class Flusher:
         # a CHECKPOINT asked for (``checkpoint_soon``): the cursor to run it on
         self._checkpoint: duckdb.DuckDBPyConnection | None = None
         self.checkpoints = 0  # run on this thread (tests, benchmarks)
+        self.refused = 0  # ... and refused by DuckDB (another cursor's write transaction)
         self.wal_fold = WAL_FOLD  # fold the write-ahead log once it is this long (bytes)
         self._wal = Path(f"{store.path}.wal")
         self._thread = self._start()
@@ -941,8 +955,11 @@ class Flusher:
         start = time.perf_counter()
         try:
             with self.gate:
-                self._store.checkpoint_file(con)
-            self.checkpoints += 1
+                folded = self._store.checkpoint_file(con)
+            if folded:
+                self.checkpoints += 1
+            else:
+                self.refused += 1
         except duckdb.ConnectionException:  # the cursor went with a reopened file meanwhile
             log.debug("DuckDB's file was reopened before its write-ahead log was folded")
         except Exception:  # (the next save asks again; the log holds every write)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from projections.projection import Projection, ProjectionSettings
+from projections.store import Store
 from tests.test_compaction import History, feed
 from tests.test_vectors import until
 
@@ -43,3 +44,23 @@ def test_the_flusher_folds_a_long_write_ahead_log(tmp_path: Path, fold: bool) ->
             assert in_memory_table_bytes(p) > 0
     finally:
         p.close()
+
+
+def test_the_stores_reads_leave_no_transaction_open(tmp_path: Path) -> None:
+    """A read on the engine's connection that left its result open (``fetchone``) kept
+    its transaction open until the next statement there, so DuckDB refused every
+    checkpoint after the flusher's UPDATEs, and held the rows in memory."""
+    store = Store(tmp_path / "state.duckdb")
+    writer = store.writer()
+    try:
+        writer.execute("INSERT INTO checkpoint VALUES (1, 5, 5)")
+        assert store.wire_schema() >= 1 and not store.scrub_owed()
+        assert store.checkpoint() == (5, 5)  # (a read of one row, the connection left idle)
+        writer.execute("UPDATE checkpoint SET seq = 6 WHERE id = 1")  # committed
+        assert store.checkpoint_file(writer)  # (refused while a read held a transaction)
+        held = store.con.execute("SELECT seq FROM checkpoint")
+        assert held.fetchone() == (6,)  # left open, as before: refused
+        writer.execute("UPDATE checkpoint SET seq = 7 WHERE id = 1")
+        assert not store.checkpoint_file(writer)
+    finally:
+        store.close()

@@ -84,6 +84,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -493,7 +494,8 @@ def c_heap() -> dict[str, int]:
     libc.fclose.argtypes = [ctypes.c_void_p]
     info = libc.mallinfo2()
     found = {"malloc_arenas_bytes": info.arena, "malloc_in_use": info.uordblks,
-             "malloc_free_in_arenas": info.fordblks, "malloc_mapped_apart": info.hblkhd}  # fmt: skip
+             "malloc_free_in_arenas": info.fordblks,
+             "malloc_mapped_apart": info.hblkhd}  # fmt: skip
     with tempfile.TemporaryFile() as out:
         stream = libc.fdopen(os.dup(out.fileno()), b"w")
         libc.malloc_info(0, stream)
@@ -540,17 +542,31 @@ def breakdown(projection: Any) -> dict[str, float]:
     pool = pyarrow.default_memory_pool()
     arrow = {"arrow_pool_in_use": pool.bytes_allocated(), "arrow_pool_peak": pool.max_memory()}
     heap = c_heap()
+    if tracemalloc.is_tracing():  # (PYTHONTRACEMALLOC=25: where Python's live memory was allocated)
+        top = tracemalloc.take_snapshot().statistics("traceback")[:12]
+        print(
+            json.dumps(
+                [[round(stat.size / 2**20, 1), stat.traceback.format()[-12:]] for stat in top]
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
     tags = projection.store.con.execute(
         "SELECT tag, memory_usage_bytes FROM duckdb_memory() WHERE memory_usage_bytes > 0"
     ).fetchall()
     by_tag = {f"duckdb_{str(tag).lower()}": int(used) for tag, used in tags}
+    flusher = projection.flusher
+    print(f"flusher: {flusher.checkpoints} checkpoints, {getattr(flusher, 'refused', 0)} refused",
+          file=sys.stderr, flush=True)  # fmt: skip
+    log_file = Path(f"{projection.store.path}.wal")
+    wal = log_file.stat().st_size if log_file.exists() else 0
     rss = memory_status()["VmRSS"]
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     trimmed = rss - memory_status()["VmRSS"]
     parts = {"python_rows_memory_state": rows, "python_vector_index_maps": maps,
              "python_text_index": text, "python_read_caches": caches, "faiss_indexes": indexes,
              "duckdb_buffers": duckdb, **by_tag, **mapped, **objects, **arrow, **heap,
-             "malloc_trim_gave_back": trimmed,
+             "malloc_trim_gave_back": trimmed, "duckdb_wal": wal,
              "vm_rss": rss}  # fmt: skip
     return {name: value if name == "malloc_arenas" else mb(value) for name, value in parts.items()}
 
