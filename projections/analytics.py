@@ -134,6 +134,7 @@ from eventlog.errors import (
 )
 from projections.schema import TABLES as SCHEMA_TABLES
 from projections.schema import VIEWS as SCHEMA_VIEWS
+from projections.store import first
 
 if TYPE_CHECKING:
     from projections.past import PastTables
@@ -229,7 +230,7 @@ _ALLOWED_CONFIGS = ("memory_limit", "max_temp_directory_size", "checkpoint_thres
 def sandbox(con: duckdb.DuckDBPyConnection, limits: SqlLimits) -> None:
     """Set the sandbox's instance-wide settings through the engine's connection (on its
     thread): the extension switches and the lock once, the two limits every time."""
-    found = con.execute("SELECT current_setting('lock_configuration')").fetchone()
+    found = first(con.execute("SELECT current_setting('lock_configuration')"))
     locked = bool(found and found[0])
     if not locked:
         con.execute("SET autoinstall_known_extensions = false")

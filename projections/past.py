@@ -49,6 +49,7 @@ from projections.fold import (
 )
 from projections.projection import Projection
 from projections.state import MemoryState
+from projections.store import first
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -213,7 +214,7 @@ def moment_of(p: Projection, as_of: int) -> int | None:
 def history_from(p: Projection) -> int:
     """The first sequence the projection kept the history of (0: all of it; later for a
     projection made before the history was kept, until it is rebuilt)."""
-    found = p.store.con.execute("SELECT value FROM meta WHERE key = 'history_from'").fetchone()
+    found = first(p.store.con.execute("SELECT value FROM meta WHERE key = 'history_from'"))
     return int(found[0]) if found else 0
 
 
@@ -222,11 +223,11 @@ def sequence_at(p: Projection, ms: int) -> int:
     clocks): what as of that time reads. 0 when nothing was."""
     p.flush()
     bound = (min(max(ms, 0), MILLIS_MAX) << ev.HLC_LOGICAL_BITS) | ev.HLC_LOGICAL_MAX
-    found = p.store.con.execute(
+    found = first(p.store.con.execute(
         "SELECT max(seq) FROM (SELECT seq FROM audit_rows WHERE hlc <= $b "
         "UNION ALL SELECT seq FROM count_history WHERE hlc <= $b)",
         {"b": bound},
-    ).fetchone()
+    ))  # fmt: skip
     return int(found[0]) if found and found[0] is not None else 0
 
 
@@ -241,11 +242,11 @@ def _past(p: Projection, as_of: int) -> Past:
     p.flush()  # the history of everything applied is in DuckDB
 
     def bound() -> int:
-        found = p.store.con.execute(
+        found = first(p.store.con.execute(
             "SELECT max(hlc) FROM (SELECT hlc FROM audit_rows WHERE seq <= $s "
             "UNION ALL SELECT hlc FROM count_history WHERE seq <= $s)",
             {"s": as_of},
-        ).fetchone()
+        ))  # fmt: skip
         return int(found[0]) if found and found[0] is not None else -1
 
     rows: dict[type[Row], dict[tuple[Any, ...], Row | None]] = {t: {} for t in ROW_TYPES}
