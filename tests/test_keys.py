@@ -5,10 +5,12 @@ destroyed key meaning "forgotten" (never an error), and a sealed box checked as 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import inspect
 import time
 import warnings
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +60,26 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore
     if request.param == "memory":
         yield MemoryKeyStore()
         return
+    async with _kv_store(tmp_path) as kv:
+        yield kv
+
+
+@pytest.fixture
+async def kv_store(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The key store of a JetStream log on a server of the test's own."""
+    async with _kv_store(tmp_path) as kv:
+        yield kv
+
+
+@contextlib.asynccontextmanager
+async def _kv_store(tmp_path: Path) -> AsyncIterator[KvKeyStore]:
     server = EmbeddedNats(tmp_path / "nats")
     server.start()
     log = await JetStreamLog.connect(server.url, StreamSettings())
     try:
-        yield log.key_store()
+        kv = log.key_store()
+        assert isinstance(kv, KvKeyStore)
+        yield kv
     finally:
         await log.close()
         server.stop()
@@ -165,7 +182,7 @@ def late_deliveries(nc: Any, delay: float = 0.2) -> asyncio.Task[None]:
 
 
 async def test_a_scan_of_the_store_finds_every_key_when_its_messages_come_late(
-    tmp_path: Path,
+    kv_store: KvKeyStore,
 ) -> None:
     """A scan (the names under a prefix, or their values: what a rotation wraps again and
     which KEKs it erases, a collective's keys to destroy) reads every name the bucket holds,
@@ -173,106 +190,97 @@ async def test_a_scan_of_the_store_finds_every_key_when_its_messages_come_late(
     when they arrived after the server's answer about its consumer: the rotation test failed
     once under load (two KEKs left), and a rotation could erase the old KEK while data keys
     were still wrapped with it."""
-    server = EmbeddedNats(tmp_path / "nats")
-    server.start()
-    log = await JetStreamLog.connect(server.url, StreamSettings())
+    ring = Keyring(kv_store)
+    names = sorted(key_name("experience", uuid7(), CID) for _ in range(5))
+    keys = {n: await ring.make(n) for n in names}
+    await ring.destroy(names[0])
+    late = late_deliveries(kv_store.js._nc)
     try:
-        store = log.key_store()
-        assert isinstance(store, KvKeyStore)
-        ring = Keyring(store)
-        names = sorted(key_name("experience", uuid7(), CID) for _ in range(5))
-        keys = {n: await ring.make(n) for n in names}
-        await ring.destroy(names[0])
-        late = late_deliveries(store.js._nc)
-        try:
-            assert await store.names("c.") == names[1:]
-            assert sorted(await store.items("c.")) == names[1:]
-            assert len(await ring.kek_ids()) == 1
-            assert await ring.rotate(grace=0) == 4
-            assert len(await ring.kek_ids()) == 1
-        finally:
-            late.cancel()
-        fresh = Keyring(store)
-        for name in names[1:]:
-            assert await fresh.find(name) == keys[name]
-        assert await fresh.find(names[0]) is DESTROYED
+        assert await kv_store.names("c.") == names[1:]
+        assert sorted(await kv_store.items("c.")) == names[1:]
+        assert len(await ring.kek_ids()) == 1
+        assert await ring.rotate(grace=0) == 4
+        assert len(await ring.kek_ids()) == 1
     finally:
-        await log.close()
-        server.stop()
+        late.cancel()
+    fresh = Keyring(kv_store)
+    for name in names[1:]:
+        assert await fresh.find(name) == keys[name]
+    assert await fresh.find(names[0]) is DESTROYED
 
 
 async def test_a_rotation_wraps_again_a_key_a_replica_behind_shows_older(
-    tmp_path: Path,
+    kv_store: KvKeyStore,
 ) -> None:
     """A rotation replaces a wrapped key only if it still holds what the scan read; a
     direct get answered by a replica behind the leader shows an older value. That must
     not read as "changed meanwhile": the key would stay wrapped with the old KEK, which
     the rotation then erases. The leader decides."""
-    server = EmbeddedNats(tmp_path / "nats")
-    server.start()
-    log = await JetStreamLog.connect(server.url, StreamSettings())
-    try:
-        store = log.key_store()
-        assert isinstance(store, KvKeyStore)
-        name = key_name("experience", uuid7(), CID)
-        kv = await store.kv()
-        await kv.create(name, b"first")
-        subject = f"$KV.{store.bucket}.{name}"
-        older = await store.js.get_msg(store.stream, subject=subject, direct=True)
-        await kv.put(name, b"second")  # (what the leader holds, and the scan read)
-        get_msg = store.js.get_msg
+    name = key_name("experience", uuid7(), CID)
+    kv = await kv_store.kv()
+    await kv.create(name, b"first")
+    subject = f"$KV.{kv_store.bucket}.{name}"
+    older = await kv_store.js.get_msg(kv_store.stream, subject=subject, direct=True)
+    await kv.put(name, b"second")  # (what the leader holds, and the scan read)
+    get_msg = kv_store.js.get_msg
 
-        async def behind(*args: Any, direct: bool = False, **kwargs: Any) -> Any:
-            if direct:
-                return older  # (as a replica that has not applied "second" yet)
-            return await get_msg(*args, direct=direct, **kwargs)
+    async def behind(*args: Any, direct: bool = False, **kwargs: Any) -> Any:
+        if direct:
+            return older  # (as a replica that has not applied "second" yet)
+        return await get_msg(*args, direct=direct, **kwargs)
 
-        store.js.get_msg = behind  # type: ignore[method-assign]
-        assert await store.replace(name, b"second", b"third")
-        store.js.get_msg = get_msg  # type: ignore[method-assign]
-        assert await store.get(name) == b"third"
-        assert not await store.replace(name, b"second", b"fourth")  # changed: refused
-        assert await store.get(name) == b"third"
-    finally:
-        await log.close()
-        server.stop()
+    kv_store.js.get_msg = behind  # type: ignore[method-assign]
+    assert await kv_store.replace(name, b"second", b"third")
+    kv_store.js.get_msg = get_msg  # type: ignore[method-assign]
+    assert await kv_store.get(name) == b"third"
+    assert not await kv_store.replace(name, b"second", b"fourth")  # changed: refused
+    assert await kv_store.get(name) == b"third"
 
 
 async def test_a_read_answered_by_a_replica_behind_still_finds_what_was_written(
-    tmp_path: Path,
+    kv_store: KvKeyStore,
 ) -> None:
     """The bucket's direct gets may be answered by a replica that has not applied the
     latest writes yet (seen on a loaded 3-node cluster: a host's first data key failed
     with "the current key-encryption key ... is missing", the KEK it had just stored).
     Here every direct get is answered so: what was written is still found, what was
     destroyed is still destroyed, and a name never written still holds nothing."""
-    server = EmbeddedNats(tmp_path / "nats")
-    server.start()
-    log = await JetStreamLog.connect(server.url, StreamSettings())
-    try:
-        store = log.key_store()
-        assert isinstance(store, KvKeyStore)
-        get_msg = store.js.get_msg
+    get_msg = kv_store.js.get_msg
 
-        async def behind(*args: Any, direct: bool = False, **kwargs: Any) -> Any:
-            if direct:
-                raise nats.js.errors.NotFoundError  # (as a replica that holds nothing yet)
-            return await get_msg(*args, direct=direct, **kwargs)
+    async def behind(*args: Any, direct: bool = False, **kwargs: Any) -> Any:
+        if direct:
+            raise nats.js.errors.NotFoundError  # (as a replica that holds nothing yet)
+        return await get_msg(*args, direct=direct, **kwargs)
 
-        store.js.get_msg = behind  # type: ignore[method-assign]
-        ring = Keyring(store)
-        assert len(await ring.current_kek_id()) == 2 * 8  # made here, then read back
-        name, gone = (key_name("experience", uuid7(), CID) for _ in range(2))
-        key = await ring.make(name)
-        await ring.make(gone)
-        await ring.destroy(gone)
-        fresh = Keyring(store)
-        assert await fresh.find(name) == key
-        assert await fresh.find(gone) is DESTROYED
-        assert await fresh.find(key_name("insight", uuid7(), CID)) is None
-    finally:
-        await log.close()
-        server.stop()
+    kv_store.js.get_msg = behind  # type: ignore[method-assign]
+    ring = Keyring(kv_store)
+    assert len(await ring.current_kek_id()) == 2 * 8  # made here, then read back
+    name, gone = (key_name("experience", uuid7(), CID) for _ in range(2))
+    key = await ring.make(name)
+    await ring.make(gone)
+    await ring.destroy(gone)
+    fresh = Keyring(kv_store)
+    assert await fresh.find(name) == key
+    assert await fresh.find(gone) is DESTROYED
+    assert await fresh.find(key_name("insight", uuid7(), CID)) is None
+
+
+async def test_a_message_erased_twice_is_erased_once_and_done(kv_store: KvKeyStore) -> None:
+    """Erasing a key's message from the bucket's files is idempotent: a second erasure of
+    the same message (two hosts forgetting the same collective, the service's own erasure
+    followed by a collective delete's) answers "sequence not found" (10043), which is
+    done, not an error."""
+    names = [key_name("experience", uuid7(), uuid7()) for _ in range(2)]
+    ring = Keyring(kv_store)
+    for name in names:
+        await ring.make(name)
+    kv = await kv_store.kv()
+    first, second = [(await kv.get(name)).revision for name in names]
+    await kv_store._erase(first)
+    await kv_store._erase(first)  # erased already: done
+    await asyncio.gather(kv_store._erase(second), kv_store._erase(second))  # two at once
+    for name in names:
+        assert await kv_store.get(name) is None
 
 
 async def test_a_rotation_does_not_bring_back_a_key_destroyed_meanwhile() -> None:
