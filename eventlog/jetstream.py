@@ -56,7 +56,13 @@ from eventlog.log import (
     key_conflict,
 )
 from eventlog.reader import ack_position, read_in_child
-from eventlog.streams import TRANSIENT, StreamSettings, ensure_streams, publish_atomic
+from eventlog.streams import (
+    TRANSIENT,
+    StreamSettings,
+    ensure_streams,
+    publish_atomic,
+    subscribe_direct,
+)
 from eventlog.subjects import PREFIX, is_activity_subject, subject_for
 
 log = logging.getLogger("pulse.eventlog")
@@ -85,36 +91,6 @@ class _Ack(msgspec.Struct):
 
 
 _ack_decoder = msgspec.json.Decoder(_Ack)
-
-
-class _Sink:
-    """Stands in for the queue where nats-py leaves a subscription's messages (its
-    ``_pending_queue``, of a subscription made without a callback): each message is
-    handed to ``put`` as nats-py reads it, on the loop. A callback would run in a task
-    of the subscription's own, one more wake-up of the loop per message (an ack and a
-    tail message per write)."""
-
-    __slots__ = ("put_nowait",)
-
-    def __init__(self, put: Callable[[Msg], None]) -> None:
-        self.put_nowait = put
-
-    def qsize(self) -> int:
-        return 0
-
-    def empty(self) -> bool:
-        return True
-
-
-async def _subscribe_direct(nc: NATS, subject: str, put: Callable[[Msg], None]) -> Subscription:
-    """A subscription to ``subject`` whose messages go to ``put`` (see ``_Sink``); no
-    slow-consumer bound (``put`` keeps nothing waiting in nats-py)."""
-    sub = await nc.subscribe(subject, pending_bytes_limit=0)
-    queue = sub._pending_queue
-    sub._pending_queue = _Sink(put)  # type: ignore[assignment]
-    while not queue.empty():  # (none can have arrived: nothing asked for them yet)
-        put(queue.get_nowait())
-    return sub
 
 
 def _expire(future: asyncio.Future[Msg]) -> None:
@@ -450,7 +426,7 @@ class JetStreamLog(EventLog):
             self._ack_subscribing = asyncio.get_running_loop().create_future()
             prefix = f"{self.nc.new_inbox()}."
             try:
-                await _subscribe_direct(self.nc, f"{prefix}*", self._on_ack)
+                await subscribe_direct(self.nc, f"{prefix}*", self._on_ack)
             except BaseException as exc:
                 self._ack_subscribing.set_exception(exc)
                 self._ack_subscribing.exception()  # (retrieved: the next append retries)
@@ -758,6 +734,12 @@ class _Inbox:
         self.arrived.set()
 
 
+def _placed(info: api.ConsumerInfo) -> str:
+    """The server a consumer runs on (its leader), as the server told."""
+    cluster = info.cluster
+    return str(cluster.leader) if cluster is not None and cluster.leader else "this server"
+
+
 def _decode(msg: Msg, seq: int, when: int) -> LogEntry:
     try:
         event = decode_event(msg.data, msg.headers, subject=msg.subject, seq=seq, stored_ms=when)
@@ -903,8 +885,13 @@ async def _pull(
                     await asyncio.sleep(0.2)
                     continue
                 consumer = info.name
+                log.log(
+                    logging.INFO if live else logging.DEBUG,
+                    "consumer %s on %s from %d (filters %s): on %s, %d pending",
+                    consumer, stream, next_seq, subjects, _placed(info), info.num_pending,
+                )  # fmt: skip
                 inbox = _Inbox()
-                sub = await _subscribe_direct(nc, nc.new_inbox(), inbox.put)
+                sub = await subscribe_direct(nc, nc.new_inbox(), inbox.put)
                 outstanding = 0
                 quiet_since = time.monotonic()
                 if not live and info.num_pending == 0:
@@ -964,6 +951,8 @@ async def _pull(
                     if end_seq is not None and seq > end_seq:
                         finished = True
                         continue
+                    if seq > next_seq and live and not subjects:
+                        log.info("tail of %s: from %d on to %d", stream, next_seq, seq)
                     entries.append(decode(msg, seq, when))
                     next_seq = seq + 1
                     if not live and pending == 0:

@@ -57,13 +57,14 @@ from nats.js.errors import (
     KeyNotFoundError,
     KeyWrongLastSequenceError,
     NoKeysError,
+    ServiceUnavailableError,
 )
 from nats.js.errors import NotFoundError as JsNotFound
 from nats.js.kv import KeyValue
 
 from eventlog.errors import LogUnavailable, PulseError
 from eventlog.ids import uuid7
-from eventlog.streams import BATCH_MAX, TRANSIENT, publish_atomic
+from eventlog.streams import BATCH_MAX, TRANSIENT, publish_atomic, subscribe_direct
 
 T = TypeVar("T")
 Arrived = Callable[[str, bytes | None], None]
@@ -77,6 +78,8 @@ NONCE_BYTES = 12
 CURRENT = "kek"  # the name of the pointer to the current KEK
 CURRENT_TTL = 1.0  # seconds a host trusts its idea of the current KEK (see rotate)
 ROTATION_GRACE = 3.0  # seconds between a rotation's first pass and erasing the old KEK
+SCAN_PAGE = 1000  # names a scan asks for at a time
+SCAN_WAIT = 10.0  # seconds a scan waits for the next of them, then begins again
 _EXPECT_NOTHING = "Nats-Expected-Last-Subject-Sequence"  # "0": the subject holds nothing
 CONCURRENCY = 256  # store requests in flight at once
 KEYS_CACHED = 500_000  # data keys a host keeps unwrapped in memory (about 100 MB at most)
@@ -524,47 +527,73 @@ class KvKeyStore(KeyStore):
         """The last value of every name under ``prefix`` that holds one (one consumer
         on the bucket, filtered by the server; ``values=False``: names only).
 
-        A pull consumer, read until the last message it had when it was made: nothing
-        is delivered before it is asked for, so the count its creation reports is what
-        there is. (nats-py's ``KeyValue.watch`` decides that a push consumer has nothing
-        to deliver from its consumer info and the messages received so far; when the
-        messages arrive after that answer, under load, it ends at once with nothing:
-        a rotation then kept the old KEK, or erased it with keys still wrapped by it.)"""
+        A pull consumer of every message on the names, in stream order (a later one
+        replaces an earlier: the last of each name is what stays). Not one that delivers
+        the last per subject: the server makes that one by finding each name's last
+        message, 4-10 s for a million names in a server just started, longer than a
+        request waits (the scan then asked again and again, and never began). It is asked
+        for pages with ``no_wait`` until the server says it has nothing more (status 404
+        or 408): its end is the server's answer, never a count.
+        (nats-py's ``KeyValue.watch`` decides from the consumer's count that it has
+        nothing to deliver, and under load ends at once with nothing: a rotation then
+        kept the old KEK, or erased it with keys still wrapped by it. A scan that read
+        until the delivered messages' pending count reached 0 waited forever at a
+        million names, where that count never did.)"""
         await self.kv()
         names = f"$KV.{self.bucket}."  # (each message's subject: this, then its name)
+        nc = self.js._nc
+        next_page = f"{self.js._prefix}.CONSUMER.MSG.NEXT.{self.stream}."
+        ask = json.dumps({"batch": SCAN_PAGE, "no_wait": True}).encode()
 
         async def scan() -> dict[str, bytes]:
             config = api.ConsumerConfig(
-                deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+                deliver_policy=api.DeliverPolicy.ALL,
                 ack_policy=api.AckPolicy.NONE,
                 headers_only=not values,
                 mem_storage=True,
                 num_replicas=1,
                 inactive_threshold=60.0,
+                filter_subject=f"{names}{prefix}>",
             )  # fmt: skip
-            sub = await self.js.pull_subscribe(
-                f"{names}{prefix}>", stream=self.stream, config=config
-            )
+            arrived: deque[Msg] = deque()
+            woken = asyncio.Event()
+
+            def put(msg: Msg) -> None:
+                arrived.append(msg)
+                woken.set()
+
+            sub = await subscribe_direct(nc, nc.new_inbox(), put)
             found: dict[str, bytes] = {}
             consumer = None
             try:
-                info = await sub.consumer_info()
-                consumer, left = info.name, info.num_pending or 0
-                while left > 0:
-                    for msg in await sub.fetch(min(left, 1000), timeout=self.budget):
-                        left = msg.metadata.num_pending or 0
-                        name = msg.subject[len(names) :]
-                        if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
-                            found.pop(name, None)
-                        else:
-                            found[name] = msg.data or b""
+                consumer = (await self.js.add_consumer(self.stream, config=config)).name
+                while True:
+                    await nc.publish(next_page + consumer, ask, reply=sub.subject)
+                    got = 0
+                    while got < SCAN_PAGE:
+                        if not arrived:
+                            woken.clear()
+                            async with asyncio.timeout(min(self.budget, SCAN_WAIT)):
+                                await woken.wait()  # (a stall: scanned again)
+                        while arrived:
+                            msg = arrived.popleft()
+                            if msg.headers and not msg.reply:  # a status: 404/408 is the end
+                                status = msg.headers.get("Status")
+                                if status in ("404", "408"):
+                                    return found
+                                raise ServiceUnavailableError(description=f"status {status}")
+                            got += 1
+                            name = msg.subject[len(names) :]
+                            if msg.headers and msg.headers.get("KV-Operation") in ("DEL", "PURGE"):
+                                found.pop(name, None)
+                            else:
+                                found[name] = msg.data or b""
             finally:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
                 if consumer is not None:  # (else it goes once idle: inactive_threshold)
                     with contextlib.suppress(Exception):
                         await self.js.delete_consumer(self.stream, consumer)
-            return found
 
         return await self._retrying(scan)
 

@@ -12,12 +12,15 @@ import dataclasses
 import json
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError as JsNotFound
 
@@ -165,3 +168,36 @@ async def ensure_streams(
         missing = [s for s in config.subjects or [] if s not in held]
         if missing:
             await js.update_stream(dataclasses.replace(info.config, subjects=held + missing))
+
+
+# -- a subscription without nats-py's callback task -------------------------------------
+
+
+class Sink:
+    """Stands in for the queue where nats-py leaves a subscription's messages (its
+    ``_pending_queue``, of a subscription made without a callback): each message is
+    handed to ``put`` as nats-py reads it, on the loop. A callback would run in a task
+    of the subscription's own, one more wake-up of the loop per message (an ack and a
+    tail message per write)."""
+
+    __slots__ = ("put_nowait",)
+
+    def __init__(self, put: Callable[[Msg], None]) -> None:
+        self.put_nowait = put
+
+    def qsize(self) -> int:
+        return 0
+
+    def empty(self) -> bool:
+        return True
+
+
+async def subscribe_direct(nc: NATS, subject: str, put: Callable[[Msg], None]) -> Subscription:
+    """A subscription to ``subject`` whose messages go to ``put`` (see ``Sink``); no
+    slow-consumer bound (``put`` keeps nothing waiting in nats-py)."""
+    sub = await nc.subscribe(subject, pending_bytes_limit=0)
+    queue = sub._pending_queue
+    sub._pending_queue = Sink(put)  # type: ignore[assignment]
+    while not queue.empty():  # (none can have arrived: nothing asked for them yet)
+        put(queue.get_nowait())
+    return sub

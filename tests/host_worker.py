@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
 import sys
@@ -34,6 +35,11 @@ async def main(
     data_dir: str, urls: str, ids_file: str, acks_file: str, ops: int, seed: int
 ) -> None:
     ids = [UUID(i) for i in json.loads(Path(ids_file).read_text())]
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(  # (what the test shows when the hosts disagree)
+        filename=Path(data_dir) / "pulse.log", level=logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )  # fmt: skip
     db = await PulseDB.open(data_dir, urls, append_timeout=30)
     await db.sync()
     print("ready", flush=True)

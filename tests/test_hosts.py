@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from ops.cluster import LocalCluster
 from sync import PulseDB
 
 OPS = 300
+READS = re.compile(r"consumer|tail|stall|recreat|replication|WARNING|ERROR")
 WORKERS = 3
 
 
@@ -67,9 +69,10 @@ class Worker:
         return len(self.acks.read_text().splitlines()) if self.acks.exists() else 0
 
 
-def disagreement(reports: list[dict[str, Any]]) -> str:
+def disagreement(reports: list[dict[str, Any]], root: Path) -> str:
     """What differs between the hosts' states: for each digested table (and the G-counter
-    entries memory holds) whose rows differ, the rows each host has that another lacks."""
+    entries memory holds) whose rows differ, the rows each host has that another lacks;
+    and what each host's log says of its reads (its consumers, where they ran, stalls)."""
     lines = ["hosts disagree: " + ", ".join(r["digest"][:12] for r in reports)]
     everywhere = set.intersection(*(set(r["explain"]["applied"]) for r in reports))
     for i, r in enumerate(reports):
@@ -92,6 +95,11 @@ def disagreement(reports: list[dict[str, Any]]) -> str:
         everywhere = set.intersection(*(set(h) for h in held))
         for i, h in enumerate(held):
             lines.extend(f"  only host {i}: {row}" for row in h if row not in everywhere)
+    for i in range(len(reports)):
+        logged = root / f"host-{i}" / "pulse.log"
+        said = logged.read_text().splitlines() if logged.exists() else []
+        lines.append(f"host {i}'s log of its reads:")
+        lines.extend(f"  {line}" for line in said if READS.search(line))
     return "\n".join(lines)
 
 
@@ -141,6 +149,6 @@ async def test_three_hosts_agree_through_node_and_instance_failures(
         line for w in (0, 1, 2) for line in (tmp_path / f"acks-{w}.log").read_text().splitlines()
     )
     assert sum(acked.values()) == OPS * WORKERS
-    assert len({r["digest"] for r in reports}) == 1, disagreement(reports)
+    assert len({r["digest"] for r in reports}) == 1, disagreement(reports, tmp_path)
     for report in reports:
         assert report["totals"] == {str(i): acked[str(i)] for i in ids}

@@ -5,9 +5,11 @@ destroyed key meaning "forgotten" (never an error), and a sealed box checked as 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import inspect
+import os
 import time
 import warnings
 from collections.abc import AsyncIterator
@@ -25,6 +27,7 @@ from eventlog.ids import uuid7
 from eventlog.keys import (
     CURRENT,
     DESTROYED,
+    SCAN_PAGE,
     KeyDestroyed,
     Keyring,
     KeyStore,
@@ -160,19 +163,25 @@ def late_deliveries(nc: Any, delay: float = 0.2) -> asyncio.Task[None]:
     """Make a connection hear every JetStream delivery (a message with an ack subject)
     ``delay`` seconds after it arrived, in order, behind the server's answers to requests
     that came after it: the interleaving of a loaded host, where a consumer's messages and
-    the server's answer about that consumer travel apart. The task delivers them; cancel
-    it to stop."""
+    the server's answer about that consumer travel apart. What comes after a held message
+    on the same subscription is held too (NATS keeps one sender's order). The task
+    delivers them; cancel it to stop."""
     original = nc._process_msg
     held: asyncio.Queue[tuple[float, tuple[Any, ...]]] = asyncio.Queue()
+    behind: collections.Counter[int] = collections.Counter()  # held, by subscription
 
     async def deliver() -> None:
         while True:
             arrived, args = await held.get()
             await asyncio.sleep(max(0.0, arrived + delay - time.monotonic()))
+            behind[args[0]] -= 1
             await original(*args)
 
     async def process(sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes) -> None:
-        if reply.startswith(b"$JS.ACK."):
+        # (what follows a held message on its subscription waits behind it: one server's
+        # messages to one inbox arrive in order, a pull's closing status after its batch)
+        if reply.startswith(b"$JS.ACK.") or behind[sid] > 0:
+            behind[sid] += 1
             held.put_nowait((time.monotonic(), (sid, subject, reply, data, headers)))
             return
         await original(sid, subject, reply, data, headers)
@@ -509,3 +518,30 @@ async def test_a_gather_cancelled_before_its_tasks_ran_closes_every_coroutine() 
     with pytest.raises(asyncio.CancelledError):
         await gathering
     assert [inspect.getcoroutinestate(c) for c in made] == [inspect.CORO_CLOSED] * 5
+
+
+async def test_a_scan_reads_each_names_last_message_of_several(kv_store: KvKeyStore) -> None:
+    """The scan reads every message on the names in stream order, the last of each name
+    winning (a consumer of the last per subject took seconds to make at a million names
+    on a server just started): a value replaced twice reads as its last, a destroyed one
+    not at all, a name destroyed, then made again, as its new value."""
+    kv = await kv_store.kv()
+    replaced, destroyed, again = (key_name("experience", uuid7(), CID) for _ in range(3))
+    await kv.create(replaced, b"first")
+    await kv.create(destroyed, b"gone")
+    await kv.create(again, b"old")
+    assert await kv_store.replace(replaced, b"first", b"second")
+    assert await kv_store.replace(replaced, b"second", b"third")
+    await kv_store.destroy(destroyed)
+    await kv_store.destroy(again)
+    await kv.put(again, b"new")
+    assert await kv_store.items("c.") == {replaced: b"third", again: b"new"}
+    assert await kv_store.names("c.") == sorted([replaced, again])
+
+
+async def test_a_scan_reads_past_its_first_pages(kv_store: KvKeyStore) -> None:
+    """A scan asks for its names a page at a time, until the server says there is no
+    more: every name of several pages, none twice."""
+    values = {key_name("experience", uuid7(), CID): os.urandom(8) for _ in range(2 * SCAN_PAGE + 7)}
+    await kv_store.put_fresh(values)
+    assert await kv_store.items("c.") == values
