@@ -55,10 +55,11 @@ from eventlog.log import (
     StreamState,
     key_conflict,
 )
-from eventlog.reader import ack_position, read_in_child
+from eventlog.reader import read_in_child
 from eventlog.streams import (
     TRANSIENT,
     StreamSettings,
+    ack_position,
     ensure_streams,
     publish_atomic,
     subscribe_direct,
@@ -837,6 +838,7 @@ async def _pull(
     sub: Subscription | None = None
     inbox = _Inbox()
     outstanding = 0  # messages requested but not delivered yet
+    delivered = 0  # what the consumer delivered so far, as it counts them
     stall_after = 3 * _LIVE_HEARTBEAT if live else owner.read_timeout
     quiet_since = time.monotonic()  # last time we heard anything, or made progress
 
@@ -884,7 +886,7 @@ async def _pull(
                         ) from exc
                     await asyncio.sleep(0.2)
                     continue
-                consumer = info.name
+                consumer, delivered = info.name, 0
                 log.log(
                     logging.INFO if live else logging.DEBUG,
                     "consumer %s on %s from %d (filters %s): on %s, %d pending",
@@ -944,8 +946,17 @@ async def _pull(
                 msg = inbox.items.popleft()
                 status = msg.headers.get("Status") if msg.headers and not msg.reply else None
                 if status is None:
-                    seq, pending, when = ack_position(msg.reply)
+                    seq, count, pending, when = ack_position(msg.reply)
                     outstanding -= 1
+                    if count != delivered + 1:  # lost on the way: this consumer never resends
+                        log.warning(
+                            "consumer %s on %s: delivery %d came after %d (stream sequence "
+                            "%d); reading again from %d", consumer, stream, count, delivered,
+                            seq, next_seq,
+                        )  # fmt: skip
+                        await drop()
+                        break
+                    delivered = count
                     if seq < next_seq and not last_per_subject:
                         continue  # already delivered by an earlier consumer incarnation
                     if end_seq is not None and seq > end_seq:

@@ -64,7 +64,13 @@ from nats.js.kv import KeyValue
 
 from eventlog.errors import LogUnavailable, PulseError
 from eventlog.ids import uuid7
-from eventlog.streams import BATCH_MAX, TRANSIENT, publish_atomic, subscribe_direct
+from eventlog.streams import (
+    BATCH_MAX,
+    TRANSIENT,
+    ack_position,
+    publish_atomic,
+    subscribe_direct,
+)
 
 T = TypeVar("T")
 Arrived = Callable[[str, bytes | None], None]
@@ -567,6 +573,7 @@ class KvKeyStore(KeyStore):
             consumer = None
             try:
                 consumer = (await self.js.add_consumer(self.stream, config=config)).name
+                delivered = 0
                 while True:
                     await nc.publish(next_page + consumer, ask, reply=sub.subject)
                     got = 0
@@ -582,7 +589,9 @@ class KvKeyStore(KeyStore):
                                 if status in ("404", "408"):
                                     return found
                                 raise ServiceUnavailableError(description=f"status {status}")
-                            got += 1
+                            got, delivered = got + 1, delivered + 1
+                            if ack_position(msg.reply)[1] != delivered:  # (see there)
+                                raise ServiceUnavailableError(description="a delivery lost")
                             name = msg.subject[len(names) :]
                             if msg.headers and msg.headers.get("KV-Operation") in ("DEL", "PURGE"):
                                 found.pop(name, None)

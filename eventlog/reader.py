@@ -39,16 +39,6 @@ _checked = msgspec.msgpack.Decoder(Event)  # bodies the child has already checke
 CURRENT_SCHEMA = str(SCHEMA_VERSION)  # the version of every body in a frame
 
 
-def ack_position(reply: str) -> tuple[int, int, int]:
-    """(stream sequence, messages still pending, the time JetStream stored the message in
-    ms since the epoch) from the ack subject a delivered message carries."""
-    tokens = reply.split(".")
-    if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>
-        return int(tokens[5]), int(tokens[8]), int(tokens[7]) // 1_000_000
-    # $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>...
-    return int(tokens[7]), int(tokens[10]), int(tokens[9]) // 1_000_000
-
-
 def _entry(item: Item) -> LogEntry:
     seq, subject, body, reason, writer = item
     if body is not None:

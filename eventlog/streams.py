@@ -170,6 +170,22 @@ async def ensure_streams(
             await js.update_stream(dataclasses.replace(info.config, subjects=held + missing))
 
 
+# -- what a delivery says of itself ----------------------------------------------------
+
+
+def ack_position(reply: str) -> tuple[int, int, int, int]:
+    """(stream sequence, the consumer's count of deliveries with this one, messages still
+    pending, the time JetStream stored the message in ms since the epoch) from the ack
+    subject a delivered message carries. A consumer that acknowledges nothing counts
+    1, 2, 3, ...: a count that skips one is a delivery lost on its way (a reconnect, a
+    route to a server that died), which the consumer never sends again."""
+    tokens = reply.split(".")
+    if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>
+        return int(tokens[5]), int(tokens[6]), int(tokens[8]), int(tokens[7]) // 1_000_000
+    # $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>...
+    return int(tokens[7]), int(tokens[8]), int(tokens[10]), int(tokens[9]) // 1_000_000
+
+
 # -- a subscription without nats-py's callback task -------------------------------------
 
 
