@@ -264,7 +264,8 @@ class Engine:
         # It is off until the end, when what was built is frozen out of its sight.
         collecting = gc.isenabled() and end - start >= self.settings.bulk_index_events
         sealer = self._sealer(log_)
-        if end - start >= PRELOAD_KEYS_AFTER:  # one read of the key store, not one per entity
+        preloaded = end - start >= PRELOAD_KEYS_AFTER
+        if preloaded:  # one read of the key store, not one per entity
             await sealer.keyring.preload()
         if collecting:
             gc.disable()
@@ -285,6 +286,8 @@ class Engine:
             while pending:
                 await settle()
         finally:  # ends the bulk mode, even when reading failed
+            if preloaded:
+                sealer.keyring.trim()
             try:
                 await self.run(Projection.save)
             finally:

@@ -545,3 +545,28 @@ async def test_a_scan_reads_past_its_first_pages(kv_store: KvKeyStore) -> None:
     values = {key_name("experience", uuid7(), CID): os.urandom(8) for _ in range(2 * SCAN_PAGE + 7)}
     await kv_store.put_fresh(values)
     assert await kv_store.items("c.") == values
+
+
+async def test_a_preload_holds_every_key_until_trimmed() -> None:
+    """A catch-up preloads every key before it reads the log; past the cap, the oldest
+    (the first the catch-up needs) were dropped at once, and each asked of the store
+    again: a request per entity through a rebuild of a million. They are held until the
+    catch-up trims the keyring back to its cap, the oldest going first."""
+    asked: list[str] = []
+
+    class Counting(MemoryKeyStore):
+        async def get(self, name: str) -> Any:
+            asked.append(name)
+            return await super().get(name)
+
+    store = Counting()
+    names = [key_name("experience", uuid7(), CID) for _ in range(5)]
+    keys = [await Keyring(store).make(n) for n in names]
+    ring = Keyring(store)
+    ring.cached = 2
+    assert await ring.preload() == 5
+    asked.clear()
+    assert [await ring.find(n) for n in names] == keys
+    assert asked == []  # every one held: none asked of the store
+    ring.trim()
+    assert ring.cached == 2 and list(ring._keys) == names[3:]  # the newest two stay
