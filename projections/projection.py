@@ -37,6 +37,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import ctypes
+import gc
 import logging
 import shutil
 import threading
@@ -144,17 +145,23 @@ class Projection:
             raise
 
     def _open(self) -> None:
-        self.memory = MemoryState()
-        self.memory.load(
-            (
-                row
-                for t in ROW_TYPES
-                for row in self.store.rows(t, without=_HELD_APART.get(t, ())).values()
-            ),
-            self.store.vec_ids(),
-        )
-        for rejected in self.store.rejected():
-            self.memory.rejected[rejected.seq] = rejected
+        # The rows read now live as long as the projection and hold no cycles: the cyclic
+        # collector is kept out of the load (its full passes walked the growing state
+        # again and again), and what the load made is frozen out of its sight after it
+        # (``gc.freeze``; reference counting still frees the rows when it closes)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._load()
+        finally:
+            gc.freeze()
+            if collecting:
+                gc.enable()
+        self.store.drop_cache(above=DROP_CACHE_ABOVE)  # the rows are in memory now
+        _give_back_freed_memory()  # loading freed much more than it keeps
+
+    def _load(self) -> None:
+        self._load_rows()
         if read_manifest(self.dir / "vectors")[0] == 0:
             # no saved indexes (new, crashed before its first save, or an older format):
             # the text index is refilled from the rows with the vector indexes
@@ -176,8 +183,19 @@ class Projection:
         # since when a delete applied here waits for the files to be rewritten (None:
         # nothing waits); a scrub a crash prevented is done soon after opening
         self.scrub_since: float | None = self.last_flush if self.store.scrub_owed() else None
-        self.store.drop_cache(above=DROP_CACHE_ABOVE)  # the rows are in memory now
-        _give_back_freed_memory()  # loading freed much more than it keeps
+
+    def _load_rows(self) -> None:
+        self.memory = MemoryState()
+        self.memory.load(
+            (
+                row
+                for t in ROW_TYPES
+                for row in self.store.rows(t, without=_HELD_APART.get(t, ())).values()
+            ),
+            self.store.vec_ids(),
+        )
+        for rejected in self.store.rejected():
+            self.memory.rejected[rejected.seq] = rejected
 
     # -- applying --------------------------------------------------------------------------
 

@@ -24,13 +24,14 @@ import bisect
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, TypeAlias, TypeVar
 from uuid import UUID
 
 from eventlog import events as ev
 from eventlog.access import DEFAULT_VISIBILITY
 from eventlog.languages import ENGLISH, LANGUAGES, SIMPLE
-from projections.crdt import GCounter
+from projections.crdt import NO_STAMP, GCounter
 from projections.fold import (
     ROW_TYPES,
     ApplicationRow,
@@ -587,26 +588,21 @@ class MemoryState:
 
     def max_hlc(self) -> int:
         """The largest HLC of anything folded (a restarted clock starts past it)."""
+        # one pass a column (a million experiences: 10 s a row at a time, 0.3 s so); a
+        # stamp's first 8 bytes are its HLC, big-endian: the largest stamp has the largest
         best = 0
         for table in (self.collectives, self.experiences, self.relations, self.insights,
-                      self.wisdom):  # fmt: skip
-            for row in table.values():
-                created = getattr(row, "created_hlc", None)
-                if created is not None and created > best:
-                    best = created
-        for entry in self.applications.values():
-            best = max(best, entry.last_hlc)
-        for experience in self.experiences.values():
-            for name in ExperienceRow.REGISTERS:
-                stamp = getattr(experience, f"{name}_stamp")
-                if stamp:
-                    best = max(best, int.from_bytes(stamp[:8], "big"))
-        for session in self.sessions.values():
-            best = max(best, session.created_hlc or 0)
-            for name in SessionRow.REGISTERS:
-                stamp = getattr(session, f"{name}_stamp")
-                if stamp:
-                    best = max(best, int.from_bytes(stamp[:8], "big"))
+                      self.wisdom, self.sessions):  # fmt: skip
+            rows = table.values()
+            if rows and hasattr(next(iter(rows)), "created_hlc"):
+                created = map(attrgetter("created_hlc"), rows)
+                best = max(best, max(filter(None, created), default=0))
+        best = max(best, max(map(attrgetter("last_hlc"), self.applications.values()), default=0))
+        for table, row_type in ((self.experiences, ExperienceRow), (self.sessions, SessionRow)):
+            for _, stamp in row_type._STAMPED:
+                latest = max(map(attrgetter(stamp), table.values()), default=NO_STAMP)
+                if latest:
+                    best = max(best, int.from_bytes(latest[:8], "big"))
         return best
 
     def live_session(self, session_id: UUID) -> SessionRow | None:

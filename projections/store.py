@@ -652,13 +652,15 @@ class Store:
         return staged, "SELECT " + ", ".join(_cast(c, types[c]) for c in types)
 
     def vec_ids(self) -> dict[UUID, int]:
-        """The local FAISS ids of experiences and insights."""
+        """The local FAISS ids of experiences and insights (their ids read as text and
+        made by ``_uuid``: DuckDB makes each with ``uuid.UUID``)."""
         found: dict[UUID, int] = {}
         for table, key in (("experience_rows", "experience_id"), ("insight_rows", "insight_id")):
-            for row_id, vec_id in self.con.execute(
-                f"SELECT {key}, vec_id FROM {table} WHERE vec_id IS NOT NULL"
-            ).fetchall():
-                found[row_id] = int(vec_id)
+            result = self.con.execute(
+                f"SELECT CAST({key} AS VARCHAR), vec_id FROM {table} WHERE vec_id IS NOT NULL"
+            )
+            while batch := result.fetchmany(100_000):
+                found.update((_uuid(row_id), vec_id) for row_id, vec_id in batch)
         return found
 
     def wire_schema(self) -> int:
@@ -794,8 +796,11 @@ def _uuid(text: str) -> UUID:
     ``UUID.__init__`` makes one (its two slots), without its parsing."""
     made: UUID = _new_object(UUID)
     _set_slot(made, "int", int(text.replace("-", ""), 16))
-    _set_slot(made, "is_safe", SafeUUID.unknown)
+    _set_slot(made, "is_safe", _UNKNOWN)
     return made
+
+
+_UNKNOWN = SafeUUID.unknown  # (an enum member's look-up is a property's call: 3 s a million)
 
 
 _REPEATED = frozenset(

@@ -124,3 +124,36 @@ def test_a_row_written_before_its_create_is_replaced_by_it(tmp_path: Path) -> No
     reopened = Projection(tmp_path / "state")
     assert reopened.memory.experiences[(recorded.experience_id,)].content == recorded.content
     reopened.close()
+
+
+def _latest_hlc(rows: dict[type[fold.Row], dict[object, fold.Row]]) -> int:
+    """The model's largest HLC of anything folded: every row's creation or last report,
+    and the HLC at the head of every register's stamp (tokens aside)."""
+    best = 0
+    for row_type, table in rows.items():
+        if row_type is fold.TokenRow:
+            continue
+        for row in table.values():
+            for name in row.__dataclass_fields__:
+                value = getattr(row, name)
+                if name in ("created_hlc", "last_hlc") and value is not None:
+                    best = max(best, value)
+                elif name.endswith("_stamp") and value:
+                    best = max(best, int.from_bytes(value[:8], "big"))
+    return best
+
+
+@settings(max_examples=by_profile(ci=10, dev=40))
+@given(histories)
+def test_the_clock_restarts_past_the_largest_hlc_folded(events: list[ev.Event]) -> None:
+    """What a restarted host's clock starts past (``MemoryState.max_hlc``, read in one
+    pass a column): the model's largest HLC, after the fold and after an open."""
+    expected = _latest_hlc(stored_model(events))
+    with tempfile.TemporaryDirectory() as tmp:
+        projection = Projection(Path(tmp) / "p")
+        projection.apply(entries(events))
+        assert projection.memory.max_hlc() == expected
+        projection.close()
+        reopened = Projection(Path(tmp) / "p")
+        assert reopened.memory.max_hlc() == expected
+        reopened.close()
