@@ -51,6 +51,10 @@ def test_any_delivery_gives_the_same_digest_and_the_model_state(data: st.DataObj
                 if isinstance(row, fold.Placed):
                     row.create_seq = None
             assert stored == expected[row_type], row_type.__name__
+            for k, row in stored.items():  # the same Python types, not only equal values
+                model = expected[row_type][k]
+                for name in row.__dataclass_fields__:
+                    assert type(getattr(row, name)) is type(getattr(model, name)), name
         assert shuffled.store.checkpoint() == (len(again), len(again))
         ordered.close()
         shuffled.close()
