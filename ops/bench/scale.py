@@ -850,7 +850,20 @@ async def log_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
     }
 
 
-PHASES = ("faiss", "log", "ingest", "search", "rebuild")
+PHASES = ("faiss", "log", "ingest", "search", "rebuild", "open")
+
+
+async def open_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
+    """Only the open of the kept data directory, timed, then its close (not a phase of
+    the run: ``--child open DIR`` measures, or profiles, the open again)."""
+    from sync import PulseDB
+
+    started, opening = time.perf_counter(), time.process_time()
+    db = await PulseDB.open(files.data_dir, url, projection_settings=plan.settings())
+    result = {"seconds": round(time.perf_counter() - started, 2),
+              "cpu_s": round(time.process_time() - opening, 2)}  # fmt: skip
+    await db.close()
+    return result
 
 
 def child(phase: str, work: Path) -> None:
@@ -864,7 +877,7 @@ def child(phase: str, work: Path) -> None:
         # profiled, one started for it)
         with EmbeddedNats(files.nats) as server:
             go = {"log": log_phase, "ingest": ingest_phase, "search": search_phase,
-                  "rebuild": rebuild_phase}  # fmt: skip
+                  "rebuild": rebuild_phase, "open": open_phase}  # fmt: skip
             result = asyncio.run(go[phase](files, plan, server.url))
     print(json.dumps(result), flush=True)
 
