@@ -969,6 +969,14 @@ async def _pull(
                     if not live and pending == 0:
                         finished = True
                 elif status == "100":  # idle heartbeat: the consumer is alive
+                    last = msg.headers.get("Nats-Last-Consumer")  # type: ignore[union-attr]
+                    if last is not None and int(last) > delivered:  # the last ones lost
+                        log.warning(
+                            "consumer %s on %s: delivered %s, %d came; reading again "
+                            "from %d", consumer, stream, last, delivered, next_seq,
+                        )  # fmt: skip
+                        await drop()
+                        break
                     continue
                 elif status in ("404", "408"):  # nothing more now / a request expired
                     unfilled = msg.headers.get("Nats-Pending-Messages")  # type: ignore[union-attr]
