@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.request
 from pathlib import Path
 
@@ -45,6 +46,15 @@ def spawn_holder(
     )
     assert process.stdout is not None
     return process, json.loads(process.stdout.readline())
+
+
+def wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Return once process ``pid`` is stopped (state T in /proc): until then a thread of
+    it may still answer a request that came after the SIGSTOP was sent."""
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "T":
+        assert time.monotonic() < deadline, f"process {pid} did not stop"
+        time.sleep(0.005)
 
 
 def pid_gone(pid: int) -> bool:
@@ -105,6 +115,7 @@ def test_locked_data_dir_without_an_answering_server_fails_clearly(tmp_path: Pat
     holder, answer = spawn_holder(tmp_path)
     try:
         os.kill(int(answer["pid"]), signal.SIGSTOP)  # the owner lives, its server stops answering
+        wait_stopped(int(answer["pid"]))  # (a signal is delivered, not obeyed, at once)
         with pytest.raises(EmbeddedNatsError, match="in use by process .* does not answer"):
             EmbeddedNats(tmp_path, ready_timeout=1.0).start()
     finally:
