@@ -962,8 +962,6 @@ async def _pull(
                     if end_seq is not None and seq > end_seq:
                         finished = True
                         continue
-                    if seq > next_seq and live and not subjects:
-                        log.info("tail of %s: from %d on to %d", stream, next_seq, seq)
                     entries.append(decode(msg, seq, when))
                     next_seq = seq + 1
                     if not live and pending == 0:

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.request
 from pathlib import Path
 
@@ -48,13 +47,10 @@ def spawn_holder(
     return process, json.loads(process.stdout.readline())
 
 
-def wait_stopped(pid: int, timeout: float = 10.0) -> None:
-    """Return once process ``pid`` is stopped (state T in /proc): until then a thread of
-    it may still answer a request that came after the SIGSTOP was sent."""
-    deadline = time.monotonic() + timeout
-    while Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "T":
-        assert time.monotonic() < deadline, f"process {pid} did not stop"
-        time.sleep(0.005)
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state T in /proc): until it is, a thread of it
+    may still answer a request that came after a SIGSTOP was sent."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "T"
 
 
 def pid_gone(pid: int) -> bool:
@@ -111,11 +107,11 @@ def test_second_process_reuses_the_running_server(tmp_path: Path) -> None:
         first.stop()
 
 
-def test_locked_data_dir_without_an_answering_server_fails_clearly(tmp_path: Path) -> None:
+async def test_locked_data_dir_without_an_answering_server_fails_clearly(tmp_path: Path) -> None:
     holder, answer = spawn_holder(tmp_path)
     try:
         os.kill(int(answer["pid"]), signal.SIGSTOP)  # the owner lives, its server stops answering
-        wait_stopped(int(answer["pid"]))  # (a signal is delivered, not obeyed, at once)
+        await eventually(lambda: stopped(int(answer["pid"])), what="the server's stop")
         with pytest.raises(EmbeddedNatsError, match="in use by process .* does not answer"):
             EmbeddedNats(tmp_path, ready_timeout=1.0).start()
     finally:

@@ -24,7 +24,7 @@ from ops.cluster import LocalCluster
 from sync import PulseDB
 
 OPS = 300
-READS = re.compile(r"consumer|tail|stall|recreat|replication|WARNING|ERROR")
+READS = re.compile(r"consumer|stall|recreat|replication|WARNING|ERROR")
 WORKERS = 3
 
 
