@@ -2,9 +2,10 @@
 
 `pulse up` as a subprocess (``start``/``stop``, the ``Service`` it answers as), one-shot
 CLI runs (``pulse``), the app of `pulse up` served inside the test's own process
-(``in_process``), polling for a condition (``eventually``), and the scans the forgetting
-tests share. Test modules import these from here, never from one another: a test module
-is a list of tests, and importing one runs none of its fixtures or cases.
+(``in_process``), polling for a condition (``eventually``), the scans the forgetting
+tests share, and a hold on a connection's incoming messages (``intercept``). Test modules
+import these from here, never from one another: a test module is a list of tests, and
+importing one runs none of its fixtures or cases.
 """
 
 from __future__ import annotations
@@ -272,3 +273,25 @@ async def sql_retried(db: PulseDB, query: str, **options: Any) -> list[list[Any]
         except QueryCancelled:
             continue
     return (await db.sql(query, **options)).rows
+
+
+Message = tuple[int, bytes, bytes, bytes, bytes]  # (sid, subject, reply, data, headers)
+
+
+def intercept(nc: Any, take: Callable[[Message], bool]) -> Callable[..., Awaitable[None]]:
+    """Pass every message connection ``nc`` receives to ``take`` first: one it takes
+    (returns True for) is not delivered. Returns nats-py's own delivery, with which a
+    taken message can still be delivered later (late, or never: lost on the way)."""
+    original: Callable[..., Awaitable[None]] = nc._process_msg
+
+    async def process(*message: Any) -> None:
+        if not take(message):
+            await original(*message)
+
+    nc._process_msg = process
+    return original
+
+
+def is_delivery(message: Message) -> bool:
+    """A JetStream consumer's delivery (it carries an ack subject)."""
+    return message[2].startswith(b"$JS.ACK.")

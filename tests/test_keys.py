@@ -40,7 +40,7 @@ from eventlog.keys import (
 from eventlog.log import LogEntry
 from eventlog.sealing import KEY_MISSING, Sealer, open_with, seal_with, sealed_name
 from eventlog.subjects import subject_for
-from tests.harness import eventually
+from tests.harness import Message, eventually, intercept, is_delivery
 
 CID = uuid7()
 
@@ -166,27 +166,26 @@ def late_deliveries(nc: Any, delay: float = 0.2) -> asyncio.Task[None]:
     the server's answer about that consumer travel apart. What comes after a held message
     on the same subscription is held too (NATS keeps one sender's order). The task
     delivers them; cancel it to stop."""
-    original = nc._process_msg
-    held: asyncio.Queue[tuple[float, tuple[Any, ...]]] = asyncio.Queue()
+    held: asyncio.Queue[tuple[float, Message]] = asyncio.Queue()
     behind: collections.Counter[int] = collections.Counter()  # held, by subscription
 
     async def deliver() -> None:
         while True:
-            arrived, args = await held.get()
+            arrived, message = await held.get()
             await asyncio.sleep(max(0.0, arrived + delay - time.monotonic()))
-            behind[args[0]] -= 1
-            await original(*args)
+            behind[message[0]] -= 1
+            await original(*message)
 
-    async def process(sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes) -> None:
+    def take(message: Message) -> bool:
         # (what follows a held message on its subscription waits behind it: one server's
         # messages to one inbox arrive in order, a pull's closing status after its batch)
-        if reply.startswith(b"$JS.ACK.") or behind[sid] > 0:
-            behind[sid] += 1
-            held.put_nowait((time.monotonic(), (sid, subject, reply, data, headers)))
-            return
-        await original(sid, subject, reply, data, headers)
+        if is_delivery(message) or behind[message[0]] > 0:
+            behind[message[0]] += 1
+            held.put_nowait((time.monotonic(), message))
+            return True
+        return False
 
-    nc._process_msg = process
+    original = intercept(nc, take)
     return asyncio.ensure_future(deliver())
 
 

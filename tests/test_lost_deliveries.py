@@ -18,6 +18,7 @@ from eventlog.ids import uuid7
 from eventlog.keys import KvKeyStore, key_name
 from eventlog.log import LogEntry
 from tests import factories as f
+from tests.harness import Message, intercept, is_delivery
 
 EVENTS = 40
 
@@ -26,20 +27,20 @@ def lose_deliveries(nc: Any, which: set[int]) -> list[str]:
     """Make connection ``nc`` drop its ``n``-th JetStream delivery (a message with an
     ack subject, counted from 1 over the connection) for each ``n`` in ``which``; returns
     the list the lost ones' ack subjects are added to."""
-    original = nc._process_msg
     lost: list[str] = []
     count = 0
 
-    async def process(sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes) -> None:
+    def take(message: Message) -> bool:
         nonlocal count
-        if reply.startswith(b"$JS.ACK."):
-            count += 1
-            if count in which:
-                lost.append(reply.decode())
-                return
-        await original(sid, subject, reply, data, headers)
+        if not is_delivery(message):
+            return False
+        count += 1
+        if count in which:
+            lost.append(message[2].decode())
+            return True
+        return False
 
-    nc._process_msg = process
+    intercept(nc, take)
     return lost
 
 
