@@ -179,6 +179,9 @@ class Past:
     def sync_indexes(self) -> None:
         self.base.sync_indexes()
 
+    def embedding(self, row: Any) -> bytes:
+        return self.base.embedding(row)  # (the rows' vectors are the present's, see _fold_changed)
+
 
 def past(p: Projection, as_of: int) -> Projection | Past:
     """The projection as of a stream sequence (itself when nothing was applied since).
@@ -384,6 +387,6 @@ def sql_tables(p: Projection, as_of: int, moment_ms: int | None = None) -> PastT
         if keys:
             gone[table] = (key, keys)
         if rows:
-            staged[table] = p.store.staged(row_type, rows, p.memory.vec_ids, 0)
+            staged[table] = p.store.staged(row_type, rows, p.memory.vec_ids, 0, p.embedding_view)
     made = found.caches[("sql", moment)] = PastTables(as_of, moment, gone, staged)
     return made

@@ -63,7 +63,10 @@ from projections.fold import (
     FoldState,
     InsightRow,
     Placed,
+    held,
+    held_at,
     row_of,
+    vector_bytes,
 )
 from projections.schema import MISPLACED
 from projections.state import Audited, MemoryState, Rejected, Touched
@@ -411,8 +414,9 @@ class Projection:
         counted, memory.unflushed_counts = memory.unflushed_counts, []
         try:
             batch = Batch(
-                freeze(rows, memory.vec_ids), forgotten, rejected, self._seq, self._unflushed,
-                audited, counted, self._readmitted, owe_scrub=self.scrub_since is not None,
+                freeze(rows, memory.vec_ids, self.embedding_view), forgotten, rejected,
+                self._seq, self._unflushed, audited, counted, self._readmitted,
+                owe_scrub=self.scrub_since is not None,
             )  # fmt: skip
             done = self.flusher.put(batch, self.store.writer())
         except BaseException:  # (the writer is closed): memory keeps it for the next
@@ -584,6 +588,23 @@ class Projection:
 
     # -- keeping the indexes in step -------------------------------------------------------
 
+    def embedding(self, row: ExperienceRow | InsightRow) -> bytes:
+        """A row's embedding as bytes (a copy, when it is held in an exact-vectors file)."""
+        return bytes(self.embedding_view(row.embedding))
+
+    def embedding_view(self, embedding: bytes | int | None) -> bytes | memoryview:
+        """An embedding's bytes: a view of its slot, when it is held in a file (``held``)."""
+        if type(embedding) is int:
+            vec_id, dim = held_at(embedding)
+            return self._exact(dim).view(vec_id)
+        return embedding or b""  # type: ignore[return-value]
+
+    def _own_copy(self, row: ExperienceRow | InsightRow | None) -> None:
+        """Give a row that stays its own copy of its embedding, before the exact-vectors
+        file's copy is overwritten (it is, when a vector leaves its index)."""
+        if row is not None and type(row.embedding) is int:
+            row.embedding = self.embedding(row)
+
     def _exact(self, dim: int) -> ExactVectors:
         exact = self.exact.get(dim)
         if exact is None:
@@ -640,7 +661,7 @@ class Projection:
         index.wait()
         table = self._rows(kind)
         for row_id in index.keys.values():
-            _own_copy(table.get((row_id,)))
+            self._own_copy(table.get((row_id,)))
         index.exact.erase(index.members)
 
     def _sync_rows(
@@ -665,7 +686,7 @@ class Projection:
             for vec_id, row_id in zip(vec_ids, keys, strict=True):
                 row = table.get((row_id,))
                 if row is not None and vec_id in index.members:
-                    row.embedding = index.exact.view(vec_id)  # held once, in the file
+                    row.embedding = held(vec_id, dim)  # held once, in the file
 
     def _sync_row(self, kind: str, row_id: UUID, adds: _Adds, text_owed: bool = False) -> None:
         """One experience or insight into (or out of) its indexes; vectors to add are
@@ -687,11 +708,11 @@ class Projection:
             assert dim is not None
             index = self._index(kind, collective_id, dim)
             vec_id = memory.vec_id(row_id, ExperienceRow if kind == "experience" else InsightRow)
-            fresh = vec_id not in index.members or not isinstance(row.embedding, memoryview)
+            fresh = vec_id not in index.members or type(row.embedding) is not int
             if fresh:
                 ids_, vecs, keys = adds.setdefault((collective_id, dim), ([], [], []))
                 ids_.append(vec_id)
-                vecs.append(row.embedding or b"")
+                vecs.append(self.embedding(row))
                 keys.append(row_id)
             if fresh or text_owed:
                 language = memory.collective_language(collective_id)
@@ -704,7 +725,7 @@ class Projection:
         vec_id_or_none = memory.vec_ids.get(row_id)
         index_or_none = self.vectors.get((kind, collective_id)) if collective_id else None
         if index_or_none is not None and vec_id_or_none is not None:
-            _own_copy(row)  # removing it overwrites the file's copy
+            self._own_copy(row)  # removing it overwrites the file's copy
             index_or_none.remove([vec_id_or_none])
         self.text.remove(row_id)
 
@@ -735,10 +756,11 @@ class Projection:
             if index.members:
                 memory.next_vec_id = max(memory.next_vec_id, 1 + max(index.members))
         for (kind, _collective_id), index in self.vectors.items():  # point rows at the file
+            dim = index.dim
             for vec_id in index.members:
                 row = self._rows(kind).get((by_vec_id.get(vec_id),))
                 if row is not None and row.create_event is not None and not row.deleted:
-                    row.embedding = index.exact.view(vec_id)
+                    row.embedding = held(vec_id, dim)
         for row_type, kind in ((ExperienceRow, "experience"), (InsightRow, "insight")):
             table = self._rows(kind)
             missing = [  # in no saved index (behind it, or not live): read from DuckDB
@@ -767,7 +789,7 @@ class Projection:
                 ):
                     stale.append(vec_id)
             for vec_id in stale:  # removing them overwrites the file's copies
-                _own_copy(self._rows(kind).get((by_vec_id.get(vec_id),)))
+                self._own_copy(self._rows(kind).get((by_vec_id.get(vec_id),)))
             index.remove(stale)
         unindexed = {  # live rows no saved index holds (dead letters hold bytes for good)
             "experience": {
@@ -843,13 +865,6 @@ class Projection:
             exact.close()
 
 
-def _own_copy(row: ExperienceRow | InsightRow | None) -> None:
-    """Give a row that stays its own copy of its embedding, before the exact-vectors
-    file's copy is overwritten (it is, when a vector leaves its index)."""
-    if row is not None and isinstance(row.embedding, memoryview):
-        row.embedding = bytes(row.embedding)
-
-
 def _give_back_freed_memory() -> None:
     """Return the C heap's free pages to the system (glibc keeps them otherwise)."""
     try:
@@ -872,7 +887,7 @@ def _indexable_insight(memory: MemoryState, row: InsightRow) -> bool:
     if row.create_event is None or row.deleted:
         return False
     dim = memory.collective_dimension(row.collective_id)
-    return dim is not None and len(row.embedding or b"") == 4 * dim
+    return dim is not None and vector_bytes(row.embedding) == 4 * dim
 
 
 _UBIGINT_MAX = 2**64 - 1

@@ -253,7 +253,7 @@ def _experience(p: Projection, row: ExperienceRow) -> Experience:
         experience_id=row.experience_id,
         collective_id=row.collective_id,  # type: ignore[arg-type]
         content=row.content or "",
-        embedding=bytes(row.embedding or b""),
+        embedding=p.embedding(row),
         experience_type=_kind(row.type_data),
         importance=row.importance if row.importance is not None else 0.0,
         confidence=row.confidence if row.confidence is not None else 0.0,
@@ -865,7 +865,7 @@ def _insight(p: Projection, row: InsightRow, viewer: Viewer | None = None) -> In
         sources = tuple(s for s in sources if _visible_experience(p, s, viewer))
     return Insight(
         insight_id=row.insight_id, collective_id=row.collective_id,  # type: ignore[arg-type]
-        content=row.content or "", embedding=bytes(row.embedding or b""),
+        content=row.content or "", embedding=p.embedding(row),
         source_experiences=sources,
         confidence=row.confidence or 0.0, domain=tuple(row.domain or ()),
         visibility=row.visibility or DEFAULT_VISIBILITY, author_owner=row.author_owner,

@@ -44,6 +44,7 @@ from projections.fold import (
     SessionRow,
     TokenRow,
     WisdomRow,
+    vector_bytes,
 )
 from projections.schema import MISPLACED
 
@@ -456,17 +457,15 @@ class MemoryState:
         return self._placement_problem(row.collective_id, row.embedding)
 
     def _placement_problem(
-        self, collective_id: UUID | None, embedding: bytes | memoryview | None
+        self, collective_id: UUID | None, embedding: bytes | int | None
     ) -> str | None:
         """Why a vector-bearing row does not fit its collective (None: it does)."""
         collective = self.collectives.get((collective_id,))
         if collective is None or collective.create_event is None:
             return f"collective {collective_id} does not exist"
         dim = collective.embedding_dimension or 0
-        if len(embedding or b"") != 4 * dim:
-            return (
-                f"embedding has {len(embedding or b'') // 4} dimensions, the collective has {dim}"
-            )
+        if (size := vector_bytes(embedding)) != 4 * dim:
+            return f"embedding has {size // 4} dimensions, the collective has {dim}"
         return None
 
     def live_experience(self, experience_id: UUID) -> ExperienceRow | None:
@@ -477,7 +476,7 @@ class MemoryState:
         if row is None or row.create_event is None or row.deleted:
             return None
         dim = self.collective_dimension(row.collective_id)
-        if dim is None or len(row.embedding or b"") != 4 * dim:
+        if dim is None or vector_bytes(row.embedding) != 4 * dim:
             return None
         return row
 

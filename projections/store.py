@@ -130,8 +130,8 @@ def _column(values: list[Any], sql_type: str) -> np.ndarray[Any, Any]:
         values = [None if v is None else v.hex for v in values]
     elif sql_type.endswith("[]"):
         values = [None if v is None else json.dumps([str(x) for x in v]) for v in values]
-    elif sql_type == "BLOB":  # embeddings held as views into the exact-vectors file
-        values = [v if v is None or isinstance(v, bytes) else bytes(v) for v in values]
+    elif sql_type == "BLOB":  # (views: bytes; a held embedding, an int, is left to ``staged``)
+        values = [v if v is None or isinstance(v, bytes | int) else bytes(v) for v in values]
     return np.array(values, dtype=object)
 
 
@@ -214,20 +214,23 @@ _LAYOUTS: dict[type[Row], _Layout] = {}
 
 
 def freeze(
-    rows: dict[type[Row], list[Row]], vec_ids: dict[UUID, int]
+    rows: dict[type[Row], list[Row]],
+    vec_ids: dict[UUID, int],
+    view: Callable[[int], bytes | memoryview],
 ) -> dict[type[Row], list[tuple[Any, ...]]]:
     """The values ``write`` stores of rows, as they are now: the rows stay the engine's
-    (the fold changes them in place), the tuples are the flusher's. An embedding held as
-    a view into the exact-vectors file is copied (the file's slot may be overwritten),
-    and the row's vector id looked up (``vec_ids`` keeps changing)."""
+    (the fold changes them in place), the tuples are the flusher's. An embedding held in
+    the exact-vectors file (``fold.held``) is copied from it (``view``: its slot, which
+    may be overwritten later), and the row's vector id looked up (``vec_ids`` keeps
+    changing)."""
     frozen: dict[type[Row], list[tuple[Any, ...]]] = {}
     for row_type, batch in rows.items():
         layout = _layout(row_type)
         values = [layout.get(r) for r in batch]
         if (at := layout.embedding) is not None:
             for i, v in enumerate(values):
-                if isinstance(v[at], memoryview):
-                    values[i] = (*v[:at], bytes(v[at]), *v[at + 1 :])
+                if type(v[at]) is int:
+                    values[i] = (*v[:at], bytes(view(v[at])), *v[at + 1 :])
         if layout.vec_id:
             key = layout.key
             values = [(*v, vec_ids.get(v[key])) for v in values]
@@ -637,15 +640,26 @@ class Store:
         con.execute(f"{verb} INTO {table} {select} FROM staged")
 
     def staged(
-        self, row_type: type[Row], rows: Sequence[Row], vec_ids: dict[UUID, int], seq: int
+        self,
+        row_type: type[Row],
+        rows: Sequence[Row],
+        vec_ids: dict[UUID, int],
+        seq: int,
+        view: Callable[[int], bytes | memoryview],
     ) -> tuple[dict[str, np.ndarray[Any, Any]], str]:
         """Rows as columns DuckDB reads (a dict of arrays), and the SELECT clause that
-        casts them to the table's types (``... FROM <the dict's name>``)."""
+        casts them to the table's types (``... FROM <the dict's name>``); ``view``: an
+        embedding held in the exact-vectors file (``fold.held``), as ``freeze``."""
         types = self._types[TABLE_OF[row_type]]
         names = stored_columns(row_type)
         staged: dict[str, np.ndarray[Any, Any]] = {
             n: _column([getattr(r, n) for r in rows], types[n]) for n in names
         }
+        if "embedding" in staged:
+            staged["embedding"] = np.array(
+                [bytes(view(v)) if type(v) is int else v for v in staged["embedding"]],
+                dtype=object,
+            )
         if "vec_id" in types:
             staged["vec_id"] = np.array([vec_ids.get(r.key()[0]) for r in rows], dtype=object)
         staged["updated_seq"] = np.full(len(rows), seq, dtype=np.int64)

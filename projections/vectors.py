@@ -3,10 +3,11 @@
 Two parts, both keyed by the rows' local ``vec_id``:
 
 - ``ExactVectors``: the float32 vectors of one dimension, one slot per ``vec_id`` in a
-  memory-mapped file (``vectors/exact-<dim>.f32``). Rows point into it (a zero-copy
-  ``memoryview``) instead of holding their own copy, so each vector is in the process
-  once, and only the pages a search or a read touches are resident: the kernel keeps
-  the rest in its page cache or on disk. A forgotten vector is overwritten with zeros.
+  memory-mapped file (``vectors/exact-<dim>.f32``). Rows hold where their vector is
+  (``fold.held``: an int; a read takes a view of the slot) instead of their own copy,
+  so each vector is in the process once, and only the pages a search or a read touches
+  are resident: the kernel keeps the rest in its page cache or on disk. A forgotten
+  vector is overwritten with zeros.
 - ``VectorIndex``: one collective's vectors of one kind. Exact (``IndexFlatIP``) while
   small; past ``hnsw_threshold`` vectors an HNSW graph over 8-bit scalar-quantized
   copies (a quarter of the float32 size). The graph proposes twice the asked-for
