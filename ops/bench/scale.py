@@ -76,6 +76,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import gc
 import json
 import math
 import os
@@ -854,14 +855,20 @@ PHASES = ("faiss", "log", "ingest", "search", "rebuild", "open")
 
 
 async def open_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
-    """Only the open of the kept data directory, timed, then its close (not a phase of
-    the run: ``--child open DIR`` measures, or profiles, the open again)."""
+    """Only the open of the kept data directory, timed, and what it grew the process by
+    (VmRSS, no search yet), then its close (not a phase of the run: ``--child open DIR``
+    measures, or profiles, the open again)."""
     from sync import PulseDB
 
+    before = memory_status()
     started, opening = time.perf_counter(), time.process_time()
     db = await PulseDB.open(files.data_dir, url, projection_settings=plan.settings())
-    result = {"seconds": round(time.perf_counter() - started, 2),
-              "cpu_s": round(time.process_time() - opening, 2)}  # fmt: skip
+    seconds, cpu_s = time.perf_counter() - started, time.process_time() - opening
+    gc.collect()
+    grown = memory_status()["VmRSS"] - before["VmRSS"]
+    result = {"seconds": round(seconds, 2), "cpu_s": round(cpu_s, 2),
+              "vm_rss_growth_mb": mb(grown),
+              "bytes_per_experience": round(grown / plan.n)}  # fmt: skip
     await db.close()
     return result
 
