@@ -755,12 +755,32 @@ class Projection:
         for index in self.vectors.values():
             if index.members:
                 memory.next_vec_id = max(memory.next_vec_id, 1 + max(index.members))
-        for (kind, _collective_id), index in self.vectors.items():  # point rows at the file
-            dim = index.dim
+        # one pass over each index: rows pointed at the file, and each vector checked
+        # against its row (a vector whose row is unknown, dead or not indexable is stale)
+        for (kind, _collective_id), index in self.vectors.items():
+            dim, table, keys, gone = index.dim, self._rows(kind), index.keys, index.gone
+            stale = []
             for vec_id in index.members:
-                row = self._rows(kind).get((by_vec_id.get(vec_id),))
+                row_id = by_vec_id.get(vec_id)
+                row = table.get((row_id,)) if row_id is not None else None
                 if row is not None and row.create_event is not None and not row.deleted:
                     row.embedding = held(vec_id, dim)
+                if vec_id in gone:
+                    continue
+                if row_id is None:
+                    stale.append(vec_id)
+                    continue
+                keys[vec_id] = row_id
+                if kind == "experience":
+                    if memory.live_experience(row_id) is None:
+                        stale.append(vec_id)
+                    elif row.archived:  # type: ignore[union-attr]
+                        index.set_hidden(vec_id, True)  # (an index opens with none hidden)
+                elif row is None or not _indexable_insight(memory, row):  # type: ignore[arg-type]
+                    stale.append(vec_id)
+            for vec_id in stale:  # removing them overwrites the file's copies
+                self._own_copy(table.get((by_vec_id.get(vec_id),)))
+            index.remove(stale)
         for row_type, kind in ((ExperienceRow, "experience"), (InsightRow, "insight")):
             table = self._rows(kind)
             missing = [  # in no saved index (behind it, or not live): read from DuckDB
@@ -770,27 +790,6 @@ class Projection:
             ]
             for row_id, embedding in self.store.embeddings(row_type, missing).items():
                 table[(row_id,)].embedding = embedding
-        for (kind, _collective_id), index in self.vectors.items():  # reconcile with memory
-            stale = []
-            for vec_id in index.members - index.gone:
-                known = by_vec_id.get(vec_id)
-                if known is None:
-                    stale.append(vec_id)
-                    continue
-                row_id = index.keys[vec_id] = known
-                if kind == "experience":
-                    row = memory.live_experience(row_id)
-                    if row is None:
-                        stale.append(vec_id)
-                    else:
-                        index.set_hidden(vec_id, row.archived)
-                elif (insight := memory.insights.get((row_id,))) is None or (
-                    not _indexable_insight(memory, insight)
-                ):
-                    stale.append(vec_id)
-            for vec_id in stale:  # removing them overwrites the file's copies
-                self._own_copy(self._rows(kind).get((by_vec_id.get(vec_id),)))
-            index.remove(stale)
         unindexed = {  # live rows no saved index holds (dead letters hold bytes for good)
             "experience": {
                 k[0]
