@@ -43,6 +43,7 @@ ENGINES_ALLOWED: dict[tuple[str, str], str] = {
     # (STYLE: benchmarks compare against a peer in the same run)
     ("ops.bench.engine", "faiss"): "a benchmark's peer",
     ("ops.bench.scale", "faiss"): "a benchmark's peer",
+    ("ops.bench.graph_build", "faiss"): "a benchmark's peer",
     # the parts' floor: each component alone, with no Pulse code around it
     ("ops.bench.parts", "duckdb"): "a benchmark's peer",
     ("ops.bench.parts", "faiss"): "a benchmark's peer",
