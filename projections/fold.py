@@ -281,7 +281,7 @@ class ExperienceRow(Placed):
     create_event: UUID | None = None
     collective_id: UUID | None = None
     content: str | None = None
-    embedding: bytes | int | None = None  # an int: its vec_id, held in the vectors file
+    embedding: bytes | int | None = None  # an int: held in the vectors file (``held``)
     experience_type: str | None = None  # the variant's tag, e.g. "Fact"
     type_data: str | None = None  # the variant as JSON
     source_agent: str | None = None
@@ -368,7 +368,7 @@ class InsightRow(Placed):
     create_event: UUID | None = None
     collective_id: UUID | None = None
     content: str | None = None
-    embedding: bytes | int | None = None  # an int: its vec_id, held in the vectors file
+    embedding: bytes | int | None = None  # an int: held in the vectors file (``held``)
     source_experiences: tuple[UUID, ...] | None = None
     confidence: float | None = None
     domain: tuple[str, ...] | None = None
