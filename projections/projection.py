@@ -80,7 +80,7 @@ log = logging.getLogger("pulse.projection")
 _SAVER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulse-index-save")
 
 Progress = Callable[[int, int], None]  # (applied so far, total to apply)
-_Adds = dict[tuple[UUID, int], tuple[list[int], list[bytes | memoryview], list[UUID]]]
+_Adds = dict[tuple[UUID, int], tuple[list[int], list[bytes], list[UUID]]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,8 +130,8 @@ def _column(values: list[Any], sql_type: str) -> np.ndarray[Any, Any]:
         values = [None if v is None else v.hex for v in values]
     elif sql_type.endswith("[]"):
         values = [None if v is None else json.dumps([str(x) for x in v]) for v in values]
-    elif sql_type == "BLOB":  # (views: bytes; a held embedding, an int, is left to ``staged``)
-        values = [v if v is None or isinstance(v, bytes | int) else bytes(v) for v in values]
+    elif sql_type == "BLOB":  # embeddings read as views of the exact-vectors file
+        values = [v if v is None or isinstance(v, bytes) else bytes(v) for v in values]
     return np.array(values, dtype=object)
 
 
@@ -160,9 +160,7 @@ def _arrow_column(values: list[Any], sql_type: str) -> tuple[pa.Array, str]:
     if sql_type == "UUID[]":
         hexes = [None if v is None else [x.hex for x in v] for v in values]
         return pa.array(hexes, pa.list_(pa.string())), sql_type
-    if sql_type == "BLOB":  # embeddings held as views into the exact-vectors file
-        values = [v if v is None or isinstance(v, bytes) else bytes(v) for v in values]
-    return pa.array(values, _ARROW_TYPES[sql_type]), ""
+    return pa.array(values, _ARROW_TYPES[sql_type]), ""  # (embeddings: bytes, ``freeze``)
 
 
 def _arrow_table(columns: dict[str, tuple[list[Any], str]]) -> tuple[pa.Table, str]:
@@ -652,14 +650,12 @@ class Store:
         embedding held in the exact-vectors file (``fold.held``), as ``freeze``."""
         types = self._types[TABLE_OF[row_type]]
         names = stored_columns(row_type)
-        staged: dict[str, np.ndarray[Any, Any]] = {
-            n: _column([getattr(r, n) for r in rows], types[n]) for n in names
-        }
-        if "embedding" in staged:
-            staged["embedding"] = np.array(
-                [bytes(view(v)) if type(v) is int else v for v in staged["embedding"]],
-                dtype=object,
-            )
+        staged: dict[str, np.ndarray[Any, Any]] = {}
+        for n in names:
+            values = [getattr(r, n) for r in rows]
+            if n == "embedding":
+                values = [view(v) if type(v) is int else v for v in values]
+            staged[n] = _column(values, types[n])
         if "vec_id" in types:
             staged["vec_id"] = np.array([vec_ids.get(r.key()[0]) for r in rows], dtype=object)
         staged["updated_seq"] = np.full(len(rows), seq, dtype=np.int64)
