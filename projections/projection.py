@@ -189,13 +189,18 @@ class Projection:
 
     def _load_rows(self) -> None:
         self.memory = MemoryState()
+        # the experiences' and insights' local FAISS ids, filled as their rows are read
+        # (the generator is spent before ``load`` takes them)
+        vec_ids: dict[UUID, int] = {}
         self.memory.load(
             (
                 row
                 for t in ROW_TYPES
-                for row in self.store.rows(t, without=_HELD_APART.get(t, ())).values()
+                for row in self.store.rows(
+                    t, without=_HELD_APART.get(t, ()), vec_ids=vec_ids if t in _HELD_APART else None
+                ).values()
             ),
-            self.store.vec_ids(),
+            vec_ids,
         )
         for rejected in self.store.rejected():
             self.memory.rejected[rejected.seq] = rejected

@@ -126,3 +126,50 @@ def test_the_store_bounds_duckdbs_memory(tmp_path: Path) -> None:
         assert again == found
     finally:
         store.close()
+
+
+def test_an_open_keys_each_vector_number_by_its_rows_own_id(tmp_path: Path) -> None:
+    """The open reads each experience's local FAISS id with its row, keyed by the row's
+    own id object, not a second UUID made of the same text (a million of them were 2 s
+    of an open and 90 MB); a row stored before its create (no create event: NULL in a
+    UUID column, its stamps unlike its first stamp column's) reads back as it was."""
+    from eventlog.log import LogEntry
+    from projections.projection import Projection
+    from tests import factories as f
+
+    cid = f.uuid7()
+    made = [f.collective(cid), *(f.experience(cid, f"lesson {i}") for i in range(5))]
+    early = f.experience(cid, "changed before its create came")
+    change = ev.ExperienceUpdated(
+        **f._common(),  # type: ignore[arg-type]
+        experience_id=early.experience_id,
+        collective_id=cid,
+        importance=0.9,
+    )
+    entries = [LogEntry(seq, "pulse.test", e) for seq, e in enumerate([*made, change], 1)]
+    projection = Projection(tmp_path)
+    projection.apply(entries)
+    projection.close()
+    again = Projection(tmp_path)
+    try:
+        vec_ids = again.memory.vec_ids
+        assert len(vec_ids) == 5
+        stored = dict(
+            again.store.con.execute(
+                "SELECT experience_id, vec_id FROM experience_rows WHERE vec_id IS NOT NULL"
+            ).fetchall()
+        )
+        assert vec_ids == stored
+        rows = again.memory.experiences
+        for row_id in vec_ids:
+            assert next(k for k in rows if k[0] == row_id)[0] is row_id
+            assert rows[(row_id,)].experience_id is row_id
+        waiting = rows[(early.experience_id,)]
+        assert waiting.create_event is None and waiting.importance == 0.9
+        assert waiting.importance_stamp and waiting.confidence_stamp == fold.NO_STAMP
+        for row_id in vec_ids:  # a create stamps its registers alike: one object
+            row = rows[(row_id,)]
+            assert type(row.create_event) is UUID and row.importance_stamp
+            assert row.confidence_stamp is row.importance_stamp is row.domain_stamp
+    finally:
+        again.close()
