@@ -50,6 +50,7 @@ from uuid import UUID
 
 import msgspec
 import numpy as np
+import pyarrow as pa
 
 from eventlog import codec
 from eventlog import events as ev
@@ -765,11 +766,16 @@ class Projection:
         for (kind, _collective_id), index in self.vectors.items():
             dim, table, keys, gone = index.dim, self._rows(kind), index.keys, index.gone
             stale = []
+            # (the dimension of the rows' collective, asked once for each run of rows of
+            # one collective object: ``live_experience`` without a look-up per row)
+            last_collective: Any = _NOT_A_ROW
+            live_dim: int | None = None
             for vec_id in index.members:
                 row_id = by_vec_id.get(vec_id)
                 row = table.get((row_id,)) if row_id is not None else None
-                if row is not None and row.create_event is not None and not row.deleted:
-                    row.embedding = held(vec_id, dim)
+                created = row is not None and row.create_event is not None and not row.deleted
+                if created:
+                    row.embedding = held(vec_id, dim)  # type: ignore[union-attr]
                 if vec_id in gone:
                     continue
                 if row_id is None:
@@ -777,7 +783,16 @@ class Projection:
                     continue
                 keys[vec_id] = row_id
                 if kind == "experience":
-                    if memory.live_experience(row_id) is None:
+                    # live (``MemoryState.live_experience``): created, not deleted, in a
+                    # live collective of the vector's dimension (its embedding is the
+                    # slot just set, of this index's dimension)
+                    if not created:
+                        stale.append(vec_id)
+                        continue
+                    if row.collective_id is not last_collective:  # type: ignore[union-attr]
+                        last_collective = row.collective_id  # type: ignore[union-attr]
+                        live_dim = memory.collective_dimension(last_collective)
+                    if live_dim != dim:
                         stale.append(vec_id)
                     elif row.archived:  # type: ignore[union-attr]
                         index.set_hidden(vec_id, True)  # (an index opens with none hidden)
@@ -786,27 +801,31 @@ class Projection:
             for vec_id in stale:  # removing them overwrites the file's copies
                 self._own_copy(table.get((by_vec_id.get(vec_id),)))
             index.remove(stale)
+        # one walk of every row: those in no saved index (behind it, or not live) read
+        # their vectors from DuckDB; live ones among them, and rows that hold their bytes
+        # already (dead letters hold them for good), are what the indexes lack
+        unindexed: dict[str, set[UUID]] = {}
         for row_type, kind in ((ExperienceRow, "experience"), (InsightRow, "insight")):
             table = self._rows(kind)
-            missing = [  # in no saved index (behind it, or not live): read from DuckDB
-                key[0]
-                for key, row in table.items()
-                if row.embedding is None and row.create_event is not None and not row.deleted
-            ]
+            missing, holding = [], []
+            for key, row in table.items():
+                embedding = row.embedding
+                if embedding is None:
+                    if row.create_event is not None and not row.deleted:
+                        missing.append(key[0])
+                elif type(embedding) is bytes:
+                    holding.append(key[0])
             for row_id, embedding in self.store.embeddings(row_type, missing).items():
                 table[(row_id,)].embedding = embedding
-        unindexed = {  # live rows no saved index holds (dead letters hold bytes for good)
-            "experience": {
-                k[0]
-                for k, r in memory.experiences.items()
-                if isinstance(r.embedding, bytes) and memory.live_experience(k[0]) is not None
-            },
-            "insight": {
-                k[0]
-                for k, r in memory.insights.items()
-                if isinstance(r.embedding, bytes) and _indexable_insight(memory, r)
-            },
-        }
+                holding.append(row_id)
+            if kind == "experience":
+                unindexed[kind] = {i for i in holding if memory.live_experience(i) is not None}
+            else:
+                unindexed[kind] = {
+                    i
+                    for i in holding
+                    if _indexable_insight(memory, table[(i,)])  # type: ignore[arg-type]
+                }
         if saved_seq < self._seq or any(unindexed.values()):  # catch up from the rows
             changed = self.store.changed_since(saved_seq)
             # the text index was committed at the manifest's sequence, the vector files
@@ -870,12 +889,16 @@ class Projection:
 
 
 def _give_back_freed_memory() -> None:
-    """Return the C heap's free pages to the system (glibc keeps them otherwise)."""
+    """Return the C heaps' free pages to the system: glibc's and Arrow's pool (the
+    columns an open read), which keep them otherwise."""
+    pa.default_memory_pool().release_unused()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
         pass
 
+
+_NOT_A_ROW = object()  # (what no row's collective is)
 
 # columns read from the vector files rather than DuckDB when a projection opens
 _HELD_APART: dict[type, tuple[str, ...]] = {

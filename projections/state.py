@@ -142,29 +142,36 @@ class MemoryState:
         a new row, in one pass): each collective's order is appended to and sorted once
         at the end, not kept sorted one insertion at a time."""
         experiences, members_of, versions = self.experiences, self.experiences_of, self.versions
+        changes = self.changes
         orders: dict[UUID, list[tuple[int, UUID]]] = {}
+        # what a run of experiences of one collective object adds to (rows read back
+        # share one object per collective: a look-up per run, not three per row)
+        last: Any = _NONE_YET
+        members: set[UUID] = set()
+        found: list[tuple[int, UUID]] | None = None
         for row in rows:
             if type(row) is not ExperienceRow or row.experience_id is None:
                 self.fold.rows[type(row)][row.key()] = row
                 self._index(row, None)
                 continue
             eid, cid = row.experience_id, row.collective_id
-            if (eid,) in experiences or cid in self.changes:  # (not on an open)
-                experiences[(eid,)] = row
-                self._index(row, None)
-                continue
+            size = len(experiences)
             experiences[(eid,)] = row
+            if len(experiences) == size or (changes and cid in changes):  # (not on an open)
+                self._index(row, None)  # (it was there already, or changes are listed)
+                continue
+            if cid is not last:
+                last = cid
+                versions[cid] = versions.get(cid, 0) + 1
+                if cid is not None:
+                    members = members_of.setdefault(cid, set())
+                    found = orders.get(cid)
             if cid is not None:
-                members = members_of.get(cid)
-                if members is None:
-                    members = members_of[cid] = set()
                 members.add(eid)
                 if row.created_hlc is not None:
-                    found = orders.get(cid)
                     if found is None:
                         found = orders[cid] = []
                     found.append((row.created_hlc, eid))
-            versions[cid] = versions.get(cid, 0) + 1
             if row.deleted:
                 self._forget_counts(eid)
         for cid, found in orders.items():
@@ -615,6 +622,9 @@ class MemoryState:
 
     def live_sessions_of(self, collective_id: UUID) -> Iterator[SessionRow]:
         return _present(self.sessions_of.get(collective_id, ()), self.live_session)
+
+
+_NONE_YET = object()  # (what no row's collective is)
 
 
 def _present(ids: Iterable[UUID], live: Callable[[UUID], R | None]) -> Iterator[R]:

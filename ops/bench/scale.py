@@ -865,9 +865,13 @@ async def open_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
     db = await PulseDB.open(files.data_dir, url, projection_settings=plan.settings())
     seconds, cpu_s = time.perf_counter() - started, time.process_time() - opening
     gc.collect()
-    grown = memory_status()["VmRSS"] - before["VmRSS"]
+    after = memory_status()
+    grown = after["VmRSS"] - before["VmRSS"]
     result = {"seconds": round(seconds, 2), "cpu_s": round(cpu_s, 2),
               "vm_rss_growth_mb": mb(grown),
+              # anonymous memory (the rows, the indexes) and mapped files' pages
+              "anon_growth_mb": mb(after["RssAnon"] - before["RssAnon"]),
+              "file_growth_mb": mb(after["RssFile"] - before["RssFile"]),
               "bytes_per_experience": round(grown / plan.n)}  # fmt: skip
     await db.close()
     return result
