@@ -755,8 +755,10 @@ class Store:
                     cols[i] = [
                         None if v is None else keep(t := tuple(v), t) for v in array.to_pylist()
                     ]
-                elif kind is _Column.SHARED or (kind is _Column.STAMP and i == stamps[0]):
+                elif kind is _Column.SHARED:
                     cols[i] = _shared_column(array, keep)
+                elif kind is _Column.STAMP and i == stamps[0]:  # (mostly each row's own)
+                    cols[i] = array.to_pylist()
                 elif kind is _Column.STAMP:  # the first stamp's object wherever it is equal
                     cols[i] = _like(cols[stamps[0]], arrays[stamps[0]], array, keep)
                 else:
