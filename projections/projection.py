@@ -44,6 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -71,9 +72,15 @@ from projections.fold import (
 )
 from projections.schema import MISPLACED
 from projections.state import Audited, MemoryState, Rejected, Touched
-from projections.store import Batch, Flusher, Store, freeze, holding_file
+from projections.store import Batch, Flusher, Numbered, Store, freeze, holding_file
 from projections.text import Document, TextIndex
-from projections.vectors import ExactVectors, VectorIndex, read_manifest, write_manifest
+from projections.vectors import (
+    ExactVectors,
+    VectorIndex,
+    read_index_file,
+    read_manifest,
+    write_manifest,
+)
 
 log = logging.getLogger("pulse.projection")
 
@@ -165,7 +172,22 @@ class Projection:
         _give_back_freed_memory()  # loading freed much more than it keeps
 
     def _load(self) -> None:
-        self._load_rows()
+        # the saved vector indexes are read on a thread of their own while the rows are
+        # (FAISS lets go of the GIL: 0.4 s of a million's open, overlapped)
+        saved_seq, entries = read_manifest(self.dir / "vectors")
+        reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulse-open")
+        self._reading: dict[str, concurrent.futures.Future[Any]] = {
+            name: reader.submit(read_index_file, self.dir / "vectors" / name)
+            for name in entries
+            if saved_seq and (self.dir / "vectors" / name).exists()
+        }
+        reader.shutdown(wait=False)
+        try:
+            self._load_rows()
+        except BaseException:
+            for future in self._reading.values():
+                future.cancel()
+            raise
         if read_manifest(self.dir / "vectors")[0] == 0:
             # no saved indexes (new, crashed before its first save, or an older format):
             # the text index is refilled from the rows with the vector indexes
@@ -190,19 +212,16 @@ class Projection:
 
     def _load_rows(self) -> None:
         self.memory = MemoryState()
-        # the experiences' and insights' local FAISS ids, filled as their rows are read
-        # (the generator is spent before ``load`` takes them)
-        vec_ids: dict[UUID, int] = {}
-        self.memory.load(
-            (
-                row
-                for t in ROW_TYPES
-                for row in self.store.rows(
-                    t, without=_HELD_APART.get(t, ()), vec_ids=vec_ids if t in _HELD_APART else None
-                ).values()
-            ),
-            vec_ids,
-        )
+        # the experiences and insights that have a local FAISS id (``_load_indexes``
+        # finds the rows of the saved indexes' vectors in it, then lets it go)
+        self._numbered = numbered = Numbered()
+        tables = [
+            self.store.rows(
+                t, without=_HELD_APART.get(t, ()), vectors=numbered if t in _HELD_APART else None
+            )
+            for t in ROW_TYPES
+        ]
+        self.memory.load((row for table in tables for row in table.values()), numbered.numbers)
         for rejected in self.store.rejected():
             self.memory.rejected[rejected.seq] = rejected
 
@@ -748,13 +767,16 @@ class Projection:
             kind, _, rest = name.partition("-")
             collective_id = UUID(rest.removesuffix(".faiss"))
             path = self.dir / "vectors" / name
-            if path.exists():
+            reading = self._reading.pop(name, None)
+            if reading is not None or path.exists():
                 self.vectors[(kind, collective_id)] = VectorIndex.load(
-                    path, self._exact(dim), self.settings.hnsw_threshold, self.settings.ef_search
-                )
+                    path, self._exact(dim), self.settings.hnsw_threshold, self.settings.ef_search,
+                    read=None if reading is None else reading.result(),
+                )  # fmt: skip
                 language = memory.collective_language(collective_id)
                 self._live_collectives[collective_id] = (dim, language)
-        by_vec_id = {vec_id: row_id for row_id, vec_id in memory.vec_ids.items()}
+        self._reading = {}  # (files read that the manifest no longer names: dropped)
+        by_vec_id, self._numbered = self._numbered.rows, Numbered()  # (let go of after this)
         # a file written by a background save may hold vectors of rows DuckDB never got
         # (applied past the manifest's sequence, then a crash): removed below, and their
         # numbers never given to another row (an index keeps a removed one's number)
@@ -764,18 +786,24 @@ class Projection:
         # one pass over each index: rows pointed at the file, and each vector checked
         # against its row (a vector whose row is unknown, dead or not indexable is stale)
         for (kind, _collective_id), index in self.vectors.items():
-            dim, table, keys, gone = index.dim, self._rows(kind), index.keys, index.gone
+            dim, keys, gone = index.dim, index.keys, index.gone
+            row_type, id_of = _KINDS[kind]
             stale = []
             # (the dimension of the rows' collective, asked once for each run of rows of
             # one collective object: ``live_experience`` without a look-up per row)
             last_collective: Any = _NOT_A_ROW
             live_dim: int | None = None
             for vec_id in index.members:
-                row_id = by_vec_id.get(vec_id)
-                row = table.get((row_id,)) if row_id is not None else None
+                row: Any = by_vec_id.get(vec_id)  # (an experience or insight row)
+                if row is None:
+                    row_id = None
+                elif type(row) is row_type:
+                    row_id = id_of(row)
+                else:  # (a number of another kind's row: not this index's)
+                    row_id, row = row.key()[0], None
                 created = row is not None and row.create_event is not None and not row.deleted
                 if created:
-                    row.embedding = held(vec_id, dim)  # type: ignore[union-attr]
+                    row.embedding = held(vec_id, dim)
                 if vec_id in gone:
                     continue
                 if row_id is None:
@@ -789,17 +817,18 @@ class Projection:
                     if not created:
                         stale.append(vec_id)
                         continue
-                    if row.collective_id is not last_collective:  # type: ignore[union-attr]
-                        last_collective = row.collective_id  # type: ignore[union-attr]
+                    if row.collective_id is not last_collective:
+                        last_collective = row.collective_id
                         live_dim = memory.collective_dimension(last_collective)
                     if live_dim != dim:
                         stale.append(vec_id)
-                    elif row.archived:  # type: ignore[union-attr]
+                    elif row.archived:
                         index.set_hidden(vec_id, True)  # (an index opens with none hidden)
-                elif row is None or not _indexable_insight(memory, row):  # type: ignore[arg-type]
+                elif row is None or not _indexable_insight(memory, row):
                     stale.append(vec_id)
             for vec_id in stale:  # removing them overwrites the file's copies
-                self._own_copy(table.get((by_vec_id.get(vec_id),)))
+                found: Any = by_vec_id.get(vec_id)
+                self._own_copy(found if type(found) is row_type else None)
             index.remove(stale)
         # one walk of every row: those in no saved index (behind it, or not live) read
         # their vectors from DuckDB; live ones among them, and rows that hold their bytes
@@ -899,6 +928,12 @@ def _give_back_freed_memory() -> None:
 
 
 _NOT_A_ROW = object()  # (what no row's collective is)
+
+# an index's kind: its rows' type, and their id
+_KINDS: dict[str, tuple[type[Any], Callable[[Any], UUID]]] = {
+    "experience": (ExperienceRow, attrgetter("experience_id")),
+    "insight": (InsightRow, attrgetter("insight_id")),
+}
 
 # columns read from the vector files rather than DuckDB when a projection opens
 _HELD_APART: dict[type, tuple[str, ...]] = {

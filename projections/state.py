@@ -21,10 +21,12 @@ Everything here is touched by the engine thread only (see ``projections.engine``
 from __future__ import annotations
 
 import bisect
+import operator
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import islice
+from operator import attrgetter, itemgetter
 from typing import Any, TypeAlias, TypeVar
 from uuid import UUID
 
@@ -178,10 +180,18 @@ class MemoryState:
             held = self.order.get(cid)
             if held:
                 found.extend(held)
-            found.sort()
+            # by HLC alone (int comparisons, a quarter of the time), then by HLC and id
+            # again only if two share an HLC (the order is of both)
+            found.sort(key=_FIRST)
+            hlcs = list(map(_FIRST, found))
+            if any(map(operator.eq, hlcs, islice(hlcs, 1, None))):
+                found.sort()
             self.order[cid] = found
         self.forgotten_counts.clear()  # DuckDB already holds no counts of deleted ones
-        self.vec_ids.update(vec_ids)
+        if self.vec_ids:
+            self.vec_ids.update(vec_ids)
+        else:  # (an open: taken as read, not copied)
+            self.vec_ids = vec_ids
         self.next_vec_id = 1 + max(vec_ids.values(), default=0)
 
     def merge(self, delta: FoldState) -> Touched:
@@ -625,6 +635,7 @@ class MemoryState:
 
 
 _NONE_YET = object()  # (what no row's collective is)
+_FIRST = itemgetter(0)
 
 
 def _present(ids: Iterable[UUID], live: Callable[[UUID], R | None]) -> Iterator[R]:

@@ -782,15 +782,26 @@ class VectorIndex:
 
     @classmethod
     def load(
-        cls, path: Path, exact: ExactVectors, hnsw_threshold: int, ef_search: int
+        cls,
+        path: Path,
+        exact: ExactVectors,
+        hnsw_threshold: int,
+        ef_search: int,
+        read: Any = None,
     ) -> VectorIndex:
+        """The index saved at ``path`` (``read``: the FAISS index already read from it)."""
         loaded = cls(exact.dim, exact, hnsw_threshold, ef_search)
-        index = faiss.read_index(str(path))
+        index = read_index_file(path) if read is None else read
         if index.d != exact.dim or not isinstance(index, faiss.IndexIDMap):
             return loaded  # stale file from another life of this collective: start over
         loaded.index = index
         loaded.members = set(faiss.vector_to_array(index.id_map).tolist())
         return loaded
+
+
+def read_index_file(path: Path) -> Any:
+    """A saved FAISS index, read (FAISS lets go of the GIL while it reads)."""
+    return faiss.read_index(str(path))
 
 
 def _build_graph(dim: int, vectors: Matrix, ids: npt.NDArray[np.int64]) -> Any:

@@ -173,3 +173,22 @@ def test_an_open_keys_each_vector_number_by_its_rows_own_id(tmp_path: Path) -> N
             assert row.confidence_stamp is row.importance_stamp is row.domain_stamp
     finally:
         again.close()
+
+
+def test_the_order_loaded_breaks_ties_of_hlc_by_id_as_merging_does() -> None:
+    """The open sorts a collective's experiences by HLC alone, and by HLC and id again
+    only where two share an HLC: the order must be what merging them one by one gives."""
+    cid = UUID(int=1)
+    rows = [
+        fold.ExperienceRow(experience_id=UUID(int=i), collective_id=cid, created_hlc=hlc)
+        for i, hlc in ((9, 5), (3, 5), (7, 2), (1, 8), (4, 5), (2, 2))
+    ]
+    folded = fold.FoldState()
+    for row in rows:
+        folded.rows[fold.ExperienceRow][row.key()] = row.copy()
+    merged = MemoryState()
+    merged.merge(folded)
+    loaded = MemoryState()
+    loaded.load([row.copy() for row in rows], {})
+    assert loaded.order == merged.order
+    assert [i.int for _, i in loaded.order[cid]] == [2, 7, 3, 4, 9, 1]
