@@ -653,6 +653,14 @@ async def ingest_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
         seconds, cpu_s = time.perf_counter() - started, time.process_time() - cpu
         progress(done, final=True)
         after = memory_status()
+        # acknowledged is not yet built: vectors the background inserter has not put in
+        # the graph are searched exactly meanwhile, and inserted later (at the latest at
+        # the next save). FAISS's build is a whole graph, so the ingest is timed until
+        # Pulse's graph holds every vector too.
+        print("scale: ingest: until the graph holds every vector", file=sys.stderr, flush=True)
+        backlog = await db.engine.run(pending_vectors)
+        await db.engine.run(complete_graphs)
+        built_s, built_cpu_s = time.perf_counter() - started, time.process_time() - cpu
         parts = await db.engine.run(breakdown) if plan.breakdown else {}
     finally:
         for fd in (vectors_fd, texts_fd, offsets_fd):
@@ -660,8 +668,21 @@ async def ingest_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
         await db.close()
     return {"collective": str(cid), "seconds": round(seconds, 3), "cpu_s": round(cpu_s, 2),
             "per_s": round(plan.n / seconds), "text_bytes": text_bytes,
+            "pending_at_the_last_ack": backlog, "built_s": round(built_s, 3),
+            "built_cpu_s": round(built_cpu_s, 2),
             "before": before, "after": after, "breakdown": parts,
             "curve": [[n, mb(rss)] for n, rss in curve]}  # fmt: skip
+
+
+def pending_vectors(projection: Any) -> int:
+    """Vectors acknowledged and searchable but not in their graph yet (engine thread)."""
+    return sum(len(index.pending) for index in projection.vectors.values())
+
+
+def complete_graphs(projection: Any) -> None:
+    """Insert every pending vector into its graph (engine thread)."""
+    for index in projection.vectors.values():
+        index.wait()
 
 
 async def search_phase(files: Files, plan: Plan, url: str) -> dict[str, Any]:
@@ -953,6 +974,11 @@ def figures(plan: Plan, peer: dict[str, Any], ingest: dict[str, Any],
     """The figures of a run from its phases' results."""
     n = plan.n
     raw = n * DIM * 4 + ingest["text_bytes"]
+    # the ingest until its graph holds every vector (results of an older run: until
+    # the last acknowledgement, which is all they hold)
+    built_s = ingest.get("built_s", ingest["seconds"])
+    built_cpu_s = ingest.get("built_cpu_s", ingest["cpu_s"])
+    built_per_s = n / built_s
     out = [
         Figure("raw_log_vs_faiss_build", sig(raw_log["per_s"] / peer["vectors_per_s"]),
                "higher", 0.8, {"experiences": n, "raw_log_s": raw_log["seconds"],
@@ -962,14 +988,17 @@ def figures(plan: Plan, peer: dict[str, Any], ingest: dict[str, Any],
                                "faiss_per_s": peer["vectors_per_s"],
                                "what": "the floor of ingest_vs_faiss_build: raw nats-py "
                                "publishing each experience's bytes, acknowledged"}),
-        Figure("ingest_vs_faiss_build", sig(ingest["per_s"] / peer["vectors_per_s"]), "higher",
-               0.8, {"experiences": n, "pulse_s": ingest["seconds"],
-                     "pulse_per_s": ingest["per_s"], "pulse_cpu_s": ingest["cpu_s"],
+        Figure("ingest_vs_faiss_build", sig(built_per_s / peer["vectors_per_s"]), "higher",
+               0.8, {"experiences": n, "pulse_s": built_s, "pulse_per_s": round(built_per_s),
+                     "pulse_cpu_s": built_cpu_s,
+                     "acknowledged_s": ingest["seconds"], "acknowledged_per_s": ingest["per_s"],
+                     "acknowledged_cpu_s": ingest["cpu_s"],
+                     "pending_at_the_last_ack": ingest.get("pending_at_the_last_ack"),
                      "callers": plan.callers, "batch": BATCH, "faiss_build_s": peer["build_s"],
                      "faiss_per_s": peer["vectors_per_s"],
                      "faiss_cpu_s": peer["build_cpu_s"],
-                     "cpu_ratio": sig(peer["build_cpu_s"] / ingest["cpu_s"]),
-                     "vs_raw_log": sig(ingest["per_s"] / raw_log["per_s"])}),
+                     "cpu_ratio": sig(peer["build_cpu_s"] / built_cpu_s),
+                     "vs_raw_log": sig(built_per_s / raw_log["per_s"])}),
     ]  # fmt: skip
     p50, peer_p50 = pct(search["pulse_ms"], 50), pct(search["peer_ms"], 50)
     searches = {"experiences": n, "queries": len(search["pulse_ms"]), "k": K,
