@@ -87,6 +87,7 @@ HNSW_EF_CONSTRUCTION = 80
 COMPACT_FRACTION = 0.2  # a graph is rebuilt once this share of its nodes is gone
 INSERT_SECONDS = 0.002  # about the time of one background chunk of inserts
 PENDING_CAP = 4096  # past this many pending vectors, the adding thread inserts the excess
+STABLE_WAIT = 0.05  # what the adding thread waits for the inserter's chunk to end, at most
 # OpenMP team sizes by use (``omp_set_num_threads`` is per calling thread)
 SEARCH_THREADS, INSERT_THREADS, BULK_THREADS = 1, 1, os.cpu_count() or 1
 _CHUNK = 4096  # vector slots per mapping of an exact-vectors file
@@ -434,14 +435,30 @@ class VectorIndex:
                 self.pending.update(dict.fromkeys(new_ids.tolist()))
                 if self.inserting is None:
                     self.inserting = _INSERTER.submit(self._insert_pending)
-            # the inserter falls behind: help it (not while a save writes the graph:
-            # what is pending meanwhile is searched exactly, and inserted after it)
-            if len(self.pending) > PENDING_CAP and self._stable.acquire(blocking=False):
+            # the inserter falls behind: help it, so the vectors searched exactly stay
+            # few and the graph is not owed minutes of work (not while a save writes
+            # the graph: what is pending meanwhile is searched exactly, inserted after)
+            if len(self.pending) > PENDING_CAP and self._stable_soon():
                 try:
                     with self._held():
                         self._insert(len(self.pending) - PENDING_CAP // 2, BULK_THREADS)
                 finally:
                     self._stable.release()
+
+    def _stable_soon(self) -> bool:
+        """Take ``_stable`` for the owner thread if it is free within ``STABLE_WAIT``:
+        ahead of the inserter's next chunk (a chunk ends within about INSERT_SECONDS),
+        but not behind a save writing the index (seconds). A try without waiting, as
+        before, almost never found the lock free while the inserter worked chunk after
+        chunk: a million's ingest left the graph minutes behind its acknowledgements."""
+        with self._turn:
+            self._wanted += 1
+        try:
+            return self._stable.acquire(timeout=STABLE_WAIT)
+        finally:
+            with self._turn:
+                self._wanted -= 1
+                self._turn.notify_all()
 
     def _insert(self, count: int, threads: int) -> int:
         """Insert the oldest ``count`` pending vectors into the graph (under ``_lock``);
@@ -772,7 +789,8 @@ class VectorIndex:
         """Write the index as it is (pending vectors are in no file: an open adds them
         again), from any thread: nothing changes it meanwhile (``_stable``), and searches
         go on beside the write. What waits: the inserter, a removal, a swap and a flat
-        add on this index; an add past ``PENDING_CAP`` leaves the excess pending."""
+        add on this index; an add past ``PENDING_CAP`` leaves the excess pending (it
+        waits ``STABLE_WAIT`` at most)."""
         tmp = path.with_suffix(".tmp")
         with self._stable:
             with self._lock:  # (a swap replaces it under both)

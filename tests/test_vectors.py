@@ -30,7 +30,14 @@ from hypothesis import strategies as st
 
 from projections import queries as q
 from projections.projection import Projection, ProjectionSettings
-from projections.vectors import _COMPACTOR, _INSERTER, PENDING_CAP, ExactVectors, VectorIndex
+from projections.vectors import (
+    _COMPACTOR,
+    _INSERTER,
+    PENDING_CAP,
+    STABLE_WAIT,
+    ExactVectors,
+    VectorIndex,
+)
 from tests.test_compaction import History, feed, graph_size
 
 Matrix = npt.NDArray[np.float32]
@@ -145,6 +152,49 @@ def test_a_writer_faster_than_the_inserter_inserts_past_the_cap_itself(tmp_path:
         assert graph_size(index) + len(index.pending) == len(vectors)
         assert in_graph(index).isdisjoint(index.pending)
         assert all(top(index, vectors[v]) == [v] for v in range(0, len(vectors), 97))
+    index.wait()
+    assert not index.pending and graph_size(index) == len(vectors)
+
+
+def held_for(lock: threading.Lock, seconds: float) -> threading.Thread:
+    """Hold ``lock`` on another thread for ``seconds`` (as the inserter holds the
+    index's ``_stable`` for a chunk, and a save for its write); returns once held."""
+    taken = threading.Event()
+
+    def hold() -> None:
+        with lock:
+            taken.set()
+            time.sleep(seconds)  # (the holder's work: what the adding thread waits out)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    taken.wait()
+    return thread
+
+
+def test_an_add_past_the_cap_waits_out_a_chunk_but_not_a_save(tmp_path: Path) -> None:
+    """Past the cap, the adding thread inserts the excess even while the inserter is in
+    a chunk (it holds the lock a few ms; trying without waiting, the add found it held
+    chunk after chunk, and a million's graph fell minutes behind); while a save writes
+    the index (longer than ``STABLE_WAIT``) it leaves the excess pending."""
+    rng = np.random.default_rng(13)
+    index = make_index(tmp_path)
+    vectors = rng.normal(size=(2 * PENDING_CAP + 1200, DIM)).astype(np.float32)
+    add(index, 0, vectors[:100])
+    with inserter_held():
+        add(index, 100, vectors[100:PENDING_CAP])
+        chunk = held_for(index._stable, STABLE_WAIT / 5)
+        add(index, PENDING_CAP, vectors[PENDING_CAP : PENDING_CAP + 600])
+        chunk.join()
+        assert len(index.pending) <= PENDING_CAP, "the excess inserted after the chunk"
+        saving = held_for(index._stable, STABLE_WAIT * 20)
+        started = time.monotonic()
+        add(index, PENDING_CAP + 600, vectors[PENDING_CAP + 600 :])
+        waited = time.monotonic() - started
+        assert len(index.pending) > PENDING_CAP, "left pending while the save writes"
+        assert waited < STABLE_WAIT * 10, waited
+        saving.join()
+        assert all(top(index, vectors[v]) == [v] for v in range(0, len(vectors), 211))
     index.wait()
     assert not index.pending and graph_size(index) == len(vectors)
 
