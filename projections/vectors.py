@@ -299,6 +299,7 @@ class VectorIndex:
     # whatever changes the index (but adding to ``pending``) takes it before ``_lock``,
     # searches do not (they only read, beside the write)
     _stable: threading.Lock = field(default_factory=threading.Lock)
+    _writing: bool = False  # a save is writing the index (holding ``_stable``)
     inserting: concurrent.futures.Future[None] | None = None  # the inserter's run
     _chunk: int = 16  # vectors per background chunk, adjusted to take INSERT_SECONDS
 
@@ -451,6 +452,8 @@ class VectorIndex:
         but not behind a save writing the index (seconds). A try without waiting, as
         before, almost never found the lock free while the inserter worked chunk after
         chunk: a million's ingest left the graph minutes behind its acknowledgements."""
+        if self._writing:  # (a save: the excess waits for it, searched exactly)
+            return False
         with self._turn:
             self._wanted += 1
         try:
@@ -795,7 +798,11 @@ class VectorIndex:
         with self._stable:
             with self._lock:  # (a swap replaces it under both)
                 index = self.index
-            faiss.write_index(index, str(tmp))
+            self._writing = True
+            try:
+                faiss.write_index(index, str(tmp))
+            finally:
+                self._writing = False
         os.replace(tmp, path)
 
     @classmethod

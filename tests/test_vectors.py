@@ -25,9 +25,11 @@ from uuid import UUID
 import faiss
 import numpy as np
 import numpy.typing as npt
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import projections.vectors as vectors_module
 from projections import queries as q
 from projections.projection import Projection, ProjectionSettings
 from projections.vectors import (
@@ -172,7 +174,9 @@ def held_for(lock: threading.Lock, seconds: float) -> threading.Thread:
     return thread
 
 
-def test_an_add_past_the_cap_waits_out_a_chunk_but_not_a_save(tmp_path: Path) -> None:
+def test_an_add_past_the_cap_waits_out_a_chunk_but_not_a_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Past the cap, the adding thread inserts the excess even while the inserter is in
     a chunk (it holds the lock a few ms; trying without waiting, the add found it held
     chunk after chunk, and a million's graph fell minutes behind); while a save writes
@@ -187,13 +191,30 @@ def test_an_add_past_the_cap_waits_out_a_chunk_but_not_a_save(tmp_path: Path) ->
         add(index, PENDING_CAP, vectors[PENDING_CAP : PENDING_CAP + 600])
         chunk.join()
         assert len(index.pending) <= PENDING_CAP, "the excess inserted after the chunk"
-        saving = held_for(index._stable, STABLE_WAIT * 20)
+        saving = held_for(index._stable, STABLE_WAIT * 20)  # (held longer than a chunk)
         started = time.monotonic()
-        add(index, PENDING_CAP + 600, vectors[PENDING_CAP + 600 :])
+        add(index, PENDING_CAP + 600, vectors[PENDING_CAP + 600 : PENDING_CAP + 3000])
         waited = time.monotonic() - started
-        assert len(index.pending) > PENDING_CAP, "left pending while the save writes"
+        assert len(index.pending) > PENDING_CAP, "left pending while the lock is held"
         assert waited < STABLE_WAIT * 10, waited
         saving.join()
+        # a save writing the index (``write`` marks it): not waited for at all, however
+        # long the wait allowed for a chunk
+        monkeypatch.setattr(vectors_module, "STABLE_WAIT", 10.0)
+        done = threading.Event()
+        index._writing = True
+        # (held on another thread until the add returns; released here, as a Lock may be)
+        saving = threading.Thread(target=lambda: index._stable.acquire() and done.wait())
+        saving.start()
+        until(index._stable.locked)
+        started = time.monotonic()
+        add(index, PENDING_CAP + 3000, vectors[PENDING_CAP + 3000 :])
+        waited = time.monotonic() - started
+        done.set()
+        saving.join()
+        index._stable.release()
+        index._writing = False
+        assert len(index.pending) > PENDING_CAP and waited < 5.0, waited
         assert all(top(index, vectors[v]) == [v] for v in range(0, len(vectors), 211))
     index.wait()
     assert not index.pending and graph_size(index) == len(vectors)
