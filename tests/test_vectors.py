@@ -17,7 +17,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from uuid import UUID
@@ -158,20 +158,27 @@ def test_a_writer_faster_than_the_inserter_inserts_past_the_cap_itself(tmp_path:
     assert not index.pending and graph_size(index) == len(vectors)
 
 
-def held_for(lock: threading.Lock, seconds: float) -> threading.Thread:
-    """Hold ``lock`` on another thread for ``seconds`` (as the inserter holds the
-    index's ``_stable`` for a chunk, and a save for its write); returns once held."""
+@contextmanager
+def lock_held(lock: threading.Lock, until_then: Callable[[], bool]) -> Iterator[None]:
+    """Hold ``lock`` on another thread (as the inserter holds the index's ``_stable``
+    for a chunk, and a save for its write) until ``until_then()`` holds, or at the
+    latest on leaving; the body runs once it is held."""
+    leaving = threading.Event()
     taken = threading.Event()
 
     def hold() -> None:
         with lock:
             taken.set()
-            time.sleep(seconds)  # (the holder's work: what the adding thread waits out)
+            until(lambda: leaving.is_set() or until_then())
 
     thread = threading.Thread(target=hold)
     thread.start()
     taken.wait()
-    return thread
+    try:
+        yield
+    finally:
+        leaving.set()
+        thread.join()
 
 
 def test_an_add_past_the_cap_waits_out_a_chunk_but_not_a_save(
@@ -187,32 +194,25 @@ def test_an_add_past_the_cap_waits_out_a_chunk_but_not_a_save(
     add(index, 0, vectors[:100])
     with inserter_held():
         add(index, 100, vectors[100:PENDING_CAP])
-        chunk = held_for(index._stable, STABLE_WAIT / 5)
-        add(index, PENDING_CAP, vectors[PENDING_CAP : PENDING_CAP + 600])
-        chunk.join()
+        # a chunk: the lock let go as soon as the adding thread asks for it
+        with lock_held(index._stable, lambda: index._wanted > 0):
+            add(index, PENDING_CAP, vectors[PENDING_CAP : PENDING_CAP + 600])
         assert len(index.pending) <= PENDING_CAP, "the excess inserted after the chunk"
-        saving = held_for(index._stable, STABLE_WAIT * 20)  # (held longer than a chunk)
-        started = time.monotonic()
-        add(index, PENDING_CAP + 600, vectors[PENDING_CAP + 600 : PENDING_CAP + 3000])
-        waited = time.monotonic() - started
+        # held past ``STABLE_WAIT``: the add gives up waiting and leaves the excess
+        with lock_held(index._stable, lambda: False):
+            started = time.monotonic()
+            add(index, PENDING_CAP + 600, vectors[PENDING_CAP + 600 : PENDING_CAP + 3000])
+            waited = time.monotonic() - started
         assert len(index.pending) > PENDING_CAP, "left pending while the lock is held"
         assert waited < STABLE_WAIT * 10, waited
-        saving.join()
         # a save writing the index (``write`` marks it): not waited for at all, however
         # long the wait allowed for a chunk
         monkeypatch.setattr(vectors_module, "STABLE_WAIT", 10.0)
-        done = threading.Event()
         index._writing = True
-        # (held on another thread until the add returns; released here, as a Lock may be)
-        saving = threading.Thread(target=lambda: index._stable.acquire() and done.wait())
-        saving.start()
-        until(index._stable.locked)
-        started = time.monotonic()
-        add(index, PENDING_CAP + 3000, vectors[PENDING_CAP + 3000 :])
-        waited = time.monotonic() - started
-        done.set()
-        saving.join()
-        index._stable.release()
+        with lock_held(index._stable, lambda: False):
+            started = time.monotonic()
+            add(index, PENDING_CAP + 3000, vectors[PENDING_CAP + 3000 :])
+            waited = time.monotonic() - started
         index._writing = False
         assert len(index.pending) > PENDING_CAP and waited < 5.0, waited
         assert all(top(index, vectors[v]) == [v] for v in range(0, len(vectors), 211))
