@@ -65,6 +65,7 @@ from projections.fold import (
     FoldState,
     InsightRow,
     Placed,
+    Row,
     held,
     held_at,
     row_of,
@@ -176,16 +177,16 @@ class Projection:
         # (FAISS lets go of the GIL: 0.4 s of a million's open, overlapped)
         saved_seq, entries = read_manifest(self.dir / "vectors")
         reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulse-open")
-        self._reading: dict[str, concurrent.futures.Future[Any]] = {
+        reading: dict[str, concurrent.futures.Future[Any]] = {
             name: reader.submit(read_index_file, self.dir / "vectors" / name)
             for name in entries
             if saved_seq and (self.dir / "vectors" / name).exists()
         }
         reader.shutdown(wait=False)
         try:
-            self._load_rows()
+            numbered = self._load_rows()
         except BaseException:
-            for future in self._reading.values():
+            for future in reading.values():
                 future.cancel()
             raise
         if read_manifest(self.dir / "vectors")[0] == 0:
@@ -204,17 +205,17 @@ class Projection:
         self._unindexed = Touched.nothing()  # applied, not yet in the indexes
         self._saving: concurrent.futures.Future[bool] | None = None  # a background save
         self.unindexed_events = 0  # events applied since the indexes were brought up
-        self._load_indexes()
+        self._load_indexes(reading, numbered.rows)
         self.last_flush = self.last_save = time.monotonic()
         # since when a delete applied here waits for the files to be rewritten (None:
         # nothing waits); a scrub a crash prevented is done soon after opening
         self.scrub_since: float | None = self.last_flush if self.store.scrub_owed() else None
 
-    def _load_rows(self) -> None:
+    def _load_rows(self) -> Numbered:
         self.memory = MemoryState()
         # the experiences and insights that have a local FAISS id (``_load_indexes``
         # finds the rows of the saved indexes' vectors in it, then lets it go)
-        self._numbered = numbered = Numbered()
+        numbered = Numbered()
         tables = [
             self.store.rows(
                 t, without=_HELD_APART.get(t, ()), vectors=numbered if t in _HELD_APART else None
@@ -224,6 +225,7 @@ class Projection:
         self.memory.load((row for table in tables for row in table.values()), numbered.numbers)
         for rejected in self.store.rejected():
             self.memory.rejected[rejected.seq] = rejected
+        return numbered
 
     # -- applying --------------------------------------------------------------------------
 
@@ -759,7 +761,11 @@ class Projection:
     def _path(self, kind: str, collective_id: UUID) -> Path:
         return self.dir / "vectors" / f"{kind}-{collective_id}.faiss"
 
-    def _load_indexes(self) -> None:
+    def _load_indexes(
+        self, reading: dict[str, concurrent.futures.Future[Any]], by_vec_id: dict[int, Row]
+    ) -> None:
+        """The saved indexes (``reading``: their files, being read) checked against the
+        rows (``by_vec_id``: those with a vector number, by it)."""
         memory = self.memory
         saved_seq, entries = read_manifest(self.dir / "vectors")
         self.saved_seq = saved_seq
@@ -767,16 +773,14 @@ class Projection:
             kind, _, rest = name.partition("-")
             collective_id = UUID(rest.removesuffix(".faiss"))
             path = self.dir / "vectors" / name
-            reading = self._reading.pop(name, None)
-            if reading is not None or path.exists():
+            read = reading.get(name)
+            if read is not None or path.exists():
                 self.vectors[(kind, collective_id)] = VectorIndex.load(
                     path, self._exact(dim), self.settings.hnsw_threshold, self.settings.ef_search,
-                    read=None if reading is None else reading.result(),
+                    read=None if read is None else read.result(),
                 )  # fmt: skip
                 language = memory.collective_language(collective_id)
                 self._live_collectives[collective_id] = (dim, language)
-        self._reading = {}  # (files read that the manifest no longer names: dropped)
-        by_vec_id, self._numbered = self._numbered.rows, Numbered()  # (let go of after this)
         # a file written by a background save may hold vectors of rows DuckDB never got
         # (applied past the manifest's sequence, then a crash): removed below, and their
         # numbers never given to another row (an index keeps a removed one's number)
