@@ -124,9 +124,10 @@ async def test_every_write_method_takes_a_key(nats_server: EmbeddedNats, tmp_pat
 
 class CuttingProxy:
     """A TCP proxy to a NATS server (threads and plain sockets) that, once armed, cuts
-    its connections right after forwarding the next publish of a Pulse event (so
-    JetStream stores it, and the client never hears the acknowledgement), and stops
-    listening (connections are refused, as by a host that is down) until released."""
+    its connections at the next publish of a Pulse event: the client's side first, then
+    the publish goes on (so JetStream stores it, and the client never hears the
+    acknowledgement), and it stops listening (connections are refused, as by a host that
+    is down) until released."""
 
     def __init__(self, upstream: str) -> None:
         parts = urlsplit(upstream)
@@ -163,13 +164,18 @@ class CuttingProxy:
     def _pump(self, src: socket.socket, dst: socket.socket, out: bool) -> None:
         try:
             while data := src.recv(65536):
-                dst.sendall(data)
                 if out and self.armed and b"PUB pulse.c." in data:
+                    # the client's side is shut before the publish goes on, so the
+                    # server's acknowledgement cannot slip back to it first
                     self.armed = False
+                    with contextlib.suppress(OSError):
+                        src.shutdown(socket.SHUT_RDWR)
+                    dst.sendall(data)
                     self.listener.close()
                     self.cut_all()
                     self.cut.set()
                     return
+                dst.sendall(data)
         except OSError:
             pass
         for sock in (src, dst):
