@@ -83,7 +83,13 @@ faiss: Any = _faiss  # its bundled stubs miss SearchParametersHNSW and selector 
 Matrix = npt.NDArray[np.float32]
 
 HNSW_M = 32  # graph neighbours per node (64 on the bottom layer)
-HNSW_EF_CONSTRUCTION = 80
+HNSW_EF_CONSTRUCTION = 80  # a graph built in one add (the first, a compaction)
+# Vectors inserted into a graph that exists (the inserter's chunks, the excess past the
+# cap, a catch-up) search wider for their neighbours: a graph built online is worse than
+# one built in one add at the same breadth (FAISS inserts a batch's upper levels first),
+# and at a million it fell below the recall target (0.941 against FAISS's one add at 80:
+# 0.956; ``python -m ops.bench.graph_build``: 128 online beats one add at 80)
+HNSW_EF_ONLINE = 128
 COMPACT_FRACTION = 0.2  # a graph is rebuilt once this share of its nodes is gone
 INSERT_SECONDS = 0.002  # about the time of one background chunk of inserts
 PENDING_CAP = 4096  # past this many pending vectors, the adding thread inserts the excess
@@ -472,6 +478,7 @@ class VectorIndex:
             return 0
         ids = np.array(chunk, dtype=np.int64)
         _threads(threads)
+        faiss.downcast_index(self.index.index).hnsw.efConstruction = HNSW_EF_ONLINE
         self.index.add_with_ids(self.exact.unit(ids), ids)
         with self._queue:
             for vec_id in chunk:

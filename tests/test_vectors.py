@@ -35,6 +35,8 @@ from projections.projection import Projection, ProjectionSettings
 from projections.vectors import (
     _COMPACTOR,
     _INSERTER,
+    HNSW_EF_CONSTRUCTION,
+    HNSW_EF_ONLINE,
     PENDING_CAP,
     STABLE_WAIT,
     ExactVectors,
@@ -139,6 +141,36 @@ def test_the_inserter_empties_the_queue_in_chunks(tmp_path: Path) -> None:
     until(lambda: not index.pending and index.inserting is None)
     assert in_graph(index) == set(range(2000)) and graph_size(index) == 2000
     assert all(top(index, vectors[v]) == [v] for v in range(0, 2000, 37))
+
+
+def test_vectors_inserted_into_a_graph_search_wider_than_its_one_add_build(
+    tmp_path: Path,
+) -> None:
+    """A graph built online is worse than one built in one add at the same breadth
+    (``python -m ops.bench.graph_build``): the first graph (one add) is built with
+    HNSW_EF_CONSTRUCTION, every later insert, the inserter's or the adding thread's, with
+    the wider HNSW_EF_ONLINE."""
+
+    def breadth() -> int:
+        return int(faiss.downcast_index(index.index.index).hnsw.efConstruction)
+
+    assert HNSW_EF_ONLINE > HNSW_EF_CONSTRUCTION
+    rng = np.random.default_rng(7)
+    index = make_index(tmp_path)
+    vectors = rng.normal(size=(400, DIM)).astype(np.float32)
+    add(index, 0, vectors[:100])
+    assert index.is_hnsw and breadth() == HNSW_EF_CONSTRUCTION
+    with inserter_held():
+        add(index, 100, vectors[100:200])
+        assert breadth() == HNSW_EF_CONSTRUCTION, "nothing inserted yet"
+    until(lambda: not index.pending and index.inserting is None)
+    assert breadth() == HNSW_EF_ONLINE and graph_size(index) == 200
+    index.compact()  # a graph built again in one add, then inserted into
+    index.wait()
+    assert breadth() == HNSW_EF_CONSTRUCTION and graph_size(index) == 200
+    add(index, 200, vectors[200:])
+    index.wait_pending()
+    assert breadth() == HNSW_EF_ONLINE and graph_size(index) == 400
 
 
 def test_a_writer_faster_than_the_inserter_inserts_past_the_cap_itself(tmp_path: Path) -> None:

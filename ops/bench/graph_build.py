@@ -15,7 +15,9 @@ exact vectors, as Pulse searches:
 - ``bulk``: trained and filled in one ``add`` (the peer of ``ops.bench.scale``);
 - ``chunks-C``: trained on the first ``hnsw_threshold`` vectors and filled with them
   (Pulse's first graph), then ``add`` calls of ``C`` vectors;
-- ``efc-E``: the same with chunks of 2,048 and efConstruction ``E`` (Pulse's is 80);
+- ``efc-E``: the same with chunks of 2,048 and efConstruction ``E`` (Pulse builds a
+  graph in one add at 80, ``HNSW_EF_CONSTRUCTION``, and inserts into it at 128,
+  ``HNSW_EF_ONLINE``);
 - ``pulse``: Pulse's own ``VectorIndex``, fed batches of 256 at an ingest's pace (its
   pending vectors and background inserter; ``--pace`` vectors a second).
 
