@@ -944,29 +944,69 @@ class McpSessions:
             if counted:
                 opened()
 
-    def capped(self, routes: list[BaseRoute]) -> list[BaseRoute]:
-        """The MCP app's routes, each endpoint behind these caps."""
-        return [
-            Route(
-                route.path,
-                endpoint=_Capped(route.app, self),
-                methods=route.methods,
-                name=route.name,
-            )  # fmt: skip
-            if isinstance(route, Route)
-            else route
-            for route in routes
-        ]
 
+class LazyMcp:
+    """The MCP endpoint (``/mcp``) of `pulse up`, made at its first request.
 
-class _Capped:
-    """An ASGI app behind ``McpSessions``."""
+    Importing the MCP SDK and building the server with every tool costs about 0.7 s of
+    CPU, a quarter of the service's start, paid by every start whether an MCP client
+    comes or not. Here the first request to ``/mcp`` builds it (``build()``: a FastMCP
+    server), starts its session manager in the app's lifespan task group (``lifespan``,
+    which stops it at shutdown) and puts it behind ``McpSessions``' caps; every request
+    then goes to it. Requests that arrive while it is being built wait for it."""
 
-    def __init__(self, app: ASGIApp, sessions: McpSessions) -> None:
-        self.app, self.sessions = app, sessions
+    def __init__(self, build: Callable[[], Any], limits: Limits) -> None:
+        self.build, self.limits = build, limits
+        self.sessions: McpSessions | None = None
+        self._app: ASGIApp | None = None
+        self._building = asyncio.Lock()
+        self._group: Any = None  # the lifespan's task group (anyio)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _: object) -> Any:
+        import anyio
+
+        async with anyio.create_task_group() as group:
+            self._group = group
+            try:
+                yield
+            finally:
+                self._group = None
+                group.cancel_scope.cancel()  # (the session manager, if it was started)
+
+    def routes(self) -> list[BaseRoute]:
+        return [Route(MCP_PATH, endpoint=self)]
+
+    async def _made(self) -> ASGIApp:
+        async with self._building:
+            if self._app is not None:
+                return self._app
+            if self._group is None:
+                raise RuntimeError("the MCP endpoint is used outside the app's lifespan")
+            mcp = self.build()
+            routes = [r for r in mcp.streamable_http_app().routes if isinstance(r, Route)]
+            assert [r.path for r in routes] == [MCP_PATH], routes  # (what the SDK serves)
+            manager = mcp.session_manager
+
+            async def run(*, task_status: Any) -> None:
+                import anyio
+
+                async with manager.run():
+                    task_status.started()
+                    await anyio.sleep_forever()  # until the lifespan cancels it
+
+            await self._group.start(run)
+            self.sessions = McpSessions(live_mcp_sessions(manager), self.limits)
+            self._app = routes[0].app
+            return self._app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.sessions.serve(self.app, scope, receive, send)
+        app = self._app if self._app is not None else await self._made()
+        assert self.sessions is not None
+        await self.sessions.serve(app, scope, receive, send)
+
+
+MCP_PATH = "/mcp"  # where the MCP SDK serves its streamable-HTTP transport (its default)
 
 
 def live_mcp_sessions(manager: Any) -> Callable[[], Collection[str]]:

@@ -118,17 +118,24 @@ def start(
         preexec_fn=preexec_fn,
     )  # fmt: skip
     assert process.stdout is not None
+    # stderr is read from the start: a server that logs more than a pipe holds (64 KiB)
+    # before its banner would otherwise block on it, and never print the banner
+    logged: list[str] = []
+    logging = drain(process.stderr, logged)
     lines = []
     while not lines or "Ctrl-C stops" not in lines[-1]:
         line = process.stdout.readline()
-        assert line, f"`pulse up` ended: {''.join(lines)} {process.stderr.read()}"  # type: ignore[union-attr]
+        if not line:
+            logging.join(timeout=10)
+        assert line, f"`pulse up` ended: {''.join(lines)} {''.join(logged)}"
         lines.append(line)
     banner = "".join(lines)
     match = re.search(r"HTTP\s+http://[\d.]+:(\d+)", banner)  # (a --host 0.0.0.0 too)
     assert match, lines
     service = Service(f"http://127.0.0.1:{match.group(1)}", data_dir, process, banner=banner)
     service.token = read_secret(data_dir)  # the operator's, as the CLI reads it
-    service.drains = [drain(process.stdout, service.printed), drain(process.stderr, service.logged)]
+    service.logged = logged
+    service.drains = [drain(process.stdout, service.printed), logging]
     return service
 
 

@@ -423,9 +423,20 @@ async def _remember_and_recall(session: ClientSession) -> None:
         missing.content[0].text)  # type: ignore[union-attr]  # fmt: skip
 
 
-async def test_mcp_over_streamable_http(service: Service) -> None:
+async def test_mcp_over_streamable_http(tmp_path: Path) -> None:
+    # Python names each module it imports on stderr (-X importtime): `pulse up` imports
+    # the MCP SDK at the first request to /mcp, not at its start (0.7 s of CPU)
+    service = start(tmp_path / "data", env=_env(PYTHONPROFILEIMPORTTIME="1"))
+
+    def imported(module: str) -> bool:  # ("import time: self | cumulative | name")
+        return any(line.rsplit("|", 1)[-1].strip() == module for line in list(service.logged))
+
+    # (ops.service is imported after the MCP server would be: once it is read, so is that)
+    await eventually(lambda: imported("ops.service"), timeout=30, what="the start's imports")
+    assert not imported("mcp.server.fastmcp") and not imported("ops.mcp_server")
     async with service.client() as client:
         await call(client, "create_collective", owner_id="o", name="team", embedder="hash")
+    assert not imported("mcp.server.fastmcp")
     async with (
         service.mcp_client() as http,
         streamable_http_client(f"{service.url}/mcp", http_client=http) as (read, write, _),
@@ -440,6 +451,8 @@ async def test_mcp_over_streamable_http(service: Service) -> None:
         ):
             await session.initialize()
             assert (await session.list_tools()).tools
+    await eventually(lambda: imported("ops.mcp_server"), what="the MCP server's import")
+    assert imported("mcp.server.fastmcp")
     stop(service)
     # A client closing its session is no error: the server's log stays free of tracebacks
     # (the MCP SDK logs one per disconnect; a log that grows per client fills a disk, or a

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +137,6 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
     from eventlog.jetstream import _without_password
     from eventlog.leaf import LeafLog
     from ops.connect import open_log
-    from ops.mcp_server import build_mcp
     from ops.operator_secret import ensure_secret, secret_file
     from ops.remote import describe_api
     from ops.service import create_app, metrics_app, origin_of
@@ -156,22 +154,20 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
         )
         bar.finish()
         try:
-            mcp = build_mcp(
-                db, host=args.host, session_idle_timeout=limits.mcp_session_idle,
-                max_sessions=limits.max_mcp_sessions, **_mcp_security(args.host, origins),
-            )  # fmt: skip
-            mcp_app = mcp.streamable_http_app()
-            sessions = edge.McpSessions(edge.live_mcp_sessions(mcp.session_manager), limits)
 
-            @contextlib.asynccontextmanager
-            async def lifespan(_: object) -> AsyncIterator[None]:
-                async with mcp.session_manager.run():
-                    yield
+            def mcp_server() -> Any:  # (at the first request to /mcp: edge.LazyMcp)
+                from ops.mcp_server import build_mcp
 
+                return build_mcp(
+                    db, host=args.host, session_idle_timeout=limits.mcp_session_idle,
+                    max_sessions=limits.max_mcp_sessions, **_mcp_security(args.host, origins),
+                )  # fmt: skip
+
+            mcp = edge.LazyMcp(mcp_server, limits)
             app = create_app(
                 db, secret=secret, host=args.host, allow_origins=origins,
                 private_docs=args.private_docs,
-                mcp_routes=sessions.capped(list(mcp_app.routes)), lifespan=lifespan,
+                mcp_routes=mcp.routes(), lifespan=mcp.lifespan,
                 max_watchers=limits.max_watchers,
                 max_watchers_per_token=limits.max_watchers_per_token,
             )  # fmt: skip
