@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import contextvars
 import errno
+import importlib
 import json
 import logging
 import math
@@ -950,13 +951,15 @@ class LazyMcp:
 
     Importing the MCP SDK and building the server with every tool costs about 0.7 s of
     CPU, a quarter of the service's start, paid by every start whether an MCP client
-    comes or not. Here the first request to ``/mcp`` builds it (``build()``: a FastMCP
-    server), starts its session manager in the app's lifespan task group (``lifespan``,
-    which stops it at shutdown) and puts it behind ``McpSessions``' caps; every request
-    then goes to it. Requests that arrive while it is being built wait for it."""
+    comes or not. Here the first request to ``/mcp`` imports ``module`` on a thread (the
+    event loop serves other requests meanwhile), builds the server (``build()``: a
+    FastMCP server), starts its session manager in the app's lifespan task group
+    (``lifespan``, which stops it at shutdown) and puts it behind ``McpSessions``' caps;
+    every request then goes to it. Requests that arrive while it is being built wait
+    for it."""
 
-    def __init__(self, build: Callable[[], Any], limits: Limits) -> None:
-        self.build, self.limits = build, limits
+    def __init__(self, module: str, build: Callable[[], Any], limits: Limits) -> None:
+        self.module, self.build, self.limits = module, build, limits
         self.sessions: McpSessions | None = None
         self._app: ASGIApp | None = None
         self._building = asyncio.Lock()
@@ -983,6 +986,7 @@ class LazyMcp:
                 return self._app
             if self._group is None:
                 raise RuntimeError("the MCP endpoint is used outside the app's lifespan")
+            await asyncio.to_thread(importlib.import_module, self.module)
             mcp = self.build()
             routes = [r for r in mcp.streamable_http_app().routes if isinstance(r, Route)]
             assert [r.path for r in routes] == [MCP_PATH], routes  # (what the SDK serves)

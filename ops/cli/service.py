@@ -154,8 +154,8 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
         )
         bar.finish()
         try:
-
-            def mcp_server() -> Any:  # (at the first request to /mcp: edge.LazyMcp)
+            # (made at the first request to /mcp: edge.LazyMcp)
+            def mcp_server() -> Any:
                 from ops.mcp_server import build_mcp
 
                 return build_mcp(
@@ -163,7 +163,7 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
                     max_sessions=limits.max_mcp_sessions, **_mcp_security(args.host, origins),
                 )  # fmt: skip
 
-            mcp = edge.LazyMcp(mcp_server, limits)
+            mcp = edge.LazyMcp("ops.mcp_server", mcp_server, limits)
             app = create_app(
                 db, secret=secret, host=args.host, allow_origins=origins,
                 private_docs=args.private_docs,
