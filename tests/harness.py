@@ -121,12 +121,12 @@ def start(
     # stderr is read from the start: a server that logs more than a pipe holds (64 KiB)
     # before its banner would otherwise block on it, and never print the banner
     logged: list[str] = []
-    logging = drain(process.stderr, logged)
+    stderr_reader = drain(process.stderr, logged)
     lines = []
     while not lines or "Ctrl-C stops" not in lines[-1]:
         line = process.stdout.readline()
         if not line:
-            logging.join(timeout=10)
+            stderr_reader.join(timeout=10)
         assert line, f"`pulse up` ended: {''.join(lines)} {''.join(logged)}"
         lines.append(line)
     banner = "".join(lines)
@@ -135,7 +135,7 @@ def start(
     service = Service(f"http://127.0.0.1:{match.group(1)}", data_dir, process, banner=banner)
     service.token = read_secret(data_dir)  # the operator's, as the CLI reads it
     service.logged = logged
-    service.drains = [drain(process.stdout, service.printed), logging]
+    service.drains = [drain(process.stdout, service.printed), stderr_reader]
     return service
 
 
