@@ -8,7 +8,7 @@ import contextlib
 import json
 import re
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -423,10 +423,18 @@ async def _remember_and_recall(session: ClientSession) -> None:
         missing.content[0].text)  # type: ignore[union-attr]  # fmt: skip
 
 
-async def test_mcp_over_streamable_http(tmp_path: Path) -> None:
-    # Python names each module it imports on stderr (-X importtime): `pulse up` imports
-    # the MCP SDK at the first request to /mcp, not at its start (0.7 s of CPU)
-    service = start(tmp_path / "data", env=_env(PYTHONPROFILEIMPORTTIME="1"))
+@pytest.fixture
+def reporting_imports(tmp_path: Path) -> Iterator[Service]:
+    """`pulse up` with Python naming each module it imports on stderr (-X importtime)."""
+    running = start(tmp_path / "data", env=_env(PYTHONPROFILEIMPORTTIME="1"))
+    yield running
+    if running.process.poll() is None:
+        stop(running)
+
+
+async def test_mcp_over_streamable_http(reporting_imports: Service) -> None:
+    # `pulse up` imports the MCP SDK at the first request to /mcp, not at its start
+    service = reporting_imports
 
     def imported(module: str) -> bool:  # ("import time: self | cumulative | name")
         return any(line.rsplit("|", 1)[-1].strip() == module for line in list(service.logged))
