@@ -52,6 +52,7 @@ import sys
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -946,19 +947,22 @@ class McpSessions:
                 opened()
 
 
+MCP_PATH = "/mcp"  # where the MCP SDK serves its streamable-HTTP transport (its default)
+
+
 class LazyMcp:
     """The MCP endpoint (``/mcp``) of `pulse up`, made at its first request.
 
     Importing the MCP SDK and building the server with every tool costs about 0.7 s of
     CPU, a quarter of the service's start, paid by every start whether an MCP client
     comes or not. Here the first request to ``/mcp`` imports ``module`` on a thread (the
-    event loop serves other requests meanwhile), builds the server (``build()``: a
-    FastMCP server), starts its session manager in the app's lifespan task group
-    (``lifespan``, which stops it at shutdown) and puts it behind ``McpSessions``' caps;
-    every request then goes to it. Requests that arrive while it is being built wait
-    for it."""
+    event loop serves other requests meanwhile), builds the server from it
+    (``build(module)``: a FastMCP server), starts its session manager in the app's
+    lifespan task group (``lifespan``, which stops it at shutdown) and puts it behind
+    ``McpSessions``' caps; every request then goes to it. Requests that arrive while it
+    is being built wait for it."""
 
-    def __init__(self, module: str, build: Callable[[], Any], limits: Limits) -> None:
+    def __init__(self, module: str, build: Callable[[ModuleType], Any], limits: Limits) -> None:
         self.module, self.build, self.limits = module, build, limits
         self.sessions: McpSessions | None = None
         self._app: ASGIApp | None = None
@@ -986,8 +990,7 @@ class LazyMcp:
                 return self._app
             if self._group is None:
                 raise RuntimeError("the MCP endpoint is used outside the app's lifespan")
-            await asyncio.to_thread(importlib.import_module, self.module)
-            mcp = self.build()
+            mcp = self.build(await asyncio.to_thread(importlib.import_module, self.module))
             routes = [r for r in mcp.streamable_http_app().routes if isinstance(r, Route)]
             assert [r.path for r in routes] == [MCP_PATH], routes  # (what the SDK serves)
             manager = mcp.session_manager
@@ -1008,9 +1011,6 @@ class LazyMcp:
         app = self._app if self._app is not None else await self._made()
         assert self.sessions is not None
         await self.sessions.serve(app, scope, receive, send)
-
-
-MCP_PATH = "/mcp"  # where the MCP SDK serves its streamable-HTTP transport (its default)
 
 
 def live_mcp_sessions(manager: Any) -> Callable[[], Collection[str]]:

@@ -155,10 +155,8 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
         bar.finish()
         try:
             # (made at the first request to /mcp: edge.LazyMcp)
-            def mcp_server() -> Any:
-                from ops.mcp_server import build_mcp
-
-                return build_mcp(
+            def mcp_server(module: Any) -> Any:  # (module: ops.mcp_server)
+                return module.build_mcp(
                     db, host=args.host, session_idle_timeout=limits.mcp_session_idle,
                     max_sessions=limits.max_mcp_sessions, **_mcp_security(args.host, origins),
                 )  # fmt: skip
