@@ -90,6 +90,9 @@ def top(index: VectorIndex, vector: Matrix, k: int = 1, **kwargs: object) -> lis
 
 
 def until(condition: object, seconds: float = 30.0) -> None:
+    """Poll ``condition`` (the state of the inserter's or the compactor's thread, which
+    signal nothing a test could wait on) every millisecond until it holds, failing the
+    test past the deadline: the synchronous twin of ``tests.harness.eventually``."""
     deadline = time.monotonic() + seconds
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, "not reached before the deadline"
