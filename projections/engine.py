@@ -687,6 +687,7 @@ class Engine:
             self._bulk = False  # a catch-up ends with a call (saving); live work is here
         elif bulk:
             self._bulk = True
+        projection.defer_graphs = self._bulk
         if entries:
             self._busy_at = time.monotonic()
             self._apply(projection, entries, bulk)  # listeners (writers waiting) hear now

@@ -205,6 +205,9 @@ class Projection:
         self._unindexed = Touched.nothing()  # applied, not yet in the indexes
         self._saving: concurrent.futures.Future[bool] | None = None  # a background save
         self.unindexed_events = 0  # events applied since the indexes were brought up
+        # a catch-up (the engine's bulk rounds): vector indexes without a graph yet only
+        # keep what is added, built in one add at their next use (``VectorIndex.add``)
+        self.defer_graphs = False
         self._load_indexes(reading, numbered.rows)
         self.last_flush = self.last_save = time.monotonic()
         # since when a delete applied here waits for the files to be rewritten (None:
@@ -685,6 +688,7 @@ class Projection:
         index = self.vectors.pop((kind, collective_id), None)
         if index is None:
             return
+        index.deferred.clear()  # (not built only to be dropped)
         index.wait()
         table = self._rows(kind)
         for row_id in index.keys.values():
@@ -705,7 +709,7 @@ class Projection:
             try:
                 matrix = np.frombuffer(b"".join(vectors), dtype="<f4").reshape(len(vectors), dim)
                 index = self._index(kind, collective_id, dim)
-                index.add(vec_ids, matrix, keys)
+                index.add(vec_ids, matrix, keys, defer=self.defer_graphs)
             except Exception:  # the rows stay readable; `pulse rebuild` rebuilds the index
                 log.exception("%d %s vectors of collective %s could not be indexed",
                               len(vec_ids), kind, collective_id)  # fmt: skip

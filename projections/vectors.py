@@ -32,8 +32,10 @@ before the re-ranking: the same scores, filters and cut), and a background worke
 ``INSERT_SECONDS``, each under the index's lock, so a search waits for at most one
 chunk. Past ``PENDING_CAP`` pending vectors (writes faster than the worker, a catch-up)
 the adding thread inserts the excess itself, in one bulk call, and a save inserts what
-is pending before it writes the graph. After a crash, vectors that were pending are in
-no saved graph: like any row behind the saved indexes, the projection adds them again
+is pending before it writes the graph. A catch-up (a rebuild) adds with ``defer``: an
+index with no graph yet keeps what it is given out of FAISS, and its first use builds
+it in one add. After a crash, vectors that were pending or deferred are in no saved
+graph: like any row behind the saved indexes, the projection adds them again
 when it opens.
 
 OpenMP: ``omp_set_num_threads`` sets the calling thread's own team size; a search runs
@@ -283,6 +285,8 @@ class VectorIndex:
     gone: set[int] = field(default_factory=set)  # deleted or invalid, still in HNSW
     # HNSW: members not in the graph yet, oldest first (the inserter's queue)
     pending: dict[int, None] = field(default_factory=dict)
+    # flat: members added with ``defer`` (a catch-up), in no FAISS index yet
+    deferred: dict[int, None] = field(default_factory=dict)
     _selectors: dict[bool, Any] = field(default_factory=dict)  # cached faiss.IDSelector
     _positions: npt.NDArray[np.int64] | None = None  # HNSW: vec_id at each graph position
     _positions_room: npt.NDArray[np.int64] | None = None  # ... a view of this (it grows)
@@ -419,7 +423,15 @@ class VectorIndex:
         selector.keep_alive = bits  # FAISS reads the numpy buffer: keep it alive
         return selector
 
-    def add(self, ids: list[int], vectors: Matrix, keys: list[UUID]) -> None:
+    def add(
+        self, ids: list[int], vectors: Matrix, keys: list[UUID], *, defer: bool = False
+    ) -> None:
+        """Add vectors (those not held yet). ``defer`` (a catch-up, a rebuild): while the
+        index has no graph yet, only keep them (the exact file, the members); the first
+        use of the index that needs them in FAISS builds it from all of them at once:
+        a graph in one add at ``HNSW_EF_CONSTRUCTION`` with every core, as FAISS alone
+        builds one, instead of one built online as the fold goes (a rebuild of a million
+        spent half its time inserting at ``HNSW_EF_ONLINE``, beside the fold)."""
         self._settle()
         fresh = [i for i, vid in enumerate(ids) if vid not in self.members]
         if not fresh:
@@ -432,7 +444,11 @@ class VectorIndex:
         self.gone.difference_update(new_ids.tolist())
         self._selectors.clear()
         flat = not self._is_graph()
-        if flat and len(self.members) - len(self.gone) > self.hnsw_threshold:
+        if flat and (defer or self.deferred):
+            self.deferred.update(dict.fromkeys(new_ids.tolist()))
+            if not defer:
+                self._build_deferred()
+        elif flat and len(self.members) - len(self.gone) > self.hnsw_threshold:
             self._to_hnsw()  # takes the new vectors from the exact file
         elif flat:
             with self._steady():
@@ -451,6 +467,19 @@ class VectorIndex:
                         self._insert(len(self.pending) - PENDING_CAP // 2, BULK_THREADS)
                 finally:
                     self._stable.release()
+
+    def _build_deferred(self) -> None:
+        """Put the deferred vectors into FAISS: the graph of every live vector, or the
+        flat index while they are few."""
+        if not self.deferred:
+            return
+        if len(self.members) - len(self.gone) > self.hnsw_threshold:
+            self._to_hnsw()
+        else:
+            ids = np.fromiter(self.deferred, np.int64, len(self.deferred))
+            with self._steady():
+                self.index.add_with_ids(self.exact.unit(ids), ids)
+        self.deferred.clear()
 
     def _stable_soon(self) -> bool:
         """Take ``_stable`` for the owner thread if it is free within ``STABLE_WAIT``:
@@ -539,6 +568,8 @@ class VectorIndex:
                 self.compact()
         else:
             self.exact.erase(drop)
+            for vec_id in drop:
+                self.deferred.pop(vec_id, None)
             with self._steady():
                 self.index.remove_ids(np.array(drop, dtype=np.int64))
             self.members.difference_update(drop)
@@ -566,6 +597,7 @@ class VectorIndex:
         ids = self._live_ids()
         _threads(BULK_THREADS)
         self.index = _build_graph(self.dim, self.exact.unit(ids), ids)
+        self.deferred.clear()
         self._positions = None
         self.members = set(ids.tolist())
         self.keys = {vec_id: self.keys[vec_id] for vec_id in self.members}
@@ -616,6 +648,7 @@ class VectorIndex:
         if self.compacting is not None:
             concurrent.futures.wait([self.compacting])
         self._settle(block=True)
+        self._build_deferred()
         self.wait_pending()
 
     def wait_pending(self) -> None:
@@ -641,6 +674,7 @@ class VectorIndex:
         answer depends on the allowed vectors alone (a graph's depends on every vector
         it holds, and on the order they came in)."""
         self._settle()
+        self._build_deferred()
         if k <= 0 or not self.members:
             return []
         q = np.asarray(query, dtype=np.float32).reshape(1, -1)
@@ -776,6 +810,7 @@ class VectorIndex:
         """Every vec_id in the FAISS index and the vector FAISS keeps for it (decoded
         from its codes): what forgetting must have overwritten."""
         self._settle()
+        self._build_deferred()
         with self._held():
             inner = faiss.downcast_index(self.index.index)
             if not isinstance(inner, faiss.IndexFlat):
@@ -792,6 +827,7 @@ class VectorIndex:
         most often none or a few: the file is whole, and opening it adds nothing back).
         A compaction still running is saved next time."""
         self._settle(block=True)
+        self._build_deferred()
         self.wait_pending()
         self.write(path)
 

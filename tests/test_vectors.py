@@ -75,9 +75,9 @@ def make_index(path: Path, threshold: int = 50, ef_search: int = 128) -> VectorI
     return VectorIndex(DIM, ExactVectors(path / "exact.f32", DIM), threshold, ef_search)
 
 
-def add(index: VectorIndex, first: int, vectors: Matrix) -> list[int]:
+def add(index: VectorIndex, first: int, vectors: Matrix, *, defer: bool = False) -> list[int]:
     ids = list(range(first, first + len(vectors)))
-    index.add(ids, vectors, [UUID(int=i + 1) for i in ids])
+    index.add(ids, vectors, [UUID(int=i + 1) for i in ids], defer=defer)
     return ids
 
 
@@ -174,6 +174,41 @@ def test_vectors_inserted_into_a_graph_search_wider_than_its_one_add_build(
     add(index, 200, vectors[200:])
     index.wait_pending()
     assert breadth() == HNSW_EF_ONLINE and graph_size(index) == 400
+
+
+def test_deferred_vectors_are_built_into_one_graph_in_one_add(tmp_path: Path) -> None:
+    """Adds with ``defer`` (a catch-up's) past the threshold build no graph and insert
+    nothing; the first use that needs them (here a search, then a save after more) builds
+    the graph of all of them in one add at HNSW_EF_CONSTRUCTION, as FAISS alone does."""
+    rng = np.random.default_rng(11)
+    index = make_index(tmp_path, threshold=50)
+    vectors = rng.normal(size=(300, DIM)).astype(np.float32)
+    for first in range(0, 200, 40):
+        add(index, first, vectors[first : first + 40], defer=True)
+    assert not index.is_hnsw and graph_size(index) == 0 and not index.pending
+    assert index.members == set(range(200)) and len(index.deferred) == 200
+    index.remove([7])  # a deferred vector forgotten before any build
+    assert 7 not in index.deferred and index.exact.get(np.array([7]))[0].tolist() == [0] * DIM
+    assert top(index, vectors[120]) == [120]  # the search builds the graph first
+    graph = faiss.downcast_index(index.index.index)
+    assert index.is_hnsw and graph.hnsw.efConstruction == HNSW_EF_CONSTRUCTION
+    assert in_graph(index) == set(range(200)) - {7} and not index.deferred
+    add(index, 200, vectors[200:], defer=True)  # a graph exists: pending, as any add
+    assert set(index.pending) == set(range(200, 300))
+    index.save(tmp_path / "index.faiss")
+    assert in_graph(index) == set(range(300)) - {7} and not index.pending
+
+
+def test_few_deferred_vectors_go_into_the_flat_index_at_their_first_use(tmp_path: Path) -> None:
+    index = make_index(tmp_path, threshold=50)
+    vectors = np.random.default_rng(12).normal(size=(60, DIM)).astype(np.float32)
+    add(index, 0, vectors[:30], defer=True)
+    assert graph_size(index) == 0 and len(index.deferred) == 30
+    add(index, 30, vectors[30:40])  # a live add after the catch-up takes them all in
+    assert not index.is_hnsw and graph_size(index) == 40 and not index.deferred
+    add(index, 40, vectors[40:], defer=True)  # past the threshold once built: a graph
+    index.wait()
+    assert index.is_hnsw and graph_size(index) == 60 and not index.deferred
 
 
 def test_a_writer_faster_than_the_inserter_inserts_past_the_cap_itself(tmp_path: Path) -> None:
@@ -334,7 +369,7 @@ def test_vectors_pending_at_a_crash_are_found_after_it(tmp_path: Path) -> None:
 N_MAX = 160
 
 step = st.one_of(
-    st.tuples(st.just("add"), st.integers(1, 40)),
+    st.tuples(st.just("add"), st.integers(1, 40), st.booleans()),  # (deferred or not)
     st.tuples(st.just("remove"), st.lists(st.integers(0, N_MAX - 1), max_size=12)),
     st.tuples(st.just("hide"), st.lists(st.integers(0, N_MAX - 1), max_size=6), st.booleans()),
     st.tuples(st.just("insert"), st.integers(1, 30)),
@@ -351,8 +386,9 @@ step = st.one_of(
 def test_any_sequence_searches_as_an_exact_scan_of_the_live(
     tmp_path_factory: object, steps: list[tuple[object, ...]], seed: int, threshold: int
 ) -> None:
-    """Adds, removes, archives, inserter steps (a chunk inserted as the inserter does)
-    and compactions in any order, the inserter held otherwise: a search whose graph
+    """Adds (deferred, as a catch-up's, or not), removes, archives, inserter steps (a
+    chunk inserted as the inserter does) and compactions in any order, the inserter
+    held otherwise: a search whose graph
     exploration covers the whole graph (efSearch past its size) returns the exact top k
     of the live vectors it may return, up to the 8-bit codes' error at the cut."""
     path = Path(tmp_path_factory.mktemp("any"))  # type: ignore[attr-defined]
@@ -367,7 +403,7 @@ def test_any_sequence_searches_as_an_exact_scan_of_the_live(
         for action, *args in steps:
             if action == "add" and added < N_MAX:
                 count = min(int(args[0]), N_MAX - added)  # type: ignore[call-overload]
-                add(index, added, vectors[added : added + count])
+                add(index, added, vectors[added : added + count], defer=bool(args[1]))
                 live.update(range(added, added + count))
                 added += count
             elif action == "remove":
