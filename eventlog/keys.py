@@ -88,6 +88,7 @@ SCAN_PAGE = 1000  # names a scan asks for at a time
 SCAN_WAIT = 10.0  # seconds a scan waits for the next of them, then begins again
 _EXPECT_NOTHING = "Nats-Expected-Last-Subject-Sequence"  # "0": the subject holds nothing
 CONCURRENCY = 256  # store requests in flight at once
+PRELOAD_STRETCH = 10_000  # keys a preload unwraps between two pauses for the event loop
 KEYS_CACHED = 500_000  # data keys a host keeps unwrapped in memory (about 100 MB at most)
 POOL = 64  # keys made ahead per (entity, collective), stored in one write (Keyring.take)
 POOL_LOW = 32  # ... made again in the background once fewer are left
@@ -863,12 +864,26 @@ class Keyring:
         held = await self.store.items("c.")
         held.update(await self.store.items("w."))
         fresh = {n: v for n, v in held.items() if n not in self._keys}
-        keys = await gather_limited(self._unwrap(n, v) for n, v in fresh.items())
+        # each key-encryption key looked up once, then every data key unwrapped here, a
+        # pause for the event loop every PRELOAD_STRETCH: a task per key (a million at a
+        # million entities) cost the event loop more than the unwrapping itself
+        keks = {kid: await self._kek(kid) for kid in {v[:KID_BYTES] for v in fresh.values()}}
+        keys: list[bytes] = []
+        for at, (name, value) in enumerate(fresh.items(), 1):
+            kek = keks[value[:KID_BYTES]]
+            try:
+                if kek is None:
+                    raise InvalidTag
+                keys.append(_unwrapped(kek, name, value))
+            except InvalidTag:  # (a KEK rotated since, or a bad value: as one find does)
+                keys.append(await self._unwrap(name, value))
+            if at % PRELOAD_STRETCH == 0:
+                await asyncio.sleep(0)
         if self._usual_cap is None:
             self._usual_cap = self.cached
         self.cached = max(self.cached, len(self._keys) + len(fresh))
         for name, key in zip(fresh, keys, strict=True):
-            self._remember(name, key)  # type: ignore[arg-type]
+            self._remember(name, key)
         return len(fresh)
 
     def trim(self) -> None:

@@ -27,6 +27,7 @@ from eventlog.ids import uuid7
 from eventlog.keys import (
     CURRENT,
     DESTROYED,
+    KID_BYTES,
     SCAN_PAGE,
     KeyDestroyed,
     Keyring,
@@ -569,3 +570,35 @@ async def test_a_preload_holds_every_key_until_trimmed() -> None:
     assert asked == []  # every one held: none asked of the store
     ring.trim()
     assert ring.cached == 2 and list(ring._keys) == names[3:]  # the newest two stay
+
+
+async def test_a_preload_asks_each_kek_once_and_again_for_a_key_rotated_meanwhile() -> None:
+    """A preload unwraps every key itself after one lookup of each key-encryption key
+    (a million keys once made a task each, which starved the event loop of the store's
+    own answers); a key read wrapped with a KEK that is gone since (a rotation between
+    the scan and the unwrap) is asked of the store again, as a single find does."""
+    asked: list[str] = []
+    stale: set[str] = set()
+
+    class Rotated(MemoryKeyStore):
+        async def get(self, name: str) -> Any:
+            asked.append(name)
+            return await super().get(name)
+
+        async def items(self, prefix: str = "") -> dict[str, bytes]:  # as a scan read them
+            found = await super().items(prefix)
+            return {n: (bytes(KID_BYTES) + v[KID_BYTES:] if n in stale else v)
+                    for n, v in found.items()}  # fmt: skip
+
+    store = Rotated()
+    names = [key_name("experience", uuid7(), CID) for _ in range(40)]
+    keys = [await Keyring(store).make(n) for n in names]
+    stale.update(names[::7])
+    ring = Keyring(store)
+    asked.clear()
+    assert await ring.preload() == len(names)
+    assert [await ring.find(n) for n in names] == keys
+    keks = [n for n in asked if n.startswith(f"{CURRENT}.")]
+    (real,) = set(keks) - {f"{CURRENT}.{bytes(KID_BYTES).hex()}"}
+    assert keks.count(real) == 1
+    assert sorted(n for n in asked if not n.startswith(f"{CURRENT}.")) == sorted(stale)
