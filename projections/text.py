@@ -95,6 +95,18 @@ def english() -> tantivy.TextAnalyzer:
     )
 
 
+@lru_cache(maxsize=1)
+def english_count() -> tantivy.TextAnalyzer:
+    """``english`` without its lowercasing and stemming, which map each term to one term:
+    the same number of terms (a document's length), at about a third of the cost (every
+    English document is counted as it is indexed, on the write's and the fold's path)."""
+    return (
+        tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
+        .filter(tantivy.Filter.remove_long(40))
+        .build()
+    )
+
+
 def author_term(owner: str | None, agent: str | None) -> str:
     """The ``author`` field's term of a principal (an agent of None differs from "")."""
     return json.dumps([owner, agent])
@@ -153,7 +165,7 @@ def _fields(document: Document) -> dict[str, Any]:
     }
     if language == lang.ENGLISH:
         fields[kind] = content
-        fields["length"], fields["gram_length"] = len(english().analyze(content)), 0
+        fields["length"], fields["gram_length"] = len(english_count().analyze(content)), 0
     else:
         analysis = lang.analyze(language, content)
         fields[kind + WORDS] = " ".join(analysis.words)

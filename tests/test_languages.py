@@ -19,7 +19,7 @@ from eventlog import events as ev
 from eventlog.ids import uuid7
 from ops.bench.language_corpora import CORPORA, DISTRACTORS
 from projections.language import analyze, detect, fingerprint
-from projections.text import TextIndex
+from projections.text import TextIndex, english, english_count
 from sync import PulseDB
 from tests.harness import eventually, pulse
 
@@ -172,6 +172,36 @@ def test_any_text_in_any_language_is_found_by_itself(
         assert [hit[0] for hit in hits] in ([], [doc])
     finally:
         index.close()
+
+
+@settings(max_examples=300)
+@given(
+    text=st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=300)
+    | st.lists(
+        st.sampled_from(
+            [
+                "Retry",
+                "NATS's",
+                "ÜBER",
+                "straße",
+                "x_y",
+                "ǅemal",
+                "İstanbul",
+                "a" * 39,
+                "a" * 40,
+                "ﬁ" * 20,
+                "12,5",
+                "naïve",
+            ]
+        ),  # fmt: skip
+        max_size=40,
+    ).map(" ".join)  # fmt: skip
+)
+def test_an_english_documents_length_is_counted_as_the_index_analyzes_it(text: str) -> None:
+    """The length BM25 reads for an English document is counted by ``english_count``
+    (no lowercasing, no stemming): the same number of terms as ``english``, the analyzer
+    of what the index holds, for any text."""
+    assert len(english_count().analyze(text)) == len(english().analyze(text))
 
 
 def test_a_language_this_release_lacks_is_analyzed_as_simple(tmp_path: Path) -> None:
