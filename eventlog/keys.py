@@ -871,12 +871,13 @@ class Keyring:
         keys: list[bytes] = []
         for at, (name, value) in enumerate(fresh.items(), 1):
             kek = keks[value[:KID_BYTES]]
-            try:
-                if kek is None:
-                    raise InvalidTag
-                keys.append(_unwrapped(kek, name, value))
-            except InvalidTag:  # (a KEK rotated since, or a bad value: as one find does)
-                keys.append(await self._unwrap(name, value))
+            key = None
+            if kek is not None:
+                with contextlib.suppress(InvalidTag):
+                    key = _unwrapped(kek, name, value)
+            if key is None:  # (a KEK rotated since, or a bad value: as one find does)
+                key = await self._unwrap(name, value)
+            keys.append(key)
             if at % PRELOAD_STRETCH == 0:
                 await asyncio.sleep(0)
         if self._usual_cap is None:
