@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from ops.bench import pg
-from ops.bench.edges import KINDS, SIDES, exact_top, percentile_ms, recall_at
+from ops.bench.edges import KINDS, SIDES, SIDES_1, SIDES_2, exact_top, percentile_ms, recall_at
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -202,7 +202,14 @@ def test_a_small_real_run_prints_every_figure_and_the_peer_answered() -> None:
         assert [f["call"] for f in by_figure[figure]] == list(KINDS)
         for f in by_figure[figure]:
             assert f["target"] == target and f["met"] == (f["value"] <= target)
-            assert all(f[f"{side}_p50_ms"] > 0 for side in SIDES)
+            assert all(f[f"{side}_p50_ms"] > 0 for side in SIDES_2)
+    # the transport's floor: what a server that only answers costs, beside each call
+    floors = by_figure["http_floor_vs_in_process"]
+    assert [f["call"] for f in floors] == list(KINDS)
+    for f in floors:
+        bound = (f["in_process_p50_ms"] + f["floor_p50_ms"]) / f["in_process_p50_ms"]
+        assert f["value"] == pytest.approx(bound, rel=0.01) and f["value"] > 1
+        assert f["below_target"] == (f["value"] > 1.3)
     similar = by_figure["http_vs_postgres"][0]
     assert similar["postgres_recall"] > 0 and similar["in_process_recall"] > 0
 
@@ -211,6 +218,10 @@ def test_a_small_real_run_prints_every_figure_and_the_peer_answered() -> None:
         (side, writers) for writers in (1, 8) for side in SIDES
     ]
     assert all(f["target"] == 3.0 and f["writes"] == 40 for f in tails)
+    raw = by_figure["raw_log_p99_over_p50"]  # the log's own tail, in the same rounds
+    assert [f["writers"] for f in raw] == [1, 8] and all(f["writes"] == 40 for f in raw)
+    assert all(f["value"] >= 1 and f["target"] is None for f in raw)
+    assert {"raw"} == set(SIDES_1) - set(SIDES)
     versus = by_figure["write_p99_vs_postgres"]
     assert [(f["side"], f["writers"]) for f in versus] == [
         (side, writers) for writers in (1, 8) for side in ("in_process", "http")

@@ -30,13 +30,20 @@ peer: an UPDATE of a counter): sequential calls, the sides in alternating blocks
 ask for pure relevance (``energy_weight`` 0: the ranking the peer's SQL computes).
 Figures: each call's p50 over HTTP / in-process (target <= 1.3) and over HTTP /
 Postgres (target <= 1.0), with the recall@10 of the timed vector searches of each side
-beside them.
+beside them. A fourth side, ``floor``, takes its turn in the same blocks: the same client
+and bodies on one keep-alive connection to ``ops.bench.http_floor``, a server that only
+answers (each call's answer recorded from ``pulse up``); ``http_floor_vs_in_process`` =
+(in-process p50 + floor p50) / in-process p50, the least HTTP / in-process ratio this
+transport leaves any Python server.
 
 Target 1, no write tail: ``--size`` x 20,000 single writes (``record_experience`` with
 content and vector; the peer: one INSERT) from 1, then 8, concurrent writers on each
 side (in-process: tasks; HTTP and Postgres: a thread and a connection per writer), in
 rounds where the sides take turns (order rotating). Figures per side and writers: p99 /
-p50 (target <= 3) and p99 / Postgres's p99 (target <= 1).
+p50 (target <= 3) and p99 / Postgres's p99 (target <= 1). A fourth side, ``raw``, takes
+its turn in the same rounds: acknowledged nats-py publishes of the same writes, encoded
+as record events, to a stream of their own on the in-process side's NATS server (a task
+per writer); ``raw_log_p99_over_p50`` is the tail of the log under every Pulse write.
 
 Output: one JSON line per figure (``value``, ``target``, ``met`` and the numbers it
 comes from), progress and a readable table on stderr. Postgres and ``pulse up`` are
@@ -53,6 +60,7 @@ import os
 import select
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -65,17 +73,23 @@ from typing import Any
 from urllib.parse import urlsplit
 from uuid import UUID
 
+import nats
 import numpy as np
 import numpy.typing as npt
+from nats.js import JetStreamContext
 
 from eventlog.ids import uuid7
 from ops.bench import emitter
 from ops.bench import pg as peer
+from ops.bench.engine import Material, publish_all, raw_stream
 from ops.bench.service import OPERATOR, centers, fill, near, recorded, start_service, stop_service
 from sync import PulseDB
 
 Vectors = npt.NDArray[np.float32]
 SIDES = ("in_process", "http", "postgres")
+# beside them, two floors: the HTTP transport with a server that only answers (target 2)
+# and raw acknowledged publishes to the in-process side's NATS server (target 1)
+SIDES_2, SIDES_1 = (*SIDES, "floor"), (*SIDES, "raw")
 KINDS = ("similar", "text", "hybrid", "context", "record", "reinforce")  # searches first
 BLOCK = 25  # calls of one kind on one side before the next side's turn (target 2)
 K, POOL, RECENT, WORDS, QUERY_WORDS, VOCABULARY = 10, 50, 5, 20, 3, 2000
@@ -346,7 +360,10 @@ class Bench:
     url: str
     postgres: peer.Postgres
     pg: Any  # the peer connection of target 2 and the checks
+    floor_url: str  # ops.bench.http_floor
+    js: JetStreamContext  # the raw publisher's, on the in-process side's server
     ef_search: int = 40
+    material: Material = field(default_factory=Material)  # encodes the raw side's events
     setup: dict[str, Any] = field(default_factory=dict)
 
 
@@ -401,26 +418,26 @@ async def target_2(bench: Bench, pool: ThreadPoolExecutor) -> dict[str, dict[str
     data, sizes = bench.data, bench.sizes
     n = sizes.warm_up + sizes.calls
     calls = Calls.make(data, n)
-    connection = Connection(bench.url)
+    connection, floor = Connection(bench.url), Connection(bench.floor_url)
     loop = asyncio.get_running_loop()
     results: dict[str, dict[str, Any]] = {}
     try:
         for kind in KINDS:
             progress(f"target 2: {n} {kind} calls on each side")
             route = "/v1/" + ROUTES[kind]
-            latencies: dict[str, list[float]] = {side: [] for side in SIDES}
+            latencies: dict[str, list[float]] = {side: [] for side in SIDES_2}
             found: dict[str, list[list[UUID]]] = {side: [] for side in SIDES}
             ef = bench.ef_search if kind == "similar" else max(bench.ef_search, POOL)
             bench.postgres.set_ef_search(bench.pg, ef)
             for block, start in enumerate(range(0, n, BLOCK)):
                 span = range(start, min(n, start + BLOCK))
-                for side in rotated(block):
-                    if side == "http":
+                for side in rotated(block, SIDES_2):
+                    if side in ("http", "floor"):
                         bodies = [http_body(kind, data.cid, calls, i) for i in span]
                         took, answers = await loop.run_in_executor(
-                            pool, connection.calls, route, bodies
+                            pool, (connection if side == "http" else floor).calls, route, bodies
                         )
-                        if kind == "similar":
+                        if kind == "similar" and side == "http":
                             found[side] += [hit_ids(json.loads(a)) for a in answers]
                     elif side == "postgres":
                         statements = [pg_statement(kind, data.cid, calls, i) for i in span]
@@ -446,13 +463,14 @@ async def target_2(bench: Bench, pool: ThreadPoolExecutor) -> dict[str, dict[str
                                            for s in SIDES}  # fmt: skip
     finally:
         connection.close()
+        floor.close()
     return results
 
 
-def rotated(block: int) -> tuple[str, ...]:
+def rotated(block: int, sides: tuple[str, ...]) -> tuple[str, ...]:
     """The sides' order in ``block``: each one first in turn."""
-    shift = block % len(SIDES)
-    return SIDES[shift:] + SIDES[:shift]
+    shift = block % len(sides)
+    return sides[shift:] + sides[:shift]
 
 
 def report_2(results: dict[str, dict[str, Any]], bench: Bench) -> list[list[str]]:
@@ -463,8 +481,8 @@ def report_2(results: dict[str, dict[str, Any]], bench: Bench) -> list[list[str]
         p99 = {side: percentile_ms(v, 99) for side, v in result["latencies"].items()}
         detail: dict[str, Any] = {
             "call": kind, "calls": len(result["latencies"]["http"]),
-            **{f"{s}_p50_ms": round(p50[s], 3) for s in SIDES},
-            **{f"{s}_p99_ms": round(p99[s], 3) for s in SIDES},
+            **{f"{s}_p50_ms": round(p50[s], 3) for s in SIDES_2},
+            **{f"{s}_p99_ms": round(p99[s], 3) for s in SIDES_2},
         }  # fmt: skip
         if kind in ("similar", "hybrid", "context"):
             detail["postgres_ef_search"] = result["ef_search"]
@@ -475,13 +493,16 @@ def report_2(results: dict[str, dict[str, Any]], bench: Bench) -> list[list[str]
              met=vs_local <= HTTP_TARGET, **detail)  # fmt: skip
         emit("http_vs_postgres", value=sig(vs_pg), target=PG_TARGET, met=vs_pg <= PG_TARGET,
              **detail)  # fmt: skip
+        bound = (p50["in_process"] + p50["floor"]) / p50["in_process"]
+        emit("http_floor_vs_in_process", value=sig(bound), target=None,
+             below_target=bound > HTTP_TARGET, **detail)  # fmt: skip
         note = ""
         if kind == "similar":
             note = " / ".join(f"{recall[s]:.3f}" for s in SIDES)
         elif kind in ("hybrid", "context"):
             note = f"(pg ef_search {result['ef_search']})"
-        rows.append([kind, *(f"{p50[s]:.3f}" for s in SIDES), mark(vs_local, HTTP_TARGET),
-                     mark(vs_pg, PG_TARGET), note])  # fmt: skip
+        rows.append([kind, *(f"{p50[s]:.3f}" for s in SIDES_2), mark(vs_local, HTTP_TARGET),
+                     f"{bound:.2f}", mark(vs_pg, PG_TARGET), note])  # fmt: skip
     return rows
 
 
@@ -550,24 +571,38 @@ async def pg_writes(
     return [t for took, _ in done for t in took]
 
 
+async def raw_writes(
+    bench: Bench, contents: list[str], vectors: Vectors, shares: Shares
+) -> list[float]:
+    """The same writes, encoded as record events (before the clock starts), published raw
+    and acknowledged, a task per writer; each publish's latency."""
+    wires = bench.material.recorded_of(bench.data.cid, contents, vectors)
+    took: list[float] = []
+    await asyncio.gather(*(publish_all(bench.js, [wires[i] for i in share], took)
+                           for share in shares))  # fmt: skip
+    return took
+
+
 async def target_1(bench: Bench, pool: ThreadPoolExecutor, writers: int) -> dict[str, list[float]]:
     """``sizes.writes`` single writes on each side from ``writers`` concurrent writers, in
     rounds where the sides take turns; each side's latencies (s)."""
     data, sizes = bench.data, bench.sizes
     rounds = min(sizes.write_rounds, sizes.writes // writers) or 1
     per_round = sizes.writes // rounds
-    latencies: dict[str, list[float]] = {side: [] for side in SIDES}
+    latencies: dict[str, list[float]] = {side: [] for side in SIDES_1}
     connections = [Connection(bench.url) for _ in range(writers)]
     pgs = [bench.postgres.connect() for _ in range(writers)]
     try:
         for r in range(rounds):
             contents, vectors = data.writes(per_round, 100 * writers + r + 1)
             shares = [range(w, per_round, writers) for w in range(writers)]
-            for side in rotated(r):
+            for side in rotated(r, SIDES_1):
                 if side == "http":
                     took = await http_writes(pool, connections, data.cid, contents, vectors, shares)
                 elif side == "postgres":
                     took = await pg_writes(pool, pgs, data.cid, contents, vectors, shares)
+                elif side == "raw":
+                    took = await raw_writes(bench, contents, vectors, shares)
                 else:
                     took = await local_writes(bench.db, data.cid, contents, vectors, shares)
                 latencies[side] += took
@@ -585,19 +620,23 @@ def report_1(writers: int, latencies: dict[str, list[float]]) -> list[list[str]]
     p50 = {side: percentile_ms(v, 50) for side, v in latencies.items()}
     p99 = {side: percentile_ms(v, 99) for side, v in latencies.items()}
     rows = []
-    for side in SIDES:
+    for side in SIDES_1:
         tail, vs_pg = p99[side] / p50[side], p99[side] / p99["postgres"]
         detail = {"side": side, "writers": writers, "writes": len(latencies[side]),
                   "p50_ms": round(p50[side], 3), "p99_ms": round(p99[side], 3),
                   "postgres_p99_ms": round(p99["postgres"], 3)}  # fmt: skip
-        emit("write_p99_over_p50", value=sig(tail), target=TAIL_TARGET,
-             met=tail <= TAIL_TARGET, **detail)  # fmt: skip
-        if side != "postgres":
+        if side == "raw":  # the log's own tail: no target, the floor of the others'
+            emit("raw_log_p99_over_p50", value=sig(tail), target=None, **detail)
+        else:
+            emit("write_p99_over_p50", value=sig(tail), target=TAIL_TARGET,
+                 met=tail <= TAIL_TARGET, **detail)  # fmt: skip
+        if side in ("in_process", "http"):
             emit("write_p99_vs_postgres", value=sig(vs_pg), target=PG_TARGET,
                  met=vs_pg <= PG_TARGET, **detail)  # fmt: skip
         rows.append([side, str(writers), f"{p50[side]:.3f}", f"{p99[side]:.3f}",
-                     mark(tail, TAIL_TARGET),
-                     "-" if side == "postgres" else mark(vs_pg, PG_TARGET)])  # fmt: skip
+                     f"{tail:.2f}" if side == "raw" else mark(tail, TAIL_TARGET),
+                     mark(vs_pg, PG_TARGET) if side in ("in_process", "http")
+                     else "-"])  # fmt: skip
     return rows
 
 
@@ -648,7 +687,14 @@ async def run(sizes: Sizes, m: int, ef_construction: int) -> int:
             setup = await loading
             connection = postgres.connect()
             stack.callback(connection.close)
-            bench = Bench(data, sizes, db, url, postgres, connection)
+            floor_url = await loop.run_in_executor(
+                pool, start_floor, root / "answers", url, data, stack
+            )
+            assert db.server is not None  # (the in-process side's embedded server)
+            publisher = await nats.connect(db.server.url)
+            stack.push_async_callback(publisher.close)
+            js = await raw_stream(publisher)
+            bench = Bench(data, sizes, db, url, postgres, connection, floor_url, js)
             bench.setup = {"experiences": sizes.experiences, "pulse_fill_s": round(filled, 1),
                            "pulse_open_s": round(opened, 1), **setup,
                            "hnsw_m": m, "hnsw_ef_construction": ef_construction,
@@ -689,7 +735,8 @@ async def run(sizes: Sizes, m: int, ef_construction: int) -> int:
             print(
                 "\nTarget 2, no HTTP tax: p50 ms of sequential calls (HTTP: one keep-alive "
                 f"connection), {sizes.calls} calls each, {sizes.experiences} experiences\n"
-                + table(["call", "in-process", "http", "postgres", "http/in-process <= 1.3",
+                + table(["call", "in-process", "http", "postgres", "floor",
+                         "http/in-process <= 1.3", "(in-process+floor)/in-process",
                          "http/postgres <= 1.0", "recall@10 (in-proc / http / pg)"], rows_2)
                 + f"\n\nTarget 1, no write tail: {sizes.writes} single writes per side and "
                 "writer count\n"
@@ -699,6 +746,40 @@ async def run(sizes: Sizes, m: int, ef_construction: int) -> int:
             )  # fmt: skip
             return 0 if rows == expected else 1
     return 1
+
+
+def start_floor(answers: Path, url: str, data: Data, stack: AsyncExitStack) -> str:
+    """``ops.bench.http_floor`` serving one answer ``pulse up`` at ``url`` gave to each
+    kind of call (recorded in ``answers``); its URL. Stopped with ``stack``."""
+    answers.mkdir()
+    calls, connection = Calls.make(data, 1), Connection(url)
+    try:
+        for kind in KINDS:
+            _, [answer] = connection.calls(
+                "/v1/" + ROUTES[kind], [http_body(kind, data.cid, calls, 0)]
+            )
+            (answers / ROUTES[kind]).write_bytes(answer)
+    finally:
+        connection.close()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ops.bench.http_floor", str(answers)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    stack.callback(stop_floor, process)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line.startswith("floor "):
+        raise RuntimeError(f"ops.bench.http_floor did not start: {line!r}")
+    return line.split()[1]
+
+
+def stop_floor(process: subprocess.Popen[str]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 async def stop_started(starting: asyncio.Future[Any]) -> None:

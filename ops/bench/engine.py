@@ -125,7 +125,12 @@ class Material:
 
     def recorded(self, cid: UUID, n: int) -> list[WireMessage]:
         """``n`` encoded experience.recorded events, as ``record_experience`` writes them."""
-        contents, vectors = self.items(n)
+        return self.recorded_of(cid, *self.items(n))
+
+    def recorded_of(
+        self, cid: UUID, contents: Sequence[str], vectors: Vectors
+    ) -> list[WireMessage]:
+        """The encoded experience.recorded events of ``contents`` and their ``vectors``."""
         return [
             raw(
                 ev.ExperienceRecorded(
