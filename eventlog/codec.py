@@ -46,7 +46,8 @@ from eventlog.events import EVENT_TYPES, EXPERIENCE_TYPES, Event, EventBase, eve
 from eventlog.limits import check_clock, check_ranges
 from eventlog.subjects import PREFIX, subject_for
 
-SCHEMA_VERSION = 3  # 2: sealed events (eventlog.sealing); 3: a collective's language
+SCHEMA_VERSION = 4  # 2: sealed events (eventlog.sealing); 3: a collective's language;
+# 4: threads (an agent framework's checkpoints: ThreadCheckpointed and the rest)
 
 HDR_MSG_ID = "Nats-Msg-Id"
 HDR_EVENT_TYPE = "Pulse-Event"
@@ -119,6 +120,7 @@ def register_upcaster(from_version: int, upcaster: Upcaster) -> None:
 
 register_upcaster(1, lambda body: body)  # version 2 added a type; version 1 reads as it is
 register_upcaster(2, lambda body: body)  # version 3 added a field whose default is the past
+register_upcaster(3, lambda body: body)  # version 4 added types
 
 
 def schema_version_of(headers: Mapping[str, str] | None, *, subject: str, seq: int | None) -> int:

@@ -406,6 +406,67 @@ class SessionDeleted(EventBase, frozen=True, tag="session.deleted"):
     collective_id: UUID
 
 
+# --- threads: an agent framework's thread state (LangGraph's checkpoints) in a collective ----
+
+
+class ThreadCheckpointed(EventBase, frozen=True, kw_only=True, tag="thread.checkpointed"):
+    """One checkpoint of a thread, whole: the framework's serialized state at a step
+    (``checkpoint``, tagged with its serializer's ``checkpoint_type``) and its metadata
+    (JSON text). A thread is an entity like a session: ``thread_id`` is Pulse's id of it
+    (one incarnation of the framework's ``name`` for it in the collective), its events are
+    sealed with its data key, and deleting it forgets every checkpoint on disk. Each
+    checkpoint stands alone (no value refers to another checkpoint's), so pruning or
+    deleting some never breaks the others."""
+
+    thread_id: UUID
+    collective_id: UUID
+    name: str  # the framework's thread id (LangGraph's ``thread_id``)
+    checkpoint_ns: str = ""  # "" for the root graph, else a subgraph's namespace
+    checkpoint_id: str  # the framework's; ordered: the latest of a namespace is the largest
+    parent_checkpoint_id: str | None = None
+    checkpoint_type: str  # the serializer's tag of ``checkpoint``
+    checkpoint: bytes
+    metadata: str = "{}"  # a JSON object
+    run_id: str | None = None  # the run that made it (metadata's run_id), if any
+
+
+class ThreadWritten(EventBase, frozen=True, kw_only=True, tag="thread.written"):
+    """One pending write of a task, made after ``checkpoint_id``. ``idx`` is its place
+    among the task's writes; a negative one names a special channel (an error, an
+    interrupt, a resume), which the latest write replaces, where an ordinary write, once
+    made, stays as it was (a retried task writes the same again)."""
+
+    thread_id: UUID
+    collective_id: UUID
+    checkpoint_ns: str = ""
+    checkpoint_id: str
+    task_id: str
+    task_path: str = ""
+    idx: int
+    channel: str
+    value_type: str  # the serializer's tag of ``value``
+    value: bytes = b""
+
+
+class ThreadCheckpointDeleted(
+    EventBase, frozen=True, kw_only=True, tag="thread.checkpoint_deleted"
+):
+    """A tombstone for one checkpoint of a thread and its pending writes (a prune, or
+    the checkpoints of runs deleted); the thread and its other checkpoints stay."""
+
+    thread_id: UUID
+    collective_id: UUID
+    checkpoint_ns: str = ""
+    checkpoint_id: str
+
+
+class ThreadDeleted(EventBase, frozen=True, tag="thread.deleted"):
+    """A tombstone: a thread is forgotten, every checkpoint and write of it."""
+
+    thread_id: UUID
+    collective_id: UUID
+
+
 class Sealed(EventBase, frozen=True, tag="sealed"):
     """An event whose body is encrypted with the data key of its entity (``eventlog.sealing``):
     what it says can be read only while that key exists, and deleting the entity destroys
@@ -414,7 +475,7 @@ class Sealed(EventBase, frozen=True, tag="sealed"):
     known without the key) and the type of the event inside."""
 
     kind: str  # the tag of the event inside, e.g. "experience.recorded"
-    entity: str  # experience, insight, relation, session or wisdom
+    entity: str  # experience, insight, relation, session, thread or wisdom
     entity_id: UUID
     box: bytes  # nonce (12 bytes) + AES-256-GCM ciphertext of the inner body + tag
     collective_id: UUID | None = None  # None for wisdom (per owner)
@@ -445,6 +506,10 @@ Event: TypeAlias = (
     | SessionUpdated
     | SessionEnded
     | SessionDeleted
+    | ThreadCheckpointed
+    | ThreadWritten
+    | ThreadCheckpointDeleted
+    | ThreadDeleted
     | Sealed
 )
 EVENT_TYPES: tuple[type[EventBase], ...] = Event.__args__

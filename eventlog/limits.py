@@ -58,6 +58,7 @@ SEALED_KINDS: dict[str, tuple[str, ...]] = {
     "insight": ("insight.stored",),
     "relation": ("relation.stored",),
     "session": ("session.started", "session.updated"),
+    "thread": ("thread.checkpointed", "thread.written"),
     "wisdom": ("wisdom.stored",),
 }
 SEALED_OVERHEAD = 12 + 16  # a sealed box's nonce and tag (AES-GCM)
@@ -71,6 +72,16 @@ TODO_TASK_MAX_BYTES = 1024  # a todo item's task, UTF-8 (1 byte..1 KB)
 TODO_NOTE_MAX_BYTES = 1024  # a todo item's note, UTF-8 (0..1 KB)
 SESSION_NOTES_MAX = 100  # notes in each of a session's changes, bugs and architecture
 SESSION_NOTE_MAX_BYTES = 1024  # one such note, UTF-8 (1 byte..1 KB)
+
+# a thread's checkpoints and pending writes (an agent framework's state: sync.threads)
+THREAD_NAME_MAX_BYTES = 1024  # the framework's thread id, UTF-8 (1 byte..1 KB)
+THREAD_KEY_MAX_BYTES = 1024  # a namespace, checkpoint id, task id, task path or channel
+THREAD_TYPE_MAX = 64  # a serializer's tag (characters, 1..64)
+# what one checkpoint (or one write) may hold: its event, sealed, fits nats-server's
+# default max_payload (1 MB) with room for the rest of the event
+THREAD_VALUE_MAX_BYTES = 896 * 1024  # a checkpoint's bytes and metadata together; a write's
+THREAD_METADATA_MAX_BYTES = 64 * 1024  # a checkpoint's metadata, JSON text
+THREAD_WRITE_IDX_MIN, THREAD_WRITE_IDX_MAX = -16, 2**31 - 1  # a write's place
 
 # -- the wire's integers ----------------------------------------------------------------------
 
@@ -237,6 +248,27 @@ def check_ranges(event: ev.Event) -> None:
                     _count(name, len(notes), 0, SESSION_NOTES_MAX)
                     for i, note in enumerate(notes):
                         _utf8(f"{name}[{i}]", note, 1, SESSION_NOTE_MAX_BYTES)
+        case ev.ThreadCheckpointed():
+            _utf8("name", event.name, 1, THREAD_NAME_MAX_BYTES)
+            _thread_keys(event.checkpoint_ns, event.checkpoint_id)
+            if event.parent_checkpoint_id is not None:
+                _utf8("parent_checkpoint_id", event.parent_checkpoint_id, 1, THREAD_KEY_MAX_BYTES)
+            _chars("checkpoint_type", event.checkpoint_type, 1, THREAD_TYPE_MAX)
+            _utf8("metadata", event.metadata, 0, THREAD_METADATA_MAX_BYTES)
+            _bytes("checkpoint and metadata", len(event.checkpoint) + len(event.metadata),
+                   THREAD_VALUE_MAX_BYTES)  # fmt: skip
+            if event.run_id is not None:
+                _utf8("run_id", event.run_id, 1, THREAD_KEY_MAX_BYTES)
+        case ev.ThreadWritten():
+            _thread_keys(event.checkpoint_ns, event.checkpoint_id)
+            _utf8("task_id", event.task_id, 1, THREAD_KEY_MAX_BYTES)
+            _utf8("task_path", event.task_path, 0, THREAD_KEY_MAX_BYTES)
+            _integer("idx", event.idx, THREAD_WRITE_IDX_MIN, THREAD_WRITE_IDX_MAX)
+            _utf8("channel", event.channel, 1, THREAD_KEY_MAX_BYTES)
+            _chars("value_type", event.value_type, 1, THREAD_TYPE_MAX)
+            _bytes("value", len(event.value), THREAD_VALUE_MAX_BYTES)
+        case ev.ThreadCheckpointDeleted():
+            _thread_keys(event.checkpoint_ns, event.checkpoint_id)
         case ev.WisdomStored():
             _chars("owner_id", event.owner_id, 1, NAME_MAX)
             _chars("pattern", event.pattern, 1, PATTERN_MAX)
@@ -286,6 +318,16 @@ def _utf8(field: str, value: str, low: int, high: int) -> None:
     size = len(value.encode("utf-8", "surrogatepass"))
     if not low <= size <= high:
         raise ValueError(f"{field}: must be {low}..{high} bytes of UTF-8, got {size}")
+
+
+def _thread_keys(namespace: str, checkpoint_id: str) -> None:
+    _utf8("checkpoint_ns", namespace, 0, THREAD_KEY_MAX_BYTES)
+    _utf8("checkpoint_id", checkpoint_id, 1, THREAD_KEY_MAX_BYTES)
+
+
+def _bytes(field: str, size: int, high: int) -> None:
+    if size > high:
+        raise ValueError(f"{field}: must be 0..{high} bytes, got {size}")
 
 
 def _count(field: str, count: int, low: int, high: int) -> None:

@@ -52,6 +52,7 @@ DELETED_ENTITY: dict[type[ev.EventBase], str] = {
     ev.InsightDeleted: "insight",
     ev.RelationDeleted: "relation",
     ev.SessionDeleted: "session",
+    ev.ThreadDeleted: "thread",
     ev.WisdomDeleted: "wisdom",
 }
 

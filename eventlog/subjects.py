@@ -5,6 +5,7 @@
     pulse.c.<collective_id>.relation.<relation_id>
     pulse.c.<collective_id>.insight.<insight_id>
     pulse.c.<collective_id>.session.<session_id>         (an agent's session)
+    pulse.c.<collective_id>.thread.<thread_id>           (a framework's thread state)
     pulse.w.<wisdom_id>                                  (wisdom is per owner, not per collective)
     pulse.t.<token_id>                                   (access tokens: sync.access)
     pulse.a.<collective_id>.<agent token>                (activities: the PULSE_ACTIVITY stream)
@@ -73,6 +74,13 @@ def subject_for(event: ev.Event) -> str:
             return collective_subject(event.collective_id, "insight", event.insight_id)
         case ev.SessionStarted() | ev.SessionUpdated() | ev.SessionEnded() | ev.SessionDeleted():
             return collective_subject(event.collective_id, "session", event.session_id)
+        case (
+            ev.ThreadCheckpointed()
+            | ev.ThreadWritten()
+            | ev.ThreadCheckpointDeleted()
+            | ev.ThreadDeleted()
+        ):
+            return collective_subject(event.collective_id, "thread", event.thread_id)
         case ev.ActivityRegistered() | ev.ActivityHeartbeat() | ev.ActivityEnded():
             return activity_subject(event.collective_id, event.agent_id)
         case ev.WisdomStored() | ev.WisdomDeleted():

@@ -474,6 +474,85 @@ class SessionRow(Placed):
     strays: dict[UUID | None, Placed] | None = None  # see Placed; never stored
 
 
+@dataclass(slots=True)
+class CheckpointRow(Row):
+    """One checkpoint of a thread (``sync.threads``): the framework's state at a step,
+    whole. The thread is an entity of its own (its id, its data key, its tombstone), but
+    what it is, its name and its author, every one of its checkpoints carries (a row
+    made by the first checkpoint would need an event to make two rows): the thread's
+    live checkpoints are its rows whose thread is not deleted (``ThreadRow``). The
+    collective is in the key, so an event naming another collective for the same
+    thread (a forged one) makes a row of that collective, never one of this.
+    ``deleted``: a tombstone for this checkpoint alone (a prune; the runs deleted)."""
+
+    KEY = ("thread_id", "collective_id", "checkpoint_ns", "checkpoint_id")
+    CREATE = (
+        "name", "parent_checkpoint_id", "checkpoint_type", "checkpoint", "metadata", "run_id",
+        "created_hlc", "author_owner", "author_agent",
+    )  # fmt: skip
+
+    thread_id: UUID
+    collective_id: UUID
+    checkpoint_ns: str
+    checkpoint_id: str
+    create_event: UUID | None = None
+    name: str | None = None  # the framework's name of the thread
+    parent_checkpoint_id: str | None = None
+    checkpoint_type: str | None = None
+    checkpoint: bytes | None = None
+    metadata: str | None = None  # JSON text, as written
+    run_id: str | None = None
+    created_hlc: int | None = None
+    deleted: bool = False
+    author_owner: str | None = None  # the principal that wrote it
+    author_agent: str | None = None
+
+
+@dataclass(slots=True)
+class PendingWriteRow(Row):
+    """A pending write of a task after a checkpoint (``ev.ThreadWritten``). Its fields
+    are registers set together by one write (one stamp): a special channel's (``idx``
+    below 0: an error, an interrupt, a resume) takes the latest write, an ordinary one
+    keeps the first (its stamp is the write's, inverted: ``first_wins``), as the
+    framework's own savers do. A write is gone with its checkpoint or its thread."""
+
+    KEY = ("thread_id", "collective_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx")
+    REGISTERS = ("channel", "value_type", "value", "task_path")
+
+    thread_id: UUID
+    collective_id: UUID
+    checkpoint_ns: str
+    checkpoint_id: str
+    task_id: str
+    idx: int
+    channel: str | None = None
+    channel_stamp: Stamp = NO_STAMP
+    value_type: str | None = None
+    value_type_stamp: Stamp = NO_STAMP
+    value: bytes | None = None
+    value_stamp: Stamp = NO_STAMP
+    task_path: str | None = None
+    task_path_stamp: Stamp = NO_STAMP
+
+
+@dataclass(slots=True)
+class ThreadRow(Row):
+    """A thread's tombstone (``ev.ThreadDeleted``): every checkpoint and write of the
+    thread in that collective is gone, whenever it arrives."""
+
+    KEY = ("thread_id", "collective_id")
+
+    thread_id: UUID
+    collective_id: UUID
+    deleted: bool = False
+
+
+def first_wins(stamp: Stamp) -> Stamp:
+    """A stamp under which the earliest write of a register wins (every byte inverted:
+    the order reversed, still above ``NO_STAMP``)."""
+    return bytes(255 - b for b in stamp)
+
+
 def todo_json(items: tuple[ev.TodoItem, ...]) -> str:
     """A todo list as the row keeps it: JSON with every field, the same bytes on every
     host (the wire omits defaults; a reader of the row should not have to know them)."""
@@ -484,7 +563,7 @@ def todo_json(items: tuple[ev.TodoItem, ...]) -> str:
 
 ROW_TYPES: tuple[type[Row], ...] = (
     CollectiveRow, ExperienceRow, ApplicationRow, RelationRow, InsightRow, WisdomRow, TokenRow,
-    SessionRow,
+    SessionRow, CheckpointRow, PendingWriteRow, ThreadRow,
 )  # fmt: skip
 
 
@@ -610,6 +689,27 @@ def row_of(event: ev.Event) -> Row | None:
             )  # fmt: skip
         case ev.SessionDeleted():
             return SessionRow(event.session_id, collective_id=event.collective_id, deleted=True)
+        case ev.ThreadCheckpointed():
+            return CheckpointRow(
+                event.thread_id, event.collective_id, event.checkpoint_ns, event.checkpoint_id,
+                event.event_id, event.name, event.parent_checkpoint_id, event.checkpoint_type,
+                event.checkpoint, event.metadata, event.run_id, event.hlc,
+                author_owner=event.author_owner, author_agent=event.author_agent,
+            )  # fmt: skip
+        case ev.ThreadWritten():
+            written = stamp_of(event) if event.idx < 0 else first_wins(stamp_of(event))
+            return PendingWriteRow(
+                event.thread_id, event.collective_id, event.checkpoint_ns, event.checkpoint_id,
+                event.task_id, event.idx, event.channel, written, event.value_type, written,
+                event.value, written, event.task_path, written,
+            )  # fmt: skip
+        case ev.ThreadCheckpointDeleted():
+            return CheckpointRow(
+                event.thread_id, event.collective_id, event.checkpoint_ns, event.checkpoint_id,
+                deleted=True,
+            )  # fmt: skip
+        case ev.ThreadDeleted():
+            return ThreadRow(event.thread_id, event.collective_id, deleted=True)
         case ev.Sealed():  # still sealed when read: its key was destroyed (a delete), and
             return None  # it is forgotten as if purged (eventlog.sealing)
     return None  # activities live in their own stream, not in the projection

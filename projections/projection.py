@@ -1057,6 +1057,10 @@ def _audited(seq: int, event: ev.Event) -> Audited:
         event = msgspec.structs.replace(event, embedding=b"")
     elif isinstance(event, ev.TokenCreated):  # (a revocation wipes it from the token's row)
         event = msgspec.structs.replace(event, secret_sha256="")
+    elif isinstance(event, ev.ThreadCheckpointed):  # (a framework's state: in its row only)
+        event = msgspec.structs.replace(event, checkpoint=b"")
+    elif isinstance(event, ev.ThreadWritten):
+        event = msgspec.structs.replace(event, value=b"")
     return (
         seq, tag, event.collective_id if in_collective else None,  # type: ignore[union-attr]
         entity, getattr(event, key), event.author_owner, event.author_agent,
@@ -1075,7 +1079,7 @@ def _audit_of(event_type: type[ev.EventBase]) -> tuple[str, str, str, bool]:
     entity = next(
         (
             e
-            for e in ("experience", "relation", "insight", "wisdom", "token", "session")
+            for e in ("experience", "relation", "insight", "wisdom", "token", "session", "thread")
             if f"{e}_id" in fields
         ),
         "collective",

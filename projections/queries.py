@@ -8,11 +8,12 @@ never come back."""
 
 from __future__ import annotations
 
+import binascii
 import itertools
 import math
 import time
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Sequence, TypeVar
 from uuid import UUID
 
 import msgspec
@@ -1472,3 +1473,200 @@ def latest_open_session(p: Projection, collective_id: UUID, agent_id: str) -> Se
 def session_ids_in_collective(p: Projection, collective_id: UUID) -> list[UUID]:
     """Every session row of a collective, deleted ones too (what its delete tombstones)."""
     return sorted(p.memory.sessions_of.get(collective_id, set()))
+
+
+# -- threads: an agent framework's checkpoints (sync.threads) ------------------------------
+
+
+class PendingWrite(msgspec.Struct, frozen=True, kw_only=True):
+    """A task's pending write after a checkpoint: ``value``, the bytes its serializer
+    made (``value_type``) in base64, at place ``idx`` among the task's writes."""
+
+    task_id: str
+    task_path: str
+    idx: int
+    channel: str
+    value_type: str
+    value: str  # base64 (the answers' bytes are embeddings: ops.encoding)
+
+
+class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
+    """One checkpoint of a thread: the framework's serialized state (``checkpoint``, the
+    bytes its serializer made, ``checkpoint_type``, in base64), its metadata, and the
+    pending writes made after it. ``thread`` is the framework's name of the thread,
+    ``thread_id`` Pulse's."""
+
+    thread: str
+    thread_id: UUID
+    collective_id: UUID
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    checkpoint_type: str
+    checkpoint: str  # base64
+    metadata: dict[str, Any]
+    run_id: str | None
+    created_ms: int
+    author_owner: str | None
+    author_agent: str | None
+    pending_writes: tuple[PendingWrite, ...] = ()
+
+
+class ThreadKey(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a checkpoint was written: its thread (by name and Pulse's id), namespace and id."""
+
+    thread: str
+    thread_id: UUID
+    collective_id: UUID
+    checkpoint_ns: str
+    checkpoint_id: str
+
+
+_metadata = msgspec.json.Decoder(dict[str, Any])
+
+
+def _base64(data: bytes | None) -> str:
+    return binascii.b2a_base64(data or b"", newline=False).decode()
+
+
+def _metadata_of(text: str | None) -> dict[str, Any]:
+    """A checkpoint's metadata: a JSON object as written (anything else, from a log
+    written by another program, reads as none)."""
+    try:
+        return _metadata.decode(text or "{}")
+    except msgspec.DecodeError:
+        return {}
+
+
+def _visible_threads(
+    p: Projection, collective_id: UUID, owner: str | None, agent: str | None
+) -> Iterator[tuple[UUID, tuple[UUID, str, str | None, str | None]]]:
+    """The live threads of a collective the principal (its owner and agent; None: any)
+    may see: those it wrote (an owner's token, its owner's threads; an agent's, its
+    agent's), with what their first checkpoint says of them."""
+    memory = p.memory
+    for thread_id in sorted(memory.threads_of.get(collective_id, ())):
+        named = memory.thread_names.get((thread_id, collective_id))
+        if named is None:
+            continue
+        if (owner is None or named[2] == owner) and (agent is None or named[3] == agent):
+            yield thread_id, named
+
+
+def thread_ids(
+    p: Projection, collective_id: UUID, name: str, owner: str | None, agent: str | None
+) -> list[UUID]:
+    """Pulse's ids of the live threads called ``name`` in a collective that the principal
+    may see, smallest first (one, unless two hosts began it at once)."""
+    return [t for t, named in _visible_threads(p, collective_id, owner, agent) if named[1] == name]
+
+
+def thread_names(
+    p: Projection, collective_id: UUID, owner: str | None, agent: str | None
+) -> list[str]:
+    """The names of the threads of a collective the principal may see."""
+    return sorted({named[1] for _, named in _visible_threads(p, collective_id, owner, agent)})
+
+
+def _checkpoint_rows(p: Projection, thread_id: UUID, collective_id: UUID) -> list[Any]:
+    memory = p.memory
+    return [
+        row
+        for key in memory.parts_of.get((thread_id, collective_id), ())
+        if len(key) == 4 and (row := memory.checkpoints.get(key)) is not None and not row.deleted
+    ]
+
+
+def _checkpoint(p: Projection, row: Any, name: str) -> Checkpoint:
+    memory = p.memory
+    writes = [
+        memory.pending_writes[key]
+        for key in memory.writes_of.get(row.key(), ())
+        if key in memory.pending_writes
+    ]
+    writes.sort(key=lambda w: (w.task_path or "", w.task_id, w.idx))
+    return Checkpoint(
+        thread=name, thread_id=row.thread_id, collective_id=row.collective_id,
+        checkpoint_ns=row.checkpoint_ns, checkpoint_id=row.checkpoint_id,
+        parent_checkpoint_id=row.parent_checkpoint_id,
+        checkpoint_type=row.checkpoint_type or "", checkpoint=_base64(row.checkpoint),
+        metadata=_metadata_of(row.metadata), run_id=row.run_id,
+        created_ms=ev.hlc_millis(row.created_hlc or 0), author_owner=row.author_owner,
+        author_agent=row.author_agent,
+        pending_writes=tuple(
+            PendingWrite(task_id=w.task_id, task_path=w.task_path or "", idx=w.idx,
+                         channel=w.channel or "", value_type=w.value_type or "",
+                         value=_base64(w.value))
+            for w in writes
+        ),
+    )  # fmt: skip
+
+
+def thread_checkpoints(
+    p: Projection,
+    collective_id: UUID,
+    owner: str | None,
+    agent: str | None,
+    *,
+    name: str | None = None,
+    checkpoint_ns: str | None = None,
+    checkpoint_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    before: str | None = None,
+    limit: int | None = None,
+) -> list[Checkpoint]:
+    """The live checkpoints of a collective's threads the principal may see (of the
+    thread ``name``; of one namespace; one checkpoint), whose metadata holds each item
+    of ``metadata``, with an id below ``before``: newest first (the largest id first),
+    at most ``limit``."""
+    found: list[tuple[str, UUID, str, Any, str]] = []
+    for thread_id, named in _visible_threads(p, collective_id, owner, agent):
+        if name is not None and named[1] != name:
+            continue
+        for row in _checkpoint_rows(p, thread_id, collective_id):
+            if checkpoint_ns is not None and row.checkpoint_ns != checkpoint_ns:
+                continue
+            if checkpoint_id is not None and row.checkpoint_id != checkpoint_id:
+                continue
+            if before is not None and not row.checkpoint_id < before:
+                continue
+            if metadata:
+                held = _metadata_of(row.metadata)
+                if any(key not in held or held[key] != value for key, value in metadata.items()):
+                    continue
+            found.append((row.checkpoint_id, thread_id, row.checkpoint_ns, row, named[1]))
+    found.sort(key=lambda f: (f[0], f[1], f[2]), reverse=True)
+    if limit is not None:
+        found = found[:limit]
+    return [_checkpoint(p, row, name_) for _, _, _, row, name_ in found]
+
+
+def thread_run_checkpoints(
+    p: Projection, collective_id: UUID, owner: str | None, agent: str | None, run_ids: set[str]
+) -> list[tuple[UUID, str, str]]:
+    """(thread id, namespace, checkpoint id) of the live checkpoints the principal may see
+    that the runs ``run_ids`` made."""
+    return sorted(
+        (thread_id, row.checkpoint_ns, row.checkpoint_id)
+        for thread_id, _ in _visible_threads(p, collective_id, owner, agent)
+        for row in _checkpoint_rows(p, thread_id, collective_id)
+        if row.run_id in run_ids
+    )
+
+
+def thread_parts(p: Projection, thread_id: UUID, collective_id: UUID) -> list[Any]:
+    """Every live checkpoint and pending write row of a thread, checkpoints first (what a
+    copy of it writes again)."""
+    memory = p.memory
+    keys = sorted(memory.parts_of.get((thread_id, collective_id), ()), key=lambda k: (len(k), k))
+    rows = []
+    for key in keys:
+        row = (memory.checkpoints if len(key) == 4 else memory.pending_writes).get(key)
+        if row is not None and not getattr(row, "deleted", False):
+            rows.append(row)
+    return rows
+
+
+def thread_ids_in_collective(p: Projection, collective_id: UUID) -> list[UUID]:
+    """Every thread of a collective held here (what deleting the collective tombstones)."""
+    return sorted(p.memory.threads_of.get(collective_id, ()))

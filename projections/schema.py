@@ -45,7 +45,7 @@ before its collective is simply not live yet, and becomes live when the collecti
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 MISPLACED = "collective_id: not the collective of the entity: "  # dead letter
 
@@ -104,6 +104,21 @@ CREATE TABLE IF NOT EXISTS session_rows (
     architecture VARCHAR[], architecture_stamp BLOB, ended_hlc UBIGINT, ended_hlc_stamp BLOB,
     deleted BOOLEAN NOT NULL, author_owner VARCHAR, author_agent VARCHAR,
     create_seq BIGINT, updated_seq BIGINT);
+CREATE TABLE IF NOT EXISTS checkpoint_rows (
+    thread_id UUID, collective_id UUID, checkpoint_ns VARCHAR, checkpoint_id VARCHAR,
+    create_event UUID, name VARCHAR, parent_checkpoint_id VARCHAR, checkpoint_type VARCHAR,
+    checkpoint BLOB, metadata VARCHAR, run_id VARCHAR, created_hlc UBIGINT,
+    deleted BOOLEAN NOT NULL, author_owner VARCHAR, author_agent VARCHAR, updated_seq BIGINT,
+    PRIMARY KEY (thread_id, collective_id, checkpoint_ns, checkpoint_id));
+CREATE TABLE IF NOT EXISTS pending_write_rows (
+    thread_id UUID, collective_id UUID, checkpoint_ns VARCHAR, checkpoint_id VARCHAR,
+    task_id VARCHAR, idx INTEGER, channel VARCHAR, channel_stamp BLOB, value_type VARCHAR,
+    value_type_stamp BLOB, value BLOB, value_stamp BLOB, task_path VARCHAR,
+    task_path_stamp BLOB, updated_seq BIGINT,
+    PRIMARY KEY (thread_id, collective_id, checkpoint_ns, checkpoint_id, task_id, idx));
+CREATE TABLE IF NOT EXISTS thread_rows (
+    thread_id UUID, collective_id UUID, deleted BOOLEAN NOT NULL, updated_seq BIGINT,
+    PRIMARY KEY (thread_id, collective_id));
 CREATE TABLE IF NOT EXISTS audit_rows (
     seq BIGINT NOT NULL, event_type VARCHAR, collective_id UUID, entity VARCHAR,
     entity_id UUID, author_owner VARCHAR, author_agent VARCHAR, instance_id UUID,
@@ -288,6 +303,11 @@ DIGEST_QUERIES = {
     "wisdom_rows": "SELECT * EXCLUDE (updated_seq) FROM wisdom_rows ORDER BY 1",
     "token_rows": "SELECT * EXCLUDE (updated_seq) FROM token_rows ORDER BY 1",
     "session_rows": "SELECT * EXCLUDE (updated_seq, create_seq) FROM session_rows ORDER BY 1",
+    "checkpoint_rows": ("SELECT * EXCLUDE (updated_seq) FROM checkpoint_rows ORDER BY 1, 2, 3, 4"),
+    "pending_write_rows": (
+        "SELECT * EXCLUDE (updated_seq) FROM pending_write_rows ORDER BY 1, 2, 3, 4, 5, 6"
+    ),
+    "thread_rows": "SELECT * EXCLUDE (updated_seq) FROM thread_rows ORDER BY 1, 2",
     # (audit_rows is left out: it holds stream sequences, and what a host read of the
     # events a delete forgot until the tombstone reached it)
     # an event naming another collective than its entity's is reported when the entity's
@@ -313,6 +333,9 @@ DIGEST_BY_COLLECTIVE["undecodable"] = DIGEST_QUERIES["undecodable"].replace(
 
 # from_version -> statements that bring the schema to from_version + 1
 MIGRATIONS: dict[int, list[str]] = {
+    # 8: threads (an agent framework's checkpoints; sync.threads): their tables are new,
+    # made by TABLES
+    7: [],
     # 7: a collective's text analyzer (projections.language); those before are English
     6: ["ALTER TABLE collective_rows ADD COLUMN IF NOT EXISTS language VARCHAR"],
     # 6: validity (an experience's [valid_from, valid_to), why it stopped being true, and

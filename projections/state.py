@@ -37,13 +37,16 @@ from projections.crdt import NO_STAMP, GCounter
 from projections.fold import (
     ROW_TYPES,
     ApplicationRow,
+    CheckpointRow,
     CollectiveRow,
     ExperienceRow,
     FoldState,
     InsightRow,
+    PendingWriteRow,
     RelationRow,
     Row,
     SessionRow,
+    ThreadRow,
     TokenRow,
     WisdomRow,
     vector_bytes,
@@ -127,6 +130,22 @@ class MemoryState:
         self.tokens: dict[tuple[Any, ...], TokenRow] = self.fold.rows[TokenRow]  # type: ignore[assignment]
         self.sessions: dict[tuple[Any, ...], SessionRow] = self.fold.rows[SessionRow]  # type: ignore[assignment]
         self.sessions_of: dict[UUID, set[UUID]] = {}  # collective -> session ids (deleted too)
+        # threads (sync.threads): their checkpoints and pending writes, and tombstones. The
+        # rows of a deleted thread, and the writes of a deleted checkpoint, are dropped
+        # whichever arrives first (``_drop_gone``): DuckDB deletes what it held of them
+        # when it writes the tombstone (``projections.store``)
+        self.checkpoints: dict[tuple[Any, ...], CheckpointRow] = self.fold.rows[CheckpointRow]  # type: ignore[assignment]
+        self.pending_writes: dict[tuple[Any, ...], PendingWriteRow]
+        self.pending_writes = self.fold.rows[PendingWriteRow]  # type: ignore[assignment]
+        self.threads: dict[tuple[Any, ...], ThreadRow] = self.fold.rows[ThreadRow]  # type: ignore[assignment]
+        self.threads_of: dict[UUID, set[UUID]] = {}  # collective -> ids of threads held
+        # (thread, collective) -> what its checkpoint of smallest create event says of it:
+        # (that event, its name, author owner, author agent)
+        self.thread_names: dict[tuple[UUID, UUID], tuple[UUID, str, str | None, str | None]] = {}
+        # (thread, collective) -> the keys of its rows (checkpoints and writes, each key
+        # telling which: 4 values or 6); a checkpoint's key -> its writes' keys
+        self.parts_of: dict[tuple[UUID, UUID], set[tuple[Any, ...]]] = {}
+        self.writes_of: dict[tuple[Any, ...], set[tuple[Any, ...]]] = {}
         self.unflushed_audit: list[Audited] = []
         self.unflushed_counts: list[Counted] = []
         # who could see the experiences deleted last while live here: (collective,
@@ -299,6 +318,56 @@ class MemoryState:
         elif isinstance(row, SessionRow):
             if row.collective_id is not None:
                 self.sessions_of.setdefault(row.collective_id, set()).add(row.session_id)
+        elif isinstance(row, (CheckpointRow, PendingWriteRow, ThreadRow)):
+            self._index_thread(row)
+
+    def _index_thread(self, row: CheckpointRow | PendingWriteRow | ThreadRow) -> None:
+        """Keep a thread's rows findable, and drop what a tombstone has made gone: the
+        rows of a deleted thread, the writes of a deleted checkpoint (order-free: the
+        tombstones stay, and whatever arrives after one is dropped on arrival)."""
+        thread = (row.thread_id, row.collective_id)
+        if isinstance(row, ThreadRow):
+            if row.deleted:
+                for key in self.parts_of.pop(thread, set()):
+                    self._drop(CheckpointRow if len(key) == 4 else PendingWriteRow, key)
+                    self.writes_of.pop(key, None)
+                held = self.threads_of.get(row.collective_id)
+                if held is not None:
+                    held.discard(row.thread_id)
+                self.thread_names.pop(thread, None)
+            return
+        dead = self.threads.get(thread)
+        if dead is not None and dead.deleted:
+            self._drop(type(row), row.key())
+            return
+        key = row.key()
+        parts = self.parts_of.setdefault(thread, set())
+        if isinstance(row, CheckpointRow):
+            if row.deleted:
+                for write in self.writes_of.pop(key, set()):
+                    self._drop(PendingWriteRow, write)
+                    parts.discard(write)
+            parts.add(key)
+            self.threads_of.setdefault(row.collective_id, set()).add(row.thread_id)
+            if row.create_event is not None and row.name is not None:
+                named = self.thread_names.get(thread)
+                if named is None or row.create_event < named[0]:
+                    self.thread_names[thread] = (
+                        row.create_event, row.name, row.author_owner, row.author_agent
+                    )
+            return
+        checkpoint = self.checkpoints.get(key[:4])
+        if checkpoint is not None and checkpoint.deleted:
+            self._drop(PendingWriteRow, key)
+            return
+        parts.add(key)
+        self.writes_of.setdefault(key[:4], set()).add(key)
+
+    def _drop(self, row_type: type[Row], key: tuple[Any, ...]) -> None:
+        """A row gone with its thread or checkpoint: out of memory, and not to be
+        written (DuckDB deletes its copy with the tombstone)."""
+        self.fold.rows[row_type].pop(key, None)
+        self.dirty[row_type].discard(key)
 
     def _changed(self, collective_id: UUID | None, experience_id: UUID | None) -> None:
         """Note that an experience of a collective (None: the collective itself)
@@ -392,6 +461,10 @@ class MemoryState:
             entity_id = getattr(event, name, None)
             if entity_id is not None:
                 return "entity" if self._deleted(table, entity_id) else None
+        thread_id = getattr(event, "thread_id", None)
+        if thread_id is not None:
+            row = self.threads.get((thread_id, collective_id))
+            return "entity" if row is not None and row.deleted else None
         return None
 
     def misplaced(self, event: Any) -> str | None:
@@ -667,7 +740,7 @@ _PLACED: dict[type, tuple[str, str]] = {
 
 _DELETES = (
     ev.CollectiveDeleted, ev.ExperienceDeleted, ev.RelationDeleted, ev.InsightDeleted,
-    ev.WisdomDeleted, ev.SessionDeleted,
+    ev.WisdomDeleted, ev.SessionDeleted, ev.ThreadDeleted,
 )  # fmt: skip
 
 

@@ -38,12 +38,15 @@ from eventlog.errors import PulseError
 from projections import schema
 from projections.fold import (
     ApplicationRow,
+    CheckpointRow,
     CollectiveRow,
     ExperienceRow,
     InsightRow,
+    PendingWriteRow,
     RelationRow,
     Row,
     SessionRow,
+    ThreadRow,
     TokenRow,
     WisdomRow,
 )
@@ -58,7 +61,12 @@ TABLE_OF: dict[type[Row], str] = {
     WisdomRow: "wisdom_rows",
     TokenRow: "token_rows",
     SessionRow: "session_rows",
+    CheckpointRow: "checkpoint_rows",
+    PendingWriteRow: "pending_write_rows",
+    ThreadRow: "thread_rows",
 }
+# the rows of a thread apart from its tombstone: a part of it, not an entity of their own
+_THREAD_PARTS = (CheckpointRow, PendingWriteRow)
 
 
 log = logging.getLogger("pulse.store")
@@ -492,6 +500,7 @@ class Store:
                 for row_type, frozen in batch.rows.items():
                     if frozen:
                         self._replace(con, row_type, frozen, batch.last_seq, new_after)
+                self._drop_thread_parts(con, batch.rows)
                 if batch.counted:
                     self._counted(con, batch.counted)
                 if batch.forgotten:
@@ -555,7 +564,8 @@ class Store:
             f"INSERT INTO audit_rows {select} FROM staged_audit"
         )  # (a sequence is applied once: the audit needs no key, and no index to keep up)
         gone = [
-            v[layout.key] for t in TABLE_OF if t not in (CollectiveRow, ApplicationRow, TokenRow)
+            v[layout.key] for t in TABLE_OF
+            if t not in (CollectiveRow, ApplicationRow, TokenRow, *_THREAD_PARTS)
             if (layout := _layout(t)).deleted is not None
             for v in rows.get(t, ()) if v[layout.deleted]
         ]  # fmt: skip
@@ -584,6 +594,27 @@ class Store:
                 f"DELETE FROM audit_rows WHERE collective_id IN ({uuid_literals(dropped)}) "
                 "AND seq < (SELECT max(d.seq) FROM audit_rows d WHERE d.collective_id = "
                 "audit_rows.collective_id AND d.event_type = 'collective.deleted')"
+            )
+
+    def _drop_thread_parts(
+        self, con: duckdb.DuckDBPyConnection, rows: dict[type[Row], list[tuple[Any, ...]]]
+    ) -> None:
+        """What a batch's thread tombstones made gone (``MemoryState._index_thread``
+        dropped it from memory): the rows of a deleted thread, the writes of a deleted
+        checkpoint, as the file held them."""
+        threads = [(v[0], v[1]) for v in rows.get(ThreadRow, ()) if v[2]]
+        if threads:
+            pairs = ", ".join(f"('{t}'::UUID, '{c}'::UUID)" for t, c in threads)
+            for table in ("checkpoint_rows", "pending_write_rows"):
+                con.execute(f"DELETE FROM {table} WHERE (thread_id, collective_id) IN ({pairs})")
+        deleted = _layout(CheckpointRow).deleted
+        assert deleted is not None
+        pruned = [v[:4] for v in rows.get(CheckpointRow, ()) if v[deleted]]
+        for thread, collective, namespace, checkpoint in pruned:
+            con.execute(
+                "DELETE FROM pending_write_rows WHERE thread_id = ? AND collective_id = ? "
+                "AND checkpoint_ns = ? AND checkpoint_id = ?",
+                [thread, collective, namespace, checkpoint],
             )
 
     def _counted(self, con: duckdb.DuckDBPyConnection, counted: Sequence[Counted]) -> None:

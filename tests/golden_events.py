@@ -27,6 +27,7 @@ INSIGHT = UUID("01930c4e-2b2a-7d40-8a11-0000000000d0")
 WISDOM = UUID("01930c4e-2b2a-7d40-8a11-0000000000b0")
 TOKEN = UUID("01930c4e-2b2a-7d40-8a11-0000000000a1")
 SESSION = UUID("01930c4e-2b2a-7d40-8a11-0000000000a5")
+THREAD = UUID("01930c4e-2b2a-7d40-8a11-0000000000a7")
 HLC = ev.pack_hlc(1_732_000_000_000, 7)
 VECTOR = ev.pack_vector([0.25, -1.5, 3.0, 0.0])
 
@@ -185,6 +186,40 @@ SAMPLES: dict[str, ev.EventBase] = {
     ),
     "session.ended": ev.SessionEnded(**common, session_id=SESSION, collective_id=COLLECTIVE),  # type: ignore[arg-type]
     "session.deleted": ev.SessionDeleted(**common, session_id=SESSION, collective_id=COLLECTIVE),  # type: ignore[arg-type]
+    # (schema 4) an agent framework's thread state
+    "thread.checkpointed": ev.ThreadCheckpointed(
+        **{**common, "author_owner": "owner-1", "author_agent": "agent-7"},  # type: ignore[arg-type]
+        thread_id=THREAD,
+        collective_id=COLLECTIVE,
+        name="thread-1",
+        checkpoint_ns="",
+        checkpoint_id="1ef4f797-8335-6428-8001-8a1503f9b875",
+        parent_checkpoint_id="1ef4f797-8335-6428-8000-8a1503f9b875",
+        checkpoint_type="msgpack",
+        checkpoint=b"\x85\xa1v\x04",
+        metadata='{"source":"loop","step":1}',
+        run_id="run-1",
+    ),
+    "thread.written": ev.ThreadWritten(
+        **common,  # type: ignore[arg-type]
+        thread_id=THREAD,
+        collective_id=COLLECTIVE,
+        checkpoint_ns="child:1",
+        checkpoint_id="1ef4f797-8335-6428-8001-8a1503f9b875",
+        task_id="task-1",
+        task_path="~__pregel_pull, review",
+        idx=-3,
+        channel="__interrupt__",
+        value_type="msgpack",
+        value=b"\x91\xa3yes",
+    ),
+    "thread.checkpoint_deleted": ev.ThreadCheckpointDeleted(
+        **common,  # type: ignore[arg-type]
+        thread_id=THREAD,
+        collective_id=COLLECTIVE,
+        checkpoint_id="1ef4f797-8335-6428-8000-8a1503f9b875",
+    ),
+    "thread.deleted": ev.ThreadDeleted(**common, thread_id=THREAD, collective_id=COLLECTIVE),  # type: ignore[arg-type]
     # an event written by a principal, with a visibility other than the default
     "sealed": ev.Sealed(  # (schema 2) the box is opaque to the codec: any bytes past 28
         **common,  # type: ignore[arg-type]

@@ -96,12 +96,15 @@ INT_RANGES = {
     "expires_ms": (0, 2**47 - 1),  # a token's expiry, Unix ms
     "valid_from_ms": (0, 2**47 - 1),  # when an experience became true, Unix ms
     "valid_to_ms": (0, 2**47 - 1),  # when it stopped being true
+    "idx": (-16, 2**31 - 1),  # a pending write's place (negative: a special channel's)
 }
 SCORES = ("importance", "confidence", "strength", "quality")  # in [0, 1]
 NON_EMPTY_TEXTS = (  # at least one character (list fields: each item)
     "owner_id", "name", "content", "source_agent", "source_task", "agent_id", "pattern",
     "domain", "related_files", "working_on", "applicable_domains", "author_owner",
     "author_agent", "task", "changes", "bugs", "architecture", "reason",
+    "checkpoint_id", "parent_checkpoint_id", "checkpoint_type", "run_id", "task_id", "channel",
+    "value_type",
 )  # fmt: skip
 HEX_64 = ("secret_sha256",)  # the SHA-256 of a token, 64 lowercase hex digits
 NON_EMPTY_LISTS = ("source_experiences",)  # an insight comes from 1..100 experiences

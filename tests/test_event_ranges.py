@@ -149,6 +149,23 @@ OUT_OF_RANGE: list[tuple[str, dict[str, Any], str]] = [
     ("session.updated", {"changes": ("c",) * 101}, "changes: must hold 0..100 items, got 101"),
     ("session.updated", {"bugs": ("ok", "")}, "bugs[1]: must be 1..1024 bytes of UTF-8, got 0"),
     ("session.updated", {"architecture": ("a" * 1025,)}, "architecture[0]: must be 1..1024 bytes of UTF-8, got 1025"),
+    # threads (an agent framework's checkpoints)
+    ("thread.checkpointed", {"name": ""}, "name: must be 1..1024 bytes of UTF-8, got 0"),
+    ("thread.checkpointed", {"name": "n" * 1025}, "name: must be 1..1024 bytes of UTF-8, got 1025"),
+    ("thread.checkpointed", {"checkpoint_id": ""}, "checkpoint_id: must be 1..1024 bytes of UTF-8, got 0"),
+    ("thread.checkpointed", {"checkpoint_ns": "n" * 1025}, "checkpoint_ns: must be 0..1024 bytes of UTF-8, got 1025"),
+    ("thread.checkpointed", {"parent_checkpoint_id": ""}, "parent_checkpoint_id: must be 1..1024 bytes of UTF-8, got 0"),
+    ("thread.checkpointed", {"checkpoint_type": ""}, "checkpoint_type: must be 1..64 characters, got 0"),
+    ("thread.checkpointed", {"metadata": "m" * (64 * KB + 1)}, "metadata: must be 0..65536 bytes of UTF-8, got 65537"),
+    ("thread.checkpointed", {"checkpoint": bytes(896 * KB), "metadata": "{}"}, "checkpoint and metadata: must be 0..917504 bytes, got 917506"),
+    ("thread.checkpointed", {"run_id": ""}, "run_id: must be 1..1024 bytes of UTF-8, got 0"),
+    ("thread.written", {"task_id": ""}, "task_id: must be 1..1024 bytes of UTF-8, got 0"),
+    ("thread.written", {"task_path": "p" * 1025}, "task_path: must be 0..1024 bytes of UTF-8, got 1025"),
+    ("thread.written", {"idx": -17}, "idx: must be in -16..2**31-1, got -17"),
+    ("thread.written", {"channel": ""}, "channel: must be 1..1024 bytes of UTF-8, got 0"),
+    ("thread.written", {"value_type": "t" * 65}, "value_type: must be 1..64 characters, got 65"),
+    ("thread.written", {"value": bytes(896 * KB + 1)}, "value: must be 0..917504 bytes, got 917505"),
+    ("thread.checkpoint_deleted", {"checkpoint_id": ""}, "checkpoint_id: must be 1..1024 bytes of UTF-8, got 0"),
 ]  # fmt: skip
 
 
@@ -218,6 +235,7 @@ INT_FIELDS = [
     ("token.created", "expires_ms"),
     (RECORDED, "valid_from_ms"),
     ("experience.invalidated", "valid_to_ms"),
+    ("thread.written", "idx"),
 ]
 SCORE_FIELDS = [
     (RECORDED, "importance"),
@@ -291,7 +309,8 @@ def test_a_valid_event_with_one_value_out_of_range_is_refused_naming_it(
 
 
 def _limit(high: int) -> str:
-    return {2**63 - 1: "2**63-1", 2**47 - 1: "2**47-1", 2**32: "2**32"}.get(high, str(high))
+    known = {2**63 - 1: "2**63-1", 2**47 - 1: "2**47-1", 2**32: "2**32", 2**31 - 1: "2**31-1"}
+    return known.get(high, str(high))
 
 
 # -- the subject must be the event's own ----------------------------------------------------

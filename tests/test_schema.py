@@ -68,15 +68,18 @@ def test_a_version_1_database_is_migrated_on_open(tmp_path: Path) -> None:
     as_version_3(store.con)
     store.con.execute("ALTER TABLE application_rows DROP COLUMN collective_id")
     store.con.execute("ALTER TABLE undecodable DROP COLUMN instance_id")
+    for table in ("checkpoint_rows", "pending_write_rows", "thread_rows"):  # (version 8's)
+        store.con.execute(f"DROP TABLE {table}")
     store.con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     store.close()
     store = Store(tmp_path / "state.duckdb")
     columns = {r[0] for r in store.con.execute("DESCRIBE application_rows").fetchall()}
     kept_aside = {r[0] for r in store.con.execute("DESCRIBE undecodable").fetchall()}
     version = store.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    threads = store.con.execute("SELECT count(*) FROM checkpoint_rows").fetchall()
     store.close()
-    assert "collective_id" in columns and "instance_id" in kept_aside
-    assert version == (str(schema.SCHEMA_VERSION),) == ("7",)
+    assert "collective_id" in columns and "instance_id" in kept_aside and threads == [(0,)]
+    assert version == (str(schema.SCHEMA_VERSION),) == ("8",)
 
 
 def test_a_version_6_database_gains_languages_its_collectives_english(tmp_path: Path) -> None:
@@ -147,6 +150,8 @@ def test_a_version_2_database_names_the_writer_of_a_message_kept_aside(tmp_path:
     store = Store(tmp_path / "state.duckdb")  # as version 2 wrote it
     as_version_3(store.con)
     store.con.execute("ALTER TABLE undecodable DROP COLUMN instance_id")
+    for table in ("checkpoint_rows", "pending_write_rows", "thread_rows"):  # (version 8's)
+        store.con.execute(f"DROP TABLE {table}")
     store.con.execute("INSERT INTO undecodable VALUES (7, 'pulse.x', 'unreadable')")
     store.con.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
     store.close()
