@@ -231,6 +231,17 @@ EXAMPLES: dict[str | tuple[str, str], Any] = {
     "scope": "write",
     "k": 5,
     "timeout": 10.0,
+    # threads: a LangGraph checkpointer's calls (bytes are its serializer's, in base64)
+    "thread": "support-chat-42",
+    "checkpoint_id": "1ef4f797-8335-6428-8001-8a1503f9b875",
+    "checkpoint_type": "msgpack",
+    "checkpoint": "haF2BKJpZNkkMWVmNGY3OTc=",
+    "task_id": "6f1c2d3e-4b5a-4978-8c6d-5e4f3a2b1c0d",
+    "writes": [{"idx": 0, "channel": "messages", "value_type": "msgpack", "value": "kaN5ZXM="}],
+    ("copy_thread", "source"): "support-chat-42",
+    ("copy_thread", "target"): "support-chat-42-replay",
+    "threads": ["support-chat-42"],
+    "run_ids": ["1ef4f797-0000-6000-8000-00000000a001"],
 }
 
 
@@ -412,6 +423,7 @@ MADE: dict[str, tuple[str, str]] = {
     "store_wisdom": ("wisdom_id", "$response.body"),
     "start_session": ("session_id", "$response.body#/session_id"),
     "create_token": ("token_id", "$response.body#/token_id"),
+    "put_checkpoint": ("thread", "$response.body#/thread"),  # (a thread: named by its caller)
 }
 
 

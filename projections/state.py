@@ -353,7 +353,10 @@ class MemoryState:
                 named = self.thread_names.get(thread)
                 if named is None or row.create_event < named[0]:
                     self.thread_names[thread] = (
-                        row.create_event, row.name, row.author_owner, row.author_agent
+                        row.create_event,
+                        row.name,
+                        row.author_owner,
+                        row.author_agent,
                     )
             return
         checkpoint = self.checkpoints.get(key[:4])

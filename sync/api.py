@@ -116,6 +116,18 @@ _DECLARED: dict[str, tuple[Scope, bool, str]] = {
         False,
         "Resume an agent's latest open session, with the context to go on with it.",
     ),
+    # -- threads: an agent framework's checkpoints
+    "get_checkpoint": (
+        "read",
+        False,
+        "Get a checkpoint of a thread, the latest of a namespace unless one is named.",
+    ),
+    "list_checkpoints": (
+        "read",
+        False,
+        "List the checkpoints of a collective's threads, newest first.",
+    ),
+    "list_threads": ("read", False, "List the names of a collective's threads."),
     # -- the state as a whole
     "sql": ("read", False, "Run one read-only SQL query over the state."),
     "sync": ("read", False, "Wait until this host has applied everything the log holds now."),
@@ -165,6 +177,17 @@ _DECLARED: dict[str, tuple[Scope, bool, str]] = {
     "update_session": ("write", True, "Replace the given fields of a session."),
     "end_session": ("write", True, "End a session, with its final fields if given."),
     "delete_session": ("write", True, "Delete a session and forget it, its history too."),
+    # -- writes: threads
+    "put_checkpoint": ("write", True, "Store a checkpoint of a thread."),
+    "put_pending_writes": ("write", True, "Store a task's pending writes after a checkpoint."),
+    "copy_thread": ("write", True, "Copy a thread's checkpoints and writes into another thread."),
+    "prune_threads": ("write", True, "Delete all but the latest checkpoints of threads, or all."),
+    "delete_checkpoints_of_runs": (
+        "write",
+        True,
+        "Delete the checkpoints some runs made, in every thread.",
+    ),
+    "delete_thread": ("write", True, "Delete a thread and forget it."),
     # -- the admins' own
     "delete_collective": ("admin", True, "Delete a collective and forget everything in it."),
     "create_token": ("admin", True, "Create an access token."),

@@ -50,6 +50,16 @@ class PulseDBSync:
     def instance_id(self) -> Any:
         return self._db.instance_id
 
+    @property
+    def instance(self) -> PulseDB:
+        """The instance itself (its coroutine methods run on ``loop`` only)."""
+        return self._db
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the instance runs on, in its own thread."""
+        return self._loop
+
     def _call(self, coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 

@@ -78,9 +78,9 @@ class Forgetting:
         self, collective_id: UUID, *, idempotency_key: str | None = None
     ) -> None:
         """Delete a collective and forget everything in it: a tombstone for the collective
-        and one for every experience, relation, insight and session in it, then everything
-        before the collective's tombstone is purged from the stream (and its agents'
-        activities).
+        and one for every experience, relation, insight, session and thread in it, then
+        everything before the collective's tombstone is purged from the stream (and its
+        agents' activities).
         Every host wipes those rows and drops them from its indexes; the stream keeps the
         tombstones only. Repeating it is harmless (and finishes forgetting if an earlier
         call was interrupted). Admins only (and the local operator): it forgets memories
@@ -108,6 +108,10 @@ class Forgetting:
             ev.SessionDeleted(**self.writer.common(), collective_id=cid, session_id=key)
             for key in await self.reads.read(queries.session_ids_in_collective, cid)
         ]  # (and one for every session of its agents)
+        tombstones += [
+            ev.ThreadDeleted(**self.writer.common(), collective_id=cid, thread_id=key)
+            for key in await self.reads.read(queries.thread_ids_in_collective, cid)
+        ]  # (and one for every thread of its agents' frameworks)
         for start in range(0, len(tombstones), BATCH_MAX):
             await self.writer.write_many(tombstones[start : start + BATCH_MAX], atomic=True)
         await self.sealer.keyring.destroy_under(collective_prefix(cid))  # its data keys

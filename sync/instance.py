@@ -86,6 +86,7 @@ from sync.reading import Reader
 from sync.recall import Context, Recall
 from sync.replication import Replication
 from sync.sessions import ResumedSession, Sessions
+from sync.threads import Threads
 from sync.tokens import NewToken, Token, Tokens
 from sync.watch import ExperienceChange, ExperienceWatch, Watching
 from sync.wisdom import Wisdom
@@ -203,6 +204,7 @@ class PulseDB:
         self.recall = recall = Recall(reads, gate, self.settings, presence)
         self.links = Links(reads, gate, writer)
         self.sessions = Sessions(reads, gate, writer, recall)
+        self.threads = Threads(reads, gate, writer)
         self.wisdom = Wisdom(reads, gate, writer)
         self.forgetting = Forgetting(reads, gate, writer, log_, engine, self._sync)
         self.watching = watching = Watching(reads, gate)
@@ -566,6 +568,16 @@ class PulseDB:
     get_session = Delegate("sessions", Sessions.get_session)
     list_sessions = Delegate("sessions", Sessions.list_sessions)
     resume_session = Delegate("sessions", Sessions.resume_session)
+
+    put_checkpoint = Delegate("threads", Threads.put_checkpoint)
+    put_pending_writes = Delegate("threads", Threads.put_pending_writes)
+    get_checkpoint = Delegate("threads", Threads.get_checkpoint)
+    list_checkpoints = Delegate("threads", Threads.list_checkpoints)
+    list_threads = Delegate("threads", Threads.list_threads)
+    copy_thread = Delegate("threads", Threads.copy_thread)
+    prune_threads = Delegate("threads", Threads.prune_threads)
+    delete_checkpoints_of_runs = Delegate("threads", Threads.delete_checkpoints_of_runs)
+    delete_thread = Delegate("threads", Threads.delete_thread)
 
     delete_collective = Delegate("forgetting", Forgetting.delete_collective)
     delete_experience = Delegate("forgetting", Forgetting.delete_experience)

@@ -60,6 +60,13 @@ from eventlog.limits import SOURCE_EXPERIENCE_COUNT_MAX as SOURCE_EXPERIENCE_COU
 from eventlog.limits import SOURCE_TASK_MAX as SOURCE_TASK_MAX
 from eventlog.limits import SOURCES_MAX as SOURCES_MAX
 from eventlog.limits import TASK_MAX_BYTES as TASK_MAX_BYTES
+from eventlog.limits import THREAD_KEY_MAX_BYTES as THREAD_KEY_MAX_BYTES
+from eventlog.limits import THREAD_METADATA_MAX_BYTES as THREAD_METADATA_MAX_BYTES
+from eventlog.limits import THREAD_NAME_MAX_BYTES as THREAD_NAME_MAX_BYTES
+from eventlog.limits import THREAD_TYPE_MAX as THREAD_TYPE_MAX
+from eventlog.limits import THREAD_VALUE_MAX_BYTES as THREAD_VALUE_MAX_BYTES
+from eventlog.limits import THREAD_WRITE_IDX_MAX as THREAD_WRITE_IDX_MAX
+from eventlog.limits import THREAD_WRITE_IDX_MIN as THREAD_WRITE_IDX_MIN
 from eventlog.limits import TODO_NOTE_MAX_BYTES as TODO_NOTE_MAX_BYTES
 from eventlog.limits import TODO_TASK_MAX_BYTES as TODO_TASK_MAX_BYTES
 from eventlog.limits import TYPE_TEXT_MAX as TYPE_TEXT_MAX
@@ -821,3 +828,108 @@ class SessionChangeIn(SessionUpdateIn):
     """A session and what to replace in it (``update_session``, ``end_session``)."""
 
     session_id: UUID
+
+
+# -- threads: an agent framework's checkpoints (sync.threads) ------------------------------
+
+ThreadName = Annotated[str, _utf8_limit(THREAD_NAME_MAX_BYTES)]
+ThreadPart = Annotated[str, _utf8_limit(THREAD_KEY_MAX_BYTES)]  # an id, a task, a channel
+Namespace = Annotated[str, _utf8_limit(THREAD_KEY_MAX_BYTES, allow_empty=True)]
+SerdeType = Annotated[str, StringConstraints(min_length=1, max_length=THREAD_TYPE_MAX)]
+# bytes a framework's serializer made: in JSON, a base64 text (RFC 4648, with padding)
+BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+_BASE64 = re.compile(BASE64)
+
+
+def _from_base64(value: Any) -> Any:
+    """A text (JSON's form of the bytes) decoded; bytes as they are. Any text the
+    pattern takes is read (the bits a last character leaves over are dropped, as RFC
+    4648 lets a decoder do)."""
+    if not isinstance(value, str):
+        return value
+    if not _BASE64.fullmatch(value):
+        raise ValueError("must be base64 (RFC 4648: A-Z a-z 0-9 + /, padded with =)")
+    return binascii.a2b_base64(value)
+
+
+Blob = Annotated[
+    bytes,
+    BeforeValidator(_from_base64),
+    WithJsonSchema(
+        {"type": "string", "contentEncoding": "base64", "pattern": BASE64,
+         "description": f"base64 (at most {THREAD_VALUE_MAX_BYTES // 1024} KB once decoded)"}
+    ),
+]  # fmt: skip
+WRITES_MAX = 1000  # pending writes of one call
+THREAD_NAMES_MAX = 1000  # threads one prune takes, runs one delete of their checkpoints
+_BYTES_IN_JSON = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+
+class CheckpointIn(_Input):
+    """One checkpoint of a thread to store (``put_checkpoint``)."""
+
+    model_config = _BYTES_IN_JSON
+
+    collective_id: UUID
+    thread: ThreadName
+    checkpoint_id: ThreadPart
+    checkpoint_type: SerdeType
+    checkpoint: Blob
+    checkpoint_ns: Namespace = ""
+    parent_checkpoint_id: ThreadPart | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @pydantic.model_validator(mode="after")
+    def _fits(self) -> CheckpointIn:
+        size = len(self.metadata_json.encode())
+        if size > THREAD_METADATA_MAX_BYTES:
+            raise ValueError(
+                f"metadata: must be at most {THREAD_METADATA_MAX_BYTES:,} bytes as JSON, "
+                f"got {size:,}"
+            )
+        if len(self.checkpoint) + size > THREAD_VALUE_MAX_BYTES:
+            raise ValueError(
+                f"checkpoint: with its metadata must be at most {THREAD_VALUE_MAX_BYTES:,} "
+                f"bytes, got {len(self.checkpoint) + size:,}"
+            )
+        return self
+
+    @property
+    def metadata_json(self) -> str:
+        return json.dumps(self.metadata, separators=(",", ":"), sort_keys=True, default=str)
+
+
+class PendingWriteIn(_Input):
+    """One pending write of a task: ``value`` (its serializer's bytes, of ``value_type``)
+    for ``channel``, at place ``idx`` among the task's writes (negative: a special
+    channel's, which a later write replaces)."""
+
+    model_config = _BYTES_IN_JSON
+
+    idx: Annotated[int, Field(ge=THREAD_WRITE_IDX_MIN, le=THREAD_WRITE_IDX_MAX)]
+    channel: ThreadPart
+    value_type: SerdeType
+    value: Blob = b""
+
+    @pydantic.field_validator("value")
+    @classmethod
+    def _fits(cls, value: bytes) -> bytes:
+        if len(value) > THREAD_VALUE_MAX_BYTES:
+            raise ValueError(
+                f"must be at most {THREAD_VALUE_MAX_BYTES:,} bytes, got {len(value):,}"
+            )
+        return value
+
+
+class PendingWritesIn(_Input):
+    """A task's pending writes after a checkpoint (``put_pending_writes``)."""
+
+    model_config = _BYTES_IN_JSON
+
+    collective_id: UUID
+    thread: ThreadName
+    checkpoint_id: ThreadPart
+    task_id: ThreadPart
+    writes: Annotated[list[PendingWriteIn], Field(min_length=1, max_length=WRITES_MAX)]
+    checkpoint_ns: Namespace = ""
+    task_path: Namespace = ""

@@ -104,6 +104,19 @@ PARAMETERS: dict[str, Any] = {
     ],
     "embedder": Annotated[str, StringConstraints(min_length=1, max_length=EMBEDDER_NAME_MAX)],
     "at": models.Moment,
+    # threads (sync.threads): a framework's names, ids and tasks, as bytes of UTF-8
+    "thread": models.ThreadName,
+    "source": models.ThreadName,
+    "target": models.ThreadName,
+    "checkpoint_id": models.ThreadPart,
+    "before": models.ThreadPart,
+    "checkpoint_ns": models.Namespace,
+    "threads": Annotated[
+        list[models.ThreadName], Field(min_length=1, max_length=models.THREAD_NAMES_MAX)
+    ],
+    "run_ids": Annotated[
+        list[models.ThreadPart], Field(min_length=1, max_length=models.THREAD_NAMES_MAX)
+    ],
 }
 # ... and where one method's parameter differs from the others of its name
 METHOD_PARAMETERS: dict[tuple[str, str], Any] = {
@@ -209,6 +222,8 @@ INPUT_MODELS: dict[str, type[pydantic.BaseModel]] = {
     "start_session": models.SessionIn,
     "update_session": models.SessionChangeIn,
     "end_session": models.SessionChangeIn,
+    "put_checkpoint": models.CheckpointIn,
+    "put_pending_writes": models.PendingWritesIn,
 }
 
 

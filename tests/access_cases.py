@@ -24,6 +24,7 @@ with access: alice's write token (an admin token for the admin-only methods).
 from __future__ import annotations
 
 import asyncio
+import base64
 import inspect
 import itertools
 import json
@@ -399,6 +400,24 @@ class Ctx:
         self.w.hide(session_id)
         return session_id
 
+    async def thread(self, checkpoints: int = 1) -> str:
+        """A thread of alice's in the place's scratch collective (``checkpoints`` of them,
+        a pending write after the first), its name: threads are their writers', never
+        bob's, the limited token's or alice's agent's to see."""
+        name = fresh("thread")
+        for i in range(checkpoints):
+            made = await self.w.call(
+                "alice", "put_checkpoint", collective_id=self.at.scratch, thread=name,
+                checkpoint_id=f"000{i + 1}", checkpoint_type="json", checkpoint=STATE,
+                metadata={"run_id": f"run-{name}-{i}", "step": i},
+            )  # fmt: skip
+            self.w.hide(made["thread_id"])
+        await self.w.call(
+            "alice", "put_pending_writes", collective_id=self.at.scratch, thread=name,
+            checkpoint_id="0001", task_id="task-1", writes=[WRITE],
+        )  # fmt: skip
+        return name
+
     async def token(self) -> str:
         made = await self.w.call("admin", "create_token", owner_id="carol", scope="read")
         self.w.hide(made["token"], from_=tuple(self.w.hidden))
@@ -733,6 +752,74 @@ def resumed(_: World, args: dict[str, Any], answer: Any) -> None:
     assert answer["context_by"] == "summary" and "similar" in answer["context"]
 
 
+async def _checkpoints(w: World, collective_id: str, thread: str) -> list[Any]:
+    """The checkpoints of a thread, as the operator sees them."""
+    response = await as_op(w, "list_checkpoints", collective_id=collective_id, thread=thread)
+    assert response.status_code == 200, response.text
+    found: list[Any] = response.json()
+    return found
+
+
+def checkpoints_there(n: int, key: str) -> Check:
+    """After a call: the thread the arguments name at ``key`` (or the first of a list
+    there; ``run_ids``: the thread of the first run, ``_runs``'s) holds ``n``
+    checkpoints, all of them alice's."""
+
+    async def check(w: World, args: dict[str, Any], answer: Any) -> None:
+        thread = args[key][0] if isinstance(args[key], list) else args[key]
+        if key == "run_ids":
+            thread = thread.removeprefix("run-").removesuffix("-0")
+        found = await _checkpoints(w, args["collective_id"], thread)
+        assert len(found) == n, found
+        assert all(c["author_owner"] == "alice" for c in found), found
+
+    return check
+
+
+def writes_there(n: int) -> Check:
+    async def check(w: World, args: dict[str, Any], answer: Any) -> None:
+        assert answer is None
+        found = await _checkpoints(w, args["collective_id"], args["thread"])
+        assert len(found[-1]["pending_writes"]) == n, found
+
+    return check
+
+
+def checkpoint_found(_: World, args: dict[str, Any], answer: Any) -> None:
+    assert answer["thread"] == args["thread"] and answer["checkpoint_id"] == "0001", answer
+    assert answer["checkpoint"] == STATE and len(answer["pending_writes"]) == 1, answer
+
+
+def listed(n: int) -> Check:
+    def check(_: World, args: dict[str, Any], answer: Any) -> None:
+        assert [c["thread"] for c in answer] == [args["thread"]] * n, answer
+
+    return check
+
+
+def no_threads(_: World, __: dict[str, Any], answer: Any) -> None:
+    assert answer == [], answer  # (no principal but alice writes threads here)
+
+
+def some_threads(_: World, __: dict[str, Any], answer: Any) -> None:
+    assert answer and all(name.startswith(("thread-", "copy-")) for name in answer), answer
+
+
+def counted(n: int) -> Check:
+    def check(_: World, __: dict[str, Any], answer: Any) -> None:
+        assert answer == n, answer
+
+    return check
+
+
+def all_of(*checks: Check) -> Check:
+    async def check(w: World, args: dict[str, Any], answer: Any) -> None:
+        for one in checks:
+            await checked(one, w, args, answer)
+
+    return check
+
+
 def uuids(n: int) -> Check:
     def check(_: World, __: dict[str, Any], answer: Any) -> None:
         assert isinstance(answer, list) and len(answer) == n
@@ -777,6 +864,8 @@ def admin_only(args: Args, has: Check) -> Case:
 
 SEARCH = "alpha nats"
 FILTER = {"include_archived": True, "min_importance": 0.0}
+STATE = base64.b64encode(b'{"messages": ["teamsecret"]}').decode()  # a checkpoint's bytes
+WRITE = {"idx": 0, "channel": "messages", "value_type": "json", "value": "WyJoaSJd"}
 
 CASES: dict[str, Case] = {
     # -- collectives
@@ -1004,6 +1093,89 @@ CASES: dict[str, Case] = {
         {"bob": NF, "bob@shared": nothing, "limited": NF, "reader": resumed},
         resumed,
     ),
+    # -- threads: their writers' (no visibility), an agent's token for its own threads
+    "put_checkpoint": writes(
+        static(
+            lambda c: {
+                "collective_id": c.at.scratch,
+                "thread": fresh("thread"),
+                "checkpoint_id": "0001",
+                "checkpoint_type": "json",
+                "checkpoint": STATE,
+            }
+        ),  # fmt: skip
+        checkpoints_there(1, "thread"),
+    ),
+    "put_pending_writes": Case(
+        lambda c: _thread(c, checkpoint_id="0001", task_id="task-2", writes=[WRITE]),
+        {"bob": NF, "bob@shared": FB, "reader": FB, "limited": NF, "agent": writes_there(1)},
+        writes_there(2),
+    ),
+    "get_checkpoint": Case(
+        lambda c: _thread(c),
+        {"bob": NF, "bob@shared": NF, "limited": NF, "agent": NF, "reader": checkpoint_found},
+        checkpoint_found,
+    ),
+    "list_checkpoints": Case(
+        lambda c: _thread(c),
+        {
+            "bob": NF,
+            "bob@shared": listed(0),
+            "limited": NF,
+            "agent": listed(0),
+            "reader": listed(1),
+        },
+        listed(1),
+    ),  # fmt: skip
+    "list_threads": Case(
+        lambda c: _thread(c, only=True),
+        {
+            "bob": NF,
+            "bob@shared": no_threads,
+            "limited": NF,
+            "agent": no_threads,
+            "reader": some_threads,
+        },
+        some_threads,
+    ),  # fmt: skip
+    "copy_thread": Case(
+        lambda c: _copied(c),
+        {"bob": NF, "bob@shared": FB, "reader": FB, "limited": NF, "agent": counted(0)},
+        all_of(counted(1), checkpoints_there(1, "target")),
+    ),
+    "prune_threads": Case(
+        lambda c: _threads(c, 2),
+        {
+            "bob": NF,
+            "bob@shared": FB,
+            "reader": FB,
+            "limited": NF,
+            "agent": all_of(counted(0), checkpoints_there(2, "threads")),
+        },
+        all_of(counted(1), checkpoints_there(1, "threads")),
+    ),  # fmt: skip
+    "delete_checkpoints_of_runs": Case(
+        lambda c: _runs(c),
+        {
+            "bob": NF,
+            "bob@shared": FB,
+            "reader": FB,
+            "limited": NF,
+            "agent": all_of(counted(0), checkpoints_there(1, "run_ids")),
+        },
+        all_of(counted(1), checkpoints_there(0, "run_ids")),
+    ),  # fmt: skip
+    "delete_thread": Case(
+        lambda c: _thread(c, only=False),
+        {
+            "bob": NF,
+            "bob@shared": FB,
+            "reader": FB,
+            "limited": NF,
+            "agent": checkpoints_there(1, "thread"),
+        },
+        checkpoints_there(0, "thread"),
+    ),  # fmt: skip
     # -- wisdom: an owner's, "team" is every principal of the owner (a limited one too)
     "store_wisdom": Case(
         static(
@@ -1110,6 +1282,30 @@ async def _distilled(c: Ctx, where: str, **more: Any) -> dict[str, Any]:
     return {where: c.at.scratch, "source_experiences": [await c.experience()], **more}
 
 
+async def _thread(c: Ctx, only: bool | None = None, **more: Any) -> dict[str, Any]:
+    """A fresh thread of alice's in the place's scratch collective (``only``: the
+    collective alone in the arguments; False: the collective and the thread, for a
+    write that names nothing else)."""
+    name = await c.thread()
+    if only:
+        return {"collective_id": c.at.scratch}
+    return {"collective_id": c.at.scratch, "thread": name, **more}
+
+
+async def _copied(c: Ctx) -> dict[str, Any]:
+    source = await c.thread()
+    return {"collective_id": c.at.scratch, "source": source, "target": fresh("copy")}
+
+
+async def _threads(c: Ctx, checkpoints: int) -> dict[str, Any]:
+    return {"collective_id": c.at.scratch, "threads": [await c.thread(checkpoints)]}
+
+
+async def _runs(c: Ctx) -> dict[str, Any]:
+    name = await c.thread()
+    return {"collective_id": c.at.scratch, "run_ids": [f"run-{name}-0"]}
+
+
 async def _agent_session(c: Ctx) -> dict[str, Any]:
     """A fresh agent with one session in the place's scratch collective."""
     agent = fresh("session-bot")
@@ -1153,7 +1349,11 @@ def normalized(text: str) -> str:
 
 
 def phantom(args: dict[str, Any]) -> dict[str, Any]:
-    """The same arguments, every id swapped for one never created."""
+    """The same arguments, every id swapped for one never created; a thread, named by
+    its caller, for a name never used in its collective (the collective stays: a thread
+    the caller may not see must read as one never made there)."""
+    if "thread" in args:
+        return {**args, "thread": fresh("never")}
     return json.loads(UUID_RE.sub(lambda _: str(uuid.uuid4()), json.dumps(args)))
 
 
