@@ -430,11 +430,21 @@ class ThreadCheckpointed(EventBase, frozen=True, kw_only=True, tag="thread.check
     run_id: str | None = None  # the run that made it (metadata's run_id), if any
 
 
+class PendingWrite(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One pending write of a task. ``idx`` is its place among the task's writes; a
+    negative one names a special channel (an error, an interrupt, a resume), which the
+    latest write replaces, where an ordinary write, once made, stays as it was (a
+    retried task writes the same again)."""
+
+    idx: int
+    channel: str
+    value_type: str  # the serializer's tag of ``value``
+    value: bytes = b""
+
+
 class ThreadWritten(EventBase, frozen=True, kw_only=True, tag="thread.written"):
-    """One pending write of a task, made after ``checkpoint_id``. ``idx`` is its place
-    among the task's writes; a negative one names a special channel (an error, an
-    interrupt, a resume), which the latest write replaces, where an ordinary write, once
-    made, stays as it was (a retried task writes the same again)."""
+    """A task's pending writes, made after ``checkpoint_id``: one event, so they are
+    stored together or not at all (the framework reads a task with writes as done)."""
 
     thread_id: UUID
     collective_id: UUID
@@ -442,10 +452,7 @@ class ThreadWritten(EventBase, frozen=True, kw_only=True, tag="thread.written"):
     checkpoint_id: str
     task_id: str
     task_path: str = ""
-    idx: int
-    channel: str
-    value_type: str  # the serializer's tag of ``value``
-    value: bytes = b""
+    writes: tuple[PendingWrite, ...]
 
 
 class ThreadCheckpointDeleted(

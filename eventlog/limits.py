@@ -79,9 +79,10 @@ THREAD_KEY_MAX_BYTES = 1024  # a namespace, checkpoint id, task id, task path or
 THREAD_TYPE_MAX = 64  # a serializer's tag (characters, 1..64)
 # what one checkpoint (or one write) may hold: its event, sealed, fits nats-server's
 # default max_payload (1 MB) with room for the rest of the event
-THREAD_VALUE_MAX_BYTES = 896 * 1024  # a checkpoint's bytes and metadata together; a write's
+THREAD_VALUE_MAX_BYTES = 896 * 1024  # a checkpoint's bytes and metadata; a task's writes
 THREAD_METADATA_MAX_BYTES = 64 * 1024  # a checkpoint's metadata, JSON text
 THREAD_WRITE_IDX_MIN, THREAD_WRITE_IDX_MAX = -16, 2**31 - 1  # a write's place
+THREAD_WRITES_MAX = 1000  # pending writes of one task in one event
 
 # -- the wire's integers ----------------------------------------------------------------------
 
@@ -263,10 +264,13 @@ def check_ranges(event: ev.Event) -> None:
             _thread_keys(event.checkpoint_ns, event.checkpoint_id)
             _utf8("task_id", event.task_id, 1, THREAD_KEY_MAX_BYTES)
             _utf8("task_path", event.task_path, 0, THREAD_KEY_MAX_BYTES)
-            _integer("idx", event.idx, THREAD_WRITE_IDX_MIN, THREAD_WRITE_IDX_MAX)
-            _utf8("channel", event.channel, 1, THREAD_KEY_MAX_BYTES)
-            _chars("value_type", event.value_type, 1, THREAD_TYPE_MAX)
-            _bytes("value", len(event.value), THREAD_VALUE_MAX_BYTES)
+            _count("writes", len(event.writes), 1, THREAD_WRITES_MAX)
+            for i, write in enumerate(event.writes):
+                _integer(f"writes[{i}].idx", write.idx, THREAD_WRITE_IDX_MIN, THREAD_WRITE_IDX_MAX)
+                _utf8(f"writes[{i}].channel", write.channel, 1, THREAD_KEY_MAX_BYTES)
+                _chars(f"writes[{i}].value_type", write.value_type, 1, THREAD_TYPE_MAX)
+            _bytes("writes' values", sum(len(w.value) for w in event.writes),
+                   THREAD_VALUE_MAX_BYTES)  # fmt: skip
         case ev.ThreadCheckpointDeleted():
             _thread_keys(event.checkpoint_ns, event.checkpoint_id)
         case ev.WisdomStored():

@@ -573,8 +573,28 @@ _STAMPED_EVENTS = (
 )  # fmt: skip
 
 
+def rows_of(event: ev.Event) -> list[Row]:
+    """The partial rows an event describes: one, but a task's pending writes (a row
+    each), and none for events not folded here (activities)."""
+    if isinstance(event, ev.ThreadWritten):
+        stamp = stamp_of(event)
+        first = first_wins(stamp)
+        return [
+            PendingWriteRow(
+                event.thread_id, event.collective_id, event.checkpoint_ns, event.checkpoint_id,
+                event.task_id, w.idx, w.channel, s, w.value_type, s, w.value, s,
+                event.task_path, s,
+            )
+            for w in event.writes
+            for s in (stamp if w.idx < 0 else first,)
+        ]  # fmt: skip
+    row = row_of(event)
+    return [] if row is None else [row]
+
+
 def row_of(event: ev.Event) -> Row | None:
-    """The partial row an event describes (None for events not folded here: activities)."""
+    """The partial row an event describes (None for events not folded here: activities;
+    a task's pending writes, several rows: ``rows_of``)."""
     if isinstance(event, ev.ExperienceReinforced):  # most of a busy log: first, no stamp
         return ApplicationRow(
             event.experience_id, event.instance_id, max(event.applications, 0), event.hlc,
@@ -696,13 +716,6 @@ def row_of(event: ev.Event) -> Row | None:
                 event.checkpoint, event.metadata, event.run_id, event.hlc,
                 author_owner=event.author_owner, author_agent=event.author_agent,
             )  # fmt: skip
-        case ev.ThreadWritten():
-            written = stamp_of(event) if event.idx < 0 else first_wins(stamp_of(event))
-            return PendingWriteRow(
-                event.thread_id, event.collective_id, event.checkpoint_ns, event.checkpoint_id,
-                event.task_id, event.idx, event.channel, written, event.value_type, written,
-                event.value, written, event.task_path, written,
-            )  # fmt: skip
         case ev.ThreadCheckpointDeleted():
             return CheckpointRow(
                 event.thread_id, event.collective_id, event.checkpoint_ns, event.checkpoint_id,
@@ -779,8 +792,7 @@ class FoldState:
     )
 
     def apply(self, event: ev.Event) -> None:
-        row = row_of(event)
-        if row is not None:
+        for row in rows_of(event):
             self.add(row, owned=True)
 
     def add(self, row: Row, *, owned: bool = False) -> None:

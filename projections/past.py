@@ -45,7 +45,7 @@ from projections.fold import (
     FoldState,
     Placed,
     Row,
-    row_of,
+    rows_of,
 )
 from projections.projection import Projection
 from projections.state import MemoryState
@@ -292,12 +292,10 @@ def _fold_changed(p: Projection, found: Past, since: int) -> None:
                 f"before Pulse kept it (sequence {seq}); `pulse rebuild` replays the log "
                 "to keep all of it"
             )
-        row = row_of(_decode(change))
-        if row is None:
-            continue
-        if isinstance(row, Placed) and row.create_event is not None:
-            row.create_seq = seq  # as the projection stamped it (see fold.Placed)
-        folded.add(row, owned=True)
+        for row in rows_of(_decode(change)):
+            if isinstance(row, Placed) and row.create_event is not None:
+                row.create_seq = seq  # as the projection stamped it (see fold.Placed)
+            folded.add(row, owned=True)
     for row_type, table in folded.rows.items():
         wanted = tables[row_type].over  # type: ignore[attr-defined]
         for key, row in table.items():

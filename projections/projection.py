@@ -68,7 +68,7 @@ from projections.fold import (
     Row,
     held,
     held_at,
-    row_of,
+    rows_of,
     vector_bytes,
 )
 from projections.schema import MISPLACED
@@ -351,12 +351,15 @@ class Projection:
                 if self.scrub_since is None:
                     self.scrub_since = time.monotonic()
             try:
-                row = row_of(event)
-                if row is not None:
+                rows = rows_of(event)
+                for row in rows:
                     _fits_store(row)
                     if isinstance(row, Placed) and row.create_event is not None:
                         row.create_seq = entry.seq  # where the stream put it (see Placed)
+                for row in rows:
                     delta.add(row, owned=True)
+                if rows:
+                    row = rows[0]
                     if type(row) is not ApplicationRow:  # (a reinforcement: see _audited)
                         self.memory.unflushed_audit.append(_audited(entry.seq, event))
                     else:
@@ -1060,7 +1063,9 @@ def _audited(seq: int, event: ev.Event) -> Audited:
     elif isinstance(event, ev.ThreadCheckpointed):  # (a framework's state: in its row only)
         event = msgspec.structs.replace(event, checkpoint=b"")
     elif isinstance(event, ev.ThreadWritten):
-        event = msgspec.structs.replace(event, value=b"")
+        event = msgspec.structs.replace(
+            event, writes=tuple(msgspec.structs.replace(w, value=b"") for w in event.writes)
+        )
     return (
         seq, tag, event.collective_id if in_collective else None,  # type: ignore[union-attr]
         entity, getattr(event, key), event.author_owner, event.author_agent,

@@ -212,6 +212,7 @@ class PulseDB:
             log_, engine, replication, reads, gate, following, tokens, presence, self.instance_id
         )
         replication.listen(gate.applied)
+        replication.listen(self.threads.applied)
         replication.listen(tokens.applied, tokens.after_batch)
         replication.listen(watching.applied)
         (data_dir / "identity.json").write_text(

@@ -35,12 +35,13 @@ nothing else); ``copy_thread``, ``prune_threads``, ``delete_checkpoints_of_runs`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 from uuid import UUID
 
 from eventlog import events as ev
 from eventlog.errors import ValidationError
+from eventlog.log import LogEntry
 from projections import queries
 from sync import models
 from sync.gate import Gate
@@ -64,6 +65,21 @@ class Threads:
         # writes a checkpoint and the writes after it at once: both go to one thread)
         self._deciding = asyncio.Lock()
         self._made: dict[tuple[UUID, str, str | None], UUID] = {}
+        # ... and the ones found, until a tombstone of the thread or its collective is
+        # applied (``applied``): a checkpoint's write then reads nothing first
+        self._found: dict[tuple[UUID, str, str | None], UUID] = {}
+
+    def applied(self, entry: LogEntry) -> None:
+        """A replication listener: a deleted thread (or collective) is no longer found."""
+        event = entry.event
+        if isinstance(event, ev.ThreadDeleted):
+            gone = [k for k, t in self._found.items() if t == event.thread_id]
+        elif isinstance(event, ev.CollectiveDeleted):
+            gone = [k for k in self._found if k[0] == event.collective_id]
+        else:
+            return
+        for key in gone:
+            del self._found[key]
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -142,18 +158,23 @@ class Threads:
         )  # fmt: skip
         cid, agent = await self._writable(spec.collective_id)
         thread_id = await self._thread_for(cid, spec.thread, agent)
-        common = self.writer.common
-        await self.writer.write_many(
-            [
-                ev.ThreadWritten(
-                    **common(), thread_id=thread_id, collective_id=cid,
-                    checkpoint_ns=spec.checkpoint_ns, checkpoint_id=spec.checkpoint_id,
-                    task_id=spec.task_id, task_path=spec.task_path, idx=w.idx,
-                    channel=w.channel, value_type=w.value_type, value=w.value,
-                )
-                for w in spec.writes
-            ],
-            atomic=True,
+        total = sum(len(w.value) for w in spec.writes)
+        if total > models.THREAD_VALUE_MAX_BYTES:
+            raise ValidationError(
+                f"writes: their values must take at most {models.THREAD_VALUE_MAX_BYTES:,} "
+                f"bytes together, got {total:,}"
+            )
+        await self.writer.write(  # (one event: the task's writes are stored together)
+            ev.ThreadWritten(
+                **self.writer.common(), thread_id=thread_id, collective_id=cid,
+                checkpoint_ns=spec.checkpoint_ns, checkpoint_id=spec.checkpoint_id,
+                task_id=spec.task_id, task_path=spec.task_path,
+                writes=tuple(
+                    ev.PendingWrite(idx=w.idx, channel=w.channel, value_type=w.value_type,
+                                    value=w.value)
+                    for w in spec.writes
+                ),
+            )
         )  # fmt: skip
 
     @idempotent
@@ -190,17 +211,16 @@ class Threads:
             rows += await self.reads.read(queries.thread_parts, thread_id, cid)
         if not rows:
             return 0
-        copy = self.writer.new_id()
+        copy = await self.writer.entity_id("thread", cid)
         events: list[ev.Event] = []
+        tasks: dict[tuple[str, str, str, str], list[ev.PendingWrite]] = {}
         for row in rows:
-            if isinstance(row.key()[-1], int):  # a pending write
-                events.append(ev.ThreadWritten(
-                    **self.writer.common(), thread_id=copy, collective_id=cid,
-                    checkpoint_ns=row.checkpoint_ns, checkpoint_id=row.checkpoint_id,
-                    task_id=row.task_id, task_path=row.task_path or "", idx=row.idx,
-                    channel=row.channel or "", value_type=row.value_type or "",
-                    value=row.value or b"",
-                ))  # fmt: skip
+            if isinstance(row.key()[-1], int):  # a pending write: with its task's
+                tasks.setdefault(
+                    (row.checkpoint_ns, row.checkpoint_id, row.task_id, row.task_path or ""), []
+                ).append(ev.PendingWrite(idx=row.idx, channel=row.channel or "",
+                                         value_type=row.value_type or "",
+                                         value=row.value or b""))  # fmt: skip
             else:
                 events.append(ev.ThreadCheckpointed(
                     **self.writer.common(), thread_id=copy, collective_id=cid, name=target,
@@ -208,6 +228,13 @@ class Threads:
                     parent_checkpoint_id=row.parent_checkpoint_id,
                     checkpoint_type=row.checkpoint_type or "", checkpoint=row.checkpoint or b"",
                     metadata=row.metadata or "{}", run_id=row.run_id,
+                ))  # fmt: skip
+        for (namespace, checkpoint_id, task_id, task_path), writes in tasks.items():
+            for part in _parts(writes):
+                events.append(ev.ThreadWritten(
+                    **self.writer.common(), thread_id=copy, collective_id=cid,
+                    checkpoint_ns=namespace, checkpoint_id=checkpoint_id, task_id=task_id,
+                    task_path=task_path, writes=part,
                 ))  # fmt: skip
         for start in range(0, len(events), BATCH):
             await self.writer.write_many(events[start : start + BATCH], atomic=True)
@@ -351,10 +378,16 @@ class Threads:
         smallest id), or one this host made for it and has not applied yet, or a new
         one."""
         key = (collective_id, name, agent)
+        known = self._found.get(key)
+        if known is not None:
+            return known
         async with self._deciding:
             found = await self.reads.read(queries.thread_ids, collective_id, name, None, agent)
             if found:
                 self._made.pop(key, None)
+                while len(self._found) >= MADE_MAX:  # (the oldest)
+                    self._found.pop(next(iter(self._found)))
+                self._found[key] = found[0]
                 return found[0]
             made = self._made.get(key)
             if made is None:
@@ -380,8 +413,9 @@ class Threads:
         return collective.collective_id, self._agent()
 
     async def _forget(self, thread_id: UUID, collective_id: UUID) -> None:
-        for key in [k for k, made in self._made.items() if made == thread_id]:
-            del self._made[key]
+        for held in (self._made, self._found):
+            for key in [k for k, made in held.items() if made == thread_id]:
+                del held[key]
         tombstone = ev.ThreadDeleted(
             **self.writer.common(), thread_id=thread_id, collective_id=collective_id
         )
@@ -405,6 +439,23 @@ def _subject(event: ev.Event) -> str:
     from eventlog.subjects import subject_for
 
     return subject_for(event)
+
+
+def _parts(writes: list[ev.PendingWrite]) -> Iterator[tuple[ev.PendingWrite, ...]]:
+    """A task's writes in as few events as the limits of one allow."""
+    part: list[ev.PendingWrite] = []
+    size = 0
+    for write in writes:
+        if part and (
+            size + len(write.value) > models.THREAD_VALUE_MAX_BYTES
+            or len(part) == models.WRITES_MAX
+        ):
+            yield tuple(part)
+            part, size = [], 0
+        part.append(write)
+        size += len(write.value)
+    if part:
+        yield tuple(part)
 
 
 def _text(field: str, value: Any, limit: int, *, empty: bool = False) -> None:

@@ -208,10 +208,12 @@ SAMPLES: dict[str, ev.EventBase] = {
         checkpoint_id="1ef4f797-8335-6428-8001-8a1503f9b875",
         task_id="task-1",
         task_path="~__pregel_pull, review",
-        idx=-3,
-        channel="__interrupt__",
-        value_type="msgpack",
-        value=b"\x91\xa3yes",
+        writes=(
+            ev.PendingWrite(
+                idx=-3, channel="__interrupt__", value_type="msgpack", value=b"\x91\xa3yes"
+            ),
+            ev.PendingWrite(idx=0, channel="approved", value_type="msgpack", value=b"\xc3"),
+        ),
     ),
     "thread.checkpoint_deleted": ev.ThreadCheckpointDeleted(
         **common,  # type: ignore[arg-type]

@@ -107,7 +107,7 @@ NON_EMPTY_TEXTS = (  # at least one character (list fields: each item)
     "value_type",
 )  # fmt: skip
 HEX_64 = ("secret_sha256",)  # the SHA-256 of a token, 64 lowercase hex digits
-NON_EMPTY_LISTS = ("source_experiences",)  # an insight comes from 1..100 experiences
+NON_EMPTY_LISTS = ("source_experiences", "writes")  # from 1..100 experiences; 1.. writes
 
 
 def strategy_for(info: mi.Type, name: str = "") -> st.SearchStrategy[Any]:

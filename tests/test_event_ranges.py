@@ -161,10 +161,12 @@ OUT_OF_RANGE: list[tuple[str, dict[str, Any], str]] = [
     ("thread.checkpointed", {"run_id": ""}, "run_id: must be 1..1024 bytes of UTF-8, got 0"),
     ("thread.written", {"task_id": ""}, "task_id: must be 1..1024 bytes of UTF-8, got 0"),
     ("thread.written", {"task_path": "p" * 1025}, "task_path: must be 0..1024 bytes of UTF-8, got 1025"),
-    ("thread.written", {"idx": -17}, "idx: must be in -16..2**31-1, got -17"),
-    ("thread.written", {"channel": ""}, "channel: must be 1..1024 bytes of UTF-8, got 0"),
-    ("thread.written", {"value_type": "t" * 65}, "value_type: must be 1..64 characters, got 65"),
-    ("thread.written", {"value": bytes(896 * KB + 1)}, "value: must be 0..917504 bytes, got 917505"),
+    ("thread.written", {"writes": ()}, "writes: must hold 1..1000 items, got 0"),
+    ("thread.written", {"writes": (ev.PendingWrite(idx=0, channel="c", value_type="t"),) * 1001}, "writes: must hold 1..1000 items, got 1001"),
+    ("thread.written", {"writes": (ev.PendingWrite(idx=-17, channel="c", value_type="t"),)}, "writes[0].idx: must be in -16..2**31-1, got -17"),
+    ("thread.written", {"writes": (ev.PendingWrite(idx=0, channel="", value_type="t"),)}, "writes[0].channel: must be 1..1024 bytes of UTF-8, got 0"),
+    ("thread.written", {"writes": (ev.PendingWrite(idx=0, channel="c", value_type="t" * 65),)}, "writes[0].value_type: must be 1..64 characters, got 65"),
+    ("thread.written", {"writes": (ev.PendingWrite(idx=0, channel="c", value_type="t", value=bytes(896 * KB)), ev.PendingWrite(idx=1, channel="c", value_type="t", value=b"x"))}, "writes' values: must be 0..917504 bytes, got 917505"),
     ("thread.checkpoint_deleted", {"checkpoint_id": ""}, "checkpoint_id: must be 1..1024 bytes of UTF-8, got 0"),
 ]  # fmt: skip
 
@@ -235,7 +237,6 @@ INT_FIELDS = [
     ("token.created", "expires_ms"),
     (RECORDED, "valid_from_ms"),
     ("experience.invalidated", "valid_to_ms"),
-    ("thread.written", "idx"),
 ]
 SCORE_FIELDS = [
     (RECORDED, "importance"),
@@ -248,7 +249,19 @@ SCORE_FIELDS = [
 
 
 def test_every_bounded_field_has_a_property() -> None:
-    assert {field for _, field in INT_FIELDS} == set(INT_RANGES)
+    nested = {"idx"}  # (a pending write's, in thread.written: the property below)
+    assert {field for _, field in INT_FIELDS} | nested == set(INT_RANGES)
+
+
+@given(value=st.integers(min_value=-(2**63), max_value=2**64 - 1))
+def test_a_pending_writes_place_is_read_exactly_when_in_range(value: int) -> None:
+    low, high = INT_RANGES["idx"]
+    write = ev.PendingWrite(idx=value, channel="c", value_type="t")
+    event = sample("thread.written", writes=(write,))
+    if low <= value <= high:
+        assert decode(event) == event
+    else:
+        assert refusal(event).reason.startswith(f"writes[0].idx: must be in {low}..")
 
 
 @pytest.mark.parametrize(("name", "field"), INT_FIELDS)

@@ -60,10 +60,15 @@ def thread_events(draw: st.DrawFn) -> ev.Event:
             run_id=draw(st.sampled_from((None, "run-1"))), author_agent="a",
         )  # fmt: skip
     if kind == "written":
+        places = draw(st.lists(st.sampled_from((-3, -1, 0, 1)), min_size=1, max_size=3,
+                               unique=True))  # fmt: skip
         return ev.ThreadWritten(
             **base, **where, task_id=draw(st.sampled_from(("task-1", "task-2"))),
-            idx=draw(st.sampled_from((-3, -1, 0, 1))), channel="c", value_type="msgpack",
-            value=draw(st.binary(max_size=4)),
+            writes=tuple(
+                ev.PendingWrite(idx=i, channel="c", value_type="msgpack",
+                                value=draw(st.binary(max_size=4)))
+                for i in places
+            ),
         )  # fmt: skip
     if kind == "pruned":
         return ev.ThreadCheckpointDeleted(**base, **where)
@@ -101,17 +106,20 @@ def model(events: list[ev.Event]) -> dict[str, dict[tuple[Any, ...], tuple[Any, 
             e = made[key]
             checkpoints[key] = (e.checkpoint, e.metadata, e.run_id, e.parent_checkpoint_id)
     writes: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-    chosen: dict[tuple[Any, ...], ev.ThreadWritten] = {}
+    chosen: dict[tuple[Any, ...], tuple[ev.ThreadWritten, ev.PendingWrite]] = {}
     for e in unique:
         if not isinstance(e, ev.ThreadWritten):
             continue
-        key = (e.thread_id, e.collective_id, e.checkpoint_ns, e.checkpoint_id, e.task_id, e.idx)
-        held = chosen.get(key)
-        if held is None or (stamp(e) > stamp(held) if e.idx < 0 else stamp(e) < stamp(held)):
-            chosen[key] = e
-    for key, e in chosen.items():
+        for w in e.writes:
+            key = (e.thread_id, e.collective_id, e.checkpoint_ns, e.checkpoint_id, e.task_id, w.idx)
+            held = chosen.get(key)
+            if held is None or (
+                stamp(e) > stamp(held[0]) if w.idx < 0 else stamp(e) < stamp(held[0])
+            ):
+                chosen[key] = (e, w)
+    for key, (e, w) in chosen.items():
         if key[:2] not in dead_threads and key[:4] not in pruned:
-            writes[key] = (e.channel, e.value_type, e.value, e.task_path)
+            writes[key] = (w.channel, w.value_type, w.value, e.task_path)
     return {
         "checkpoints": checkpoints,
         "writes": writes,
@@ -200,8 +208,8 @@ def test_a_thread_tombstone_drops_rows_that_came_before_and_after_it() -> None:
         checkpoint_type="msgpack", checkpoint=b"state",
     )  # fmt: skip
     write = ev.ThreadWritten(
-        event_id=uuid7(), hlc=2, **common, checkpoint_id="1ef-01", task_id="task-1", idx=0,
-        channel="c", value_type="msgpack", value=b"v",
+        event_id=uuid7(), hlc=2, **common, checkpoint_id="1ef-01", task_id="task-1",
+        writes=(ev.PendingWrite(idx=0, channel="c", value_type="msgpack", value=b"v"),),
     )  # fmt: skip
     later = ev.ThreadCheckpointed(
         event_id=uuid7(), hlc=4, **common, name="t", checkpoint_id="1ef-02",
