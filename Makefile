@@ -63,6 +63,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m ops.bench.snapshot
 	$(VENV)/bin/python -m ops.bench.cli_start
 	$(VENV)/bin/python -m ops.bench.languages
+	$(VENV)/bin/python -m ops.bench.langgraph
 	$(MAKE) bench-edges
 
 # issue 28's key ratios (write tail, HTTP tax, writes against the raw log) in under 45 s,
