@@ -72,14 +72,15 @@ class Threads:
     def applied(self, entry: LogEntry) -> None:
         """A replication listener: a deleted thread (or collective) is no longer found."""
         event = entry.event
-        if isinstance(event, ev.ThreadDeleted):
-            gone = [k for k, t in self._found.items() if t == event.thread_id]
-        elif isinstance(event, ev.CollectiveDeleted):
-            gone = [k for k in self._found if k[0] == event.collective_id]
-        else:
+        if not isinstance(event, (ev.ThreadDeleted, ev.CollectiveDeleted)):
             return
-        for key in gone:
-            del self._found[key]
+        for held in (self._found, self._made):  # (made here, deleted elsewhere meanwhile)
+            if isinstance(event, ev.ThreadDeleted):
+                gone = [k for k, t in held.items() if t == event.thread_id]
+            else:
+                gone = [k for k in held if k[0] == event.collective_id]
+            for key in gone:
+                del held[key]
 
     # -- writes ----------------------------------------------------------------------------
 

@@ -188,3 +188,26 @@ async def test_bad_input_names_the_field_and_stores_nothing(tmp_path: Path) -> N
         assert await db.list_threads(collective) == []
     finally:
         await db.close()
+
+
+async def test_a_name_deleted_on_another_host_makes_a_new_thread_here(tmp_path: Path) -> None:
+    """A host remembers the thread it found for a name; a delete on another host, once
+    applied here, makes it forget, so the name's next checkpoint starts a new thread
+    (rather than writing to the deleted one, which would be refused)."""
+    with EmbeddedNats(tmp_path / "nats") as server:
+        a = await PulseDB.open(tmp_path / "a", server.url)
+        b = await PulseDB.open(tmp_path / "b", server.url)
+        try:
+            collective = await a.create_collective("team", "agents", embedding_dimension=4)
+            first = await a.put_checkpoint(collective, "t-1", "0001", "json", b"{}")
+            await a.put_checkpoint(collective, "t-1", "0002", "json", b"{}")  # (remembered)
+            await b.sync()
+            await b.delete_thread(collective, "t-1")
+            await a.sync()
+            again = await a.put_checkpoint(collective, "t-1", "0003", "json", b"{}")
+            assert again.thread_id != first.thread_id
+            found = await a.list_checkpoints(collective, thread="t-1")
+            assert [c.checkpoint_id for c in found] == ["0003"]
+        finally:
+            await b.close()
+            await a.close()
