@@ -887,6 +887,12 @@ class CheckpointIn(_Input):
                 f"metadata: must be at most {THREAD_METADATA_MAX_BYTES:,} bytes as JSON, "
                 f"got {size:,}"
             )
+        run_id = self.metadata.get("run_id")
+        if run_id is not None and len(str(run_id).encode()) > THREAD_KEY_MAX_BYTES:
+            raise ValueError(
+                f"metadata.run_id: must be at most {THREAD_KEY_MAX_BYTES:,} bytes of UTF-8, "
+                f"got {len(str(run_id).encode()):,}"
+            )
         if len(self.checkpoint) + size > THREAD_VALUE_MAX_BYTES:
             raise ValueError(
                 f"checkpoint: with its metadata must be at most {THREAD_VALUE_MAX_BYTES:,} "

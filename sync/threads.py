@@ -123,7 +123,7 @@ class Threads:
                 parent_checkpoint_id=spec.parent_checkpoint_id,
                 checkpoint_type=spec.checkpoint_type, checkpoint=spec.checkpoint,
                 metadata=spec.metadata_json,
-                run_id=None if run_id is None or str(run_id) == "" else str(run_id)[:1024],
+                run_id=None if run_id is None or str(run_id) == "" else str(run_id),
             )
         )  # fmt: skip
         return queries.ThreadKey(

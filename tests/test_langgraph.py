@@ -9,7 +9,7 @@ import asyncio
 import threading
 from pathlib import Path
 from typing import Any, TypedDict
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import pytest
 from langgraph.checkpoint.conformance import checkpointer_test, validate
@@ -176,6 +176,7 @@ async def test_bad_input_names_the_field_and_stores_nothing(tmp_path: Path) -> N
             ({"checkpoint": bytes(896 * 1024)}, "checkpoint: with its metadata must be at most"),
             ({"checkpoint_type": "t" * 65}, "checkpoint_type"),
             ({"metadata": {"m": "x" * 70_000}}, "metadata: must be at most 65,536 bytes"),
+            ({"metadata": {"run_id": "é" * 600}}, "metadata.run_id: must be at most 1,024"),
         ]
         for change, message in cases:
             arguments: dict[str, Any] = {
@@ -211,3 +212,23 @@ async def test_a_name_deleted_on_another_host_makes_a_new_thread_here(tmp_path: 
         finally:
             await b.close()
             await a.close()
+
+
+async def test_the_saver_works_over_http_with_the_remote_client(shared_service: Any) -> None:
+    """``pulse up`` elsewhere: the same saver over ``ops.remote.RemotePulseDB`` (every
+    call a POST, bytes in base64) passes the same suite."""
+    from ops.remote import RemotePulseDB
+
+    db = RemotePulseDB(shared_service.url, shared_service.token)
+    made = 0
+
+    @checkpointer_test(name="PulseSaver over HTTP")
+    async def pulse_saver() -> Any:
+        nonlocal made
+        made += 1
+        collective = await db.create_collective("me", f"remote-graphs-{made}-{uuid4().hex[:8]}",
+                                                embedding_dimension=4)  # fmt: skip
+        yield PulseSaver(db, collective)
+
+    report = await validate(pulse_saver)
+    assert all(r.detected and r.passed for r in report.results.values()), report.results
