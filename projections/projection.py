@@ -124,7 +124,7 @@ DROP_CACHE_ABOVE = 16 * 2**20
 
 _DELETES = (
     ev.CollectiveDeleted, ev.ExperienceDeleted, ev.RelationDeleted, ev.InsightDeleted,
-    ev.WisdomDeleted, ev.SessionDeleted,
+    ev.WisdomDeleted, ev.SessionDeleted, ev.ThreadDeleted,
 )  # fmt: skip
 
 

@@ -6,6 +6,7 @@ resumed on another of the same deployment; and the sync API ``graph.invoke`` use
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from pathlib import Path
 from typing import Any, TypedDict
@@ -17,8 +18,11 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
 from eventlog import EmbeddedNats
+from eventlog.keys import DESTROYED, key_name
+from projections.projection import ProjectionSettings
 from sync import PulseDB, PulseDBSync
 from sync.langgraph import PulseSaver
+from tests.harness import eventually, raw_payloads, scan, sql_retried
 
 
 class Draft(TypedDict):
@@ -232,3 +236,64 @@ async def test_the_saver_works_over_http_with_the_remote_client(shared_service: 
 
     report = await validate(pulse_saver)
     assert all(r.detected and r.passed for r in report.results.values()), report.results
+
+
+async def test_a_deleted_thread_is_gone_from_every_hosts_files_and_the_log(
+    tmp_path: Path, nats_server: EmbeddedNats
+) -> None:
+    """``delete_thread`` (LangGraph's ``delete_thread``) forgets a thread as a session is
+    forgotten: its checkpoints, metadata and pending writes leave every host's files
+    within the scrub bound, the log keeps its tombstone only, and its key is destroyed."""
+    fast = ProjectionSettings(scrub_after=1.0)
+    a = await PulseDB.open(tmp_path / "a", nats_server.url, projection_settings=fast)
+    b = await PulseDB.open(tmp_path / "b", nats_server.url, projection_settings=fast)
+    hosts = [tmp_path / "a", tmp_path / "b"]
+    tag = os.urandom(6).hex()
+    needles = {f"{what}": f"{what} ZEBRA{tag}".encode() for what in ("state", "meta", "write")}
+    try:
+        cid = await a.create_collective("owner", "team", 4)
+        kept = await a.put_checkpoint(cid, "kept", "0001", "json", b"an ordinary state")
+        gone = await a.put_checkpoint(
+            cid, "doomed", "0001", "json", needles["state"],
+            metadata={"note": needles["meta"].decode()},
+        )  # fmt: skip
+        await a.put_pending_writes(cid, "doomed", "0001", "task", [
+            {"idx": 0, "channel": "messages", "value_type": "json", "value": needles["write"]}
+        ])  # fmt: skip
+        await b.sync()
+        for db in (a, b):
+            await db.engine.run(lambda p: p.save())  # (as a quiet second would)
+        before = scan(hosts, needles)
+        for host in hosts:  # each host's files hold them while they are there
+            found = set().union(*(v for k, v in before.items() if k.startswith(str(host))))
+            assert found == set(needles), (host, before)
+        assert scan([nats_server.dir], needles) == {}  # sealed on the log
+
+        await b.delete_thread(cid, "doomed")
+        await a.sync()
+        for db in (a, b):
+            assert await db.list_threads(cid) == ["kept"]
+            assert await db.get_checkpoint(cid, "doomed") is None
+            rows = await sql_retried(
+                db, f"SELECT event_type FROM history WHERE entity_id = '{gone.thread_id}'"
+            )
+            assert rows == [["thread.deleted"]]  # its tombstone only
+        assert [
+            p for p in await raw_payloads(a.log)
+            if str(gone.thread_id) in p and not p.startswith("ThreadDeleted(")
+        ] == []  # fmt: skip
+        assert (
+            await a.sealer.keyring.store.get(key_name("thread", gone.thread_id, cid)) is DESTROYED
+        )
+
+        async def forgotten() -> bool:
+            await a.sync()
+            await b.sync()
+            return scan([*hosts, nats_server.dir], needles) == {}
+
+        await eventually(forgotten, timeout=30.0, what="the thread leaving disk")
+        assert (await a.get_checkpoint(cid, "kept")).thread_id == kept.thread_id
+        assert await a.digest() == await b.digest()
+    finally:
+        await a.close()
+        await b.close()
