@@ -34,7 +34,7 @@ from sync.hlc import MAX_AHEAD_MS, HybridClock, wall_ms
 log = logging.getLogger("pulse.instance")
 
 DELETES = (ev.CollectiveDeleted, ev.ExperienceDeleted, ev.RelationDeleted, ev.InsightDeleted,
-           ev.WisdomDeleted, ev.SessionDeleted)  # fmt: skip
+           ev.WisdomDeleted, ev.SessionDeleted, ev.ThreadDeleted)  # fmt: skip
 WRITTEN_MAX = 20_000  # own writes remembered for the tail
 BACKLOG_LIMIT = 50_000  # entries handed to the engine and not applied: the tail waits
 KEPT_ASIDE_MAX = 10_000  # recent dead letters remembered for the writers waiting on them

@@ -282,9 +282,9 @@ async def test_a_deleted_thread_is_gone_from_every_hosts_files_and_the_log(
             p for p in await raw_payloads(a.log)
             if str(gone.thread_id) in p and not p.startswith("ThreadDeleted(")
         ] == []  # fmt: skip
-        assert (
-            await a.sealer.keyring.store.get(key_name("thread", gone.thread_id, cid)) is DESTROYED
-        )
+        name = key_name("thread", gone.thread_id, cid)
+        assert await a.sealer.keyring.store.get(name) is DESTROYED
+        assert not a.sealer.keyring.holds(name)  # (a forgot it as b's delete applied)
 
         async def forgotten() -> bool:
             await a.sync()
