@@ -234,7 +234,10 @@ async def test_the_saver_works_over_http_with_the_remote_client(shared_service: 
                                                 embedding_dimension=4)  # fmt: skip
         yield PulseSaver(db, collective)
 
-    report = await validate(pulse_saver)
+    try:
+        report = await validate(pulse_saver)
+    finally:
+        await db.close()  # (its kept-alive connections)
     assert all(r.detected and r.passed for r in report.results.values()), report.results
 
 
