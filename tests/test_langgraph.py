@@ -300,3 +300,43 @@ async def test_a_deleted_thread_is_gone_from_every_hosts_files_and_the_log(
     finally:
         await a.close()
         await b.close()
+
+
+@pytest.mark.timeout(90)
+async def test_an_edge_host_checkpoints_while_cut_off_and_the_hub_goes_on(tmp_path: Path) -> None:
+    """An edge host (``leaf_of``) runs a graph while its link to the hub is down: its
+    checkpoints are written to its own log; once the link returns, the hub holds the
+    thread and resumes the run from where the edge host stopped."""
+    from tests.harness import hub_server
+    from tests.test_leaf import Edge, converged, link_is
+
+    server, leaf_url = hub_server(tmp_path)
+    hub = leaf = None
+    try:
+        hub = await PulseDB.open(tmp_path / "hub", server.url)
+        leaf = await PulseDB.open(tmp_path / "leaf", leaf_of=leaf_url)
+        edge = Edge(server, hub, leaf, leaf_url)
+        await eventually(lambda: link_is(edge, "up"), what="link up", timeout=15)
+        collective = await hub.create_collective("team", "agents", embedding_dimension=4)
+        await converged(hub, leaf)
+
+        edge.leaf_server.set_leaf_link(False)  # cut
+        await eventually(lambda: link_is(edge, "down"), what="link down", timeout=15)
+        config = {"configurable": {"thread_id": "offline-1"}}
+        on_edge = review_graph().compile(checkpointer=PulseSaver(leaf, collective))
+        paused = await on_edge.ainvoke({"text": "field notes", "approved": False, "trail": []},
+                                       config)  # fmt: skip
+        assert paused["__interrupt__"]
+        assert await hub.list_threads(collective) == []  # (the hub has not seen it)
+
+        edge.leaf_server.set_leaf_link(True)  # restore
+        await converged(hub, leaf, timeout=30)
+        on_hub = review_graph().compile(checkpointer=PulseSaver(hub, collective))
+        assert (await on_hub.aget_state(config)).next == ("review",)
+        done = await on_hub.ainvoke(Command(resume="yes"), config)
+        assert done["trail"] == ["draft", "review", "published"]
+    finally:
+        for db in (leaf, hub):
+            if db is not None:
+                await db.close()
+        server.stop()
