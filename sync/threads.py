@@ -146,7 +146,8 @@ class Threads:
     ) -> None:
         """Store a task's pending writes after a checkpoint of a thread (1..1000 writes,
         each ``idx``, ``channel``, ``value_type`` and ``value``: its serializer's bytes,
-        base64 in JSON, at most 896 KB), in one atomic write. A write at a negative
+        base64 in JSON; the values take at most 896 KB together), as one event: stored
+        together or not at all. A write at a negative
         ``idx`` (a special channel's) replaces the one before it; an ordinary one, once
         written, stays. Writes may come before their checkpoint (a framework writes
         both at once); a thread the caller may not see is not theirs: the writes make
