@@ -68,6 +68,7 @@ from projections.fold import (
     Row,
     held,
     held_at,
+    row_of,
     rows_of,
     vector_bytes,
 )
@@ -351,7 +352,8 @@ class Projection:
                 if self.scrub_since is None:
                     self.scrub_since = time.monotonic()
             try:
-                rows = rows_of(event)
+                row = row_of(event)  # (one row: every event but a task's writes)
+                rows = (row,) if row is not None else rows_of(event)
                 for row in rows:
                     _fits_store(row)
                     if isinstance(row, Placed) and row.create_event is not None:
