@@ -35,6 +35,7 @@ class ExperienceFilter(msgspec.Struct, frozen=True, kw_only=True):
     """Which experiences a query may return (all fields optional)."""
 
     domains: tuple[str, ...] | None = None  # at least one of these tags
+    source_task: str | None = None  # recorded for this task (source_task equal)
     experience_types: tuple[str, ...] | None = None  # variant names, e.g. ("Fact",)
     min_importance: float | None = None
     min_confidence: float | None = None
@@ -56,6 +57,7 @@ class ExperienceFilter(msgspec.Struct, frozen=True, kw_only=True):
             v is not None
             for v in (
                 self.domains,
+                self.source_task,
                 self.experience_types,
                 self.min_importance,
                 self.min_confidence,
@@ -299,6 +301,7 @@ def _passes(
         _valid(row, validity)
         and (flt.include_archived or not row.archived)
         and (flt.domains is None or not set(flt.domains).isdisjoint(row.domain or ()))
+        and (flt.source_task is None or row.source_task == flt.source_task)
         and (flt.experience_types is None or row.experience_type in flt.experience_types)
         and (flt.min_importance is None or (row.importance or 0.0) >= flt.min_importance)
         and (flt.min_confidence is None or (row.confidence or 0.0) >= flt.min_confidence)
@@ -341,6 +344,11 @@ def recent_experiences(
         return []
     picked: list[Experience] = []
     skipped, validity = 0, flt.validity()
+    if flt.source_task is not None:  # a task's rows, found in one pass of the columns
+        rows = [p.memory.live_experience(i) for i in _columns(p, collective_id).passing(flt)]
+        kept = [r for r in rows if r is not None and _passes(r, flt, validity)]
+        kept.sort(key=lambda r: (r.created_hlc or 0, r.experience_id), reverse=newest_first)
+        return [_experience(p, r) for r in kept[offset : offset + limit]]
     for row in p.memory.experiences_in_order(collective_id, newest_first=newest_first):
         if not _passes(row, flt, validity):
             continue
@@ -367,7 +375,7 @@ class _Columns:
 
     COLUMNS = (
         "vec_ids", "alive", "importance", "confidence", "created_ms", "archived", "types",
-        "visibility", "author", "valid_from", "valid_to",
+        "visibility", "author", "valid_from", "valid_to", "tasks", "ids",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -394,6 +402,9 @@ class _Columns:
         self.authors: dict[tuple[str | None, str | None], int] = {}
         self.valid_from = np.zeros(0, dtype=np.int64)
         self.valid_to = np.zeros(0, dtype=np.int64)  # NO_END: still true
+        # each row's source_task and id (the rows a task's filter selects, in one pass)
+        self.tasks = np.zeros(0, dtype=object)
+        self.ids = np.zeros(0, dtype=object)
         self.earliest_end: int | None = None  # of the live rows (NO_END: none); None: unknown
         self._full: dict[str, Any] = {}  # the arrays under the columns, by name
         self._domains: list[tuple[str, ...]] = []
@@ -470,6 +481,8 @@ class _Columns:
             ],
             "valid_from": [valid_from(r) for r in rows],
             "valid_to": ends,
+            "tasks": [r.source_task for r in rows],
+            "ids": [r.experience_id for r in rows],
         }
         if end > self._room:  # new arrays, twice as large (or this copy's own)
             room = max(end, 2 * self._room, 64)
@@ -548,6 +561,14 @@ class _Columns:
 
     def select(self, flt: ExperienceFilter) -> npt.NDArray[np.int64]:
         """The vec_ids of the rows that pass ``flt``."""
+        selected: npt.NDArray[np.int64] = self.vec_ids[self._keep(flt)]
+        return selected
+
+    def passing(self, flt: ExperienceFilter) -> list[UUID]:
+        """The ids of the rows that pass ``flt``."""
+        return list(self.ids[self._keep(flt)])
+
+    def _keep(self, flt: ExperienceFilter) -> npt.NDArray[np.bool_]:
         import numpy as np
 
         keep = self.alive.copy() if flt.include_archived else self.alive & ~self.archived
@@ -564,13 +585,14 @@ class _Columns:
             keep &= self.created_ms >= flt.since_ms
         if flt.experience_types is not None:
             keep &= np.isin(self.types, list(flt.experience_types))
+        if flt.source_task is not None:
+            keep &= self.tasks == flt.source_task
         if flt.domains is not None:
             any_of = np.zeros(len(self.vec_ids), dtype=bool)
             for name in flt.domains:
                 any_of |= self.domain(name)
             keep &= any_of
-        selected: npt.NDArray[np.int64] = self.vec_ids[keep]
-        return selected
+        return keep
 
 
 NO_END = 2**63 - 1  # the valid_to of what is still true (the largest int64)

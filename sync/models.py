@@ -607,6 +607,10 @@ class FilterIn(_Input):
     """Which experiences a search may return (every field optional)."""
 
     domains: Annotated[list[DomainTag], Field(min_length=1, max_length=DOMAIN_MAX)] | None = None
+    # only what was recorded for this task (its source_task, equal)
+    source_task: (
+        Annotated[str, StringConstraints(min_length=1, max_length=SOURCE_TASK_MAX)] | None
+    ) = None
     experience_types: (
         Annotated[
             list[

@@ -168,6 +168,7 @@ def given_filter(flt: Any) -> queries.ExperienceFilter:
     model = flt if isinstance(flt, models.FilterIn) else models.validated(models.FilterIn, **flt)
     return queries.ExperienceFilter(
         domains=tuple(model.domains) if model.domains is not None else None,
+        source_task=model.source_task,
         experience_types=(
             tuple(model.experience_types) if model.experience_types is not None else None
         ),

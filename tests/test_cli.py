@@ -191,7 +191,10 @@ def _every_operation(
         "--type",
         '{"kind": "Fact", "statement": "s", "source": "x"}',
     )
-    b = ok("record", "-c", cid, "NATS timeouts come from slow fsync", "--file", "ops/nats.conf")
+    b = ok("record", "-c", cid, "NATS timeouts come from slow fsync", "--file", "ops/nats.conf",
+           "--task", "debug the timeouts")  # fmt: skip
+    listed = js("list", "-c", "team", "--source-task", "debug the timeouts")
+    assert [e["experience_id"] for e in listed] == [b]
     assert js("get", a)["experience_type"] == {"kind": "Fact", "statement": "s", "source": "x"}
     ok("export", str(tmp_path / "export"))  # (in a process of its own: never through one)
     exported = (

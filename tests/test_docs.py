@@ -84,6 +84,7 @@ def test_every_named_example_is_run_by_a_test() -> None:
     run_here = {
         "quickstart-cli", "readme-quickstart", "http-curl", "python-log", "python-instance",
         "python-context", "two-owners", "as-of", "readme-python", "langgraph-two-hosts",
+        "langgraph-store",
     }  # fmt: skip
     run_elsewhere = {"snapshot-python"}  # tests/test_snapshot.py, against a running service
     assert set(documented()) == run_here | run_elsewhere
@@ -199,7 +200,9 @@ def test_the_context_example_gathers_the_lessons_relations_and_agents(tmp_path: 
     assert relations == "[('Elaborates', 0.9)]" and agents == "['agent-7']"
 
 
-@pytest.mark.parametrize("name", ["two-owners", "as-of", "readme-python", "langgraph-two-hosts"])
+@pytest.mark.parametrize(
+    "name", ["two-owners", "as-of", "readme-python", "langgraph-two-hosts", "langgraph-store"]
+)
 def test_the_python_example_prints_what_its_page_shows(name: str, tmp_path: Path) -> None:
     shown = example(name)
     assert shown.output is not None, f"{name}: the page shows no output"

@@ -111,7 +111,11 @@ async def test_a_search_after_a_write_finds_it_inline(tmp_path: Path) -> None:
 def recorded(cid: UUID, i: int, *, importance: float, valid_to: bool) -> list[ev.Event]:
     made = f.experience(cid, f"lesson {i}")
     made = ev.ExperienceRecorded(
-        **{**{k: getattr(made, k) for k in made.__struct_fields__}, "importance": importance}
+        **{
+            **{k: getattr(made, k) for k in made.__struct_fields__},
+            "importance": importance,
+            "source_task": f"task {i % 3}",
+        }
     )
     out: list[ev.Event] = [made]
     if valid_to:
@@ -141,6 +145,8 @@ FILTERS = [
     q.ExperienceFilter(min_importance=0.5),
     q.ExperienceFilter(include_invalid=True),
     q.ExperienceFilter(domains=("testing",)),
+    q.ExperienceFilter(source_task="task 1"),
+    q.ExperienceFilter(source_task="task 2", include_archived=True),
 ]
 
 
@@ -198,6 +204,14 @@ def test_columns_kept_up_to_date_select_what_a_fresh_build_does(
             for flt in FILTERS:
                 assert sorted(kept.select(flt).tolist()) == sorted(built.select(flt).tolist())
                 assert kept.invalid_any(flt) == built.invalid_any(flt)
+                if flt.source_task is not None:  # listed from the columns: as a row pass
+                    rows = [
+                        r.experience_id
+                        for r in p.memory.experiences_in_order(cid, newest_first=True)
+                        if q._passes(r, flt)
+                    ]
+                    listed = q.recent_experiences(p, cid, limit=1000, flt=flt)
+                    assert [e.experience_id for e in listed] == rows
         p.close()
 
 

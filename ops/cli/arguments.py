@@ -27,6 +27,12 @@ AN_EXPERIENCE = arg("experience_id", help="experience id")
 FILTER: tuple[Arg, ...] = (
     arg("--domain", dest="domain_filter", action="append", help="only these tags"),
     arg("--type", dest="type_filter", action="append", help="only these kinds"),
+    arg(
+        "--source-task",
+        dest="task_filter",
+        metavar="TASK",
+        help="only those recorded for this task (their source task, exactly)",
+    ),
     arg("--min-importance", type=float, help="only at least this important"),
     arg("--include-archived", action="store_true", help="archived ones too"),
     arg("--include-invalid", action="store_true", help="ones no longer true too (invalidated)"),
@@ -111,6 +117,8 @@ def search_filter(args: argparse.Namespace) -> dict[str, Any] | None:
         flt["domains"] = args.domain_filter
     if getattr(args, "type_filter", None):
         flt["experience_types"] = args.type_filter
+    if getattr(args, "task_filter", None) is not None:
+        flt["source_task"] = args.task_filter
     if getattr(args, "min_importance", None) is not None:
         flt["min_importance"] = args.min_importance
     if getattr(args, "include_archived", False):
