@@ -345,7 +345,8 @@ def recent_experiences(
     picked: list[Experience] = []
     skipped, validity = 0, flt.validity()
     if flt.source_task is not None:  # a task's rows, found in one pass of the columns
-        rows = [p.memory.live_experience(i) for i in _columns(p, collective_id).passing(flt)]
+        found = _columns(p, collective_id).of_task(flt.source_task)
+        rows = [p.memory.live_experience(i) for i in found]
         kept = [r for r in rows if r is not None and _passes(r, flt, validity)]
         kept.sort(key=lambda r: (r.created_hlc or 0, r.experience_id), reverse=newest_first)
         return [_experience(p, r) for r in kept[offset : offset + limit]]
@@ -375,7 +376,7 @@ class _Columns:
 
     COLUMNS = (
         "vec_ids", "alive", "importance", "confidence", "created_ms", "archived", "types",
-        "visibility", "author", "valid_from", "valid_to", "tasks", "ids",
+        "visibility", "author", "valid_from", "valid_to", "tasks", "task_hashes", "ids",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -402,8 +403,10 @@ class _Columns:
         self.authors: dict[tuple[str | None, str | None], int] = {}
         self.valid_from = np.zeros(0, dtype=np.int64)
         self.valid_to = np.zeros(0, dtype=np.int64)  # NO_END: still true
-        # each row's source_task and id (the rows a task's filter selects, in one pass)
+        # each row's source_task, its hash (this process's: compared as ints, then the
+        # few equal ones as text) and its id: the rows a task's filter selects
         self.tasks = np.zeros(0, dtype=object)
+        self.task_hashes = np.zeros(0, dtype=np.int64)
         self.ids = np.zeros(0, dtype=object)
         self.earliest_end: int | None = None  # of the live rows (NO_END: none); None: unknown
         self._full: dict[str, Any] = {}  # the arrays under the columns, by name
@@ -482,6 +485,7 @@ class _Columns:
             "valid_from": [valid_from(r) for r in rows],
             "valid_to": ends,
             "tasks": [r.source_task for r in rows],
+            "task_hashes": [hash(r.source_task) for r in rows],
             "ids": [r.experience_id for r in rows],
         }
         if end > self._room:  # new arrays, twice as large (or this copy's own)
@@ -564,9 +568,19 @@ class _Columns:
         selected: npt.NDArray[np.int64] = self.vec_ids[self._keep(flt)]
         return selected
 
-    def passing(self, flt: ExperienceFilter) -> list[UUID]:
-        """The ids of the rows that pass ``flt``."""
-        return list(self.ids[self._keep(flt)])
+    def of_task(self, source_task: str) -> list[UUID]:
+        """The ids of the live rows recorded for ``source_task``."""
+        return list(self.ids[self._task(source_task) & self.alive])
+
+    def _task(self, source_task: str) -> npt.NDArray[np.bool_]:
+        """Which rows were recorded for ``source_task``: their hashes compared, then the
+        text of the few whose hash is equal."""
+        import numpy as np
+
+        keep: npt.NDArray[np.bool_] = self.task_hashes == hash(source_task)
+        at = np.flatnonzero(keep)
+        keep[at] = self.tasks[at] == source_task
+        return keep
 
     def _keep(self, flt: ExperienceFilter) -> npt.NDArray[np.bool_]:
         import numpy as np
@@ -586,7 +600,7 @@ class _Columns:
         if flt.experience_types is not None:
             keep &= np.isin(self.types, list(flt.experience_types))
         if flt.source_task is not None:
-            keep &= self.tasks == flt.source_task
+            keep &= self._task(flt.source_task)
         if flt.domains is not None:
             any_of = np.zeros(len(self.vec_ids), dtype=bool)
             for name in flt.domains:

@@ -41,6 +41,7 @@ import contextlib
 import hashlib
 import json
 import random
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -401,6 +402,10 @@ NAMESPACE_TAG = "ns:"  # + a namespace's labels joined by "." (no label holds a 
 HASHED_TAG = "ns#"  # + the sha256 of that, when the tag would be longer than a tag may be
 POOL = K_MAX  # the most candidates one search of the collective ranks
 AT_ONCE = 16  # calls of one batch in flight at once
+# the puts and deletes in flight per instance, by address: (lock, holders)
+_WRITING: weakref.WeakKeyDictionary[Any, dict[str, tuple[asyncio.Lock, int]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class PulseStore(_OnLoop, BaseStore):
@@ -451,9 +456,10 @@ class PulseStore(_OnLoop, BaseStore):
         self.collective_id = UUID(str(collective_id))
         self.agent = agent
         self.energy_weight = energy_weight
-        # one put or delete of an address at a time from this store (another host's may
-        # still race it: see the class docstring); an entry goes with its last holder
-        self._writing: dict[str, tuple[asyncio.Lock, int]] = {}
+        # one put or delete of an address at a time from every store of this instance
+        # (another host's may still race it: see the class docstring); an entry goes
+        # with its last holder
+        self._writing = _WRITING.setdefault(self.db, {})
 
     # -- LangGraph's interface ------------------------------------------------------------
 
@@ -522,7 +528,7 @@ class PulseStore(_OnLoop, BaseStore):
             return []
         flt = {"domains": [_tag(prefix) if prefix else ITEM_TAG], "experience_types": ["Generic"]}
         wanted = op.offset + op.limit
-        found: dict[str, SearchItem] = {}  # by address: the newest of one (ranked first)
+        found: dict[str, tuple[int, SearchItem | None]] = {}  # by address (``_collect``)
         if op.query:
             pool = min(POOL, max(2 * wanted, wanted + 10))
             while True:
@@ -535,13 +541,12 @@ class PulseStore(_OnLoop, BaseStore):
                     if UNINDEXED_TAG in hit.experience.domain:
                         continue
                     self._collect(found, hit.experience, prefix, op.filter, hit.score)
-                if len(found) >= wanted or len(hits) < pool or pool >= POOL:
+                if _count(found) >= wanted or len(hits) < pool or pool >= POOL:
                     break
                 pool = min(POOL, 4 * pool)
-            ranked = list(found.values())
         else:
             offset = 0
-            while len(found) < wanted:
+            while _count(found) < wanted:
                 page = await self.db.get_recent_experiences(
                     self.collective_id, K_MAX, flt, offset=offset
                 )
@@ -550,7 +555,7 @@ class PulseStore(_OnLoop, BaseStore):
                 if len(page) < K_MAX:
                     break
                 offset += len(page)
-            ranked = list(found.values())
+        ranked = [item for _, item in found.values() if item is not None]
         return ranked[op.offset : wanted]
 
     async def _namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
@@ -588,20 +593,24 @@ class PulseStore(_OnLoop, BaseStore):
 
     def _collect(
         self,
-        found: dict[str, SearchItem],
+        found: dict[str, tuple[int, SearchItem | None]],
         experience: Any,
         prefix: tuple[str, ...],
         flt: dict[str, Any] | None,
         score: float | None,
     ) -> None:
+        """Add an experience's item to ``found`` (by address: its time, and the item or
+        None when it does not pass ``flt``) if it is an item under ``prefix``. Of two
+        values of one address (two hosts' puts at once), the newer is the item's, in the
+        place the first one seen took."""
         address = _parsed(experience)
         if address is None or address[0][: len(prefix)] != prefix:
             return
-        if experience.source_task in found:  # (an older value of one address: the newest
-            return  # comes first in both orders)
+        key, when = experience.source_task, experience.timestamp_ms
+        if key in found and found[key][0] >= when:
+            return  # (a newer value of this address was seen)
         item = _scored(experience, score)
-        if item is not None and _passes(item.value, flt):
-            found[experience.source_task] = item
+        found[key] = (when, item if item is not None and _passes(item.value, flt) else None)
 
     async def _forget(self, experience_id: UUID) -> None:
         try:
@@ -622,6 +631,10 @@ class PulseStore(_OnLoop, BaseStore):
                 del self._writing[address]
             else:
                 self._writing[address] = (lock, holders - 1)
+
+
+def _count(found: dict[str, tuple[int, SearchItem | None]]) -> int:
+    return sum(1 for _, item in found.values() if item is not None)
 
 
 def _check_put(op: PutOp) -> None:

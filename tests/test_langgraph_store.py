@@ -8,6 +8,7 @@ over HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from pathlib import Path
@@ -162,6 +163,60 @@ async def test_the_items_are_the_collectives_experiences(tmp_path: Path) -> None
         await db.delete_experience(listed[0].experience_id)  # Pulse forgets it: so does the store
         assert await store.aget(("users", "u1"), "drink") is None
         assert await store.alist_namespaces() == []
+    finally:
+        await db.close()
+
+
+async def test_puts_of_one_key_at_once_leave_one_item_the_last(tmp_path: Path) -> None:
+    """Concurrent puts of one key through two stores of one instance: one at a time, so
+    one experience is left, the last put's (without the instance's lock, each put would
+    keep its own value beside the others')."""
+    db = await PulseDB.open(tmp_path / "host")
+    try:
+        collective = await db.create_collective("me", "memories", embedder="hash")
+        first, second = PulseStore(db, collective), PulseStore(db, collective)
+        await first.aput(("users", "u1"), "mood", {"v": -1})
+        await asyncio.gather(
+            *(
+                (first if i % 2 else second).aput(("users", "u1"), "mood", {"v": i})
+                for i in range(6)
+            )
+        )
+        address = json.dumps([["users", "u1"], "mood"], separators=(",", ":"))
+        listed = await db.list_experiences(collective, flt={"source_task": address})
+        assert [json.loads(e.content) for e in listed] == [{"v": 5}]
+        got = await second.aget(("users", "u1"), "mood")
+        assert got is not None and got.value == {"v": 5}
+    finally:
+        await db.close()
+
+
+async def test_two_values_of_one_key_read_as_the_newer_until_a_put_leaves_one(
+    tmp_path: Path,
+) -> None:
+    """Two hosts' puts of one key at once can leave two values (each host's lock is its
+    own): every read answers the newer, wherever the older ranks, and the next put of
+    the key removes both."""
+    db = await PulseDB.open(tmp_path / "host")
+    try:
+        collective = await db.create_collective("me", "memories", embedder="hash")
+        store = PulseStore(db, collective)
+        address = json.dumps([["users", "u1"], "drink"], separators=(",", ":"))
+        for text in ("green tea, green tea, always green tea", "black coffee"):  # older first
+            await db.record_experience(
+                collective, json.dumps({"text": text}), source_task=address,
+                experience_type={"kind": "Generic", "category": "langgraph.store"},
+                domain=["langgraph.store", "ns:users", "ns:users.u1"],
+            )  # fmt: skip
+        newer = {"text": "black coffee"}
+        got = await store.aget(("users", "u1"), "drink")
+        assert got is not None and got.value == newer
+        assert [i.value for i in await store.asearch(("users",), query="green tea")] == [newer]
+        assert [i.value for i in await store.asearch(("users",))] == [newer]
+        assert await store.asearch(("users",), filter={"text": "green tea"}) == []
+        await store.aput(("users", "u1"), "drink", {"text": "water"})
+        listed = await db.list_experiences(collective, flt={"source_task": address})
+        assert [json.loads(e.content) for e in listed] == [{"text": "water"}]
     finally:
         await db.close()
 

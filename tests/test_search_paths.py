@@ -205,6 +205,11 @@ def test_columns_kept_up_to_date_select_what_a_fresh_build_does(
                 assert sorted(kept.select(flt).tolist()) == sorted(built.select(flt).tolist())
                 assert kept.invalid_any(flt) == built.invalid_any(flt)
                 if flt.source_task is not None:  # listed from the columns: as a row pass
+                    colliding = fresh_columns(p, cid)  # (every hash equal: the text decides)
+                    colliding.task_hashes[:] = hash(flt.source_task)
+                    assert sorted(colliding.select(flt).tolist()) == sorted(
+                        built.select(flt).tolist()
+                    )
                     rows = [
                         r.experience_id
                         for r in p.memory.experiences_in_order(cid, newest_first=True)

@@ -1,10 +1,13 @@
-"""Benchmark: ``PulseSaver`` beside LangGraph's own checkpointers (issue 30).
+"""Benchmark: ``PulseSaver`` and ``PulseStore`` beside LangGraph's own (issue 30).
 
     python -m ops.bench.langgraph [--checkpoints 100] [--rounds 5] [--steps 10]
+                                  [--items 10000] [--queries 300]
 
-Needs the ``langgraph`` extra and ``langgraph-checkpoint-sqlite`` (both in ``dev``).
-Three savers, the same calls, in the same run:
+Needs the ``langgraph`` extra, ``langgraph-checkpoint-sqlite`` and (for the SQLite
+store's vectors on a Python built without SQLite extensions) ``pysqlite3-binary``, all
+in ``dev``. In the same run:
 
+Three checkpointers, the same calls:
 - ``pulse``: ``sync.langgraph.PulseSaver`` on a ``PulseDB`` with its embedded NATS
   server (every write synced to disk before it is acknowledged, as Pulse always runs);
 - ``sqlite``: ``AsyncSqliteSaver`` on a database file (LangGraph's own durable saver:
@@ -16,9 +19,18 @@ checkpoints of a thread of ``--checkpoints``, one after the other, with their pe
 writes: a checkpoint of a chat-like state of a few KB, and two writes after it),
 ``get_latest`` (``aget_tuple`` of the thread, as many times), ``list`` (``alist`` of the
 whole thread) and ``graph`` (a graph of ``--steps`` nodes run end to end with
-``ainvoke``, a fresh thread each time). Figures: each one's p50 in ms, and the ratio
-pulse / sqlite (target <= 2) and pulse / memory. One JSON line a figure; a table on
-stderr.
+``ainvoke``, a fresh thread each time).
+
+Three stores, each embedding every item's value with Pulse's hash embedder (the
+collective's for ``pulse``, the same function as the index's ``embed`` for the others):
+``PulseStore`` on its own ``PulseDB``, LangGraph's ``AsyncSqliteStore`` (sqlite-vec) and
+``InMemoryStore``. ``store_put``: ``--items`` puts of new keys, a tenth at a time per
+store, in 100 namespaces; then ``--queries`` rounds, the stores taking turns, of
+``store_get`` (a key), ``store_search`` (a query of three words over every item, the
+best 10) and ``store_update`` (a put of a key the store holds).
+
+Figures: each one's p50 in ms, and the ratio pulse / sqlite (target <= 2) and pulse /
+memory. One JSON line a figure; a table on stderr.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import random
 import sys
 import tempfile
 import time
@@ -33,15 +46,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypedDict
 
+import aiosqlite
 import numpy as np
 from langgraph.checkpoint.base import BaseCheckpointSaver, empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import END, START, StateGraph
+from langgraph.store.base import BaseStore
+from langgraph.store.memory import InMemoryStore
+from langgraph.store.sqlite.aio import AsyncSqliteStore
 
 from ops.bench import emitter
-from sync import PulseDB
-from sync.langgraph import PulseSaver
+from sync import PulseDB, embedders
+from sync.langgraph import PulseSaver, PulseStore
 
 SAVERS = ("pulse", "sqlite", "memory")
 FIGURES = ("put", "get_latest", "list", "graph")
@@ -152,7 +169,106 @@ async def one_round(
     }
 
 
-async def run(checkpoints: int, rounds: int, steps: int) -> int:
+# -- the store: PulseStore beside LangGraph's own stores ------------------------------------
+
+STORES = ("pulse", "sqlite", "memory")
+STORE_FIGURES = ("store_put", "store_get", "store_search", "store_update")
+USERS = 100  # namespaces ("users", "u<n>") the items spread over
+
+
+def memory_text(rng: random.Random, i: int) -> dict[str, Any]:
+    """A memory of a chat agent: a dozen words of a 600-word vocabulary, and a number."""
+    words = " ".join(rng.choice(VOCABULARY) for _ in range(12))
+    return {"text": f"the user said {words}", "n": i % 10}
+
+
+VOCABULARY = [f"{a}{b}" for a in ("tea", "code", "night", "rain", "map", "song", "gym", "book",
+              "bike", "cat", "sun", "city", "lake", "fire", "jazz", "wine", "chess", "ski",
+              "yoga", "film") for b in ("", "s", "ing", "er", "ed", "y", "ish", "ful", "less",
+              "ward", "ly", "ness", "ist", "ism", "ic", "al", "ous", "ent", "ive", "ion",
+              "ary", "ory", "ure", "ade", "age", "ant", "ate", "dom", "ee", "hood")]  # fmt: skip
+DIMENSION = 384  # the hash embedder's own
+
+
+@contextlib.asynccontextmanager
+async def stores(root: Path) -> AsyncIterator[dict[str, BaseStore]]:
+    """The three stores, each embedding with Pulse's hash embedder (the collective's own
+    for ``pulse``; the same function as LangGraph's index for the others)."""
+    hashing = embedders.embedder("hash", DIMENSION)
+    index: Any = {"dims": DIMENSION, "fields": ["$"],
+                  "embed": lambda texts: hashing.embed_documents(list(texts)).tolist()}  # fmt: skip
+    db = await PulseDB.open(root / "pulse-store")
+    try:
+        collective = await db.create_collective("bench", "memories", embedder="hash")
+        async with aiosqlite.Connection(_extensible(root / "store.db"), 64) as connection:
+            lite = AsyncSqliteStore(connection, index=index)
+            await lite.setup()
+            yield {"pulse": PulseStore(db, collective), "sqlite": lite,
+                   "memory": InMemoryStore(index=index)}  # fmt: skip
+    finally:
+        await db.close()
+
+
+def _extensible(path: Path) -> Callable[[], Any]:
+    """A connector of a SQLite that loads extensions (LangGraph's store loads sqlite-vec):
+    Python's own when it can, else pysqlite3's (a Python built without them)."""
+    import sqlite3
+
+    module: Any = sqlite3
+    if not hasattr(sqlite3.Connection, "enable_load_extension"):
+        import pysqlite3.dbapi2 as module  # type: ignore[import-untyped,no-redef]
+
+    # (as AsyncSqliteStore.from_conn_string opens its own: autocommit)
+    return lambda: module.connect(str(path), isolation_level=None, check_same_thread=False)
+
+
+async def store_figures(items: int, queries: int) -> dict[tuple[str, str], list[float]]:
+    """Each store: ``items`` puts of new keys (one at a time, into USERS namespaces),
+    then ``queries`` rounds of a get, a search with a query over all of them, and a put
+    of a key it holds (an update), the stores taking turns."""
+    samples: dict[tuple[str, str], list[float]] = {}
+    rng = random.Random(7)
+    values = [memory_text(rng, i) for i in range(items)]
+    asked = [" ".join(rng.choice(VOCABULARY) for _ in range(3)) for _ in range(queries)]
+    held = {name: list(values) for name in STORES}  # each store's value of each key
+    with tempfile.TemporaryDirectory(prefix="pulse-bench-store-") as tmp:
+        async with stores(Path(tmp)) as by_name:
+            chunk = max(1, items // 10)
+            for start in range(0, items, chunk):  # (the stores take turns, a tenth each)
+                for name in STORES:
+                    store = by_name[name]
+                    for i in range(start, min(items, start + chunk)):
+                        began = time.perf_counter()
+                        await store.aput(("users", f"u{i % USERS}"), f"m{i}", values[i])
+                        samples.setdefault((name, "store_put"), []).append(
+                            time.perf_counter() - began
+                        )
+                progress(f"store: {min(items, start + chunk)}/{items} items in every store")
+            for r, text in enumerate(asked):
+                for name in STORES[r % 3 :] + STORES[: r % 3]:
+                    store = by_name[name]
+                    i = rng.randrange(items)
+                    began = time.perf_counter()
+                    got = await store.aget(("users", f"u{i % USERS}"), f"m{i}")
+                    samples.setdefault((name, "store_get"), []).append(time.perf_counter() - began)
+                    assert got is not None and got.value == held[name][i], (name, i)
+                    began = time.perf_counter()
+                    found = await store.asearch(("users",), query=text, limit=10)
+                    samples.setdefault((name, "store_search"), []).append(
+                        time.perf_counter() - began
+                    )
+                    assert len(found) == 10, (name, len(found))
+                    changed = {**values[i], "n": -1 - r}  # (a put of a key it holds: a new value)
+                    began = time.perf_counter()
+                    await store.aput(("users", f"u{i % USERS}"), f"m{i}", changed)
+                    samples.setdefault((name, "store_update"), []).append(
+                        time.perf_counter() - began
+                    )
+                    held[name][i] = changed
+    return samples
+
+
+async def run(checkpoints: int, rounds: int, steps: int, items: int, queries: int) -> int:
     samples: dict[tuple[str, str], list[float]] = {}
     graph = stepping_graph(steps)
     with tempfile.TemporaryDirectory(prefix="pulse-bench-langgraph-") as tmp:
@@ -166,8 +282,10 @@ async def run(checkpoints: int, rounds: int, steps: int) -> int:
                     for figure, took in found.items():
                         samples.setdefault((name, figure), []).extend(took)
                 progress(f"round {r + 1}/{rounds}")
+    if items:
+        samples.update(await store_figures(items, queries))
     rows = []
-    for figure in FIGURES:
+    for figure in FIGURES + (STORE_FIGURES if items else ()):
         p50 = {n: float(np.median(samples[(n, figure)])) * 1000 for n in SAVERS}
         vs_sqlite, vs_memory = p50["pulse"] / p50["sqlite"], p50["pulse"] / p50["memory"]
         emit(figure, **{f"{n}_p50_ms": round(p50[n], 3) for n in SAVERS},
@@ -192,11 +310,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="checkpoints of each thread (100)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=5, help="rounds of every saver (5)")
     parser.add_argument("--steps", type=int, default=10, help="nodes of the graph (10)")
+    parser.add_argument("--items", type=int, default=10_000,
+                        help="items put in each store (10,000; 0: no store figures)")  # fmt: skip
+    parser.add_argument("--queries", type=int, default=300,
+                        help="gets and searches of each store (300)")  # fmt: skip
     options = parser.parse_args(argv)
-    for name in ("checkpoints", "rounds", "steps"):
+    for name in ("checkpoints", "rounds", "steps", "queries"):
         if getattr(options, name) < 1:
             parser.error(f"--{name} must be at least 1")
-    return asyncio.run(run(options.checkpoints, options.rounds, options.steps))
+    if options.items != 0 and options.items < 10 * USERS:
+        parser.error(f"--items must be 0 or at least {10 * USERS:,}")
+    return asyncio.run(run(options.checkpoints, options.rounds, options.steps, options.items,
+                           options.queries))  # fmt: skip
 
 
 if __name__ == "__main__":
