@@ -30,7 +30,9 @@ store, in 100 namespaces; then ``--queries`` rounds, the stores taking turns, of
 best 10) and ``store_update`` (a put of a key the store holds).
 
 Figures: each one's p50 in ms, and the ratio pulse / sqlite (target <= 2) and pulse /
-memory. One JSON line a figure; a table on stderr.
+memory; for ``put``, also the log's own floor in the same rounds (``raw_log_p50_ms``: two
+acknowledged publishes of the same bytes to a stream of the same server, one after the
+other, and ``floor_vs_sqlite``). One JSON line a figure; a table on stderr.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 import aiosqlite
+import nats
 import numpy as np
 from langgraph.checkpoint.base import BaseCheckpointSaver, empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
@@ -55,7 +58,9 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.store.base import BaseStore
 from langgraph.store.memory import InMemoryStore
 from langgraph.store.sqlite.aio import AsyncSqliteStore
+from nats.js.api import StorageType
 
+from eventlog import EmbeddedNats
 from ops.bench import emitter
 from sync import PulseDB, embedders
 from sync.langgraph import PulseSaver, PulseStore
@@ -100,15 +105,43 @@ def stepping_graph(steps: int) -> StateGraph[Chat]:
 
 
 @contextlib.asynccontextmanager
-async def savers(root: Path) -> AsyncIterator[dict[str, BaseCheckpointSaver[Any]]]:
-    db = await PulseDB.open(root / "pulse")
+async def savers(root: Path) -> AsyncIterator[tuple[dict[str, BaseCheckpointSaver[Any]], str]]:
+    """The three savers, and the URL of the NATS server under Pulse's."""
+    with EmbeddedNats(root / "nats") as server:
+        db = await PulseDB.open(root / "pulse", server.url)
+        try:
+            collective = await db.create_collective("bench", "graphs", embedding_dimension=4)
+            async with AsyncSqliteSaver.from_conn_string(str(root / "sqlite.db")) as sqlite:
+                await sqlite.setup()
+                yield {"pulse": PulseSaver(db, collective), "sqlite": sqlite,
+                       "memory": InMemorySaver()}, server.url  # fmt: skip
+        finally:
+            await db.close()
+
+
+async def raw_puts(url: str, n: int) -> list[float]:
+    """The floor of a put on the log: two acknowledged publishes to a stream of the same
+    server (its own: no host folds it), of the sizes of a put's two events' payloads (a
+    checkpoint of ``chat_state`` and two writes, as the saver's serializer makes them),
+    one after the other as the saver's two writes are; each pair's latency."""
+    serde = InMemorySaver().serde
+    connection = await nats.connect(url)
     try:
-        collective = await db.create_collective("bench", "graphs", embedding_dimension=4)
-        async with AsyncSqliteSaver.from_conn_string(str(root / "sqlite.db")) as sqlite:
-            await sqlite.setup()
-            yield {"pulse": PulseSaver(db, collective), "sqlite": sqlite, "memory": InMemorySaver()}
+        js = connection.jetstream()
+        await js.add_stream(name="RAW_PUTS", subjects=["raw.puts"], storage=StorageType.FILE)
+        took = []
+        for i in range(n):
+            checkpoint = empty_checkpoint()
+            checkpoint["channel_values"] = chat_state(i)
+            first = serde.dumps_typed(checkpoint)[1]
+            second = b"".join(serde.dumps_typed(v)[1] for v in (["next"], i + 1))
+            started = time.perf_counter()
+            await js.publish("raw.puts", first)
+            await js.publish("raw.puts", second)
+            took.append(time.perf_counter() - started)
+        return took
     finally:
-        await db.close()
+        await connection.close()
 
 
 async def put_thread(saver: BaseCheckpointSaver[Any], thread: str, n: int) -> list[float]:
@@ -272,7 +305,7 @@ async def run(checkpoints: int, rounds: int, steps: int, items: int, queries: in
     samples: dict[tuple[str, str], list[float]] = {}
     graph = stepping_graph(steps)
     with tempfile.TemporaryDirectory(prefix="pulse-bench-langgraph-") as tmp:
-        async with savers(Path(tmp)) as by_name:
+        async with savers(Path(tmp)) as (by_name, url):
             compiled = {name: graph.compile(checkpointer=s) for name, s in by_name.items()}
             for r in range(rounds):
                 for name in SAVERS[r % 3 :] + SAVERS[: r % 3]:  # (each first in turn)
@@ -281,16 +314,24 @@ async def run(checkpoints: int, rounds: int, steps: int, items: int, queries: in
                     )
                     for figure, took in found.items():
                         samples.setdefault((name, figure), []).extend(took)
+                samples.setdefault(("raw", "put"), []).extend(await raw_puts(url, checkpoints))
                 progress(f"round {r + 1}/{rounds}")
     if items:
         samples.update(await store_figures(items, queries))
-    rows = []
+    rows, notes = [], []
     for figure in FIGURES + (STORE_FIGURES if items else ()):
         p50 = {n: float(np.median(samples[(n, figure)])) * 1000 for n in SAVERS}
         vs_sqlite, vs_memory = p50["pulse"] / p50["sqlite"], p50["pulse"] / p50["memory"]
+        floor: dict[str, Any] = {}
+        if ("raw", figure) in samples:  # (what the log alone takes: the floor of the figure)
+            raw = float(np.median(samples[("raw", figure)])) * 1000
+            floor = {"raw_log_p50_ms": round(raw, 3),
+                     "floor_vs_sqlite": round(raw / p50["sqlite"], 3)}  # fmt: skip
+            notes.append(f"{figure}: the log alone (two acknowledged publishes of its bytes) "
+                         f"{raw:.3f} ms, {raw / p50['sqlite']:.2f}x sqlite")  # fmt: skip
         emit(figure, **{f"{n}_p50_ms": round(p50[n], 3) for n in SAVERS},
              pulse_vs_sqlite=round(vs_sqlite, 3), target=TARGET, met=vs_sqlite <= TARGET,
-             pulse_vs_memory=round(vs_memory, 2),
+             pulse_vs_memory=round(vs_memory, 2), **floor,
              samples=len(samples[("pulse", figure)]))  # fmt: skip
         rows.append((figure, *(f"{p50[n]:.3f}" for n in SAVERS), f"{vs_sqlite:.2f}",
                      "ok" if vs_sqlite <= TARGET else "MISS"))  # fmt: skip
@@ -299,6 +340,8 @@ async def run(checkpoints: int, rounds: int, steps: int, items: int, queries: in
     for row in [header, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)),
               file=sys.stderr)  # fmt: skip
+    for note in notes:
+        print(note, file=sys.stderr)
     return 0
 
 
