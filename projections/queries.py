@@ -747,9 +747,11 @@ def hybrid_experiences(
     vector_weight: float = 1.0,
     text_weight: float = 1.0,
     rrf_k: int = 60,
+    weighing: Weighing | None = None,
 ) -> list[ScoredExperience]:
     """The vector and the BM25 rankings (``pool`` candidates each) fused by Reciprocal
-    Rank Fusion: score = sum over the rankings of weight / (rrf_k + rank)."""
+    Rank Fusion: score = sum over the rankings of weight / (rrf_k + rank); with a
+    ``weighing``, those it keeps, weighed (``weighed``)."""
     by_vector = similar_ids(p, collective_id, query, pool, flt)
     by_text = []
     if text.strip():  # (a viewer's: every visible candidate, ranked before the filter)
@@ -769,6 +771,8 @@ def hybrid_experiences(
             rows[experience_id] = row
             rank += 1
             fused[experience_id] = fused.get(experience_id, 0.0) + weight / (rrf_k + rank)
+    if weighing is not None:
+        return weighed(p, [(rows[i], score) for i, score in fused.items()], weighing)
     return [ScoredExperience(_experience(p, rows[i]), score) for i, score in fused.items()]
 
 
@@ -1193,9 +1197,55 @@ def energy_of(
     """``energy`` of one experience, in plain floats (numpy costs ~20x more per scalar,
     and this runs for every candidate of every search)."""
     last = e.last_reinforced_ms if e.last_reinforced_ms is not None else e.timestamp_ms
-    raised = 1.0 - (1.0 - e.importance) * math.pow(0.5, e.applications / boost_every)
-    age_days = max(0.0, now_ms - last) / DAY_MS
+    return _energy(e.importance, e.applications, last, now_ms, half_life_days, boost_every)
+
+
+def _energy(
+    importance: float,
+    applications: int,
+    last_ms: int,
+    now_ms: int,
+    half_life_days: float,
+    boost_every: float,
+) -> float:
+    raised = 1.0 - (1.0 - importance) * math.pow(0.5, applications / boost_every)
+    age_days = max(0.0, now_ms - last_ms) / DAY_MS
     return raised * math.pow(0.5, age_days / half_life_days)
+
+
+class Weighing(msgspec.Struct, frozen=True, kw_only=True):
+    """How a search orders its candidates, and how many it keeps (``sync.recall``):
+    score = relevance x (1 - weight + weight x energy), x ``shaky`` for an unstable
+    experience; the best ``k``."""
+
+    k: int
+    weight: float
+    shaky: float
+    now_ms: int
+    half_life_days: float = 30.0
+    boost_every: float = 5.0
+
+
+def weighed(
+    p: Projection, scored: list[tuple[ExperienceRow, float]], weighing: Weighing
+) -> list[ScoredExperience]:
+    """The best ``weighing.k`` of rows scored by relevance, weighed by energy, in the
+    order and with the scores ``sync.recall`` gives hits: only those kept are made into
+    answers (an answer, its embedding with it, costs more than its weighing)."""
+    w, out = weighing.weight, []
+    for row, relevance in scored:
+        applications, last_hlc = p.memory.applications_of(row.experience_id)
+        last = ev.hlc_millis(last_hlc if last_hlc is not None else row.created_hlc or 0)
+        importance = row.importance if row.importance is not None else 0.0
+        e = _energy(importance, applications, last, weighing.now_ms, weighing.half_life_days,
+                    weighing.boost_every)  # fmt: skip
+        shaky = weighing.shaky if unstable(row.invalidations) else 1.0
+        out.append((relevance * (1 - w + w * e) * shaky, relevance, e, row))
+    out.sort(key=lambda hit: -hit[0])  # (stable: ties keep the candidates' order)
+    return [
+        ScoredExperience(_experience(p, row), score, relevance, e)
+        for score, relevance, e, row in out[: weighing.k]
+    ]
 
 
 def cold_experiences(

@@ -166,12 +166,20 @@ class Recall:
         q: npt.NDArray[np.float32],
         flt: queries.ExperienceFilter,
     ) -> list[queries.ScoredExperience]:
-        hits = await self.reads.read(
+        return await self.reads.read(
             queries.hybrid_experiences, collective_id, spec.text or "", q,
             max(4 * spec.k, 50), flt, vector_weight=spec.vector_weight,
             text_weight=spec.text_weight, rrf_k=RRF_K,
+            weighing=self._weighing(spec.energy_weight, spec.k),
         )  # fmt: skip
-        return self._weighted(hits, spec.energy_weight, spec.k)
+
+    def _weighing(self, weight: float | None, k: int) -> queries.Weighing:
+        """``_weighted`` on the engine thread: only the hits kept are made answers."""
+        return queries.Weighing(
+            k=k, weight=self.settings.energy_weight if weight is None else weight,
+            shaky=self.settings.unstable_weight, now_ms=int(time.time() * 1000),
+            **self.settings.energy,
+        )  # fmt: skip
 
     @as_of_read
     async def list_cold_experiences(

@@ -7,6 +7,8 @@ from uuid import UUID
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eventlog import events as ev
 from eventlog.ids import uuid7
@@ -14,6 +16,7 @@ from eventlog.log import LogEntry
 from projections import queries as q
 from projections.projection import Projection, ProjectionSettings
 from tests import factories as f
+from tests.harness import by_profile
 
 
 def stamp(hlc_ms: int) -> dict[str, object]:
@@ -452,3 +455,81 @@ def test_reopening_a_saved_state_with_dead_letters_writes_nothing(world: World) 
     assert isinstance(row.embedding, bytes) and len(row.embedding) == 12  # still a dead letter
     assert q.get_experience(reopened, world.wrong_dim.experience_id) is None
     reopened.close()
+
+
+@settings(max_examples=by_profile(ci=15, dev=80), deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0, 1),  # importance
+            st.integers(0, 12),  # applications
+            st.integers(0, 4),  # invalidations (3 within a month: unstable)
+            st.integers(0, 90),  # days since it was recorded
+            st.integers(0, 90),  # days after that it was last reinforced (within those)
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+    st.floats(0, 1),
+    st.integers(1, 30),
+)
+def test_a_weighed_hybrid_search_keeps_what_weighing_every_answer_keeps(
+    tmp_path_factory: pytest.TempPathFactory,
+    made: list[tuple[float, int, int, int, int]],
+    weight: float,
+    k: int,
+) -> None:
+    """``hybrid_experiences`` with a ``Weighing`` (answers made for the k kept only) keeps
+    the hits, the order and the scores of every candidate made an answer and then
+    weighed by energy: relevance x (1 - w + w x energy), x shaky when unstable."""
+    now = 10**12 + 100 * 86_400_000
+    cid = uuid7()
+    events: list[ev.Event] = [
+        ev.CollectiveCreated(**stamp(now - 200 * 86_400_000), collective_id=cid, owner_id="o",
+                             name="main", embedding_dimension=4)  # type: ignore[arg-type]
+    ]  # fmt: skip
+    rng = np.random.default_rng(len(made))
+    for i, (importance, applications, invalidations, days, later) in enumerate(made):
+        at = now - days * 86_400_000 - i
+        recorded = record(cid, f"lesson {i} about retries", list(rng.random(4)), at=at,
+                          importance=importance)  # fmt: skip
+        events.append(recorded)
+        ids = {"experience_id": recorded.experience_id, "collective_id": cid}
+        if applications:  # (last reinforced ``later`` days after it was recorded)
+            when = at + min(later, days) * 86_400_000 + 1
+            reinforced = ev.ExperienceReinforced(**stamp(when), **ids, applications=applications)  # type: ignore[arg-type]
+            events.append(reinforced)
+        for j in range(invalidations):
+            events.append(
+                ev.ExperienceInvalidated(
+                    **stamp(at + 2 + j), **ids, reason="r", valid_to_ms=at + 2 + j
+                )
+            )  # type: ignore[arg-type]
+    p = Projection(tmp_path_factory.mktemp("weighed") / "state")
+    try:
+        p.apply([LogEntry(i, "s", e) for i, e in enumerate(events, 1)])
+        flt = q.ExperienceFilter(include_invalid=True)
+        query = [0.5, 0.5, 0.5, 0.5]
+        weighing = q.Weighing(k=k, weight=weight, shaky=0.5, now_ms=now,
+                              half_life_days=30.0, boost_every=5.0)  # fmt: skip
+        every = q.hybrid_experiences(p, cid, "retries", query, 50, flt)
+        kept = q.hybrid_experiences(p, cid, "retries", query, 50, flt, weighing=weighing)
+
+        def energy(e: q.Experience) -> float:  # (the rule, as the docs state it)
+            last = e.last_reinforced_ms or e.timestamp_ms
+            raised = 1 - (1 - e.importance) * 0.5 ** (e.applications / 5.0)
+            return raised * 0.5 ** (max(0, now - last) / 86_400_000 / 30.0)
+
+        expected = sorted(
+            (
+                (h.score * (1 - weight + weight * energy(h.experience))
+                 * (0.5 if h.experience.unstable else 1.0), n, h)
+                for n, h in enumerate(every)
+            ),
+            key=lambda t: (-t[0], t[1]),
+        )[:k]  # fmt: skip
+        assert [h.experience for h in kept] == [h.experience for _, _, h in expected]
+        assert [h.score for h in kept] == pytest.approx([s for s, _, _ in expected])
+        assert [h.relevance for h in kept] == [h.score for _, _, h in expected]
+    finally:
+        p.close()
