@@ -10,9 +10,11 @@ The collaborators themselves are objects of their own: replication
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -136,3 +138,24 @@ def check_limit(field: str, value: int) -> None:
 def check_text(field: str, value: str, limit: int) -> None:
     if not isinstance(value, str) or not 1 <= len(value) <= limit:
         raise ValidationError(f"{field}: must be 1..{limit} characters, got {value!r:.60}")
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+@contextlib.asynccontextmanager
+async def holding(locks: dict[K, tuple[asyncio.Lock, int]], key: K) -> AsyncIterator[None]:
+    """Hold the lock of ``key`` in ``locks``, one holder at a time. Its entry counts the
+    calls that hold or wait for it and goes with the last of them (taken and counted with
+    no await in between, so a waiter always finds the lock it waits for)."""
+    lock, users = locks.get(key) or (asyncio.Lock(), 0)
+    locks[key] = (lock, users + 1)
+    try:
+        async with lock:
+            yield
+    finally:
+        lock, users = locks[key]
+        if users == 1:
+            del locks[key]
+        else:
+            locks[key] = (lock, users - 1)

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import typing
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -33,6 +33,7 @@ from sync.core import (
     check_limit,
     check_vector,
     embed,
+    holding,
     uuid_of,
     vector_for,
 )
@@ -504,22 +505,9 @@ class Experiences:
                     self._own.popitem(last=False)
         return await self.reads.read(queries.total_applications, experience_id)
 
-    @contextlib.asynccontextmanager
-    async def _reinforcing(self, experience_id: UUID) -> AsyncIterator[None]:
-        """Hold the reinforcement lock of an experience. Its entry counts the calls that
-        hold or wait for it and goes with the last of them (taken and counted with no
-        await in between, so a waiter always finds the lock it waits for)."""
-        lock, users = self._reinforce_locks.get(experience_id) or (asyncio.Lock(), 0)
-        self._reinforce_locks[experience_id] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._reinforce_locks[experience_id]
-            if users == 1:
-                del self._reinforce_locks[experience_id]
-            else:
-                self._reinforce_locks[experience_id] = (lock, users - 1)
+    def _reinforcing(self, experience_id: UUID) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold the reinforcement lock of an experience (``sync.core.holding``)."""
+        return holding(self._reinforce_locks, experience_id)
 
 
 def _own_total(p: Projection, experience_id: UUID, instance_id: UUID) -> int:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import binascii
-import contextlib
 import hashlib
 import json
 import random
@@ -76,6 +75,7 @@ from langgraph.store.base import (
 
 from eventlog.errors import NotFoundError
 from eventlog.limits import CONTENT_MAX_BYTES, DOMAIN_MAX, DOMAIN_TAG_MAX, SOURCE_TASK_MAX
+from sync.core import holding
 from sync.models import K_MAX
 
 T = TypeVar("T")
@@ -508,7 +508,7 @@ class PulseStore(_OnLoop, BaseStore):
     async def _put(self, op: PutOp, content: str | None) -> None:
         namespace = tuple(op.namespace)
         address = _address(namespace, op.key)
-        async with self._holding(address):
+        async with holding(self._writing, address):
             old = await self._at(namespace, op.key)
             if content is not None:
                 tags = [ITEM_TAG, *(_tag(namespace[:n]) for n in range(1, len(namespace) + 1))]
@@ -617,20 +617,6 @@ class PulseStore(_OnLoop, BaseStore):
             await self.db.delete_experience(experience_id)
         except NotFoundError:
             pass  # (already deleted: by another host's put or delete of the same key)
-
-    @contextlib.asynccontextmanager
-    async def _holding(self, address: str) -> AsyncIterator[None]:
-        lock, holders = self._writing.get(address) or (asyncio.Lock(), 0)
-        self._writing[address] = (lock, holders + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, holders = self._writing[address]
-            if holders == 1:
-                del self._writing[address]
-            else:
-                self._writing[address] = (lock, holders - 1)
 
 
 def _count(found: dict[str, tuple[int, SearchItem | None]]) -> int:
