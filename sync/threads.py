@@ -27,8 +27,8 @@ its link is down, reads the same threads.
   makes another.
 
 ``put_checkpoint``, ``put_pending_writes``, ``get_checkpoint`` and ``list_checkpoints``
-are what a checkpointer needs (``pulse_langgraph``, the LangGraph saver, uses them and
-nothing else); ``copy_thread``, ``prune_threads``, ``delete_checkpoints_of_runs`` and
+are what a checkpointer needs (``sync.langgraph.PulseSaver``, the LangGraph saver, uses
+them and nothing else); ``copy_thread``, ``prune_threads``, ``delete_checkpoints_of_runs`` and
 ``delete_thread`` are its extended capabilities.
 """
 

@@ -79,7 +79,7 @@ import numpy.typing as npt
 from nats.js import JetStreamContext
 
 from eventlog.ids import uuid7
-from ops.bench import emitter
+from ops.bench import emitter, table
 from ops.bench import pg as peer
 from ops.bench.engine import Material, publish_all, raw_stream
 from ops.bench.service import OPERATOR, centers, fill, near, recorded, start_service, stop_service
@@ -641,13 +641,6 @@ def report_1(writers: int, latencies: dict[str, list[float]]) -> list[list[str]]
 
 
 # -- the run -----------------------------------------------------------------------------------
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in [header, *rows]]  # fmt: skip
-    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
 
 
 async def run(sizes: Sizes, m: int, ef_construction: int) -> int:

@@ -61,7 +61,7 @@ from langgraph.store.sqlite.aio import AsyncSqliteStore
 from nats.js.api import StorageType
 
 from eventlog import EmbeddedNats
-from ops.bench import emitter
+from ops.bench import emitter, table
 from sync import PulseDB, embedders
 from sync.langgraph import PulseSaver, PulseStore
 
@@ -336,10 +336,7 @@ async def run(checkpoints: int, rounds: int, steps: int, items: int, queries: in
         rows.append((figure, *(f"{p50[n]:.3f}" for n in SAVERS), f"{vs_sqlite:.2f}",
                      "ok" if vs_sqlite <= TARGET else "MISS"))  # fmt: skip
     header = ("figure", "pulse ms", "sqlite ms", "memory ms", "pulse/sqlite", "<= 2")
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)),
-              file=sys.stderr)  # fmt: skip
+    print(table(header, rows), file=sys.stderr)
     for note in notes:
         print(note, file=sys.stderr)
     return 0
