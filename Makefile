@@ -35,10 +35,18 @@ $(NODE_STAMP): tests/clients/package-lock.json
 	cd tests/clients && npm ci --no-audit --no-fund --loglevel=error
 	touch $(NODE_STAMP)
 
+# the console's browser tests (tests/test_console.py) drive Debian's Chromium; installed
+# once when the machine lacks it (as root, or with sudo). CHROMIUM=/path uses another.
+CHROMIUM ?= /usr/bin/chromium
+export CHROMIUM
+$(CHROMIUM):
+	@command -v apt-get >/dev/null || { echo "the console's tests need Chromium: install it, or set CHROMIUM=/path/to/chromium"; exit 1; }
+	$(if $(filter 0,$(shell id -u)),,sudo) sh -c 'apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium'
+
 run: $(STAMP)
 	$(VENV)/bin/pulse up
 
-test: $(STAMP) $(NODE_STAMP)
+test: $(STAMP) $(NODE_STAMP) $(CHROMIUM)
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # CPU seconds per test and per file, its servers included, in one process (the suite is

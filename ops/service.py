@@ -47,7 +47,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
-from ops import contract
+from ops import console, contract
 from ops.http import api, docs, health, metrics, watch
 from ops.http.errors import answer_errors
 from ops.http.guard import LOOPBACK, BodyLimit, Guard, origin_of
@@ -114,6 +114,7 @@ def create_app(
     app.include_router(health.router(db))
     app.include_router(metrics.router(db, counts))
     app.include_router(docs.router())
+    app.include_router(console.router())
     app.router.routes.extend([docs.assets(), *(mcp_routes or [])])
     answer_errors(app)
     app.openapi = functools.partial(contract.schema_of, app, operations)  # type: ignore[method-assign]

@@ -131,6 +131,7 @@ _DECLARED: dict[str, tuple[Scope, bool, str]] = {
     # -- the state as a whole
     "sql": ("read", False, "Run one read-only SQL query over the state."),
     "sync": ("read", False, "Wait until this host has applied everything the log holds now."),
+    "whoami": ("read", False, "Tell the caller who it is: owner, agent, scope and collectives."),
     # -- writes: collectives and experiences
     "create_collective": ("write", True, "Create a collective."),
     "record_experience": ("write", True, "Record what an agent learned."),

@@ -591,6 +591,7 @@ class PulseDB:
     create_token = Delegate("tokens", Tokens.create_token)
     list_tokens = Delegate("tokens", Tokens.list_tokens)
     revoke_token = Delegate("tokens", Tokens.revoke_token)
+    whoami = Delegate("tokens", Tokens.whoami)
 
     follow = Delegate("follower", Following.follow)
 

@@ -56,6 +56,17 @@ class NewToken(msgspec.Struct, frozen=True, kw_only=True):
     expires_ms: int | None
 
 
+class Caller(msgspec.Struct, frozen=True, kw_only=True):
+    """Who a call acts for, as ``whoami`` tells it."""
+
+    owner_id: str
+    agent_id: str | None
+    scope: str  # read, write or admin
+    collectives: tuple[UUID, ...]  # (): every collective of the owner (an admin's: all)
+    token_id: UUID | None  # None: the local operator (the data directory's secret)
+    operator: bool
+
+
 def _public(info: access.TokenInfo) -> Token:
     return Token(
         token_id=info.token_id, owner_id=info.owner_id, agent_id=info.agent_id,
@@ -185,6 +196,18 @@ class Tokens:
             for t in self.access.tokens.values()  # (by id, as the registry holds them)
             if (owner_id is None or t.owner_id == owner_id) and (include_revoked or not t.revoked)
         ]
+
+    async def whoami(self) -> Caller:
+        """Tell the caller who it is: the owner and agent it acts for, its scope, the
+        collectives its token is limited to, and whether it is the local operator. Any
+        credential may ask; a console or client reads it to offer only what the caller
+        may do (a read token is shown no write controls)."""
+        me = self.gate.me()
+        return Caller(
+            owner_id=me.owner, agent_id=me.agent, scope=me.scope,
+            collectives=tuple(sorted(me.collectives or ())), token_id=me.token_id,
+            operator=me.local,
+        )  # fmt: skip
 
     @idempotent
     async def revoke_token(self, token_id: UUID, *, idempotency_key: str | None = None) -> None:

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from eventlog.errors import Unauthorized, ValidationError
+from ops import console
 from ops.http.errors import internal_error, internal_response
 from ops.metrics import Metrics
 from sync.access import Principal
@@ -32,6 +33,8 @@ def route_of(path: str, routes: collections.abc.Container[str]) -> str:
     "other" (a label per unknown path would let any client grow the registry)."""
     if path in routes:
         return path
+    if console.public(path):
+        return console.PREFIX
     return path if path in KNOWN_ROUTES else "other"
 
 
@@ -181,9 +184,10 @@ class Guard:
         await self.app(scope, receive, send)
 
     def _public(self, path: str) -> bool:
-        """Paths that answer without a credential: /health (up or down), and the contract
-        unless private."""
-        if path == "/health":
+        """Paths that answer without a credential: /health (up or down), the console's
+        pages (``ops.console``: they hold no data, and ask for a token in the browser),
+        and the contract unless private."""
+        if path == "/health" or console.public(path):
             return True
         return not self.private_docs and (path in DOCS_PATHS or path.startswith("/docs/"))
 
