@@ -13,7 +13,17 @@ import itertools
 import math
 import time
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Sequence, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Literal,
+    Sequence,
+    TypeVar,
+)
 from uuid import UUID
 
 import msgspec
@@ -377,6 +387,7 @@ class _Columns:
     COLUMNS = (
         "vec_ids", "alive", "importance", "confidence", "created_ms", "archived", "types",
         "visibility", "author", "valid_from", "valid_to", "tasks", "task_hashes", "ids",
+        "invalidations", "unstable",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -408,6 +419,10 @@ class _Columns:
         self.tasks = np.zeros(0, dtype=object)
         self.task_hashes = np.zeros(0, dtype=np.int64)
         self.ids = np.zeros(0, dtype=object)
+        # what a collective's stats count (``collective_stats``): each row's invalidations,
+        # and whether they make it unstable
+        self.invalidations = np.zeros(0, dtype=np.int32)
+        self.unstable = np.zeros(0, dtype=bool)
         self.earliest_end: int | None = None  # of the live rows (NO_END: none); None: unknown
         self._full: dict[str, Any] = {}  # the arrays under the columns, by name
         self._domains: list[tuple[str, ...]] = []
@@ -487,6 +502,8 @@ class _Columns:
             "tasks": [r.source_task for r in rows],
             "task_hashes": [hash(r.source_task) for r in rows],
             "ids": [r.experience_id for r in rows],
+            "invalidations": [len(r.invalidations or ()) for r in rows],
+            "unstable": [unstable(r.invalidations) for r in rows],
         }
         if end > self._room:  # new arrays, twice as large (or this copy's own)
             room = max(end, 2 * self._room, 64)
@@ -621,6 +638,7 @@ def _columns(p: Projection | Past, collective_id: UUID) -> _Columns:
     columns: _Columns | None = p.caches.get(key)
     if columns is None:
         columns = p.caches[key] = _Columns()
+    p.sync_indexes()  # (a live row has its vector id once indexed: the columns want it)
     columns.refresh(p, collective_id)
     return columns
 
@@ -972,6 +990,8 @@ def collective_stats(
 ) -> CollectiveStats | None:
     """Counts of a collective; with a ``viewer``, of what it may see only (and no dead
     letters: they are for admins)."""
+    import numpy as np
+
     memory = p.memory
     if memory.live_collective(collective_id) is None:
         return None
@@ -981,8 +1001,18 @@ def collective_stats(
             return list(rows)
         return [r for r in rows if viewer.sees(r.visibility, r.author_owner, r.author_agent)]
 
-    experiences = seen(memory.live_experiences_of(collective_id))
-    now = ExperienceFilter(at_ms=at_ms).validity()  # ("invalid": no longer true then)
+    # the experiences, counted on the collective's filter columns (a pass over 100,000
+    # rows in Python took 0.7 s of the engine's thread; these are a few vector sums)
+    columns = _columns(p, collective_id)
+    keep = columns.alive.copy()
+    if viewer is not None:
+        keep &= columns.visible(viewer)
+    valid = columns._valid(ExperienceFilter(at_ms=at_ms).validity())  # ("invalid": then)
+    applications = 0
+    for experience_id, named in memory.counters:  # (the reinforced ones only)
+        at = columns.index_of.get(experience_id) if named == collective_id else None
+        if at is not None and keep[at]:
+            applications += memory.applications_of(experience_id)[0]
     relations = seen(memory.live_relations_of(collective_id))
     if viewer is not None:  # a relation shows with both of its ends only
         relations = [
@@ -992,16 +1022,27 @@ def collective_stats(
         ]  # fmt: skip
     return CollectiveStats(
         collective_id=collective_id,
-        experiences=len(experiences),
-        archived=sum(1 for e in experiences if e.archived),
+        experiences=int(np.count_nonzero(keep)),
+        archived=int(np.count_nonzero(keep & columns.archived)),
         relations=len(relations),
         insights=len(seen(memory.live_insights_of(collective_id))),
-        applications=sum(memory.applications_of(e.experience_id)[0] for e in experiences),
+        applications=applications,
         dead_letters=len(dead_letters(p, collective_id)) if viewer is None else 0,
-        invalid=sum(1 for e in experiences if not _valid(e, now)),
-        invalidations=sum(len(e.invalidations or ()) for e in experiences),
-        unstable=sum(1 for e in experiences if unstable(e.invalidations)),
+        invalid=0 if valid is None else int(np.count_nonzero(keep & ~valid)),
+        invalidations=int(columns.invalidations[keep].sum()),
+        unstable=int(np.count_nonzero(keep & columns.unstable)),
     )
+
+
+def _unsettled(p: Projection, collective_id: UUID, members: Collection[UUID]) -> Collection[UUID]:
+    """The experiences of a collective (``members``) that may be dead letters: none when
+    its filter columns count every one live (a pass over 100,000 rows took 0.2 s)."""
+    import numpy as np
+
+    if p.memory.live_collective(collective_id) is None:
+        return members
+    live = int(np.count_nonzero(_columns(p, collective_id).alive))
+    return () if len(members) == live else members
 
 
 def dead_letters(p: Projection, collective_id: UUID | None = None) -> list[DeadLetter]:
@@ -1016,7 +1057,11 @@ def dead_letters(p: Projection, collective_id: UUID | None = None) -> list[DeadL
     )
     for entity, table, members, problem in checks:
         rows: Iterable[Any] = table.values()
-        if collective_id is not None:
+        if entity == "experience":  # (a row of no collective has no create event)
+            ids = ((cid, i) for cid in ([collective_id] if collective_id else list(members))
+                   for i in _unsettled(p, cid, members.get(cid, ())))  # fmt: skip
+            rows = (table[(i,)] for _, i in ids if (i,) in table)
+        elif collective_id is not None:
             rows = (table[(i,)] for i in members.get(collective_id, ()) if (i,) in table)
         for row in rows:
             if row.create_event is None or row.deleted:

@@ -610,6 +610,17 @@ def no_seq(_: World, __: dict[str, Any], answer: Any) -> None:
     assert answer == 0
 
 
+def caller(owner: str, scope: str, limited: bool = False) -> Check:
+    """``whoami``'s answer: the asking principal itself, and nothing of another."""
+
+    def check(w: World, _: dict[str, Any], answer: Any) -> None:
+        assert (answer["owner_id"], answer["scope"], answer["operator"]) == (owner, scope, False)
+        assert answer["token_id"] is not None and answer["agent_id"] is None
+        assert answer["collectives"] == ([w.ids["other"]] if limited else [])
+
+    return check
+
+
 def new_token(w: World, args: dict[str, Any], answer: Any) -> None:
     assert answer["token"].startswith("pulse_") and answer["owner_id"] == args["owner_id"]
     assert answer["scope"] == args["scope"]
@@ -1216,6 +1227,15 @@ CASES: dict[str, Case] = {
     # sequence counts what others wrote: 0 but for admins; a digest hashes every row)
     "sync": Case(static(lambda c: {}), {"bob": no_seq, "reader": no_seq}, no_seq),
     "sync:admin": Case(static(lambda c: {}), {}, a_seq, who="admin"),
+    "whoami": Case(  # every principal, told of itself only
+        static(lambda c: {}),
+        {
+            "bob": caller("bob", "write"),
+            "reader": caller("alice", "read"),
+            "limited": caller("alice", "write", limited=True),
+        },
+        caller("alice", "write"),
+    ),  # fmt: skip
     "sql": Case(  # the views, holding what the principal may see
         static(lambda c: {"query": "SELECT experience_id FROM experiences"}),
         {

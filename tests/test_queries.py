@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -533,3 +535,76 @@ def test_a_weighed_hybrid_search_keeps_what_weighing_every_answer_keeps(
         assert [h.relevance for h in kept] == [h.score for _, _, h in expected]
     finally:
         p.close()
+
+
+@settings(max_examples=by_profile(40, 120), deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["record", "archive", "unarchive", "invalidate", "invalidate", "revalidate",
+                             "reinforce", "delete"]),
+            st.integers(0, 2),  # which (few: some are changed often enough to be unstable)
+            st.sampled_from(["team", "private", "org"]),
+        ),
+        min_size=1, max_size=30,
+    ),
+    batch=st.integers(1, 6),
+)  # fmt: skip
+def test_the_stats_count_what_a_pass_over_the_rows_counts(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, int, str]], batch: int
+) -> None:
+    """``collective_stats`` counts on the collective's filter columns, kept up to date
+    change by change; after any history, in batches of any size, it says what a plain
+    pass over the live rows says, for an admin and for a member and a stranger."""
+    from eventlog.access import Viewer
+
+    p = Projection(tmp_path_factory.mktemp("stats") / "state")
+    cid = uuid7()
+    events: list[ev.Event] = [ev.CollectiveCreated(
+        **stamp(1), collective_id=cid, owner_id="o", name="c", embedding_dimension=4,  # type: ignore[arg-type]
+    )]  # fmt: skip
+    made: list[UUID] = []
+    for at, (step, which, visibility) in enumerate(steps, start=10):
+        if step == "record" or not made:
+            e = record(cid, f"r{at}", [1.0, float(at), 0.0, 0.5], at=at)
+            events.append(msgspec.structs.replace(e, visibility=visibility))
+            made.append(e.experience_id)
+        else:
+            events.append(change(step, made[which % len(made)], cid, at))
+    viewers = [None, Viewer(True, "o", "agent-9"), Viewer(False, "x", None)]
+    for start in range(0, len(events), batch):
+        chunk = events[start : start + batch]
+        p.apply([LogEntry(start + i + 1, "s", e) for i, e in enumerate(chunk)])
+        for viewer in viewers:
+            found = q.collective_stats(p, cid, viewer)
+            assert found is not None
+            rows = [r for r in p.memory.live_experiences_of(cid)
+                    if viewer is None or viewer.sees(r.visibility, r.author_owner, r.author_agent)]  # fmt: skip
+            now = q.ExperienceFilter().validity()
+            assert (found.experiences, found.archived) == (len(rows), sum(r.archived for r in rows))
+            assert found.applications == sum(
+                p.memory.applications_of(r.experience_id)[0] for r in rows
+            )
+            assert found.invalid == sum(not q._valid(r, now) for r in rows)
+            assert found.invalidations == sum(len(r.invalidations or ()) for r in rows)
+            assert found.unstable == sum(q.unstable(r.invalidations) for r in rows)
+            if viewer is None:
+                assert found.dead_letters == len(
+                    [d for d in q.dead_letters(p) if d.collective_id == cid]
+                )
+    p.close()
+
+
+def change(step: str, eid: UUID, cid: UUID, at: int) -> ev.Event:
+    """One change of an experience, at ``at`` ms."""
+    common: dict[str, Any] = {**stamp(at), "experience_id": eid, "collective_id": cid}
+    if step == "archive":
+        return ev.ExperienceArchived(**common)
+    if step == "unarchive":
+        return ev.ExperienceUnarchived(**common)
+    if step in ("invalidate", "revalidate"):
+        end = at if step == "invalidate" else None
+        return ev.ExperienceInvalidated(**common, reason=step, valid_to_ms=end)
+    if step == "reinforce":
+        return ev.ExperienceReinforced(**common, applications=at)
+    return ev.ExperienceDeleted(**common)

@@ -751,6 +751,7 @@ function drawGraph(container, list, center, items) {
     if (expanded.has(id)) return;
     expanded.add(id);
     container.dataset.state = "expanding";
+    const started = performance.now();
     try {
       const more = await api("get_related_experiences", past({ experience_id: id, limit: 100 }));
       addRelations(more.items);
@@ -758,6 +759,7 @@ function drawGraph(container, list, center, items) {
       const button = rows.get(id) && rows.get(id).querySelector("button");
       if (button) { button.disabled = true; button.textContent = "expanded"; }
       layout();
+      container.dataset.took = (performance.now() - started).toFixed(1);
     } finally {
       container.dataset.state = "ready";
     }
