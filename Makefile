@@ -59,7 +59,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-bench: $(STAMP)
+bench: $(STAMP) $(CHROMIUM)
 	$(VENV)/bin/python -m ops.bench.log_throughput
 	$(VENV)/bin/python -m ops.bench.projection
 	$(VENV)/bin/python -m ops.bench.sync
@@ -72,6 +72,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m ops.bench.cli_start
 	$(VENV)/bin/python -m ops.bench.languages
 	$(VENV)/bin/python -m ops.bench.langgraph
+	$(VENV)/bin/python -m ops.bench.console
 	$(MAKE) bench-edges
 
 # issue 28's key ratios (write tail, HTTP tax, writes against the raw log) in under 45 s,

@@ -7,6 +7,9 @@ Policy violation, and the token in no URL the browser asked for."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,7 +22,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from ops.console import CONTENT_SECURITY_POLICY
 from ops.console.browser import launch
-from tests.harness import Service, start, stop
+from tests.harness import Service, clean_env, start, stop
 
 # every page a test opens records what would break the console's promises
 WATCH_PAGE = """
@@ -406,3 +409,22 @@ def test_an_admin_sees_the_host_and_makes_and_revokes_a_token(up: Service, conso
     erin.page.reload()  # a revoked token is signed out
     erin.page.wait_for_selector("#sign-in:not([hidden])")
     tab.check()
+
+
+def test_the_benchmark_measures_every_page_beside_its_api_calls() -> None:
+    """``ops.bench.console``, run small: a figure for every page, the page's and its API
+    calls' (the 100,000-experience run is in docs/benchmarks.md)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "ops.bench.console", "--n", "500", "--rounds", "2"],
+        capture_output=True, text=True, timeout=300, env=clean_env(),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    figures = {f["figure"]: f for f in map(json.loads, run.stdout.splitlines())}
+    assert set(figures) == {
+        "collectives", "collective", "recall: both", "recall: meaning", "recall: words",
+        "recall: context", "experience", "experience: expand", "hosts",
+    }  # fmt: skip
+    for figure in figures.values():
+        assert figure["page_p50_ms"] > 0 and figure["api_p50_ms"] > 0, figure
+        assert figure["experiences"] == 500 and figure["target_ms"] == 200
+    assert "page/API" in run.stderr

@@ -251,6 +251,8 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
                     "/leaf-credentials.json)"
                 )
             print(f"  HTTP     {url}  (API /v1, OpenAPI {url}/docs, MCP {url}/mcp)")
+            print(f"  console  {url}/ui  (in a browser: sign in with an access token or the "
+                  "operator secret below)")  # fmt: skip
             print(
                 f"  access   a credential on every request; as the operator: curl -H "
                 f'"Authorization: Bearer $(cat {secret_file(args.data_dir)})" {url}/health'

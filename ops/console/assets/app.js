@@ -20,6 +20,7 @@ const state = {
   earliest: null,    // the slider's left end (ms): the oldest collective seen
   renders: 0,        // the latest render's number: an older one's answer is dropped
   stops: [],         // what to stop when the page changes (the live stream, timers)
+  path: null,        // the route shown (without its query)
 };
 const $ = (id) => document.getElementById(id);
 const main = $("main");
@@ -182,6 +183,9 @@ async function render() {
     const shown = await page(parts[1], query);
     if (number !== state.renders) return;
     main.replaceChildren(shown.node || shown);
+    const path = parts.join("/");
+    if (path !== state.path) window.scrollTo(0, 0);  // (a new page; a new moment stays put)
+    state.path = path;
     sizeBars(main);
     if (shown.mounted) await shown.mounted();
     if (number !== state.renders) return;
@@ -560,7 +564,8 @@ async function recall(collective_id, q, mode, query) {
   const took = performance.now() - started;
   const rank = (list, e) => {
     const at = list ? list.findIndex((x) => x.experience.experience_id === e.experience_id) : -1;
-    return at < 0 ? `beyond ${k}` : `#${at + 1}`;
+    if (at >= 0) return `#${at + 1}`;
+    return list && list.length < k ? "no match" : `beyond ${k}`;
   };
   const why = (hit) => {
     const factor = hit.relevance > 0 ? hit.score / hit.relevance : 1;
@@ -718,7 +723,7 @@ function drawGraph(container, list, center, items) {
     minZoom: 0.2,
     maxZoom: 1.5,
     style: [
-      { selector: "node", style: { "label": "data(label)", "font-size": 10, "text-wrap": "wrap", "text-max-width": 140, "background-color": "#7d93c9", "width": 18, "height": 18, "color": "#1d2430" } },
+      { selector: "node", style: { "label": "data(label)", "font-size": 10, "text-wrap": "wrap", "text-max-width": 160, "text-valign": "bottom", "text-margin-y": 4, "background-color": "#7d93c9", "width": 18, "height": 18, "color": "#1d2430" } },
       { selector: "node.center", style: { "background-color": "#2457c5", "width": 26, "height": 26, "font-weight": "bold" } },
       { selector: "node.expanded", style: { "border-width": 2, "border-color": "#1d7a3a" } },
       { selector: "edge", style: { "label": "data(label)", "font-size": 9, "curve-style": "bezier", "target-arrow-shape": "triangle", "width": "data(width)", "line-color": "#a9b6d3", "target-arrow-color": "#a9b6d3", "color": "#5d6776" } },
@@ -743,7 +748,10 @@ function drawGraph(container, list, center, items) {
     }
   };
   const layout = () => {
-    cy.layout({ name: "cose", animate: false, randomize: false, fit: true, padding: 30, nodeRepulsion: () => 9000, idealEdgeLength: () => 90 }).run();
+    // rings around the experience: its neighbours on the first, theirs on the next
+    const depth = new Map();
+    cy.elements().bfs({ roots: cy.getElementById(center.experience_id), directed: false, visit: (node, edge, previous, i, level) => { depth.set(node.id(), level); } });
+    cy.layout({ name: "concentric", concentric: (node) => 100 - (depth.get(node.id()) ?? 99), levelWidth: () => 1, minNodeSpacing: 70, startAngle: 3.5 * Math.PI / 2, animate: false, fit: true, padding: 40 }).run();
     container.dataset.nodes = String(cy.nodes().length);
     container.dataset.edges = String(cy.edges().length);
   };
