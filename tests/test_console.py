@@ -324,6 +324,13 @@ def test_an_experience_recorded_through_the_api_appears_live(up: Service, consol
     tab.page.wait_for_selector(
         f"#feed li[data-experience='{eid}'] >> text=Arrived while the console"
     )
+    # the form records too, with the visibility chosen
+    tab.page.fill("#record-form textarea[name=content]", "Recorded from the console's form")
+    tab.page.select_option("#record-form select[name=visibility]", "private")
+    tab.page.click("#record-form button[type=submit]")
+    made = tab.page.wait_for_selector("#recorded a").inner_text()
+    assert call(up, "get_experience", experience_id=made)["visibility"] == "private"
+    tab.page.wait_for_selector(f"#feed li[data-experience='{made}']")
     # and a presence change shows without a reload too
     call(
         up,
@@ -374,6 +381,14 @@ def test_another_owners_read_token_sees_no_private_memory_and_no_write_control(
     assert tab.page.locator("#graph").get_attribute("data-nodes") == "1"
     tab.open(f"/e/{secret}")
     assert "does not exist, or this token may not see it" in tab.text()
+    # live: what carol records arrives in dave's feed only if dave may see it
+    tab.open(f"/c/{cid}")
+    tab.page.wait_for_selector("#feed[data-live=open]", state="attached")
+    hidden = record(up, cid, "carol's second private note: 0420 again", carol, visibility="private")
+    shown = record(up, cid, "an org-wide note: lunch at noon", carol, visibility="org")
+    tab.page.wait_for_selector(f"#feed li[data-experience='{shown}']")
+    assert tab.page.locator(f"#feed li[data-experience='{hidden}']").count() == 0
+    assert "0420" not in tab.text()
     # carol's own write token sees her note and may act on it
     own = console(carol)
     own.open(f"/e/{secret}")

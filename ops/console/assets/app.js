@@ -192,7 +192,7 @@ async function render() {
     main.dataset.took = (performance.now() - started).toFixed(1);
     main.dataset.state = "ready";
   } catch (error) {
-    if (number !== state.renders) return;
+    if (number !== state.renders || !state.me) return;  // (a refused token: signed out)
     main.replaceChildren(card("Could not show this page", h("p", { class: "error", role: "alert" }, error.message)));
     main.dataset.state = "error";
     if (!(error instanceof ApiError)) console.error(error);
@@ -407,6 +407,10 @@ function recordForm(collective_id) {
     h("label", null, "content", h("textarea", { name: "content", rows: 3, required: true, maxlength: 102400 })),
     h("label", null, "domain tags (comma-separated)", h("input", { name: "domain" })),
     h("label", null, "importance (0..1)", h("input", { name: "importance", type: "number", min: 0, max: 1, step: 0.05, value: 0.5 })),
+    h("label", null, "visible to", h("select", { name: "visibility" },
+      h("option", { value: "team", selected: true }, "the collective's members (team)"),
+      h("option", { value: "private" }, "its author only (private)"),
+      h("option", { value: "org" }, "everyone in the deployment (org)"))),
     h("div", null, h("button", { class: "primary", type: "submit" }, "Record")), result);
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -415,6 +419,7 @@ function recordForm(collective_id) {
     try {
       const id = await api("record_experience", {
         collective_id, content: String(data.get("content")), importance: Number(data.get("importance")),
+        visibility: String(data.get("visibility")),
         ...(domain.length ? { domain } : {}),
       });
       result.className = "good";
@@ -431,6 +436,7 @@ function recordForm(collective_id) {
 async function arrived(change, collective_id, feed) {
   if (change.collective_id !== collective_id) return;
   const e = await maybe("get_experience", { experience_id: change.experience_id });
+  if (!e && change.kind !== "deleted") return;  // (gone already, or not the caller's to see)
   const item = h("li", { dataset: { experience: change.experience_id, kind: change.kind } },
     h("span", { class: "tag" }, change.kind), " ",
     e ? experienceLink(e) : h("span", { class: "muted" }, change.experience_id),
