@@ -114,6 +114,7 @@ def console(up: Service, browser: Browser) -> Iterator[Any]:
             ),
         )
         page.on("response", lambda r: r.status >= 500 and tab.failed.append(f"{r.status} {r.url}"))
+        page.on("dialog", lambda dialog: dialog.accept())  # (a revocation asks first)
         page.goto(f"{up.url}/")  # (redirected to /ui/)
         page.wait_for_selector("#sign-in:not([hidden])")
         page.fill("#token", tab.token)
@@ -214,7 +215,11 @@ def test_search_in_each_mode_and_open_a_hit(up: Service, console: Any) -> None:
         why = tab.page.inner_text(f"tr[data-hit='{hit}'] .why") if mode != "context" else ""
         if mode == "both":
             assert "meaning #1" in why and "words #1" in why and "energy" in why
-    # filters: a type the hit is not, then a domain it has
+    # filters: a type none is, then theirs; a domain none has, then the hit's
+    tab.open(f"/recall/{cid}?q=publishes&mode=words&types=Fact")
+    assert tab.page.locator("tr[data-hit]").count() == 0
+    tab.open(f"/recall/{cid}?q=publishes&mode=words&types=Generic,Fact")
+    assert tab.page.locator("tr[data-hit]").count() == 2
     tab.open(f"/recall/{cid}?q=publishes&mode=words&domains=billing")
     assert tab.page.locator("tr[data-hit]").count() == 0
     tab.open(f"/recall/{cid}?q=publishes&mode=words&domains=nats&min_importance=0.5")
@@ -295,6 +300,21 @@ def test_the_time_slider_shows_the_text_before_an_update(up: Service, console: A
     assert tab.page.inner_text("[data-field=domain]") == "v1"
     assert "open-ended" in tab.page.inner_text("[data-field=validity]")
     assert tab.page.is_visible("#past") and tab.page.locator("#write-controls").count() == 0
+    # the navigation keeps the moment, and every page reads as of it
+    at = tab.page.url.split("at=")[1]
+    tab.page.click("nav a[data-nav=collectives]")
+    tab.page.wait_for_url(f"**/ui/#/?at={at}")
+    tab.ready()
+    tab.open(f"/c/{cid}?at={at}")
+    assert "The billing service" in tab.page.inner_text("#recent")
+    assert tab.page.locator("#feed, #record-form").count() == 0  # (the present's only)
+    tab.open(f"/recall/{cid}?q=billing&mode=words&domains=v1&invalid=1&at={at}")
+    assert tab.page.locator(f"tr[data-hit='{eid}']").count() == 1
+    tab.open(f"/recall/{cid}?q=billing&mode=words&domains=v1&invalid=1")
+    assert tab.page.locator(f"tr[data-hit='{eid}']").count() == 0  # (v2 now)
+    tab.open(f"/hosts?at={at}")
+    assert tab.page.locator("#token-form, button[data-revoke]").count() == 0
+    tab.open(f"/e/{eid}?at={at}")
     # the slider at its left end (the collective's creation): the experience was not yet
     tab.page.eval_on_selector(
         "#at-slider", "s => { s.value = '0'; s.dispatchEvent(new Event('change')); }"
@@ -340,6 +360,11 @@ def test_an_experience_recorded_through_the_api_appears_live(up: Service, consol
         task_description="wiring it up",
     )
     tab.page.wait_for_selector("#agents li[data-agent=builder]", timeout=15_000)
+    # leaving the page ends its live stream (and its timer: the stream's list is one)
+    with tab.page.expect_event(
+        "requestfailed", lambda request: "/v1/watch_experiences" in request.url
+    ):
+        tab.open("/recall")
     tab.check()
 
 

@@ -19,7 +19,7 @@ const state = {
   at: null,          // ISO 8601 time every read is made as of; null: now
   earliest: null,    // the slider's left end (ms): the oldest collective seen
   renders: 0,        // the latest render's number: an older one's answer is dropped
-  stops: [],         // what to stop when the page changes (the live stream, timers)
+  stops: [],         // what the page shown runs (its live stream, timers): stopped on leaving
   path: null,        // the route shown (without its query)
 };
 const $ = (id) => document.getElementById(id);
@@ -70,8 +70,8 @@ function past(body) {
 
 // a read-only query over the SQL views (the caller's own filtered views): the rows as
 // objects. Values put in the text are ids, checked against UUID's shape first.
-async function sql(query, limit = 1000) {
-  const result = await api("sql", past({ query, limit }));
+async function sql(query, limit = 1000, { present = false } = {}) {
+  const result = await api("sql", present ? { query, limit } : past({ query, limit }));
   return result.rows.map((row) => Object.fromEntries(result.columns.map((c, i) => [c, row[i]])));
 }
 
@@ -80,7 +80,16 @@ function checkedId(id, what) {
   return id.toLowerCase();
 }
 
-const mayWrite = () => state.me && state.me.scope !== "read" && !state.at;
+// write controls: for a write or admin token, in the present, in a collective it is a
+// member of (its owner's, and not limited to others; an admin: any); the service checks
+// every action anyway, this only keeps the page from offering what it would refuse
+function mayWrite(collective) {
+  const me = state.me;
+  if (!me || me.scope === "read" || state.at) return false;
+  if (me.scope === "admin") return true;
+  return Boolean(collective) && collective.owner_id === me.owner_id &&
+    (!me.collectives.length || me.collectives.includes(collective.collective_id));
+}
 const isAdmin = () => state.me && state.me.scope === "admin";
 
 // -- elements -------------------------------------------------------------------------------
@@ -168,8 +177,16 @@ const PAGES = {
   hosts: ["hosts", hostsPage],
 };
 
+function stopAll(stops) {
+  for (const stop of stops.splice(0)) stop();
+}
+
 async function render() {
-  for (const stop of state.stops.splice(0)) stop();
+  stopAll(state.stops);
+  // what this render's page starts goes in a list of its own: a render overtaken by a
+  // later one (a click while it loaded) stops its own, never another page's
+  const stops = [];
+  state.stops = stops;
   const { parts, query } = route();
   state.at = query.get("at") || null;
   showMoment();
@@ -180,18 +197,19 @@ async function render() {
   main.dataset.page = name;
   const started = performance.now();
   try {
-    const shown = await page(parts[1], query);
-    if (number !== state.renders) return;
+    const shown = await page(parts[1], query, stops);
+    if (number !== state.renders) { stopAll(stops); return; }
     main.replaceChildren(shown.node || shown);
     const path = parts.join("/");
     if (path !== state.path) window.scrollTo(0, 0);  // (a new page; a new moment stays put)
     state.path = path;
     sizeBars(main);
-    if (shown.mounted) await shown.mounted();
-    if (number !== state.renders) return;
+    if (shown.mounted) await shown.mounted(stops);
+    if (number !== state.renders) { stopAll(stops); return; }
     main.dataset.took = (performance.now() - started).toFixed(1);
     main.dataset.state = "ready";
   } catch (error) {
+    stopAll(stops);
     if (number !== state.renders || !state.me) return;  // (a refused token: signed out)
     main.replaceChildren(card("Could not show this page", h("p", { class: "error", role: "alert" }, error.message)));
     main.dataset.state = "error";
@@ -215,6 +233,7 @@ function sliderRange() {
 }
 
 function showMoment() {
+  for (const a of document.querySelectorAll("a[data-route]")) a.href = hashOf(a.dataset.route);
   const [from, to] = sliderRange();
   const slider = $("at-slider");
   const at = state.at ? Date.parse(state.at) : to;
@@ -258,7 +277,7 @@ $("when").addEventListener("submit", (event) => event.preventDefault());
 // -- sign-in --------------------------------------------------------------------------------
 
 function signOut(message) {
-  for (const stop of state.stops.splice(0)) stop();
+  stopAll(state.stops);
   state.token = null;
   state.me = null;
   sessionStorage.removeItem(TOKEN_KEY);
@@ -331,7 +350,7 @@ async function collectivesPage() {
 
 // -- a collective ---------------------------------------------------------------------------
 
-async function collectivePage(id) {
+async function collectivePage(id, query, stops) {
   const collective_id = checkedId(id, "collective");
   const c = await maybe("get_collective", past({ collective_id }));
   if (!c) return card("No such collective", h("p", { class: "muted" }, state.at ? "It did not exist then, or this token may not see it." : "It does not exist, or this token may not see it."));
@@ -384,7 +403,7 @@ async function collectivePage(id) {
           : h("p", { class: "muted" }, "None yet."))),
     present ? h("div", { class: "grid" }, card("Active agents", agentList), card("Open sessions", sessionList)) : null,
     present ? card("Live: experiences as they arrive", h("p", { class: "muted" }, "Changes this token may see appear here as this host applies them."), feed) : null,
-    mayWrite() ? recordForm(collective_id) : null,
+    mayWrite(c) ? recordForm(collective_id) : null,
     card(`Newest experiences${state.at ? " then" : ""}`, h("ul", { class: "plain", id: "recent" },
       recent.length ? recent.map((e) => h("li", null, experienceLink(e), " ", h("span", { class: "muted" }, `${e.experience_type.kind} · ${when(e.timestamp_ms)}`), " ", tags(e.domain)))
         : h("li", { class: "muted" }, "None."))));
@@ -395,8 +414,8 @@ async function collectivePage(id) {
         showPresence(a, s);
       } catch { /* the next tick tries again */ }
     }, 3000);
-    state.stops.push(() => clearInterval(timer));
-    watch((change) => arrived(change, collective_id, feed), feed);
+    stops.push(() => clearInterval(timer));
+    watch((change) => arrived(change, collective_id, feed).catch(() => {}), feed, stops);
   }
   return node;
 }
@@ -418,7 +437,8 @@ function recordForm(collective_id) {
     const domain = String(data.get("domain") || "").split(",").map((t) => t.trim()).filter(Boolean);
     try {
       const id = await api("record_experience", {
-        collective_id, content: String(data.get("content")), importance: Number(data.get("importance")),
+        collective_id, content: String(data.get("content")),
+        ...(data.get("importance") === "" ? {} : { importance: Number(data.get("importance")) }),
         visibility: String(data.get("visibility")),
         ...(domain.length ? { domain } : {}),
       });
@@ -447,46 +467,60 @@ async function arrived(change, collective_id, feed) {
 
 // the changes to experiences as this host applies them (server-sent events, read with
 // fetch so that the token goes in a header, never in the URL as EventSource would need)
-function watch(onChange, status) {
+function watch(onChange, status, stops) {
   const controller = new AbortController();
-  state.stops.push(() => controller.abort());
+  stops.push(() => controller.abort());
+  const said = (text) => {
+    status.prepend(h("li", { class: "error", role: "status" }, text));
+  };
   (async () => {
-    try {
-      const response = await fetch("/v1/watch_experiences", {
-        headers: { "Authorization": `Bearer ${state.token}`, "Accept": "text/event-stream" },
-        cache: "no-store", credentials: "omit", signal: controller.signal,
-      });
-      if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
-      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-      let buffer = "";
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        buffer += value;
-        status.dataset.live = "open";
-        let end;
-        while ((end = buffer.indexOf("\n\n")) >= 0) {
-          const block = buffer.slice(0, end);
-          buffer = buffer.slice(end + 2);
-          let kind = "message";
-          let data = "";
-          for (const line of block.split("\n")) {
-            if (line.startsWith("event:")) kind = line.slice(6).trim();
-            else if (line.startsWith("data:")) data += line.slice(5).trim();
-          }
-          if (!data) continue;
-          if (kind !== "message") { status.dataset.live = kind; return; }
-          onChange(JSON.parse(data));
-        }
+    for (let attempt = 0; !controller.signal.aborted; attempt++) {
+      let ended;
+      try {
+        ended = await follow(onChange, status, controller.signal);
+      } catch (error) {
+        if (controller.signal.aborted) return;
+        ended = error.status === 503 ? "busy" : "failed";
+        if (error.status === 401) ended = "unauthorized";
       }
-      status.dataset.live = "ended";
-    } catch (error) {
-      if (!controller.signal.aborted) {
-        status.dataset.live = "failed";
-        status.prepend(h("li", { class: "error" }, `The live stream stopped: ${error.message}`));
-      }
+      status.dataset.live = ended;
+      if (ended === "unauthorized") { signOut("the token was refused"); return; }
+      const wait = Math.min(30, 2 ** attempt) * 1000;
+      said(`The live stream ${ended === "busy" ? "was refused (too many open)" : ended === "overflow" ? "fell behind" : "ended"}; reconnecting in ${wait / 1000} s. Changes meanwhile are not shown here.`);
+      await new Promise((done) => { const t = setTimeout(done, wait); stops.push(() => clearTimeout(t)); });
     }
   })();
+}
+
+// one watch stream read to its end: how it ended ("overflow", "unauthorized", "ended")
+async function follow(onChange, status, signal) {
+  const response = await fetch("/v1/watch_experiences", {
+    headers: { "Authorization": `Bearer ${state.token}`, "Accept": "text/event-stream" },
+    cache: "no-store", credentials: "omit", signal,
+  });
+  if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return "ended";
+    buffer += value;
+    status.dataset.live = "open";
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      let kind = "message";
+      let data = "";
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event:")) kind = line.slice(6).trim();
+        else if (line.startsWith("data:")) data += line.slice(5).trim();
+      }
+      if (!data) continue;
+      if (kind !== "message") return kind;
+      onChange(JSON.parse(data));
+    }
+  }
 }
 
 // -- recall ---------------------------------------------------------------------------------
@@ -495,7 +529,8 @@ async function recallPage(id, query) {
   const page = await api("list_collectives", past({ limit: 100 }));
   const collective_id = id ? checkedId(id, "collective") : page.items[0] && page.items[0].collective_id;
   const q = query.get("q") || "";
-  const mode = query.get("mode") || "both";
+  const chosen = page.items.find((c) => c.collective_id === collective_id);
+  const mode = query.get("mode") || (chosen && !chosen.embedder ? "words" : "both");
   const form = recallForm(page.items, collective_id, q, mode, query);
   const results = h("div", { id: "results" });
   if (collective_id && q) results.append(await recall(collective_id, q, mode, query));
@@ -636,7 +671,7 @@ async function experiencePage(id) {
         h("dt", null, "archived"), h("dd", { dataset: { field: "archived" } }, e.archived ? "yes" : "no"),
         h("dt", null, "valid"), h("dd", { dataset: { field: "validity" } }, validity(e)),
         h("dt", null, "applications"), h("dd", { dataset: { field: "applications" } }, `${e.applications}${e.last_reinforced_ms ? `, last ${when(e.last_reinforced_ms)}` : ""}`))),
-    mayWrite() ? actions(e) : null,
+    mayWrite(collective) ? actions(e) : null,
     h("div", { class: "grid" },
       card("Versions", versions(history)),
       card("Reinforcements over time", reinforcements(history, e))),
@@ -644,7 +679,7 @@ async function experiencePage(id) {
       related.next ? h("p", { class: "muted" }, "The first 100 relations are shown.") : null),
     card("Insights drawn from it", insights.length ? h("ul", { class: "plain", id: "insights" }, insights.map((x) => h("li", null, x.content, " ", h("span", { class: "muted" }, `confidence ${fixed(x.confidence, 2)}`))))
       : h("p", { class: "muted" }, "None.")));
-  return { node, mounted: () => drawGraph(graph, nodes, e, related.items) };
+  return { node, mounted: (stops) => drawGraph(graph, nodes, e, related.items, stops) };
 }
 
 function validity(e) {
@@ -721,7 +756,7 @@ function actions(e) {
 
 // the neighbourhood graph: the experience, what links to it and what it links to; a node
 // tapped (or its button) brings in its own relations
-function drawGraph(container, list, center, items) {
+function drawGraph(container, list, center, items, stops) {
   const label = (e) => short(e.content, 48);
   const cy = cytoscape({
     container,
@@ -788,7 +823,7 @@ function drawGraph(container, list, center, items) {
   cy.on("tap", "node", (event) => expand(event.target.id()));
   layout();
   container.dataset.state = "ready";
-  state.stops.push(() => cy.destroy());
+  stops.push(() => cy.destroy());
 }
 
 // -- hosts and health -----------------------------------------------------------------------
@@ -799,7 +834,7 @@ async function hostsPage() {
     api("status"),
     fetch("/health", { headers: { "Authorization": `Bearer ${state.token}` }, cache: "no-store", credentials: "omit" }).then((r) => r.json()),
     api("dead_letters", { limit: 100 }),
-    sql("SELECT instance_id, count(*) AS events, max(written_at) AS last FROM history GROUP BY instance_id ORDER BY last DESC LIMIT 50", 50),
+    sql("SELECT instance_id, count(*) AS events, max(written_at) AS last FROM history GROUP BY instance_id ORDER BY last DESC LIMIT 50", 50, { present: true }),
     api("list_tokens", { include_revoked: false }),
   ]);
   const s = status.stream || {};
@@ -824,10 +859,10 @@ async function hostsPage() {
     card("Dead letters", dead.items.length ? table(["entity", "id", "seq", "reason"], dead.items.map((d) => h("tr", null,
       h("td", null, d.entity), h("td", { class: "mono" }, d.id || "—"), h("td", { class: "num" }, d.seq ?? "—"), h("td", null, d.reason))), { id: "dead-letters" })
       : h("p", { class: "muted", id: "dead-letters" }, "None: every event this host read was applied.")),
-    tokensCard(tokens));
+    tokensCard(tokens, !state.at));
 }
 
-function tokensCard(tokens) {
+function tokensCard(tokens, writable) {
   const shown = h("div", { id: "new-token" });
   const form = h("form", { class: "inline", id: "token-form" },
     h("label", null, "owner", h("input", { name: "owner_id", required: true, size: 12 })),
@@ -846,9 +881,13 @@ function tokensCard(tokens) {
     if (data.get("expires_in")) body.expires_in = Number(data.get("expires_in"));
     try {
       const made = await api("create_token", body);
-      shown.replaceChildren(h("p", null, "The token's secret, shown this once (only its hash is kept):"),
-        h("div", { class: "secret mono", id: "token-secret" }, made.token));
       form.reset();
+      const listed = await api("list_tokens", { include_revoked: false });
+      const fresh = tokensCard(listed, true);
+      fresh.querySelector("#new-token").replaceChildren(
+        h("p", null, "The token's secret, shown this once (only its hash is kept):"),
+        h("div", { class: "secret mono", id: "token-secret" }, made.token));
+      form.closest("section").replaceWith(fresh);
     } catch (error) {
       shown.replaceChildren(h("p", { class: "error" }, error.message));
     }
@@ -858,10 +897,11 @@ function tokensCard(tokens) {
       h("td", { class: "mono" }, t.token_id), h("td", null, t.owner_id), h("td", null, t.agent_id || "any"), h("td", null, t.scope),
       h("td", null, t.collectives.length ? t.collectives.map((c) => c.slice(0, 8)).join(", ") : "all of the owner's"),
       h("td", null, when(t.expires_ms)),
-      h("td", null, h("button", { type: "button", class: "danger", dataset: { revoke: t.token_id }, onclick: async () => {
+      h("td", null, !writable ? null : h("button", { type: "button", class: "danger", dataset: { revoke: t.token_id }, onclick: async () => {
+        if (!window.confirm(`Revoke token ${t.token_id} of ${t.owner_id}? Every host refuses it from now on.`)) return;
         try { await api("revoke_token", { token_id: t.token_id }); await render(); } catch (error) { shown.replaceChildren(h("p", { class: "error" }, error.message)); }
       } }, "Revoke")))), { id: "tokens" }),
-    h("h2", null, "New token"), form, shown);
+    writable ? [h("h2", null, "New token"), form, shown] : null);
 }
 
 // -- start ----------------------------------------------------------------------------------
