@@ -468,3 +468,29 @@ def test_the_benchmark_measures_every_page_beside_its_api_calls() -> None:
         assert figure["page_p50_ms"] > 0 and figure["api_p50_ms"] > 0, figure
         assert figure["experiences"] == 500 and figure["target_ms"] == 200
     assert "page/API" in run.stderr
+
+
+def test_no_text_of_the_memory_is_read_as_html(up: Service, console: Any) -> None:
+    """Whatever agents wrote (a collective's name, an agent's id and task, a session's
+    summary, an insight, tags, typed fields) is shown as text on every page."""
+    bad = '<img src=x onerror="window.__owned=1">'
+    cid = collective(up, f"x{bad}"[:100])
+    eid = record(
+        up, cid, f"{bad} content", domain=["<b>tag</b>"],
+        experience_type={"kind": "Solution", "approach": bad, "worked": True},
+    )  # fmt: skip
+    call(up, "register_activity", collective_id=cid, agent_id=f"a{bad}", task_description=bad)
+    call(up, "start_session", collective_id=cid, agent_id="a1", summary=bad)
+    call(up, "store_insight", collective_id=cid, content=bad, source_experiences=[eid])
+    tab = console()
+    for route in ("/", f"/c/{cid}", f"/e/{eid}", f"/recall/{cid}?q=content&mode=both",
+                  f"/recall/{cid}?q=content&mode=context", "/hosts"):  # fmt: skip
+        tab.open(route)
+        assert tab.page.locator("main img, main script").count() == 0, route
+        assert tab.page.evaluate("window.__owned") is None, route
+    tab.open(f"/c/{cid}")
+    assert bad in tab.page.inner_text("#agents") and bad in tab.page.inner_text("#sessions")
+    tab.open(f"/e/{eid}")
+    assert bad in tab.page.inner_text("#insights") and bad in tab.page.inner_text("#fields")
+    assert "<b>tag</b>" in tab.page.inner_text("[data-field=domain]")
+    tab.check()
