@@ -6,6 +6,7 @@ connection is cut right after its append, retried, is stored once."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import socket
 import threading
 from collections.abc import Awaitable, Callable
@@ -196,6 +197,11 @@ class CuttingProxy:
         self.cut_all()
 
 
+# nats-py leaves the StreamWriter of the connection the proxy cut to the garbage
+# collector, which warns "unclosed <StreamWriter ...>" when it gets to it (in about one
+# run in twelve, at 07c85e2 as since): the client's own reconnect path, not Pulse's
+@pytest.mark.filterwarnings("ignore:unclosed <StreamWriter:ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_a_call_cut_off_after_its_append_and_retried_is_stored_once(
     nats_server: EmbeddedNats, tmp_path: Path
 ) -> None:
@@ -233,6 +239,7 @@ async def test_a_call_cut_off_after_its_append_and_retried_is_stored_once(
     finally:
         await db.close()
         proxy.stop()
+        gc.collect()  # (that writer is collected here, under this test's filter)
 
 
 async def test_http_mcp_and_cli_take_the_key(service: Any) -> None:
