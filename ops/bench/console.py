@@ -35,7 +35,7 @@ import numpy as np
 from eventlog import events as ev
 from ops.bench import emitter, table
 from ops.bench.service import OPERATOR, SECRET, corpus, fill, start_service, stop_service, words
-from ops.console.browser import launch
+from ops.console.browser import launch, show, sign_in
 
 TARGET_MS = 200.0
 emit = emitter("console")
@@ -155,20 +155,13 @@ def browse(
     with sync_playwright() as playwright:
         browser = launch(playwright)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.goto(f"{url}/ui/")
-        page.fill("#token", SECRET)
-        page.click("#sign-in-form button[type=submit]")
-        page.wait_for_selector("main[data-state=ready]", state="attached")
+        sign_in(page, url, SECRET)
 
-        def show(route: str, n: int) -> float:
-            page.evaluate("document.getElementById('main').dataset.state = 'stale'")
-            glue = "&" if "?" in route else "?"
-            page.evaluate(f"location.hash = {f'#{route}{glue}round={n}'!r}")
-            page.wait_for_selector("main[data-state=ready]", state="attached", timeout=60_000)
-            return float(page.get_attribute("main", "data-took") or "nan")
+        def again(route: str, n: int) -> float:  # (round n: a route not shown just before)
+            return show(page, f"{route}{'&' if '?' in route else '?'}round={n}")
 
         def expand(n: int) -> float:  # a node of the graph tapped (by its button)
-            show(f"/e/{eid}", n)
+            again(f"/e/{eid}", n)
             page.click(f"#graph-nodes button[data-expand='{neighbour}']")
             page.wait_for_selector("#graph[data-nodes='4'][data-state=ready]", state="attached")
             return float(page.get_attribute("#graph", "data-took") or "nan")
@@ -177,7 +170,7 @@ def browse(
             shown: list[float] = []
             asked: list[float] = []
             for n in range(rounds + 1):  # (the first round warms both up: not counted)
-                took = expand(n) if name == "experience: expand" else show(route, n)
+                took = expand(n) if name == "experience: expand" else again(route, n)
                 api = api_ms(phases)
                 if n:
                     shown.append(took)

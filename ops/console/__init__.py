@@ -16,6 +16,7 @@ no form submissions, no ``<base>``.
 (No ``from __future__ import annotations`` here: FastAPI reads the endpoint annotations.)
 """
 
+import functools
 import hashlib
 import mimetypes
 from importlib import resources
@@ -51,9 +52,11 @@ TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf
          ".svg": "image/svg+xml"}  # fmt: skip
 
 
-def _assets() -> dict[str, tuple[bytes, str, str]]:
+@functools.cache
+def assets() -> dict[str, tuple[bytes, str, str]]:
     """Every file of ``assets`` by its path under it: (content, media type, ETag). Read
-    once: a request can name nothing else (no path is joined to a directory)."""
+    once, at the first request for one (not when the guard imports ``public``): a
+    request can name nothing else (no path is joined to a directory)."""
     found: dict[str, tuple[bytes, str, str]] = {}
 
     def walk(folder: resources.abc.Traversable, prefix: str) -> None:
@@ -72,11 +75,8 @@ def _assets() -> dict[str, tuple[bytes, str, str]]:
     return found
 
 
-ASSETS = _assets()
-
-
 def _answer(request: Request, name: str) -> Response:
-    body, kind, etag = ASSETS[name]
+    body, kind, etag = assets()[name]
     if etag in request.headers.get("if-none-match", ""):
         return Response(status_code=304, headers={**HEADERS, "ETag": etag})
     return Response(body, media_type=kind, headers={**HEADERS, "ETag": etag})
@@ -100,7 +100,7 @@ def router() -> APIRouter:
 
     @routes.api_route(PREFIX + "/{name:path}", methods=["GET", "HEAD"])
     async def asset(name: str, request: Request) -> Response:
-        if name not in ASSETS:
+        if name not in assets():
             return Response(
                 b'{"error":"NotFound","message":"path: no such file of the console"}',
                 status_code=404, media_type="application/json", headers=HEADERS,

@@ -35,6 +35,26 @@ def chromium_path() -> str:
     )
 
 
+def sign_in(page: Any, url: str, token: str) -> None:
+    """``page`` on the console of the service at ``url``, signed in with ``token``, once
+    its first page is drawn."""
+    if not page.url.startswith(f"{url}/ui/"):  # (already there: its sign-in shown)
+        page.goto(f"{url}/ui/")
+    page.fill("#token", token)
+    page.click("#sign-in-form button[type=submit]")
+    page.wait_for_selector("main[data-state=ready]", state="attached")
+
+
+def show(page: Any, route: str) -> float:
+    """The console's page at ``route`` (a hash route, ``/c/<id>?at=...``) shown as a
+    click on a link shows it, once drawn; the page's own clock of it (ms, ``data-took``).
+    A route equal to the one shown is not drawn again: add a parameter the page ignores."""
+    page.evaluate("document.getElementById('main').dataset.state = 'stale'")
+    page.evaluate(f"location.hash = {'#' + route!r}")
+    page.wait_for_selector("main[data-state=ready]", state="attached", timeout=60_000)
+    return float(page.get_attribute("main", "data-took") or "nan")
+
+
 def launch(playwright: Any) -> Any:
     """A headless Chromium browser from ``playwright`` (``sync_playwright()``'s)."""
     return playwright.chromium.launch(

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from ops.bench.service import OPERATOR, SECRET, start_service, stop_service
-from ops.console.browser import launch
+from ops.console.browser import launch, show, sign_in
 
 LESSONS = [
     ("Retry NATS publishes with the same message id after a timeout: the server drops the "
@@ -101,19 +101,12 @@ def shoot(url: str, ids: dict[str, Any], folder: Path) -> list[Path]:
             page.screenshot(path=str(path), full_page=full)
             saved.append(path)
 
-        def show(route: str) -> None:
-            page.evaluate("document.getElementById('main').dataset.state = 'stale'")
-            page.evaluate(f"location.hash = {route!r}")
-            page.wait_for_selector("main[data-state=ready]", state="attached")
-
         page.goto(f"{url}/ui/")
         page.wait_for_selector("#sign-in:not([hidden])")
         save("sign-in")
-        page.fill("#token", SECRET)
-        page.click("#sign-in-form button[type=submit]")
-        page.wait_for_selector("main[data-state=ready]", state="attached")
+        sign_in(page, url, SECRET)
         save("collectives")
-        show(f"#/c/{ids['team']}")
+        show(page, f"/c/{ids['team']}")
         page.wait_for_selector("#feed[data-live=open]", state="attached")
         arriving = "Pin nats-server in CI: 2.12 changed the default sync interval"
         httpx.post(f"{url}/v1/record_experience", headers=OPERATOR, timeout=60, json={
@@ -121,18 +114,18 @@ def shoot(url: str, ids: dict[str, Any], folder: Path) -> list[Path]:
         })  # fmt: skip
         page.wait_for_selector("#feed li")
         save("collective", full=True)
-        show(f"#/recall/{ids['team']}?q=publish+timed+out+retry&mode=both")
+        show(page, f"/recall/{ids['team']}?q=publish+timed+out+retry&mode=both")
         save("recall")
-        show(f"#/recall/{ids['team']}?q=make+NATS+publishes+safe+to+retry&mode=context")
+        show(page, f"/recall/{ids['team']}?q=make+NATS+publishes+safe+to+retry&mode=context")
         save("context", full=True)
-        show(f"#/e/{ids['retry']}")
+        show(page, f"/e/{ids['retry']}")
         page.click(f"#graph-nodes button[data-expand='{ids['deploy']}']")
         page.wait_for_selector("#graph[data-nodes='4'][data-state=ready]", state="attached")
         save("experience", full=True)
         moment = datetime.fromtimestamp(ids["before"] / 1000, UTC).isoformat()
-        show(f"#/e/{ids['billing']}?at={moment.replace('+00:00', 'Z')}")
+        show(page, f"/e/{ids['billing']}?at={moment.replace('+00:00', 'Z')}")
         save("time-travel")
-        show("#/hosts")
+        show(page, "/hosts")
         save("hosts", full=True)
         browser.close()
     return saved
