@@ -608,3 +608,21 @@ def change(step: str, eid: UUID, cid: UUID, at: int) -> ev.Event:
     if step == "reinforce":
         return ev.ExperienceReinforced(**common, applications=at)
     return ev.ExperienceDeleted(**common)
+
+
+def test_filter_columns_made_anew_hold_every_row(tmp_path: Path) -> None:
+    """Columns made after the memory began listing changes (a cache dropped, as
+    ``ops.bench.as_of`` drops them) are built from every row, not from the changes."""
+    p = Projection(tmp_path / "state")
+    cid = uuid7()
+    created = ev.CollectiveCreated(
+        **stamp(1), collective_id=cid, owner_id="o", name="c", embedding_dimension=4
+    )  # type: ignore[arg-type]
+    records = [record(cid, f"r{i}", [1.0, float(i), 0.0, 0.5], at=10 + i) for i in range(50)]
+    p.apply([LogEntry(i, "s", e) for i, e in enumerate([created, *records], 1)])
+    assert q.collective_stats(p, cid).experiences == 50  # type: ignore[union-attr]
+    p.caches.pop(("filter columns", cid))
+    p.apply([LogEntry(52, "s", change("archive", records[0].experience_id, cid, 100))])
+    stats = q.collective_stats(p, cid)
+    assert stats is not None and (stats.experiences, stats.archived) == (50, 1)
+    p.close()
