@@ -43,11 +43,13 @@ import msgspec
 
 from eventlog.errors import DecodeError
 from eventlog.events import EVENT_TYPES, EXPERIENCE_TYPES, Event, EventBase, event_type_name
+from eventlog.languages import AUTO, ENGLISH, of_name
 from eventlog.limits import check_clock, check_ranges
 from eventlog.subjects import PREFIX, subject_for
 
-SCHEMA_VERSION = 4  # 2: sealed events (eventlog.sealing); 3: a collective's language;
-# 4: threads (an agent framework's checkpoints: ThreadCheckpointed and the rest)
+SCHEMA_VERSION = 5  # 2: sealed events (eventlog.sealing); 3: a collective's language;
+# 4: threads (an agent framework's checkpoints: ThreadCheckpointed and the rest); 5: a
+# language per document ("auto" recorded as such, a text's detected language)
 
 HDR_MSG_ID = "Nats-Msg-Id"
 HDR_EVENT_TYPE = "Pulse-Event"
@@ -121,6 +123,20 @@ def register_upcaster(from_version: int, upcaster: Upcaster) -> None:
 register_upcaster(1, lambda body: body)  # version 2 added a type; version 1 reads as it is
 register_upcaster(2, lambda body: body)  # version 3 added a field whose default is the past
 register_upcaster(3, lambda body: body)  # version 4 added types
+
+
+def _languages_per_document(body: dict[str, Any]) -> dict[str, Any]:
+    """Version 5 records "auto" as such; before, a collective created with "auto" (the
+    default) recorded the language its name's script chose (``languages.of_name``). Such
+    a created event reads as "auto" now, so a collective nobody fixed a language for
+    analyzes each text in its own (the bodies of every other type read as they are)."""
+    if body.get("type") == "collective.created" and isinstance(body.get("name"), str):
+        if (body.get("language") or ENGLISH) == of_name(body["name"]):
+            body["language"] = AUTO
+    return body
+
+
+register_upcaster(4, _languages_per_document)
 
 
 def schema_version_of(headers: Mapping[str, str] | None, *, subject: str, seq: int | None) -> int:

@@ -177,7 +177,9 @@ class CollectiveCreated(EventBase, frozen=True, tag="collective.created"):
     name: str
     embedding_dimension: int
     embedder: str = ""  # the text embedder the collective uses; "" = callers bring vectors
-    language: str = ""  # its text analyzer (limits.LANGUAGES); "" = English (schema < 3)
+    # its text analyzer (limits.LANGUAGES), or "auto": each text's own (schema 5); ""
+    # = English (schema < 3)
+    language: str = ""
 
 
 class CollectiveDeleted(EventBase, frozen=True, tag="collective.deleted"):
@@ -199,6 +201,9 @@ class ExperienceRecorded(EventBase, frozen=True, tag="experience.recorded"):
     visibility: Visibility = "team"  # fixed by the create (eventlog.access)
     # when it became true (Unix ms); None: when it was recorded (the HLC's time)
     valid_from_ms: int | None = None
+    # the language of its content, detected by the writer in a collective of "auto"
+    # (projections.language.of_text); "": not detected (a fixed language, schema < 5)
+    language: str = ""
 
     def __post_init__(self) -> None:
         _check_vector_bytes("embedding", self.embedding)
@@ -280,6 +285,7 @@ class InsightStored(EventBase, frozen=True, tag="insight.stored"):
     confidence: float
     domain: tuple[str, ...] = ()
     visibility: Visibility = "team"  # fixed by the create (eventlog.access)
+    language: str = ""  # as an experience's (ExperienceRecorded.language)
 
     def __post_init__(self) -> None:
         _check_vector_bytes("embedding", self.embedding)

@@ -181,6 +181,7 @@ def check_ranges(event: ev.Event) -> None:
                 _chars("source_task", event.source_task, 1, SOURCE_TASK_MAX)
             if event.valid_from_ms is not None:
                 _integer("valid_from_ms", event.valid_from_ms, 0, MILLIS_MAX)
+            _chars("language", event.language, 0, LANGUAGE_NAME_MAX)  # (as a collective's)
         case ev.ExperienceInvalidated():
             _utf8("reason", event.reason, 1, REASON_MAX_BYTES)
             if event.valid_to_ms is not None:
@@ -206,6 +207,7 @@ def check_ranges(event: ev.Event) -> None:
             _count("source_experiences", len(event.source_experiences), 1, SOURCES_MAX)
             _score("confidence", event.confidence)
             _texts("domain", event.domain, DOMAIN_MAX, DOMAIN_TAG_MAX)
+            _chars("language", event.language, 0, LANGUAGE_NAME_MAX)
         case ev.Sealed():
             kinds = SEALED_KINDS.get(event.entity)
             if kinds is None:

@@ -269,7 +269,7 @@ class ExperienceRow(Placed):
     CREATE = (
         "content", "embedding", "experience_type", "type_data",
         "source_agent", "source_task", "created_hlc", "visibility", "author_owner",
-        "author_agent", "valid_from_ms",
+        "author_agent", "valid_from_ms", "language",
     )  # fmt: skip
     REGISTERS = (
         "importance", "confidence", "domain", "related_files", "archived", "valid_to",
@@ -310,6 +310,9 @@ class ExperienceRow(Placed):
     invalid_reason: str | None = None
     invalid_reason_stamp: Stamp = NO_STAMP
     invalidations: tuple[int, ...] | None = None  # the HLCs of its invalidations
+    # the language its content was detected in by its writer, in a collective of "auto";
+    # None: none recorded (projections.language.of_document)
+    language: str | None = None
     strays: dict[UUID | None, Placed] | None = None  # see Placed; never stored
 
 
@@ -361,7 +364,7 @@ class InsightRow(Placed):
     ANCHOR = ("collective_id",)
     CREATE = (
         "content", "embedding", "source_experiences", "confidence", "domain",
-        "created_hlc", "visibility", "author_owner", "author_agent",
+        "created_hlc", "visibility", "author_owner", "author_agent", "language",
     )  # fmt: skip
 
     insight_id: UUID
@@ -378,6 +381,7 @@ class InsightRow(Placed):
     author_owner: str | None = None  # the principal that created it
     author_agent: str | None = None
     create_seq: int | None = None  # the stream sequence of its first create (see Placed)
+    language: str | None = None  # as an experience's
     strays: dict[UUID | None, Placed] | None = None  # see Placed; never stored
 
 
@@ -622,6 +626,7 @@ def row_of(event: ev.Event) -> Row | None:
                 shared(event.domain), s, shared(event.related_files), s,
                 visibility=shared(event.visibility), author_owner=shared(event.author_owner),
                 author_agent=shared(event.author_agent), valid_from_ms=event.valid_from_ms,
+                language=shared(event.language) or None,
             )  # fmt: skip
         case ev.ExperienceUpdated():
             row = ExperienceRow(event.experience_id, collective_id=event.collective_id)
@@ -662,7 +667,7 @@ def row_of(event: ev.Event) -> Row | None:
                 event.insight_id, event.event_id, event.collective_id, event.content,
                 event.embedding, event.source_experiences, event.confidence, event.domain,
                 event.hlc, visibility=event.visibility, author_owner=event.author_owner,
-                author_agent=event.author_agent,
+                author_agent=event.author_agent, language=event.language or None,
             )  # fmt: skip
         case ev.InsightDeleted():
             return InsightRow(event.insight_id, collective_id=event.collective_id, deleted=True)

@@ -85,6 +85,7 @@ from projections.vectors import (
 )
 
 log = logging.getLogger("pulse.projection")
+REINDEX_PROGRESS_S = 5.0  # between two lines of a re-index's progress
 
 # Writes the index files of a save in the background (``Projection.save(background=True)``)
 _SAVER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulse-index-save")
@@ -195,8 +196,6 @@ class Projection:
             # the text index is refilled from the rows with the vector indexes
             shutil.rmtree(self.dir / "text", ignore_errors=True)
         self.text = TextIndex(self.dir / "text")
-        if self.text.recreated:  # fill it again from the rows, with the vector indexes
-            (self.dir / "vectors" / "manifest.json").unlink(missing_ok=True)
         (self.dir / "vectors").mkdir(exist_ok=True)
         self.vectors: dict[tuple[str, UUID], VectorIndex] = {}
         self.exact: dict[int, ExactVectors] = {}  # by dimension
@@ -210,10 +209,38 @@ class Projection:
         # keep what is added, built in one add at their next use (``VectorIndex.add``)
         self.defer_graphs = False
         self._load_indexes(reading, numbered.rows)
+        if self.text.recreated:  # made under another analysis: filled again from the rows
+            self._reindex_text()
         self.last_flush = self.last_save = time.monotonic()
         # since when a delete applied here waits for the files to be rewritten (None:
         # nothing waits); a scrub a crash prevented is done soon after opening
         self.scrub_since: float | None = self.last_flush if self.store.scrub_owed() else None
+
+    def _reindex_text(self) -> None:
+        """Fill the text index again from the rows (its analysis changed: an upgrade),
+        saying how far it has got every few seconds. The vector indexes stay as saved;
+        the rows applied since they were saved are put in both again as they load."""
+        documents = len(self.memory.experiences) + len(self.memory.insights)
+        log.warning(
+            "text index: its analysis changed (an upgrade); indexing the text of %d "
+            "experiences and insights again", documents
+        )  # fmt: skip
+        started = shown = time.monotonic()
+        done = 0
+
+        def counted() -> Iterator[Document]:
+            nonlocal done, shown
+            for document in self._text_documents():
+                yield document
+                done += 1
+                if time.monotonic() - shown >= REINDEX_PROGRESS_S:
+                    shown = time.monotonic()
+                    log.warning("text index: %d of about %d documents indexed", done, documents)
+
+        made = self.text.rewrite(counted())
+        log.warning(
+            "text index: %d documents indexed again in %.1f s", made, time.monotonic() - started
+        )
 
     def _load_rows(self) -> Numbered:
         self.memory = MemoryState()
@@ -605,19 +632,19 @@ class Projection:
     def _text_documents(self) -> Iterator[Document]:
         """What the text index holds: every live experience and indexable insight."""
         memory = self.memory
-        language = memory.collective_language
+        language = memory.text_language
         for (row_id,), row in memory.experiences.items():
             cid = row.collective_id
             if cid is not None and memory.live_experience(row_id) is not None:
                 yield (
-                    "experience", row_id, cid, row.content or "", language(cid),
+                    "experience", row_id, cid, row.content or "", language(row),
                     row.visibility, row.author_owner, row.author_agent,
                 )  # fmt: skip
         for (row_id,), insight in memory.insights.items():
             cid = insight.collective_id
             if cid is not None and _indexable_insight(memory, insight):
                 yield (
-                    "insight", row_id, cid, insight.content or "", language(cid),
+                    "insight", row_id, cid, insight.content or "", language(insight),
                     insight.visibility, insight.author_owner, insight.author_agent,
                 )  # fmt: skip
 
@@ -751,7 +778,7 @@ class Projection:
                 vecs.append(self.embedding(row))
                 keys.append(row_id)
             if fresh or text_owed:
-                language = memory.collective_language(collective_id)
+                language = memory.text_language(row)
                 self.text.put(
                     kind, row_id, collective_id, row.content or "", language,
                     row.visibility, row.author_owner, row.author_agent,

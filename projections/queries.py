@@ -30,8 +30,9 @@ import msgspec
 
 from eventlog import events as ev
 from eventlog.access import DEFAULT_VISIBILITY, Principal, TokenInfo, Viewer, visibility_code
-from eventlog.languages import ENGLISH
+from eventlog.languages import AUTO, ENGLISH
 from projections.fold import CollectiveRow, ExperienceRow, InsightRow, RelationRow, SessionRow
+from projections.language import of_query
 
 if TYPE_CHECKING:  # (the result types come without numpy or the engines: see ops.remote)
     import numpy as np
@@ -114,6 +115,10 @@ class Experience(msgspec.Struct, frozen=True, kw_only=True):
     invalid_reason: str | None = None  # why it stopped (with valid_to_ms)
     invalidations: int = 0  # how often it was invalidated
     unstable: bool = False  # invalidated UNSTABLE_COUNT times within UNSTABLE_WINDOW_MS
+    # the language its content is analyzed in for search: its collective's, or in one of
+    # "auto" the language its writer detected (None: recorded before languages per
+    # document; analyzed in the one each host detects)
+    language: str | None = None
 
     @property
     def vector(self) -> npt.NDArray[np.float32]:
@@ -286,7 +291,14 @@ def _experience(p: Projection, row: ExperienceRow) -> Experience:
         invalid_reason=row.invalid_reason if row.valid_to is not None else None,
         invalidations=len(row.invalidations or ()),
         unstable=unstable(row.invalidations),
+        language=_language(p, row),
     )
+
+
+def _language(p: Projection, row: ExperienceRow | InsightRow) -> str | None:
+    """What ``Experience.language`` says (as the ``experiences`` view)."""
+    language = p.memory.collective_language(row.collective_id)
+    return row.language if language == AUTO else language
 
 
 def _valid(row: ExperienceRow, validity: tuple[int, bool] | None) -> bool:
@@ -800,7 +812,9 @@ def _text_hits(
 ) -> list[tuple[UUID, float]]:
     """BM25 hits among the experiences of one collective (unfiltered otherwise); with a
     ``viewer``, scored from the statistics of what it may see (``projections.text``)."""
-    language = p.memory.collective_language(collective_id)
+    language: str | tuple[str, ...] = p.memory.collective_language(collective_id)
+    if language == AUTO:  # each document in its own: the query in each it could be
+        language = of_query(text)
     if viewer is not None:
         return p.text.search(
             "experience", collective_id, text, limit, language=language, viewer=viewer,
@@ -810,9 +824,10 @@ def _text_hits(
     return p.text.search("experience", collective_id, text, limit, language=language, alone=alone)
 
 
-def _content(p: Projection, experience_id: UUID) -> str | None:
+def _content(p: Projection, experience_id: UUID) -> tuple[str, str] | None:
+    """The text of a live experience and the language it is analyzed in (None: gone)."""
     row = p.memory.live_experience(experience_id)
-    return None if row is None else row.content or ""
+    return None if row is None else (row.content or "", p.memory.text_language(row))
 
 
 def search_text(

@@ -45,7 +45,14 @@ before its collective is simply not live yet, and becomes live when the collecti
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 8
+from collections.abc import Callable
+from typing import Any
+
+# a step of a migration: a statement, or a function of the connection (for what SQL
+# alone cannot work out)
+Migration = str | Callable[[Any], None]
+
+SCHEMA_VERSION = 9
 
 MISPLACED = "collective_id: not the collective of the entity: "  # dead letter
 
@@ -68,7 +75,7 @@ CREATE TABLE IF NOT EXISTS experience_rows (
     vec_id BIGINT, updated_seq BIGINT, create_seq BIGINT,
     visibility VARCHAR, author_owner VARCHAR, author_agent VARCHAR,
     valid_from_ms BIGINT, valid_to BIGINT, valid_to_stamp BLOB, invalid_reason VARCHAR,
-    invalid_reason_stamp BLOB, invalidations UBIGINT[]);
+    invalid_reason_stamp BLOB, invalidations UBIGINT[], language VARCHAR);
 CREATE TABLE IF NOT EXISTS application_rows (
     experience_id UUID, instance_id UUID, applications UBIGINT NOT NULL,
     last_hlc UBIGINT NOT NULL,
@@ -85,7 +92,7 @@ CREATE TABLE IF NOT EXISTS insight_rows (
     embedding BLOB, source_experiences UUID[], confidence DOUBLE, domain VARCHAR[],
     created_hlc UBIGINT, deleted BOOLEAN NOT NULL,
     vec_id BIGINT, updated_seq BIGINT, create_seq BIGINT,
-    visibility VARCHAR, author_owner VARCHAR, author_agent VARCHAR);
+    visibility VARCHAR, author_owner VARCHAR, author_agent VARCHAR, language VARCHAR);
 CREATE TABLE IF NOT EXISTS wisdom_rows (
     wisdom_id UUID PRIMARY KEY, create_event UUID, owner_id VARCHAR, category VARCHAR,
     pattern VARCHAR, confidence DOUBLE, embedding BLOB, source_collectives UUID[],
@@ -165,9 +172,12 @@ SELECT e.experience_id, e.collective_id, e.content, e.embedding, e.experience_ty
        epoch_ms(coalesce(e.valid_from_ms, (e.created_hlc >> 16)::BIGINT)) AS valid_from,
        epoch_ms(e.valid_to) AS valid_to, e.invalid_reason,
        e.valid_to IS NULL OR e.valid_to > epoch_ms(get_current_timestamp()) AS valid,
-       len(coalesce(e.invalidations, []))::INTEGER AS invalidations
+       len(coalesce(e.invalidations, []))::INTEGER AS invalidations,
+       CASE WHEN c.language = 'auto' THEN e.language ELSE coalesce(c.language, 'english')
+       END AS language
 FROM experience_rows e
 JOIN experience_checks k USING (experience_id)
+JOIN collective_rows c ON c.collective_id = e.collective_id
 LEFT JOIN (SELECT experience_id, collective_id, sum(applications) AS applications,
                   max(last_hlc) AS last_hlc
            FROM application_rows GROUP BY ALL) a
@@ -227,8 +237,11 @@ WHERE i.create_event IS NOT NULL AND NOT i.deleted;
 CREATE OR REPLACE VIEW insights AS
 SELECT i.insight_id, i.collective_id, i.content, i.embedding, i.source_experiences,
        i.confidence, i.domain, epoch_ms((i.created_hlc >> 16)::BIGINT) AS created_at, i.vec_id,
-       coalesce(i.visibility, 'team') AS visibility, i.author_owner, i.author_agent
+       coalesce(i.visibility, 'team') AS visibility, i.author_owner, i.author_agent,
+       CASE WHEN c.language = 'auto' THEN i.language ELSE coalesce(c.language, 'english')
+       END AS language
 FROM insight_rows i JOIN insight_checks k USING (insight_id)
+JOIN collective_rows c ON c.collective_id = i.collective_id
 WHERE k.problem IS NULL AND k.collective_live;
 
 CREATE OR REPLACE VIEW insight_sources AS
@@ -332,7 +345,14 @@ DIGEST_BY_COLLECTIVE["undecodable"] = DIGEST_QUERIES["undecodable"].replace(
 )
 
 # from_version -> statements that bring the schema to from_version + 1
-MIGRATIONS: dict[int, list[str]] = {
+MIGRATIONS: dict[int, list[Migration]] = {
+    # 9: a language per document (an experience's and an insight's, in a collective of
+    # "auto"), and "auto" read from an old collective's choice (eventlog.codec)
+    8: [
+        "ALTER TABLE experience_rows ADD COLUMN IF NOT EXISTS language VARCHAR",
+        "ALTER TABLE insight_rows ADD COLUMN IF NOT EXISTS language VARCHAR",
+        lambda con: _auto_collectives(con),
+    ],
     # 8: threads (an agent framework's checkpoints; sync.threads): their tables are new,
     # made by TABLES
     7: [],
@@ -443,3 +463,19 @@ MIGRATIONS: dict[int, list[str]] = {
            WHERE deleted""",
     ],
 }
+
+
+def _auto_collectives(con: Any) -> None:
+    """The collectives whose created event reads as "auto" since schema 9 (the upcaster
+    of ``eventlog.codec``: a language equal to the one the name's script chose) say so in
+    their rows too, as a rebuild would."""
+    from eventlog.languages import AUTO, ENGLISH, of_name
+
+    found = con.execute(
+        "SELECT collective_id, name, language FROM collective_rows WHERE name IS NOT NULL"
+    ).fetchall()
+    chosen = [(cid,) for cid, name, language in found if (language or ENGLISH) == of_name(name)]
+    if chosen:
+        con.executemany(
+            f"UPDATE collective_rows SET language = '{AUTO}' WHERE collective_id = ?", chosen
+        )

@@ -32,7 +32,7 @@ from uuid import UUID
 
 from eventlog import events as ev
 from eventlog.access import DEFAULT_VISIBILITY
-from eventlog.languages import ENGLISH, LANGUAGES, SIMPLE
+from eventlog.languages import AUTO, ENGLISH, LANGUAGES, SIMPLE
 from projections.crdt import NO_STAMP, GCounter
 from projections.fold import (
     ROW_TYPES,
@@ -51,6 +51,7 @@ from projections.fold import (
     WisdomRow,
     vector_bytes,
 )
+from projections.language import of_document
 from projections.schema import MISPLACED
 
 R = TypeVar("R")
@@ -536,10 +537,19 @@ class MemoryState:
 
     def collective_language(self, collective_id: UUID | None) -> str:
         """The text analyzer of a collective: English when it names none (or is unknown
-        here), ``simple`` when it names one this release does not have (a later one's)."""
+        here), ``simple`` when it names one this release does not have (a later one's),
+        "auto" when each of its texts is analyzed in its own (``text_language``)."""
         row = self.collectives.get((collective_id,))
         language = (row.language if row is not None else None) or ENGLISH
-        return language if language in LANGUAGES else SIMPLE
+        return language if language in LANGUAGES or language == AUTO else SIMPLE
+
+    def text_language(self, row: ExperienceRow | InsightRow) -> str:
+        """The analyzer of an experience's or an insight's text: its collective's, or in a
+        collective of "auto" its own (``projections.language.of_document``)."""
+        language = self.collective_language(row.collective_id)
+        if language != AUTO:
+            return language
+        return of_document(row.language, row.content or "")
 
     def live_collective(self, collective_id: UUID) -> CollectiveRow | None:
         row = self.collectives.get((collective_id,))

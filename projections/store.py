@@ -355,7 +355,10 @@ class Store:
         self.con.begin()
         for step in range(version or schema.SCHEMA_VERSION, schema.SCHEMA_VERSION):
             for statement in schema.MIGRATIONS[step]:
-                self.con.execute(statement)
+                if callable(statement):
+                    statement(self.con)
+                else:
+                    self.con.execute(statement)
         self.con.execute(
             "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(schema.SCHEMA_VERSION)]
         )

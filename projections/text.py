@@ -377,28 +377,29 @@ class TextIndex:
         text: str,
         limit: int,
         *,
-        language: str = lang.ENGLISH,
+        language: str | tuple[str, ...] = lang.ENGLISH,
         alone: bool = False,
         viewer: Viewer | None = None,
-        content: Callable[[UUID], str | None] | None = None,
+        content: Callable[[UUID], tuple[str, str] | None] | None = None,
     ) -> list[tuple[UUID, float]]:
         """(id, BM25 score) of the best matches, best first, in a collective whose text is
-        analyzed by ``language``: any of the words of ``text`` (and, in languages other
-        than English, with less weight any of its grams). ``alone``: the caller knows
-        every document of this kind belongs to this collective (no filter needed).
-        ``viewer``: scored from the statistics of what it may see (the module doc);
-        ``content`` gives the text of a candidate (None: gone), to count its terms."""
+        analyzed by ``language`` (several: the query is analyzed in each, and matches the
+        documents of any; a collective of "auto"): any of the words of ``text`` (and, in
+        languages other than English, with less weight any of its grams). ``alone``: the
+        caller knows every document of this kind belongs to this collective (no filter
+        needed). ``viewer``: scored from the statistics of what it may see (the module
+        doc); ``content`` gives the text of a candidate and its language (None: gone), to
+        count its terms."""
         self.commit()
         if limit <= 0:
             return []
-        terms = self._query_terms(kind, language, text)
+        languages = (language,) if isinstance(language, str) else language
+        terms = self._query_terms(kind, languages, text)
         if not terms:
             return []
         if viewer is not None:
             assert content is not None
-            return self._visible_search(
-                kind, collective_id, terms, limit, language, viewer, content
-            )
+            return self._visible_search(kind, collective_id, terms, limit, viewer, content)
         schema = self.index.schema
         query = tantivy.Query.boolean_query(
             [
@@ -434,15 +435,24 @@ class TextIndex:
         found.sort(key=lambda hit: (-hit[1], hit[0]))  # one order on every host
         return found[:limit]
 
-    def _query_terms(self, kind: str, language: str, text: str) -> list[tuple[str, str, float]]:
-        """(field, term, weight) of each distinct term of ``text``: its words, and in a
-        language other than English its grams (with less weight)."""
-        if language == lang.ENGLISH:
-            return [(kind, term, 1.0) for term in dict.fromkeys(english().analyze(text))]
-        analysis = lang.analyze(language, text)
-        return [(kind + WORDS, word, 1.0) for word in dict.fromkeys(analysis.words)] + [
-            (kind + GRAMS, gram, GRAM_WEIGHT) for gram in dict.fromkeys(analysis.grams)
-        ]
+    def _query_terms(
+        self, kind: str, languages: tuple[str, ...], text: str
+    ) -> list[tuple[str, str, float]]:
+        """(field, term, weight) of each distinct term of ``text`` analyzed in each of
+        ``languages``: its words, and in a language other than English its grams (with
+        less weight)."""
+        terms: dict[tuple[str, str], float] = {}
+        for language in languages:
+            if language == lang.ENGLISH:
+                for term in english().analyze(text):
+                    terms.setdefault((kind, term), 1.0)
+                continue
+            analysis = lang.analyze(language, text)
+            for word in analysis.words:
+                terms.setdefault((kind + WORDS, word), 1.0)
+            for gram in analysis.grams:
+                terms.setdefault((kind + GRAMS, gram), GRAM_WEIGHT)
+        return [(field, term, weight) for (field, term), weight in terms.items()]
 
     def _visible(self, kind: str, collective_id: UUID, viewer: Viewer) -> tantivy.Query:
         """The documents of ``kind`` in a collective that ``viewer`` may see."""
@@ -469,9 +479,8 @@ class TextIndex:
         collective_id: UUID,
         terms: list[tuple[str, str, float]],
         limit: int,
-        language: str,
         viewer: Viewer,
-        content: Callable[[UUID], str | None],
+        content: Callable[[UUID], tuple[str, str] | None],
     ) -> list[tuple[UUID, float]]:
         """BM25 over the documents ``viewer`` may see (the module doc)."""
         searcher = self.index.searcher()
@@ -522,10 +531,10 @@ class TextIndex:
             if counts is not None:
                 self._analyzed.move_to_end(doc_id)
             else:
-                text = content(doc_id)
-                if text is None:
+                found = content(doc_id)
+                if found is None:
                     continue
-                counts = analyzed(text, language)
+                counts = analyzed(*found)
                 self._keep(doc_id, counts)
             main, main_length, grams, grams_length = counts
             score = 0.0

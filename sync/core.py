@@ -20,7 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from eventlog.errors import ValidationError
-from projections import queries
+from eventlog.languages import AUTO
+from projections import language, queries
 from sync import embedders, models
 from sync.gate import uuid_of
 from sync.reading import as_of_read
@@ -55,6 +56,21 @@ class InstanceSettings:
     def energy(self) -> dict[str, float]:
         """The settings of ``projections.queries.energy``."""
         return {"half_life_days": self.half_life_days, "boost_every": self.boost_every}
+
+
+DETECTED_INLINE = 8  # texts a write detects the language of on the event loop, at most
+
+
+async def text_languages(collective: queries.Collective, texts: Sequence[str]) -> list[str]:
+    """The language to record of each text written to ``collective``: in a collective
+    of "auto", the one detected from the text (``projections.language.of_text``, judged
+    once, by the writer); else "" (its collective's own). The detector is loaded, and a
+    batch detected, on a thread, off the event loop."""
+    if collective.language != AUTO:
+        return [""] * len(texts)
+    if len(texts) > DETECTED_INLINE or not language.detector_ready():
+        return await asyncio.to_thread(lambda: [language.of_text(t) for t in texts])
+    return [language.of_text(t) for t in texts]
 
 
 async def vector_for(

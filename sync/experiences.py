@@ -25,7 +25,6 @@ from eventlog import events as ev
 from eventlog.errors import Forbidden, NotFollowed, NotFoundError, ValidationError
 from projections import naming, queries
 from projections.language import AUTO
-from projections.language import detect as detect_language
 from projections.projection import Projection
 from sync import embedders, idempotency, models
 from sync.core import (
@@ -34,6 +33,7 @@ from sync.core import (
     check_vector,
     embed,
     holding,
+    text_languages,
     uuid_of,
     vector_for,
 )
@@ -84,7 +84,9 @@ class Experiences:
         recorded and searched, and the dimension defaults to the embedder's. Its
         ``language`` (fixed for good too) says how its text is analyzed for search:
         "english", "german", "ukrainian", "chinese", ... (``projections.language``), or
-        "auto" (the default): chosen from the name's script, English for plain ASCII. A
+        "auto" (the default): each text in the language detected from it, recorded as it
+        is written (``simple`` for text too short to tell), and each query in every
+        language it could be. A
         principal creates collectives of its own owner only (admins: of any)."""
         me = self.gate.me()
         me.need_write()
@@ -102,8 +104,7 @@ class Experiences:
             models.CollectiveIn, owner_id=owner_id, name=name,
             embedding_dimension=embedding_dimension, embedder=embedder, language=language,
         )  # fmt: skip
-        chosen = spec.language or AUTO
-        chosen = detect_language(spec.name) if chosen == AUTO else chosen
+        chosen = spec.language or AUTO  # recorded as asked: "auto" is a choice of its own
         dimension = spec.embedding_dimension
         if spec.embedder is not None:
             dimension = dimension or embedders.default_dimension(spec.embedder)
@@ -243,8 +244,9 @@ class Experiences:
         spec = validated(models.ExperienceIn, **fields)
         collective = await self.gate.writable(spec.collective_id)
         vector = await vector_for(collective, spec.content, spec.embedding, spec.embedder)
+        (language,) = await text_languages(collective, [spec.content])
         experience_id = await self.writer.entity_id("experience", spec.collective_id)
-        event = _recorded(self.writer.common(), experience_id, spec, vector)
+        event = _recorded(self.writer.common(), experience_id, spec, vector, language)
         await self.writer.write(event)
         return event.experience_id
 
@@ -317,9 +319,10 @@ class Experiences:
             )
             for i, vector in zip(missing, made, strict=True):
                 vectors[i] = vector
+        languages = await text_languages(collective, [spec.content for spec in specs])
         events = [
-            _recorded(self.writer.common(), self.writer.new_id(), spec, vector)  # type: ignore[arg-type]
-            for spec, vector in zip(specs, vectors, strict=True)
+            _recorded(self.writer.common(), self.writer.new_id(), spec, vector, language)  # type: ignore[arg-type]
+            for spec, vector, language in zip(specs, vectors, languages, strict=True)
         ]
         await self.writer.write_many(
             events, atomic=True
@@ -540,6 +543,7 @@ def _recorded(
     experience_id: UUID,
     spec: models.ExperienceIn,
     vector: npt.NDArray[np.float32],
+    language: str = "",
 ) -> ev.ExperienceRecorded:
     return ev.ExperienceRecorded(
         **common, experience_id=experience_id, collective_id=spec.collective_id,
@@ -548,7 +552,7 @@ def _recorded(
         importance=spec.importance, confidence=spec.confidence,
         source_agent=spec.source_agent, domain=tuple(spec.domain),
         related_files=tuple(spec.related_files), source_task=spec.source_task,
-        visibility=spec.visibility, valid_from_ms=spec.valid_from,
+        visibility=spec.visibility, valid_from_ms=spec.valid_from, language=language,
     )  # fmt: skip
 
 

@@ -15,7 +15,7 @@ from eventlog import events as ev
 from eventlog.errors import ConflictError, NotFoundError, ValidationError
 from projections import queries
 from sync import models
-from sync.core import as_of_read, uuid_of, vector_for
+from sync.core import as_of_read, text_languages, uuid_of, vector_for
 from sync.gate import Gate
 from sync.idempotency import idempotent
 from sync.models import validated
@@ -192,6 +192,7 @@ class Links:
                     f"source_experiences: no experience {source} in collective {collective.name!r}"
                 )
         vector = await vector_for(collective, spec.content, spec.embedding, spec.embedder)
+        (language,) = await text_languages(collective, [spec.content])
         insight_id = self.writer.new_id()
         await self.writer.write(
             ev.InsightStored(
@@ -200,7 +201,7 @@ class Links:
                 embedding=ev.pack_vector(vector),
                 source_experiences=tuple(spec.source_experiences),
                 confidence=spec.confidence, domain=tuple(spec.domain),
-                visibility=spec.visibility,
+                visibility=spec.visibility, language=language,
             )
         )  # fmt: skip
         return insight_id

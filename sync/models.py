@@ -415,7 +415,7 @@ def _language(value: str) -> str:
     return value
 
 
-# a collective's text analyzer (projections.language), or "auto": chosen from its name
+# a collective's text analyzer (projections.language), or "auto": each text its own
 Language = Annotated[
     str,
     AfterValidator(_language),

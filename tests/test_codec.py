@@ -261,7 +261,9 @@ def test_embedding_of_partial_floats_is_refused() -> None:
 
 def test_older_schema_is_upcast_on_read(monkeypatch: pytest.MonkeyPatch) -> None:
     """A version-0 body (say, one that named the dimension ``dim``) reads as today's event."""
-    current = SAMPLES["collective.created"]
+    # (a language other than the one its name's script chose: the upcaster of schema 4
+    # reads that one as "auto", test_a_collective_that_chose_by_its_name_reads_as_auto)
+    current = msgspec.structs.replace(SAMPLES["collective.created"], language="german")
     old_body = msgspec.msgpack.decode(encode_body(current))
     old_body["dim"] = old_body.pop("embedding_dimension")
     old = msgspec.msgpack.encode(old_body)
@@ -283,6 +285,35 @@ def test_older_schema_is_upcast_on_read(monkeypatch: pytest.MonkeyPatch) -> None
     register_upcaster(0, broken)
     with pytest.raises(DecodeError, match="upcasting failed"):
         decode_event(old, old_headers, subject="s", seq=1)
+
+
+@pytest.mark.parametrize(
+    ("schema", "name", "language", "reads_as"),
+    [
+        (4, "notes", "english", "auto"),  # auto chose English for an ASCII name
+        (4, "вікі", "ukrainian", "auto"),  # ... Ukrainian for і
+        (4, "notes", "german", "german"),  # named on purpose: fixed
+        (4, "вікі", "english", "english"),  # not what the script chose: fixed
+        (2, "notes", None, "auto"),  # before languages (English), an ASCII name
+        (2, "вікі", None, "english"),  # before languages: English, whatever the name
+    ],
+)
+def test_a_collective_that_chose_by_its_name_reads_as_auto(
+    schema: int, name: str, language: str | None, reads_as: str
+) -> None:
+    """Before schema 5, "auto" recorded the language the name's script chose; such a
+    created event reads as "auto" (each text in its own language), any other as fixed."""
+    body = msgspec.msgpack.decode(encode_body(SAMPLES["collective.created"]))
+    body["name"] = name
+    body.pop("language", None)
+    if language is not None:
+        body["language"] = language
+    read = decode_event(msgspec.msgpack.encode(body), {HDR_SCHEMA: str(schema)})
+    assert isinstance(read, ev.CollectiveCreated)
+    assert read.language == reads_as
+    current = decode_event(msgspec.msgpack.encode(body), HEADERS)  # today's: as written
+    assert isinstance(current, ev.CollectiveCreated)
+    assert current.language == (language or "")
 
 
 def test_upcasters_are_only_for_older_versions() -> None:

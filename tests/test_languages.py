@@ -74,17 +74,17 @@ async def test_queries_in_other_forms_find_the_experience_in_the_top_3(
 async def test_the_language_is_in_the_created_event_and_every_host_indexes_by_it(
     tmp_path: Path, db: PulseDB, nats_server: EmbeddedNats
 ) -> None:
-    ukrainian = await db.create_collective("o", "вікі", embedder="hash")  # auto: by the script
-    chinese = await db.create_collective("o", "记忆", embedder="hash")
+    ukrainian = await db.create_collective("o", "вікі", embedder="hash")  # auto
+    chinese = await db.create_collective("o", "记忆", embedder="hash", language="chinese")
     german = await db.create_collective("o", "wiki", embedder="hash", language="german")
     english = await db.create_collective("o", "notes", embedder="hash")
     named = [await db.get_collective(cid) for cid in (ukrainian, chinese, german, english)]
-    assert [c and c.language for c in named] == ["ukrainian", "chinese", "german", "english"]
+    assert [c and c.language for c in named] == ["auto", "chinese", "german", "auto"]
     created = [
         entry.event async for batch in db.log.read(1) for entry in batch
         if isinstance(entry.event, ev.CollectiveCreated)
     ]  # fmt: skip
-    assert [e.language for e in created] == ["ukrainian", "chinese", "german", "english"]
+    assert [e.language for e in created] == ["auto", "chinese", "german", "auto"]
     found = await db.record_experience(ukrainian, "Публікацію відкладено")
     hits = await db.search_text(ukrainian, "публікації", k=3)
     assert [h.experience.experience_id for h in hits] == [found]
@@ -110,7 +110,7 @@ async def test_an_unknown_language_is_refused_naming_the_choices(db: PulseDB) ->
     [("notes", "english"), ("вікі команди", "ukrainian"), ("заметки ёлки", "russian"),
      ("记忆库", "chinese"), ("メモ", "japanese"), ("команда", "simple"), ("μνήμη", "greek")],
 )  # fmt: skip
-def test_auto_chooses_by_the_script_of_the_name(name: str, language: str) -> None:
+def test_auto_chose_by_the_script_of_the_name_before_schema_5(name: str, language: str) -> None:
     assert detect(name) == language
 
 
