@@ -180,6 +180,11 @@ class CollectiveCreated(EventBase, frozen=True, tag="collective.created"):
     # its text analyzer (limits.LANGUAGES), or "auto": each text's own (schema 5); ""
     # = English (schema < 3)
     language: str = ""
+    # what recording an experience close to a live one (of the same type and visibility,
+    # by the same owner) does (schema 5): "keep" ("" before: keep), "reinforce" or
+    # "link"; close: a cosine similarity of at least ``duplicate_similarity`` (0: before)
+    on_duplicate: str = ""
+    duplicate_similarity: float = 0.0
 
 
 class CollectiveDeleted(EventBase, frozen=True, tag="collective.deleted"):

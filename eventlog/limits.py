@@ -46,6 +46,9 @@ TYPE_TEXT_LOG_MAX_BYTES = CONTENT_MAX_BYTES
 PATTERN_MAX = 10_000  # a wisdom pattern (not in PulseDB: our cap)
 EMBEDDER_NAME_MAX = 64  # the name of a collective's text embedder ("" = none)
 
+ON_DUPLICATE = ("keep", "reinforce", "link")  # what a collective does with a duplicate
+ON_DUPLICATE_NAME_MAX = 32  # characters of a choice in an event (a later release's too)
+DUPLICATE_SIMILARITY = 0.95  # cosine similarity from which a new experience is a duplicate
 # the text analyzers a collective may name: eventlog.languages
 LANGUAGE_NAME_MAX = 64  # the name of one, as an event may carry it
 SOURCE_TASK_MAX = 1024  # characters of an experience's source_task
@@ -168,6 +171,9 @@ def check_ranges(event: ev.Event) -> None:
             # a name this release does not know (a later one's) is not refused: the
             # projection analyzes such a collective as "simple" (projections.language)
             _chars("language", event.language, 0, LANGUAGE_NAME_MAX)
+            # (as the language: a choice this release does not know reads as "keep")
+            _chars("on_duplicate", event.on_duplicate, 0, ON_DUPLICATE_NAME_MAX)
+            _score("duplicate_similarity", event.duplicate_similarity)
         case ev.ExperienceRecorded():
             _utf8("content", event.content, 1, CONTENT_MAX_BYTES)
             _embedding("embedding", event.embedding)

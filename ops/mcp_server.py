@@ -258,18 +258,32 @@ async def remember(
         ),
     ] = None,
     visibility: Visible = "team",
+    on_duplicate: Annotated[
+        models.OnDuplicate | None,
+        Field(
+            description="if it duplicates a live experience of yours: keep both, reinforce "
+            "that one instead, or link the two (default: the collective's setting)"
+        ),
+    ] = None,
     idempotency_key: IdempotencyKey = None,
 ) -> dict[str, Any]:
-    """Record an experience (what you learned); returns its id."""
+    """Record an experience (what you learned); returns its id and what was done:
+    {"experience_id", "outcome": "recorded" | "reinforced" | "linked", "duplicate_of"}
+    (reinforced: the id is the live experience it duplicates, counted once more)."""
     db = instance(ctx)
     c = await db.find_collective(collective)
     eid = await db.record_experience(
         c.collective_id, content, embedding, experience_type={"kind": kind, **(details or {})},
         importance=importance, confidence=confidence, domain=domain or [],
         related_files=related_files or [], source_agent=agent, visibility=visibility,
-        idempotency_key=idempotency_key,
+        on_duplicate=on_duplicate, idempotency_key=idempotency_key,
     )  # fmt: skip
-    return {"experience_id": str(eid)}
+    of = getattr(eid, "duplicate_of", None)
+    return {
+        "experience_id": str(eid),
+        "outcome": getattr(eid, "outcome", "recorded"),
+        "duplicate_of": None if of is None else str(of),
+    }
 
 
 async def recall(

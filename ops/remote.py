@@ -234,11 +234,39 @@ def decode(name: str, content: bytes, returns: Any = None) -> Any:
     return msgspec.json.decode(content, type=returns)
 
 
+_READ_HEADERS = ("pulse-outcome", "pulse-duplicate-of", "pulse-outcomes")
+
+
+def recorded(result: Any, headers: dict[str, str]) -> Any:
+    """A record's id (or a batch's ids) as ``sync.models.Recorded``, with the outcome the
+    service's headers say (``ops.http.api.outcome_headers``); any other result as it is."""
+    from uuid import UUID
+
+    from sync.models import Recorded
+
+    outcome = headers.get("pulse-outcome")
+    if outcome is not None and isinstance(result, UUID):
+        of = headers.get("pulse-duplicate-of")
+        return Recorded(result, outcome, None if of is None else UUID(of))  # type: ignore[arg-type]
+    outcomes = headers.get("pulse-outcomes")
+    if outcomes is not None and isinstance(result, list):
+        said = outcomes.split(",")
+        if len(said) == len(result):  # (a reinforced one's id is the one it duplicates)
+            return [
+                Recorded(r, o, None if o == "recorded" else r if o == "reinforced" else None)  # type: ignore[arg-type]
+                for r, o in zip(result, said, strict=True)
+            ]
+    return result
+
+
 class Response:
     """What the service answered: status, body, and the host asked."""
 
-    def __init__(self, status_code: int, content: bytes, host: str) -> None:
+    def __init__(
+        self, status_code: int, content: bytes, host: str, headers: dict[str, str] | None = None
+    ) -> None:
         self.status_code, self.content, self.host = status_code, content, host
+        self.headers = headers or {}  # (the few a client reads, by lower-case name)
 
     @property
     def text(self) -> str:
@@ -338,7 +366,7 @@ class RemotePulseDB:
         if response.status_code == 404 and method.optional:
             return None  # the service answers a getter's None with 404
         raise_for(response)
-        return decode(name, response.content, method.returns)
+        return recorded(decode(name, response.content, method.returns), response.headers)
 
     def _post(self, path: str, body: bytes) -> Response:
         """One request, on a kept-alive connection when one is idle (blocking: a thread)."""
@@ -358,7 +386,8 @@ class RemotePulseDB:
             connection.close()
         else:
             self._idle.append(connection)
-        return Response(answer.status, content, self._host)
+        said = {k.lower(): v for k, v in answer.getheaders() if k.lower() in _READ_HEADERS}
+        return Response(answer.status, content, self._host, said)
 
     def _connection(self) -> http.client.HTTPConnection:
         import http.client

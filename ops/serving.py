@@ -442,7 +442,7 @@ class EdgeProtocol(_SendDeadline, HttpToolsProtocol):
                 return
         super()._start_asgi_task(cycle, app)
 
-    def _answered(self, cycle: Any) -> Callable[[bytes], Any]:
+    def _answered(self, cycle: Any) -> Callable[[bytes, list[tuple[bytes, bytes]]], Any]:
         """What writes a call's answer of ``cycle``: the bytes uvicorn's ``send`` writes
         for its two messages (status line, uvicorn's default headers, Content-Length,
         Content-Type JSON, ``connection: close`` where the connection does not stay,
@@ -450,7 +450,7 @@ class EdgeProtocol(_SendDeadline, HttpToolsProtocol):
         response complete, the connection closed or on to its next request)."""
         flow = self.flow
 
-        async def answered(body: bytes) -> None:
+        async def answered(body: bytes, extra: list[tuple[bytes, bytes]]) -> None:
             if flow.write_paused and not cycle.disconnected:
                 await flow.drain()
             if cycle.disconnected:
@@ -463,6 +463,8 @@ class EdgeProtocol(_SendDeadline, HttpToolsProtocol):
             for name, value in cycle.default_headers:
                 head += (name, b": ", value, b"\r\n")
             head.append(b"content-length: %d\r\ncontent-type: application/json\r\n" % len(body))
+            for name, value in extra:  # (a record's outcome: ops.http.api.outcome_headers)
+                head += (name, b": ", value, b"\r\n")
             if not cycle.keep_alive:
                 head.append(b"connection: close\r\n")
             head.append(b"\r\n")

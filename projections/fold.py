@@ -247,7 +247,8 @@ def _placement_rank(group: Placed) -> tuple[Any, ...]:
 class CollectiveRow(Row):
     KEY = ("collective_id",)
     CREATE = ("owner_id", "name", "embedding_dimension", "embedder", "created_hlc",
-              "author_owner", "author_agent", "language")  # fmt: skip
+              "author_owner", "author_agent", "language", "on_duplicate",
+              "duplicate_similarity")  # fmt: skip
 
     collective_id: UUID
     create_event: UUID | None = None
@@ -260,6 +261,10 @@ class CollectiveRow(Row):
     author_owner: str | None = None  # the principal that created it
     author_agent: str | None = None
     language: str | None = None  # its text analyzer; None: English (projections.language)
+    # what recording a duplicate does (limits.ON_DUPLICATE), and from what similarity;
+    # None: keep (a collective of schema 4 or before)
+    on_duplicate: str | None = None
+    duplicate_similarity: float | None = None
 
 
 @dataclass(slots=True)
@@ -611,7 +616,8 @@ def row_of(event: ev.Event) -> Row | None:
                 event.collective_id, event.event_id, event.owner_id, event.name,
                 event.embedding_dimension, event.embedder, event.hlc,
                 author_owner=event.author_owner, author_agent=event.author_agent,
-                language=event.language or None,
+                language=event.language or None, on_duplicate=event.on_duplicate or None,
+                duplicate_similarity=event.duplicate_similarity or None,
             )  # fmt: skip
         case ev.CollectiveDeleted():
             return CollectiveRow(event.collective_id, deleted=True)

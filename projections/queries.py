@@ -31,6 +31,7 @@ import msgspec
 from eventlog import events as ev
 from eventlog.access import DEFAULT_VISIBILITY, Principal, TokenInfo, Viewer, visibility_code
 from eventlog.languages import AUTO, ENGLISH
+from eventlog.limits import DUPLICATE_SIMILARITY, ON_DUPLICATE
 from projections.fold import CollectiveRow, ExperienceRow, InsightRow, RelationRow, SessionRow
 from projections.language import of_query
 
@@ -202,6 +203,12 @@ class Collective(msgspec.Struct, frozen=True, kw_only=True):
     embedder: str | None  # the text embedder it uses; None: callers bring vectors
     created_ms: int
     language: str = "english"  # how its text is analyzed for search (projections.language)
+    # what recording an experience close to a live one of the same type and visibility,
+    # by the same owner, does: "keep" (both stay), "reinforce" (the one there counts one
+    # more application instead) or "link" (both stay, related); close: a cosine
+    # similarity of at least ``duplicate_similarity``
+    on_duplicate: str = "keep"
+    duplicate_similarity: float = DUPLICATE_SIMILARITY
 
 
 class Wisdom(msgspec.Struct, frozen=True, kw_only=True):
@@ -598,6 +605,30 @@ class _Columns:
         selected: npt.NDArray[np.int64] = self.vec_ids[self._keep(flt)]
         return selected
 
+    def duplicates(
+        self, experience_type: str, visibility: str, owner: str | None, agent: str | None
+    ) -> npt.NDArray[np.int64]:
+        """The vec_ids of the rows a new experience of this type and visibility by this
+        author may duplicate: live, not archived, true now, of the same type and
+        visibility, by the same owner (any of its agents; a private one: by the same
+        author, the only one who sees it)."""
+        import numpy as np
+
+        keep = self.alive & ~self.archived & (self.types == experience_type)
+        keep &= self.visibility == visibility_code(visibility)
+        valid = self._valid(ANY_LIVE.validity())
+        if valid is not None:
+            keep &= valid
+        private = visibility == "private"
+        codes = [
+            code
+            for (who, whose), code in self.authors.items()
+            if who == owner and (whose == agent or not private)
+        ]
+        keep &= np.isin(self.author, codes)
+        selected: npt.NDArray[np.int64] = self.vec_ids[keep]
+        return selected
+
     def of_task(self, source_task: str) -> list[UUID]:
         """The ids of the live rows recorded for ``source_task``."""
         return list(self.ids[self._task(source_task) & self.alive])
@@ -737,6 +768,40 @@ def similar_ids(
     keyed = [(index.keys[v], s) for v, s in hits if v in index.keys]
     keyed.sort(key=lambda hit: (-hit[1], hit[0]))  # equal scores in one order on every host
     return keyed
+
+
+def duplicate_of(
+    p: Projection,
+    collective_id: UUID,
+    vector: npt.NDArray[np.float32],
+    experience_type: str,
+    visibility: str,
+    author: tuple[str | None, str | None],
+    similarity: float,
+) -> tuple[UUID, float] | None:
+    """(id, cosine similarity) of the live experience a new one of this vector by
+    ``author`` (owner, agent) would duplicate: of the same type and visibility, written
+    by the same owner (a private one: by the same author), not archived, true now, at
+    least ``similarity`` close; the closest, and of equal ones the least id. None when
+    there is none."""
+    import numpy as np
+
+    p.sync_indexes()
+    index = p.vectors.get(("experience", collective_id))
+    if index is None or p.live_dimension(collective_id) is None:
+        return None
+    allowed = _columns(p, collective_id).duplicates(experience_type, visibility, *author)
+    if not len(allowed):
+        return None
+    query = np.asarray(vector, dtype=np.float32).reshape(1, -1)
+    hits = index.search(query, DUPLICATE_TIES, allowed=allowed)
+    keyed = [(index.keys[v], s) for v, s in hits if v in index.keys and s >= similarity]
+    if not keyed:
+        return None
+    return min(keyed, key=lambda hit: (-hit[1], hit[0]))
+
+
+DUPLICATE_TIES = 8  # nearest rows a duplicate is chosen among (equal ones: the least id)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -1129,6 +1194,8 @@ def _collective(row: CollectiveRow) -> Collective:
         collective_id=row.collective_id, owner_id=row.owner_id or "", name=row.name or "",
         embedding_dimension=int(row.embedding_dimension or 0), embedder=row.embedder or None,
         created_ms=ev.hlc_millis(row.created_hlc or 0), language=row.language or ENGLISH,
+        on_duplicate=row.on_duplicate or "keep" if row.on_duplicate in ON_DUPLICATE else "keep",
+        duplicate_similarity=row.duplicate_similarity or DUPLICATE_SIMILARITY,
     )  # fmt: skip
 
 

@@ -64,7 +64,8 @@ CREATE TABLE IF NOT EXISTS collective_rows (
     collective_id UUID PRIMARY KEY, create_event UUID, owner_id VARCHAR, name VARCHAR,
     embedding_dimension INTEGER, embedder VARCHAR, created_hlc UBIGINT,
     deleted BOOLEAN NOT NULL,
-    updated_seq BIGINT, author_owner VARCHAR, author_agent VARCHAR, language VARCHAR);
+    updated_seq BIGINT, author_owner VARCHAR, author_agent VARCHAR, language VARCHAR,
+    on_duplicate VARCHAR, duplicate_similarity DOUBLE);
 CREATE TABLE IF NOT EXISTS experience_rows (
     experience_id UUID PRIMARY KEY, create_event UUID, collective_id UUID, content VARCHAR,
     embedding BLOB, experience_type VARCHAR, type_data VARCHAR, source_agent VARCHAR,
@@ -141,7 +142,9 @@ VIEWS = """
 CREATE OR REPLACE VIEW collectives AS
 SELECT collective_id, owner_id, name, embedding_dimension, embedder,
        epoch_ms((created_hlc >> 16)::BIGINT) AS created_at, author_owner, author_agent,
-       coalesce(language, 'english') AS language
+       coalesce(language, 'english') AS language,
+       coalesce(on_duplicate, 'keep') AS on_duplicate,
+       coalesce(duplicate_similarity, 0.95) AS duplicate_similarity
 FROM collective_rows WHERE create_event IS NOT NULL AND NOT deleted;
 
 CREATE OR REPLACE VIEW applications AS
@@ -347,10 +350,13 @@ DIGEST_BY_COLLECTIVE["undecodable"] = DIGEST_QUERIES["undecodable"].replace(
 # from_version -> statements that bring the schema to from_version + 1
 MIGRATIONS: dict[int, list[Migration]] = {
     # 9: a language per document (an experience's and an insight's, in a collective of
-    # "auto"), and "auto" read from an old collective's choice (eventlog.codec)
+    # "auto"), and "auto" read from an old collective's choice (eventlog.codec); what a
+    # collective does with a duplicate (those before keep it)
     8: [
         "ALTER TABLE experience_rows ADD COLUMN IF NOT EXISTS language VARCHAR",
         "ALTER TABLE insight_rows ADD COLUMN IF NOT EXISTS language VARCHAR",
+        "ALTER TABLE collective_rows ADD COLUMN IF NOT EXISTS on_duplicate VARCHAR",
+        "ALTER TABLE collective_rows ADD COLUMN IF NOT EXISTS duplicate_similarity DOUBLE",
         lambda con: _auto_collectives(con),
     ],
     # 8: threads (an agent framework's checkpoints; sync.threads): their tables are new,

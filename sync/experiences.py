@@ -23,6 +23,7 @@ import pydantic
 
 from eventlog import events as ev
 from eventlog.errors import Forbidden, NotFollowed, NotFoundError, ValidationError
+from eventlog.limits import DUPLICATE_SIMILARITY
 from projections import naming, queries
 from projections.language import AUTO
 from projections.projection import Projection
@@ -67,6 +68,8 @@ class Experiences:
         # announce the same total); different experiences go in parallel. An entry is
         # (lock, calls holding or waiting for it) and goes when the last of them is done.
         self._reinforce_locks: dict[UUID, tuple[asyncio.Lock, int]] = {}
+        # one call at a time per collective that looks for duplicates (``_deduplicated``)
+        self._dedup_locks: dict[UUID, tuple[asyncio.Lock, int]] = {}
 
     @idempotent
     async def create_collective(
@@ -77,6 +80,8 @@ class Experiences:
         *,
         embedder: str | None = None,
         language: models.Language | None = None,
+        on_duplicate: models.OnDuplicate | None = None,
+        duplicate_similarity: float | None = None,
         idempotency_key: str | None = None,
     ) -> UUID:
         """A new collective. Its embedding dimension is fixed for good; with an
@@ -86,7 +91,12 @@ class Experiences:
         "english", "german", "ukrainian", "chinese", ... (``projections.language``), or
         "auto" (the default): each text in the language detected from it, recorded as it
         is written (``simple`` for text too short to tell), and each query in every
-        language it could be. A
+        language it could be. ``on_duplicate`` says what recording an experience whose
+        vector is at least ``duplicate_similarity`` (cosine, default 0.95) close to a
+        live one of the same type and visibility, written by the same owner, does:
+        "keep" (the default: both stay), "reinforce" (the one there counts one more
+        application instead) or "link" (both stay, related); a call may say otherwise
+        for itself (``record_experience``). A
         principal creates collectives of its own owner only (admins: of any)."""
         me = self.gate.me()
         me.need_write()
@@ -103,6 +113,7 @@ class Experiences:
         spec = validated(
             models.CollectiveIn, owner_id=owner_id, name=name,
             embedding_dimension=embedding_dimension, embedder=embedder, language=language,
+            on_duplicate=on_duplicate, duplicate_similarity=duplicate_similarity,
         )  # fmt: skip
         chosen = spec.language or AUTO  # recorded as asked: "auto" is a choice of its own
         dimension = spec.embedding_dimension
@@ -116,7 +127,8 @@ class Experiences:
             ev.CollectiveCreated(
                 **self.writer.common(), collective_id=collective_id, owner_id=spec.owner_id,
                 name=spec.name, embedding_dimension=dimension, embedder=spec.embedder or "",
-                language=chosen,
+                language=chosen, on_duplicate=spec.on_duplicate or "keep",
+                duplicate_similarity=spec.duplicate_similarity or DUPLICATE_SIMILARITY,
             )
         )  # fmt: skip
         return collective_id
@@ -225,19 +237,28 @@ class Experiences:
         source_task: str | None = None,
         visibility: ev.Visibility = "team",
         valid_from: int | str | None = None,
+        on_duplicate: models.OnDuplicate | None = None,
         idempotency_key: str | None = None,
     ) -> UUID:
         """Record what an agent learned. ``embedding`` may be left out when the collective
         has an embedder (the content is embedded). ``visibility``: who may see it,
         "private" (its author), "team" (the collective's members) or "org" (everyone).
         ``valid_from``: when it became true (Unix ms or ISO 8601; default: now).
-        Returns the new experience's id once this host has applied it."""
+        ``on_duplicate``: what to do if it duplicates a live experience, for this call
+        ("keep", "reinforce" or "link"; default: the collective's, ``create_collective``).
+        Returns, once this host has applied it, the id of the experience that holds the
+        lesson, a ``models.Recorded``: a UUID that says what was done (``outcome``
+        "recorded", "reinforced": the id of the one reinforced, or "linked", and
+        ``duplicate_of``). The decision is this host's, from the state it has applied,
+        and what it wrote says it, so every host holds the same; two hosts writing the
+        same lesson at the same moment may both record it (a later one then reinforces
+        or links the closest of them, the least id of equals)."""
         fields: dict[str, Any] = {
             "collective_id": collective_id, "content": content, "embedding": embedding,
             "embedder": embedder, "importance": importance, "confidence": confidence,
             "domain": list(domain), "related_files": list(related_files),
             "source_agent": source_agent, "source_task": source_task,
-            "visibility": visibility, "valid_from": valid_from,
+            "visibility": visibility, "valid_from": valid_from, "on_duplicate": on_duplicate,
         }  # fmt: skip
         if experience_type is not None:
             fields["experience_type"] = experience_type
@@ -245,10 +266,13 @@ class Experiences:
         collective = await self.gate.writable(spec.collective_id)
         vector = await vector_for(collective, spec.content, spec.embedding, spec.embedder)
         (language,) = await text_languages(collective, [spec.content])
+        if (spec.on_duplicate or collective.on_duplicate) in DEDUPING:
+            (found,) = await self._deduplicated(collective, [spec], [vector], [language])
+            return found
         experience_id = await self.writer.entity_id("experience", spec.collective_id)
         event = _recorded(self.writer.common(), experience_id, spec, vector, language)
         await self.writer.write(event)
-        return event.experience_id
+        return models.Recorded(event.experience_id)
 
     @idempotent
     async def record_experiences(
@@ -320,6 +344,8 @@ class Experiences:
             for i, vector in zip(missing, made, strict=True):
                 vectors[i] = vector
         languages = await text_languages(collective, [spec.content for spec in specs])
+        if any((spec.on_duplicate or collective.on_duplicate) in DEDUPING for spec in specs):
+            return await self._deduplicated(collective, specs, vectors, languages)  # type: ignore[arg-type]
         events = [
             _recorded(self.writer.common(), self.writer.new_id(), spec, vector, language)  # type: ignore[arg-type]
             for spec, vector, language in zip(specs, vectors, languages, strict=True)
@@ -327,7 +353,83 @@ class Experiences:
         await self.writer.write_many(
             events, atomic=True
         )  # fresh ids: a stored copy changes nothing
-        return [e.experience_id for e in events]
+        return [models.Recorded(e.experience_id) for e in events]
+
+    async def _deduplicated(
+        self,
+        collective: queries.Collective,
+        specs: Sequence[models.ExperienceIn],
+        vectors: Sequence[npt.NDArray[np.float32]],
+        languages: Sequence[str],
+    ) -> list[UUID]:
+        """Record experiences of which some may duplicate a live one (``on_duplicate``,
+        theirs or the collective's), or one recorded before them in the same call: each
+        is recorded, reinforces the one it duplicates, or is recorded and related to it,
+        all in one atomic batch. One such call at a time per collective on this host, so
+        that each decides on what the one before it wrote."""
+        cid = collective.collective_id
+        me = self.gate.me()
+        author = (me.owner, me.agent)
+        similarity = collective.duplicate_similarity
+        async with holding(self._dedup_locks, cid):
+            asked = [
+                (vector, _event_type_tag(spec), spec.visibility)
+                for spec, vector in zip(specs, vectors, strict=True)
+            ]
+            found = await self.reads.read(_duplicates_of, cid, asked, author, similarity)
+            events: list[ev.Event] = []
+            results: list[UUID] = []
+            reinforced: dict[UUID, int] = {}  # the experiences reinforced: how often
+            for index, (spec, vector, language) in enumerate(
+                zip(specs, vectors, languages, strict=True)
+            ):
+                mode = spec.on_duplicate or collective.on_duplicate
+                duplicate = found[index] if mode in DEDUPING else None
+                if duplicate is None:  # (a new one: those after it may duplicate it)
+                    new_id = await self._new_experience_id(cid, len(specs))
+                    events.append(_recorded(self.writer.common(), new_id, spec, vector, language))
+                    results.append(models.Recorded(new_id))
+                    found = _with_new(found, index, asked, new_id, similarity)
+                    continue
+                target, score = duplicate
+                if mode == "reinforce":
+                    reinforced[target] = reinforced.get(target, 0) + 1
+                    results.append(models.Recorded(target, "reinforced", target))
+                    continue
+                new_id = await self._new_experience_id(cid, len(specs))
+                events.append(_recorded(self.writer.common(), new_id, spec, vector, language))
+                events.append(
+                    ev.RelationStored(
+                        **self.writer.common(), relation_id=self.writer.new_id(),
+                        collective_id=cid, source_id=new_id, target_id=target,
+                        relation_type="RelatedTo", strength=min(max(score, 0.0), 1.0),
+                        metadata=DUPLICATE_METADATA, visibility=spec.visibility,
+                    )
+                )  # fmt: skip
+                results.append(models.Recorded(new_id, "linked", target))
+            async with contextlib.AsyncExitStack() as stack:
+                for target in sorted(reinforced):  # (in one order: no two calls deadlock)
+                    await stack.enter_async_context(self._reinforcing(target))
+                totals = {t: await self._own_total(t) + n for t, n in reinforced.items()}
+                common = self.writer.common
+                events += [
+                    ev.ExperienceReinforced(
+                        **common(), experience_id=t, collective_id=cid, applications=total
+                    )
+                    for t, total in totals.items()
+                ]
+                if len(events) == 1:
+                    await self.writer.write(events[0])
+                else:
+                    await self.writer.write_many(events, atomic=True)
+                self._acknowledged(totals)
+        return results
+
+    async def _new_experience_id(self, collective_id: UUID, calls: int) -> UUID:
+        """A new experience's id: one whose key is made ahead for a single record."""
+        if calls == 1:
+            return await self.writer.entity_id("experience", collective_id)
+        return self.writer.new_id()
 
     @as_of_read
     async def get_experience(
@@ -489,16 +591,27 @@ class Experiences:
         collective_id = await self.gate.entity("experience", experience_id, write=True)
         assert collective_id is not None
         async with self._reinforcing(experience_id):
-            own = self._own.get(experience_id)
-            if own is None:
-                own = await self.reads.read(_own_total, experience_id, self.writer.instance_id)
-            total = own + 1
+            total = await self._own_total(experience_id) + 1
             await self.writer.write(
                 ev.ExperienceReinforced(
                     **self.writer.common(), experience_id=experience_id,
                     collective_id=collective_id, applications=total,
                 )
             )  # fmt: skip
+            self._acknowledged({experience_id: total})
+        return await self.reads.read(queries.total_applications, experience_id)
+
+    async def _own_total(self, experience_id: UUID) -> int:
+        """This incarnation's last acknowledged total of an experience (its reinforcement
+        lock held): kept, or read back from the projection."""
+        own = self._own.get(experience_id)
+        if own is None:
+            own = await self.reads.read(_own_total, experience_id, self.writer.instance_id)
+        return own
+
+    def _acknowledged(self, totals: Mapping[UUID, int]) -> None:
+        """Keep the totals an append just acknowledged (their locks still held)."""
+        for experience_id, total in totals.items():
             if idempotency.CURRENT.get() is not None:  # a retry may have stored nothing:
                 self._own.pop(experience_id, None)  # the projection has the total
             else:
@@ -506,7 +619,6 @@ class Experiences:
                 self._own.move_to_end(experience_id)
                 while len(self._own) > OWN_MAX:
                     self._own.popitem(last=False)
-        return await self.reads.read(queries.total_applications, experience_id)
 
     def _reinforcing(self, experience_id: UUID) -> contextlib.AbstractAsyncContextManager[None]:
         """Hold the reinforcement lock of an experience (``sync.core.holding``)."""
@@ -554,6 +666,56 @@ def _recorded(
         related_files=tuple(spec.related_files), source_task=spec.source_task,
         visibility=spec.visibility, valid_from_ms=spec.valid_from, language=language,
     )  # fmt: skip
+
+
+DEDUPING = ("reinforce", "link")  # the choices of on_duplicate that look for duplicates
+DUPLICATE_METADATA = '{"duplicate": true}'  # of the relation a linked duplicate gets
+
+# what a new experience may duplicate: (vector, type tag, visibility) of each
+Asked = Sequence[tuple[npt.NDArray[np.float32], str, str]]
+Duplicate = tuple[UUID, float] | None
+
+
+def _event_type_tag(spec: models.ExperienceIn) -> str:
+    """The variant name of an experience's type, e.g. "Fact" (as the fold stores it)."""
+    tag: str = type(_event_type(spec.experience_type)).__struct_config__.tag  # type: ignore[assignment]
+    return tag
+
+
+def _duplicates_of(
+    p: Projection,
+    collective_id: UUID,
+    asked: Asked,
+    author: tuple[str | None, str | None],
+    similarity: float,
+) -> list[Duplicate]:
+    """``queries.duplicate_of`` of each new experience, in one read."""
+    return [
+        queries.duplicate_of(p, collective_id, vector, tag, visibility, author, similarity)
+        for vector, tag, visibility in asked
+    ]
+
+
+def _with_new(
+    found: list[Duplicate], index: int, asked: Asked, new_id: UUID, similarity: float
+) -> list[Duplicate]:
+    """``found`` with the experience ``asked[index]`` (recorded as ``new_id`` by this
+    call) as what each one after it duplicates, where it is closer than what was found
+    (of equal ones, the least id)."""
+    vector, tag, visibility = asked[index]
+    unit = vector / (float(np.linalg.norm(vector)) or 1.0)
+    updated = list(found)
+    for later in range(index + 1, len(asked)):
+        other, other_tag, other_visibility = asked[later]
+        if (other_tag, other_visibility) != (tag, visibility):
+            continue
+        score = float(unit @ (other / (float(np.linalg.norm(other)) or 1.0)))
+        if score < similarity:
+            continue
+        there = updated[later]
+        if there is None or (-score, new_id) < (-there[1], there[0]):
+            updated[later] = (new_id, score)
+    return updated
 
 
 def _error(index: int, message: str, field: str | None = None) -> dict[str, Any]:

@@ -408,6 +408,10 @@ def to_event_type(value: BaseModel) -> ev.ExperienceType:
 
 # -- collectives ---------------------------------------------------------------------------
 
+# what recording an experience close to a live one does (``queries.Collective``)
+OnDuplicate = Literal["keep", "reinforce", "link"]
+Outcome = Literal["recorded", "reinforced", "linked"]
+
 
 def _language(value: str) -> str:
     if value != AUTO:
@@ -431,6 +435,8 @@ class CollectiveIn(_Input):
         Annotated[str, StringConstraints(min_length=1, max_length=EMBEDDER_NAME_MAX)] | None
     ) = None
     language: Language | None = None
+    on_duplicate: OnDuplicate | None = None  # None: "keep"
+    duplicate_similarity: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
 
     @model_validator(mode="after")
     def _dimension_given(self) -> CollectiveIn:
@@ -442,6 +448,28 @@ class CollectiveIn(_Input):
 
 
 # -- experiences ---------------------------------------------------------------------------
+
+
+class Recorded(UUID):
+    """What ``record_experience`` returns: the id of the experience that holds the lesson
+    (a UUID like any other), and what the call did, ``outcome``: "recorded" (a new
+    experience), "reinforced" (it duplicated a live one, which counted one more
+    application instead: this is that one's id) or "linked" (a new experience, related
+    to the live one it duplicates). ``duplicate_of``: that one (None when recorded)."""
+
+    __slots__ = ("outcome", "duplicate_of")
+    outcome: Outcome
+    duplicate_of: UUID | None
+
+    def __init__(
+        self, value: UUID, outcome: Outcome = "recorded", duplicate_of: UUID | None = None
+    ) -> None:
+        super().__init__(int=value.int)
+        object.__setattr__(self, "outcome", outcome)
+        object.__setattr__(self, "duplicate_of", duplicate_of)
+
+    def __repr__(self) -> str:
+        return f"Recorded({str(self)!r}, {self.outcome!r})"
 
 
 class ExperienceItemIn(_Input):
@@ -466,6 +494,7 @@ class ExperienceItemIn(_Input):
     ) = None
     visibility: ev.Visibility = "team"  # private (its author), team (members), org (all)
     valid_from: Moment | None = None  # when it became true; None: when it is recorded
+    on_duplicate: OnDuplicate | None = None  # None: its collective's
 
 
 class ExperienceIn(ExperienceItemIn):

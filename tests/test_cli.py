@@ -177,7 +177,8 @@ def _every_operation(
     cid = ok("collective", "create", "team", "--owner", "ana", "--embedder", "hash")
     assert js("collective", "list", "--owner", "ana") == [
         {"collective_id": cid, "owner_id": "ana", "name": "team", "embedding_dimension": 384,
-         "embedder": "hash", "created_ms": ANY_INT, "language": "english"}
+         "embedder": "hash", "created_ms": ANY_INT, "language": "auto",
+         "on_duplicate": "keep", "duplicate_similarity": 0.95}
     ]  # fmt: skip
     a = ok(
         "record",

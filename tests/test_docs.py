@@ -84,7 +84,7 @@ def test_every_named_example_is_run_by_a_test() -> None:
     run_here = {
         "quickstart-cli", "readme-quickstart", "http-curl", "python-log", "python-instance",
         "python-context", "two-owners", "as-of", "readme-python", "langgraph-two-hosts",
-        "langgraph-store",
+        "langgraph-store", "concepts-languages", "concepts-duplicates",
     }  # fmt: skip
     run_elsewhere = {"snapshot-python"}  # tests/test_snapshot.py, against a running service
     assert set(documented()) == run_here | run_elsewhere
@@ -136,6 +136,14 @@ def test_the_quickstart_prints_what_it_shows(tmp_path: Path) -> None:
     assert len(quickstart.code.splitlines()) >= 10
     with docs_schema.serving(tmp_path / ".pulse"):
         run_console(quickstart.code, tmp_path, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["concepts-languages", "concepts-duplicates"])
+def test_the_concepts_examples_print_what_they_show(name: str, tmp_path: Path) -> None:
+    """Languages per document in a Latin-named default collective, and a duplicate
+    reinforced, as the concepts page shows them (each command with its own embedded
+    NATS, as without `pulse up`)."""
+    run_console(example(name).code, tmp_path, tmp_path)
 
 
 def test_the_readme_quickstart_is_the_start_of_the_tested_one() -> None:

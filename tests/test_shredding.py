@@ -22,6 +22,7 @@ from eventlog.sealing import Sealer
 from eventlog.subjects import collective_subject
 from ops.cluster import LocalCluster
 from projections.projection import Projection, ProjectionSettings
+from projections.text import WORDS
 from sync import PulseDB
 from tests.harness import PULSE, cli_env, eventually, scan
 
@@ -30,13 +31,16 @@ DIM = 16
 
 def _term_count(db: PulseDB, term: str) -> Awaitable[int]:
     """Documents of the text index holding ``term``, deleted ones included (tantivy only
-    marks a deleted document: its terms stay in the segment until it is rewritten)."""
+    marks a deleted document: its terms stay in the segment until it is rewritten), in
+    the field of English words or of the words of any other language (the collective's
+    language is "auto": each text is in the field of the language detected)."""
 
     def count(p: Projection) -> int:
         p.text.commit()
         p.text.index.reload()
         searcher = p.text.index.searcher()
-        return sum(searcher.doc_freq(kind, term) for kind in ("experience", "insight"))
+        fields = [kind + part for kind in ("experience", "insight") for part in ("", WORDS)]
+        return sum(searcher.doc_freq(field, term) for field in fields)
 
     return db.engine.run(count)
 

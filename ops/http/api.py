@@ -45,12 +45,14 @@ from sync.access import Principal
 from sync.instance import PulseDB
 
 # a direct call: (body, principal, format, embeddings) -> the answer's JSON
-Call = Callable[[bytes, Principal, str, bool], Awaitable[bytes]]
+# a call's answer: its body, and the headers it adds (``outcome_headers``)
+Headers = list[tuple[bytes, bytes]]
+Call = Callable[[bytes, Principal, str, bool], Awaitable[tuple[bytes, Headers]]]
 # what Front takes of a request: its call, format, embeddings, declared body length and
 # Content-Type headers (None: no body)
 Taken = tuple[Call, str, bool, int, list[str] | None]
 # writes a call's answer (its JSON) as a 200 with Content-Length and Content-Type JSON
-Answered = Callable[[bytes], Awaitable[None]]
+Answered = Callable[[bytes, Headers], Awaitable[None]]
 
 
 def router(db: PulseDB, operations: Iterable[Declared]) -> APIRouter:
@@ -74,6 +76,7 @@ def router(db: PulseDB, operations: Iterable[Declared]) -> APIRouter:
             responses={
                 **contract.responses(contract.errors_of(operation)),
                 **(contract.SQL_RESULTS if name == "sql" else {}),
+                **RECORDED.get(name, {}),
             },
         )
     return routes
@@ -106,8 +109,9 @@ class Direct:
                 try:
                     request = Request(scope, receive, send)
                     raw = await request.body()
-                    answer = await call(raw, principal_of(request), *options)
+                    answer, extra = await call(raw, principal_of(request), *options)
                     response = Response(answer, media_type="application/json")
+                    response.raw_headers += extra
                 except PulseError as exc:
                     response = error_response(exc)
                 except ClientDisconnect:  # (as errors.answer_errors answers it)
@@ -220,7 +224,7 @@ class Front:
             scope[PRINCIPAL] = principal
             try:
                 raw = await _body(receive)
-                answer = await call(raw, principal, format, embeddings)
+                answer, extra = await call(raw, principal, format, embeddings)
             except PulseError as exc:
                 response = error_response(exc)
             except ClientDisconnect:  # (as errors.answer_errors answers it)
@@ -228,10 +232,10 @@ class Front:
             else:
                 status[0] = 200
                 if answered is not None:
-                    await answered(answer)
+                    await answered(answer, extra)
                     return
                 await send({"type": "http.response.start", "status": 200, "headers": [
-                    (b"content-length", str(len(answer)).encode()), _JSON]})  # fmt: skip
+                    (b"content-length", str(len(answer)).encode()), _JSON, *extra]})  # fmt: skip
                 await send({"type": "http.response.body", "body": answer})
                 return
         status[0] = response.status_code
@@ -402,7 +406,10 @@ def endpoint(db: PulseDB, operation: Declared) -> Callable[..., Awaitable[Respon
         embeddings: bool = EMBEDDINGS,
     ) -> Response:
         raw = await request.body()
-        return await respond(await answer(raw, principal_of(request)), format, embeddings)
+        result = await answer(raw, principal_of(request))
+        response = await respond(result, format, embeddings)
+        response.raw_headers += outcome_headers(result)
+        return response
 
     call.__name__ = operation.name
     return call
@@ -414,10 +421,53 @@ def direct(db: PulseDB, operation: Declared) -> Call:
     ``embeddings``) already read."""
     answer = answering(db, operation)
 
-    async def call(raw: bytes, principal: Principal, format: str, embeddings: bool) -> bytes:
-        return await content(await answer(raw, principal), format, embeddings)
+    async def call(
+        raw: bytes, principal: Principal, format: str, embeddings: bool
+    ) -> tuple[bytes, Headers]:
+        result = await answer(raw, principal)
+        return await content(result, format, embeddings), outcome_headers(result)
 
     return call
+
+
+OUTCOME = "Pulse-Outcome"  # what record_experience did: recorded, reinforced or linked
+DUPLICATE_OF = "Pulse-Duplicate-Of"  # the experience it duplicates (reinforced, linked)
+OUTCOMES = "Pulse-Outcomes"  # record_experiences: each item's outcome, in order, by commas
+
+
+def _header(description: str, **schema: Any) -> dict[str, Any]:
+    return {"description": description, "schema": {"type": "string", **schema}}
+
+
+_SAID = ("what the call did: recorded (a new experience), reinforced (it duplicated a live "
+         "one, which counted one more application; the id answered is that one's) or "
+         "linked (a new experience, related to the one it duplicates)")  # fmt: skip
+# the headers of a record's answer, for the schema (``outcome_headers`` writes them)
+RECORDED: dict[str, dict[int | str, dict[str, Any]]] = {
+    "record_experience": {200: {"description": "Successful Response", "headers": {
+        OUTCOME: _header(_SAID, enum=["recorded", "reinforced", "linked"]),
+        DUPLICATE_OF: _header("the live experience it duplicates (reinforced, linked)",
+                              format="uuid"),
+    }}},
+    "record_experiences": {200: {"description": "Successful Response", "headers": {
+        OUTCOMES: _header("each item's outcome, in the order of the items, by commas: "
+                          + _SAID),
+    }}},
+}  # fmt: skip
+
+
+def outcome_headers(result: Any) -> Headers:
+    """The headers that say what a record did (``models.Recorded``): its outcome and
+    what it duplicates, or a batch's outcomes; none for any other result."""
+    if isinstance(result, models.Recorded):
+        headers = [(OUTCOME.lower().encode(), result.outcome.encode())]
+        if result.duplicate_of is not None:
+            headers.append((DUPLICATE_OF.lower().encode(), str(result.duplicate_of).encode()))
+        return headers
+    if isinstance(result, list) and result and isinstance(result[0], models.Recorded):
+        said = ",".join(r.outcome for r in result)
+        return [(OUTCOMES.lower().encode(), said.encode())]
+    return []
 
 
 # items: a result of at most this many is encoded on the event loop (an item's embedding

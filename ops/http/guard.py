@@ -118,7 +118,8 @@ class Guard:
                 allow_methods=["GET", "POST", "DELETE"],
                 allow_headers=["Authorization", "Content-Type", "Accept", "Last-Event-ID",
                                "Mcp-Session-Id", "Mcp-Protocol-Version"],
-                expose_headers=["Mcp-Session-Id", "Retry-After", "WWW-Authenticate"],
+                expose_headers=["Mcp-Session-Id", "Retry-After", "WWW-Authenticate",
+                                "Pulse-Outcome", "Pulse-Duplicate-Of", "Pulse-Outcomes"],
             )  # fmt: skip
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
