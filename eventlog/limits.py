@@ -45,10 +45,9 @@ TYPE_TEXT_MAX = 10_000  # each text field of an experience type (not in PulseDB:
 TYPE_TEXT_LOG_MAX_BYTES = CONTENT_MAX_BYTES
 PATTERN_MAX = 10_000  # a wisdom pattern (not in PulseDB: our cap)
 EMBEDDER_NAME_MAX = 64  # the name of a collective's text embedder ("" = none)
-
-ON_DUPLICATE = ("keep", "reinforce", "link")  # what a collective does with a duplicate
-ON_DUPLICATE_NAME_MAX = 32  # characters of a choice in an event (a later release's too)
-DUPLICATE_SIMILARITY = 0.95  # cosine similarity from which a new experience is a duplicate
+# what a collective does with a duplicate (eventlog.recorded.ON_DUPLICATE): the
+# characters of a choice in an event (a later release's too)
+ON_DUPLICATE_NAME_MAX = 32
 # the text analyzers a collective may name: eventlog.languages
 LANGUAGE_NAME_MAX = 64  # the name of one, as an event may carry it
 SOURCE_TASK_MAX = 1024  # characters of an experience's source_task

@@ -242,7 +242,7 @@ def recorded(result: Any, headers: dict[str, str]) -> Any:
     service's headers say (``ops.http.api.outcome_headers``); any other result as it is."""
     from uuid import UUID
 
-    from sync.models import Recorded
+    from eventlog.recorded import Recorded
 
     outcome = headers.get("pulse-outcome")
     if outcome is not None and isinstance(result, UUID):

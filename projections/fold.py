@@ -261,7 +261,7 @@ class CollectiveRow(Row):
     author_owner: str | None = None  # the principal that created it
     author_agent: str | None = None
     language: str | None = None  # its text analyzer; None: English (projections.language)
-    # what recording a duplicate does (limits.ON_DUPLICATE), and from what similarity;
+    # what recording a duplicate does (eventlog.recorded.ON_DUPLICATE), and from what similarity;
     # None: keep (a collective of schema 4 or before)
     on_duplicate: str | None = None
     duplicate_similarity: float | None = None

@@ -31,7 +31,7 @@ import msgspec
 from eventlog import events as ev
 from eventlog.access import DEFAULT_VISIBILITY, Principal, TokenInfo, Viewer, visibility_code
 from eventlog.languages import AUTO, ENGLISH
-from eventlog.limits import DUPLICATE_SIMILARITY, ON_DUPLICATE
+from eventlog.recorded import DUPLICATE_SIMILARITY, ON_DUPLICATE
 from projections.fold import CollectiveRow, ExperienceRow, InsightRow, RelationRow, SessionRow
 from projections.language import of_query
 

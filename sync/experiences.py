@@ -23,7 +23,7 @@ import pydantic
 
 from eventlog import events as ev
 from eventlog.errors import Forbidden, NotFollowed, NotFoundError, ValidationError
-from eventlog.limits import DUPLICATE_SIMILARITY
+from eventlog.recorded import DUPLICATE_SIMILARITY
 from projections import naming, queries
 from projections.language import AUTO
 from projections.projection import Projection
@@ -377,6 +377,7 @@ class Experiences:
                 for spec, vector in zip(specs, vectors, strict=True)
             ]
             found = await self.reads.read(_duplicates_of, cid, asked, author, similarity)
+            units = _units(asked) if len(asked) > 1 else np.zeros((1, 1), np.float32)
             events: list[ev.Event] = []
             results: list[UUID] = []
             reinforced: dict[UUID, int] = {}  # the experiences reinforced: how often
@@ -389,7 +390,7 @@ class Experiences:
                     new_id = await self._new_experience_id(cid, len(specs))
                     events.append(_recorded(self.writer.common(), new_id, spec, vector, language))
                     results.append(models.Recorded(new_id))
-                    found = _with_new(found, index, asked, new_id, similarity)
+                    found = _with_new(found, index, asked, units, new_id, similarity)
                     continue
                 target, score = duplicate
                 if mode == "reinforce":
@@ -407,6 +408,7 @@ class Experiences:
                     )
                 )  # fmt: skip
                 results.append(models.Recorded(new_id, "linked", target))
+                found = _with_new(found, index, asked, units, new_id, similarity)
             async with contextlib.AsyncExitStack() as stack:
                 for target in sorted(reinforced):  # (in one order: no two calls deadlock)
                     await stack.enter_async_context(self._reinforcing(target))
@@ -697,25 +699,31 @@ def _duplicates_of(
 
 
 def _with_new(
-    found: list[Duplicate], index: int, asked: Asked, new_id: UUID, similarity: float
-) -> list[Duplicate]:
+    found: list[Duplicate], index: int, asked: Asked, units: npt.NDArray[np.float32],
+    new_id: UUID, similarity: float,
+) -> list[Duplicate]:  # fmt: skip
     """``found`` with the experience ``asked[index]`` (recorded as ``new_id`` by this
     call) as what each one after it duplicates, where it is closer than what was found
-    (of equal ones, the least id)."""
-    vector, tag, visibility = asked[index]
-    unit = vector / (float(np.linalg.norm(vector)) or 1.0)
+    (of equal ones, the least id). ``units``: the vectors of ``asked``, of length 1."""
+    _, tag, visibility = asked[index]
     updated = list(found)
-    for later in range(index + 1, len(asked)):
-        other, other_tag, other_visibility = asked[later]
-        if (other_tag, other_visibility) != (tag, visibility):
-            continue
-        score = float(unit @ (other / (float(np.linalg.norm(other)) or 1.0)))
-        if score < similarity:
+    scores = units[index + 1 :] @ units[index]
+    for at in np.flatnonzero(scores >= similarity):
+        later, score = index + 1 + int(at), float(scores[at])
+        if asked[later][1:] != (tag, visibility):
             continue
         there = updated[later]
         if there is None or (-score, new_id) < (-there[1], there[0]):
             updated[later] = (new_id, score)
     return updated
+
+
+def _units(asked: Asked) -> npt.NDArray[np.float32]:
+    """The vectors of ``asked`` as rows of length 1 (cosine similarities: products)."""
+    matrix = np.asarray([vector for vector, _, _ in asked], dtype=np.float32)
+    lengths = np.linalg.norm(matrix, axis=1, keepdims=True)
+    unit = matrix / np.where(lengths > 0, lengths, np.float32(1.0))
+    return unit.astype(np.float32, copy=False)
 
 
 def _error(index: int, message: str, field: str | None = None) -> dict[str, Any]:

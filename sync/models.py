@@ -34,6 +34,7 @@ from pydantic import (
 )
 
 from eventlog import events as ev
+from eventlog import recorded as _recorded
 from eventlog.errors import ValidationError
 from eventlog.languages import LANGUAGES as LANGUAGES
 
@@ -410,7 +411,8 @@ def to_event_type(value: BaseModel) -> ev.ExperienceType:
 
 # what recording an experience close to a live one does (``queries.Collective``)
 OnDuplicate = Literal["keep", "reinforce", "link"]
-Outcome = Literal["recorded", "reinforced", "linked"]
+Outcome = _recorded.Outcome
+Recorded = _recorded.Recorded
 
 
 def _language(value: str) -> str:
@@ -448,28 +450,6 @@ class CollectiveIn(_Input):
 
 
 # -- experiences ---------------------------------------------------------------------------
-
-
-class Recorded(UUID):
-    """What ``record_experience`` returns: the id of the experience that holds the lesson
-    (a UUID like any other), and what the call did, ``outcome``: "recorded" (a new
-    experience), "reinforced" (it duplicated a live one, which counted one more
-    application instead: this is that one's id) or "linked" (a new experience, related
-    to the live one it duplicates). ``duplicate_of``: that one (None when recorded)."""
-
-    __slots__ = ("outcome", "duplicate_of")
-    outcome: Outcome
-    duplicate_of: UUID | None
-
-    def __init__(
-        self, value: UUID, outcome: Outcome = "recorded", duplicate_of: UUID | None = None
-    ) -> None:
-        super().__init__(int=value.int)
-        object.__setattr__(self, "outcome", outcome)
-        object.__setattr__(self, "duplicate_of", duplicate_of)
-
-    def __repr__(self) -> str:
-        return f"Recorded({str(self)!r}, {self.outcome!r})"
 
 
 class ExperienceItemIn(_Input):

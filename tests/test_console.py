@@ -351,6 +351,20 @@ def test_an_experience_recorded_through_the_api_appears_live(up: Service, consol
     made = tab.page.wait_for_selector("#recorded a").inner_text()
     assert call(up, "get_experience", experience_id=made)["visibility"] == "private"
     tab.page.wait_for_selector(f"#feed li[data-experience='{made}']")
+    # a collective that reinforces duplicates says so, and so does its form
+    lessons = call(up, "create_collective", owner_id="ana", name="lessons", embedder="hash",
+                   on_duplicate="reinforce")  # fmt: skip
+    first = record(up, lessons, "Retry NATS publishes with the same message id")
+    tab.open(f"/c/{lessons}")
+    assert "reinforce the one they duplicate (cosine ≥ 0.95)" in tab.page.inner_text("main")
+    assert "auto: each text its own" in tab.page.inner_text("main")
+    tab.page.fill("#record-form textarea[name=content]",
+                  "Retry NATS publishes with the same message id")  # fmt: skip
+    tab.page.click("#record-form button[type=submit]")
+    said = tab.page.wait_for_selector("#recorded >> text=A duplicate: reinforced")
+    assert said.inner_text().endswith(first)
+    tab.open(f"/c/{cid}")
+    tab.page.wait_for_selector("#feed[data-live=open]", state="attached")
     # and a presence change shows without a reload too
     call(
         up,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from uuid import UUID
@@ -242,3 +244,19 @@ async def test_every_surface_says_what_a_record_did(shared_service: Service) -> 
         settings = await client.post("/v1/get_collective", json={"collective_id": made_id})
         assert settings.json()["on_duplicate"] == "link"
         assert settings.json()["duplicate_similarity"] == 0.9
+
+
+def test_the_benchmark_runs_small() -> None:
+    """`python -m ops.bench.duplicates` (docs/benchmarks.md), at a size a test affords:
+    every figure, each beside the fixed-English peer and the raw publish."""
+    ran = subprocess.run(
+        [sys.executable, "-m", "ops.bench.duplicates", "--size", "40", "--writes", "4"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    figures = {line["figure"]: line for line in map(json.loads, ran.stdout.splitlines())}
+    assert list(figures) == ["english", "auto", "reinforce, new", "reinforce, duplicate",
+                             "link, duplicate", "raw publish"]  # fmt: skip
+    assert figures["english"]["vs_english"] == 1.0
+    assert all(f["p50_ms"] > 0 and f["vs_raw"] > 0 for f in figures.values())
+    assert "p50 vs raw" in ran.stderr

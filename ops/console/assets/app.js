@@ -35,7 +35,7 @@ class ApiError extends Error {
   }
 }
 
-async function api(name, body = {}) {
+async function api(name, body = {}, said = null) {
   const response = await fetch(`/v1/${name}`, {
     method: "POST",
     headers: { "Authorization": `Bearer ${state.token}`, "Content-Type": "application/json" },
@@ -50,6 +50,7 @@ async function api(name, body = {}) {
     signOut((data && data.message) || "the token was refused");
   }
   if (!response.ok) throw new ApiError(response.status, data);
+  if (said) said.headers = response.headers;  // (what a record did: Pulse-Outcome)
   return data;
 }
 
@@ -391,7 +392,8 @@ async function collectivePage(id, query, stops) {
         h("dt", null, "owner"), h("dd", null, c.owner_id),
         h("dt", null, "embedder"), h("dd", null, c.embedder || "vectors given by callers"),
         h("dt", null, "dimension"), h("dd", null, c.embedding_dimension),
-        h("dt", null, "language"), h("dd", null, c.language),
+        h("dt", null, "language"), h("dd", null, c.language === "auto" ? "auto: each text its own" : c.language),
+        h("dt", null, "duplicates"), h("dd", null, c.on_duplicate === "keep" ? "kept" : `${c.on_duplicate === "reinforce" ? "reinforce" : "linked to"} the one they duplicate (cosine ≥ ${c.duplicate_similarity})`),
         h("dt", null, "created"), h("dd", null, when(c.created_ms)))),
       card("Members",
         h("p", null, "Every principal of ", h("b", null, c.owner_id), " whose token is not limited to other collectives, and every admin."),
@@ -436,14 +438,17 @@ function recordForm(collective_id) {
     const data = new FormData(form);
     const domain = String(data.get("domain") || "").split(",").map((t) => t.trim()).filter(Boolean);
     try {
+      const said = {};
       const id = await api("record_experience", {
         collective_id, content: String(data.get("content")),
         ...(data.get("importance") === "" ? {} : { importance: Number(data.get("importance")) }),
         visibility: String(data.get("visibility")),
         ...(domain.length ? { domain } : {}),
-      });
+      }, said);
+      const outcome = (said.headers && said.headers.get("Pulse-Outcome")) || "recorded";
+      const words = { recorded: "Recorded ", reinforced: "A duplicate: reinforced ", linked: "Recorded, and linked to the one it duplicates: " };
       result.className = "good";
-      result.replaceChildren("Recorded ", h("a", { href: hashOf(`/e/${id}`) }, id));
+      result.replaceChildren(words[outcome] || "Recorded ", h("a", { href: hashOf(`/e/${id}`) }, id));
       form.reset();
     } catch (error) {
       result.className = "error";
