@@ -200,6 +200,12 @@ def of_query(text: str) -> tuple[str, ...]:
     return tuple(name for name in LANGUAGES if name in found)
 
 
+# English in a collective of "auto": tantivy's English words, and the grams every other
+# language's text has, so that a query's grams weigh alike in documents of any language
+# (without them, an English query's grams scored only the other languages' documents)
+ENGLISH_AMONG_OTHERS = "english+grams"
+
+
 def of_document(recorded: str | None, text: str) -> str:
     """The analyzer of a document in a collective of "auto": the language its event
     recorded (``simple`` for a name this release does not know), or for one recorded

@@ -51,7 +51,7 @@ from projections.fold import (
     WisdomRow,
     vector_bytes,
 )
-from projections.language import of_document
+from projections.language import ENGLISH_AMONG_OTHERS, of_document
 from projections.schema import MISPLACED
 
 R = TypeVar("R")
@@ -549,7 +549,8 @@ class MemoryState:
         language = self.collective_language(row.collective_id)
         if language != AUTO:
             return language
-        return of_document(row.language, row.content or "")
+        found = of_document(row.language, row.content or "")
+        return ENGLISH_AMONG_OTHERS if found == ENGLISH else found
 
     def live_collective(self, collective_id: UUID) -> CollectiveRow | None:
         row = self.collectives.get((collective_id,))

@@ -137,6 +137,8 @@ def analyzed(content: str, language: str) -> Counts:
     """The terms of ``content`` as the index holds them, counted."""
     if language == lang.ENGLISH:
         main, grams = english().analyze(content), []
+    elif language == lang.ENGLISH_AMONG_OTHERS:
+        main, grams = english().analyze(content), lang.analyze(lang.SIMPLE, content).grams
     else:
         analysis = lang.analyze(language, content)
         main, grams = analysis.words, analysis.grams
@@ -163,9 +165,13 @@ def _fields(document: Document) -> dict[str, Any]:
         "order": _signed(doc_id.int & (2**64 - 1)),
         "high": _signed(doc_id.int >> 64),
     }
-    if language == lang.ENGLISH:
+    if language in (lang.ENGLISH, lang.ENGLISH_AMONG_OTHERS):
         fields[kind] = content
         fields["length"], fields["gram_length"] = len(english_count().analyze(content)), 0
+        if language == lang.ENGLISH_AMONG_OTHERS:
+            grams = lang.analyze(lang.SIMPLE, content).grams
+            fields[kind + GRAMS] = " ".join(grams)
+            fields["gram_length"] = len(grams)
     else:
         analysis = lang.analyze(language, content)
         fields[kind + WORDS] = " ".join(analysis.words)
