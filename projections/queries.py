@@ -794,7 +794,16 @@ def duplicate_of(
     if not len(allowed):
         return None
     query = np.asarray(vector, dtype=np.float32).reshape(1, -1)
-    hits = index.search(query, DUPLICATE_TIES, allowed=allowed)
+    hits: list[tuple[int, float]] = []
+    if len(allowed) * 10 >= 9 * (len(index.members) - len(index.gone)):
+        # (most rows may be duplicated, as in a collective of one owner and one type:
+        # the nearest of all, then those allowed; the first allowed is the nearest
+        # allowed. A filtered graph search costs several times as much)
+        nearest = index.search(query, DUPLICATE_SCAN)
+        passed = np.isin([v for v, _ in nearest], allowed)
+        hits = [hit for hit, ok in zip(nearest, passed, strict=True) if ok]
+    if not hits:
+        hits = index.search(query, DUPLICATE_TIES, allowed=allowed)
     keyed = [(index.keys[v], s) for v, s in hits if v in index.keys and s >= similarity]
     if not keyed:
         return None
@@ -802,6 +811,7 @@ def duplicate_of(
 
 
 DUPLICATE_TIES = 8  # nearest rows a duplicate is chosen among (equal ones: the least id)
+DUPLICATE_SCAN = 32  # nearest rows of all looked at first, for those a duplicate may be
 
 
 F = TypeVar("F", bound=Callable[..., Any])
