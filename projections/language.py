@@ -158,6 +158,11 @@ def detector_ready() -> bool:
     return _detector.cache_info().currsize > 0
 
 
+def load_detector() -> None:
+    """Build the detector now (``_detector``), e.g. on a thread before the first use."""
+    _detector()
+
+
 def _prose(text: str) -> str:
     """``text`` without what reads as code (identifiers, paths, numbers): a note about
     ``statement_cache_size`` in a Ukrainian sentence is Ukrainian."""

@@ -68,8 +68,10 @@ async def text_languages(collective: queries.Collective, texts: Sequence[str]) -
     batch detected, on a thread, off the event loop."""
     if collective.language != AUTO:
         return [""] * len(texts)
-    if len(texts) > DETECTED_INLINE or not language.detector_ready():
+    if len(texts) > DETECTED_INLINE:
         return await asyncio.to_thread(lambda: [language.of_text(t) for t in texts])
+    if not language.detector_ready():  # (once: then every text is judged inline)
+        await asyncio.to_thread(language.load_detector)
     return [language.of_text(t) for t in texts]
 
 
