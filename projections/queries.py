@@ -770,46 +770,67 @@ def similar_ids(
     return keyed
 
 
-def duplicate_of(
+def duplicates_of(
     p: Projection,
     collective_id: UUID,
-    vector: npt.NDArray[np.float32],
-    experience_type: str,
-    visibility: str,
+    asked: Sequence[tuple[npt.NDArray[np.float32], str, str] | None],
     author: tuple[str | None, str | None],
     similarity: float,
-) -> tuple[UUID, float] | None:
-    """(id, cosine similarity) of the live experience a new one of this vector by
-    ``author`` (owner, agent) would duplicate: of the same type and visibility, written
-    by the same owner (a private one: by the same author), not archived, true now, at
-    least ``similarity`` close; the closest, and of equal ones the least id. None when
-    there is none."""
+    exclude: Collection[UUID] = (),
+) -> list[tuple[UUID, float] | None]:
+    """For each new experience of ``asked`` (its vector, type and visibility; None: not
+    looked for), by ``author`` (owner, agent), the live experience it would duplicate,
+    with their cosine similarity: of the same type and visibility, written by the same
+    owner (a private one: by the same author), not archived, true now, at least
+    ``similarity`` close (less a rounding's worth: a vector's similarity to itself may
+    be 0.99999994), and not one of ``exclude``; the closest, and of equal ones the least
+    id. None when there is none. The rows each may duplicate are found once for each
+    (type, visibility) asked."""
     import numpy as np
 
     p.sync_indexes()
     index = p.vectors.get(("experience", collective_id))
     if index is None or p.live_dimension(collective_id) is None:
-        return None
-    allowed = _columns(p, collective_id).duplicates(experience_type, visibility, *author)
-    if not len(allowed):
-        return None
-    query = np.asarray(vector, dtype=np.float32).reshape(1, -1)
-    hits: list[tuple[int, float]] = []
-    if len(allowed) * 10 >= 9 * (len(index.members) - len(index.gone)):
-        # (most rows may be duplicated, as in a collective of one owner and one type:
-        # the nearest of all, then those allowed; the first allowed is the nearest
-        # allowed. A filtered graph search costs several times as much)
-        nearest = index.search(query, DUPLICATE_SCAN)
-        passed = np.isin([v for v, _ in nearest], allowed)
-        hits = [hit for hit, ok in zip(nearest, passed, strict=True) if ok]
-    if not hits:
-        hits = index.search(query, DUPLICATE_TIES, allowed=allowed)
-    keyed = [(index.keys[v], s) for v, s in hits if v in index.keys and s >= similarity]
-    if not keyed:
-        return None
-    return min(keyed, key=lambda hit: (-hit[1], hit[0]))
+        return [None] * len(asked)
+    columns = _columns(p, collective_id)
+    allowed_of: dict[tuple[str, str], npt.NDArray[np.int64]] = {}
+    live = len(index.members) - len(index.gone)
+    found: list[tuple[UUID, float] | None] = []
+    for item in asked:
+        if item is None:
+            found.append(None)
+            continue
+        vector, experience_type, visibility = item
+        allowed = allowed_of.get((experience_type, visibility))
+        if allowed is None:
+            allowed = allowed_of[(experience_type, visibility)] = columns.duplicates(
+                experience_type, visibility, *author
+            )
+        if not len(allowed):
+            found.append(None)
+            continue
+        query = np.asarray(vector, dtype=np.float32).reshape(1, -1)
+        hits: list[tuple[int, float]] = []
+        if len(allowed) * 10 >= 9 * live:
+            # (most rows may be duplicated, as in a collective of one owner and one type:
+            # the nearest of all, then those allowed; the first allowed is the nearest
+            # allowed. A filtered graph search costs several times as much)
+            nearest = index.search(query, DUPLICATE_SCAN)
+            passed = np.isin([v for v, _ in nearest], allowed)
+            hits = [hit for hit, ok in zip(nearest, passed, strict=True) if ok]
+        if not hits:
+            hits = index.search(query, DUPLICATE_TIES, allowed=allowed)
+        least = similarity - SIMILARITY_ROUNDING
+        keyed = [
+            (index.keys[v], s)
+            for v, s in hits
+            if v in index.keys and s >= least and index.keys[v] not in exclude
+        ]
+        found.append(min(keyed, key=lambda hit: (-hit[1], hit[0])) if keyed else None)
+    return found
 
 
+SIMILARITY_ROUNDING = 1e-5  # what float32 products (and a quantized graph) may lose
 DUPLICATE_TIES = 8  # nearest rows a duplicate is chosen among (equal ones: the least id)
 DUPLICATE_SCAN = 32  # nearest rows of all looked at first, for those a duplicate may be
 

@@ -371,44 +371,52 @@ class Experiences:
         me = self.gate.me()
         author = (me.owner, me.agent)
         similarity = collective.duplicate_similarity
+        modes = [spec.on_duplicate or collective.on_duplicate for spec in specs]
         async with holding(self._dedup_locks, cid):
             asked = [
                 (vector, _event_type_tag(spec), spec.visibility)
                 for spec, vector in zip(specs, vectors, strict=True)
             ]
-            found = await self.reads.read(_duplicates_of, cid, asked, author, similarity)
+            # a call with an idempotency key draws its experiences' ids first, whatever
+            # it decides, and never takes one of them for a duplicate: retried, it finds
+            # what its first attempt recorded and decides as it did, with the same ids
+            keyed = idempotency.CURRENT.get() is not None
+            drawn = [self.writer.new_id() for _ in specs] if keyed else []
+            found = await self.reads.read(
+                queries.duplicates_of, cid,
+                [a if mode in DEDUPING else None for a, mode in zip(asked, modes, strict=True)],
+                author, similarity, frozenset(drawn),
+            )  # fmt: skip
             units = _units(asked) if len(asked) > 1 else np.zeros((1, 1), np.float32)
             events: list[ev.Event] = []
             results: list[UUID] = []
             reinforced: dict[UUID, int] = {}  # the experiences reinforced: how often
-            for index, (spec, vector, language) in enumerate(
-                zip(specs, vectors, languages, strict=True)
+            for index, (spec, vector, language, mode) in enumerate(
+                zip(specs, vectors, languages, modes, strict=True)
             ):
-                mode = spec.on_duplicate or collective.on_duplicate
                 duplicate = found[index] if mode in DEDUPING else None
-                if duplicate is None:  # (a new one: those after it may duplicate it)
-                    new_id = await self._new_experience_id(cid, len(specs))
-                    events.append(_recorded(self.writer.common(), new_id, spec, vector, language))
-                    results.append(models.Recorded(new_id))
-                    found = _with_new(found, index, asked, units, new_id, similarity)
-                    continue
-                target, score = duplicate
-                if mode == "reinforce":
+                if duplicate is not None and mode == "reinforce":
+                    target = duplicate[0]
                     reinforced[target] = reinforced.get(target, 0) + 1
                     results.append(models.Recorded(target, "reinforced", target))
                     continue
-                new_id = await self._new_experience_id(cid, len(specs))
+                new_id = drawn[index] if keyed else await self._new_experience_id(cid, len(specs))
                 events.append(_recorded(self.writer.common(), new_id, spec, vector, language))
-                events.append(
-                    ev.RelationStored(
-                        **self.writer.common(), relation_id=self.writer.new_id(),
-                        collective_id=cid, source_id=new_id, target_id=target,
-                        relation_type="RelatedTo", strength=min(max(score, 0.0), 1.0),
-                        metadata=DUPLICATE_METADATA, visibility=spec.visibility,
-                    )
-                )  # fmt: skip
-                results.append(models.Recorded(new_id, "linked", target))
-                found = _with_new(found, index, asked, units, new_id, similarity)
+                if duplicate is None:
+                    results.append(models.Recorded(new_id))
+                else:  # (linked)
+                    target, score = duplicate
+                    events.append(
+                        ev.RelationStored(
+                            **self.writer.common(), relation_id=self.writer.new_id(),
+                            collective_id=cid, source_id=new_id, target_id=target,
+                            relation_type="RelatedTo", strength=min(max(score, 0.0), 1.0),
+                            metadata=DUPLICATE_METADATA, visibility=spec.visibility,
+                        )
+                    )  # fmt: skip
+                    results.append(models.Recorded(new_id, "linked", target))
+                # (those after it in the call may duplicate it)
+                found = _with_new(found, index, asked, units, new_id, similarity, modes)
             async with contextlib.AsyncExitStack() as stack:
                 for target in sorted(reinforced):  # (in one order: no two calls deadlock)
                     await stack.enter_async_context(self._reinforcing(target))
@@ -684,33 +692,20 @@ def _event_type_tag(spec: models.ExperienceIn) -> str:
     return tag
 
 
-def _duplicates_of(
-    p: Projection,
-    collective_id: UUID,
-    asked: Asked,
-    author: tuple[str | None, str | None],
-    similarity: float,
-) -> list[Duplicate]:
-    """``queries.duplicate_of`` of each new experience, in one read."""
-    return [
-        queries.duplicate_of(p, collective_id, vector, tag, visibility, author, similarity)
-        for vector, tag, visibility in asked
-    ]
-
-
 def _with_new(
     found: list[Duplicate], index: int, asked: Asked, units: npt.NDArray[np.float32],
-    new_id: UUID, similarity: float,
+    new_id: UUID, similarity: float, modes: Sequence[str],
 ) -> list[Duplicate]:  # fmt: skip
     """``found`` with the experience ``asked[index]`` (recorded as ``new_id`` by this
-    call) as what each one after it duplicates, where it is closer than what was found
-    (of equal ones, the least id). ``units``: the vectors of ``asked``, of length 1."""
+    call) as what each one after it that looks for duplicates (``modes``) duplicates,
+    where it is closer than what was found (of equal ones, the least id). ``units``: the
+    vectors of ``asked``, of length 1."""
     _, tag, visibility = asked[index]
     updated = list(found)
     scores = units[index + 1 :] @ units[index]
-    for at in np.flatnonzero(scores >= similarity):
+    for at in np.flatnonzero(scores >= similarity - queries.SIMILARITY_ROUNDING):
         later, score = index + 1 + int(at), float(scores[at])
-        if asked[later][1:] != (tag, visibility):
+        if modes[later] not in DEDUPING or asked[later][1:] != (tag, visibility):
             continue
         there = updated[later]
         if there is None or (-score, new_id) < (-there[1], there[0]):

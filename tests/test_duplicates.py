@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from uuid import UUID
 
+import numpy as np
 import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -114,6 +115,22 @@ async def test_link_records_the_new_one_and_relates_it(db: PulseDB) -> None:
     assert same == first and same.outcome == "reinforced"  # type: ignore[attr-defined]
 
 
+async def test_a_similarity_of_one_takes_the_same_vector_for_a_duplicate(db: PulseDB) -> None:
+    """A vector's cosine with itself, in float32, may be 0.99999994: 1.0 still means the
+    same vector, in the memory and within a batch."""
+    cid = await db.create_collective("o", "c", embedding_dimension=16, on_duplicate="reinforce",
+                                     duplicate_similarity=1.0)  # fmt: skip
+    vectors = np.random.default_rng(20).standard_normal((20, 16)).tolist()
+    firsts = []
+    for n, vector in enumerate(vectors):
+        firsts.append(await db.record_experience(cid, f"lesson {n}", embedding=vector))
+        again = await db.record_experience(cid, f"lesson {n}", embedding=vector)
+        assert again == firsts[-1], (n, again.outcome)  # type: ignore[attr-defined]
+    batch = await db.record_experiences(cid, [{"content": "b", "embedding": vectors[0]}] * 2)
+    assert batch == [firsts[0], firsts[0]]
+    assert sorted((await _lessons(db, cid)).values()) == [1] * 19 + [3]
+
+
 async def test_a_batch_deduplicates_against_the_memory_and_itself(db: PulseDB) -> None:
     cid = await db.create_collective("o", "c", embedder="hash", on_duplicate="reinforce")
     there = await db.record_experience(cid, OTHER)
@@ -144,6 +161,33 @@ async def test_bad_choices_are_refused_naming_the_field(db: PulseDB) -> None:
     with pytest.raises(ValidationError, match=r"items\.0\.on_duplicate"):
         await db.record_experiences(cid, [{"content": LESSON, "on_duplicate": "merge"}])
     assert await _lessons(db, cid) == {}
+
+
+async def test_a_keyed_call_retried_elsewhere_finds_what_it_recorded_not_a_duplicate(
+    tmp_path: Path, db: PulseDB, nats_server: EmbeddedNats
+) -> None:
+    """A retry with the idempotency key of a call whose answer was lost: its own first
+    record is no duplicate of itself (nothing reinforced twice, no relation to itself)."""
+    reinforcing = await db.create_collective("o", "r", embedder="hash", on_duplicate="reinforce")
+    linking = await db.create_collective("o", "l", embedder="hash", on_duplicate="link")
+    other = await PulseDB.open(tmp_path / "other", nats_server.url)
+    try:
+        for cid, key in ((reinforcing, "retried-r"), (linking, "retried-l")):
+            first = await db.record_experience(cid, LESSON, idempotency_key=key)
+            await eventually(lambda: other.applied_seq >= db.applied_seq, what="caught up")
+            again = await other.record_experience(cid, LESSON, idempotency_key=key)
+            assert again == first and again.outcome == "recorded"  # type: ignore[attr-defined]
+            assert await _lessons(other, cid) == {first: 0}
+            assert await other.get_related_experiences(first) == []
+        # a batch too
+        items = [{"content": LESSON}, {"content": LESSON}]
+        made = await db.record_experiences(reinforcing, items, idempotency_key="batch")
+        await eventually(lambda: other.applied_seq >= db.applied_seq, what="caught up")
+        retried = await other.record_experiences(reinforcing, items, idempotency_key="batch")
+        assert retried == made
+        assert sum((await _lessons(other, reinforcing)).values()) == 2
+    finally:
+        await other.close()
 
 
 async def test_two_hosts_writing_the_same_lesson_at_once_converge(

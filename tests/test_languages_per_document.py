@@ -73,6 +73,13 @@ async def test_a_latin_named_default_collective_finds_inflected_words_of_every_l
     )
     shown_in_sql = {UUID(str(r[0])): r[1] for r in rows.rows}
     assert shown_in_sql == {**dict(zip(ids, expected, strict=True)), one: "ukrainian"}
+    # an insight's text too
+    insight = await db.store_insight(
+        cid, "Die Verbindungen zur Datenbank brechen nach jedem Neustart ab",
+        source_experiences=[ids[2]],
+    )  # fmt: skip
+    said = await db.sql(f"SELECT language FROM insights WHERE insight_id = '{insight}'")
+    assert said.rows == [["german"]]
     for eid, (_, language, queries) in zip(ids, MIXED, strict=True):
         for query in queries:
             assert eid in await _top(db, cid, query), (language, query)
@@ -103,6 +110,9 @@ async def test_a_fixed_language_is_kept_and_nothing_is_detected(db: PulseDB) -> 
     eid = await db.record_experience(cid, "Перезапускати публікацію NATS після тайм-ауту")
     found = await db.get_experience(eid)
     assert found is not None and found.language == "english"
+    # nothing was detected: the row holds no language of its own (its event had none)
+    held = await db.engine.run(lambda p: p.memory.experiences[(eid,)].language)
+    assert held is None
     assert eid not in await _top(db, cid, "публікації")  # English analysis: no lemma
 
 
