@@ -1175,8 +1175,12 @@ def dead_letters(p: Projection, collective_id: UUID | None = None) -> list[DeadL
     for entity, table, members, problem in checks:
         rows: Iterable[Any] = table.values()
         if entity == "experience":  # (a row of no collective has no create event)
-            ids = (i for cid in ([collective_id] if collective_id else list(members))
-                   for i in _unsettled(p, cid, members.get(cid, ())))  # fmt: skip
+            # each once: a row may be listed under two collectives, its own and the one a
+            # misplaced event of it named (a strayed part), until a reopen reads it back
+            ids = dict.fromkeys(
+                i for cid in ([collective_id] if collective_id else list(members))
+                for i in _unsettled(p, cid, members.get(cid, ()))
+            )  # fmt: skip
             rows = (table[(i,)] for i in ids if (i,) in table)
         elif collective_id is not None:
             rows = (table[(i,)] for i in members.get(collective_id, ()) if (i,) in table)

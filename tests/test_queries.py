@@ -626,3 +626,28 @@ def test_filter_columns_made_anew_hold_every_row(tmp_path: Path) -> None:
     stats = q.collective_stats(p, cid)
     assert stats is not None and (stats.experiences, stats.archived) == (50, 1)
     p.close()
+
+
+def test_a_dead_letter_is_listed_once_when_a_stray_event_named_another_collective(
+    tmp_path: Path,
+) -> None:
+    """An experience of a deleted collective, archived first by an event that named
+    another collective and flushed before the record came: the memory lists it under
+    both until it is read back from DuckDB; its dead letter is one, before and after
+    (hypothesis found two in ``test_engine``)."""
+    lost, other = uuid7(), uuid7()
+    recorded = f.experience(lost, "an orphan")
+    stray = ev.ExperienceArchived(**f.common(), experience_id=recorded.experience_id,  # type: ignore[arg-type]
+                                  collective_id=other)  # fmt: skip
+    p = Projection(tmp_path)
+    gone = ev.CollectiveDeleted(**f.common(), collective_id=lost)  # type: ignore[arg-type]
+    p.apply([LogEntry(1, "pulse.test", f.collective(lost)), LogEntry(2, "pulse.test", gone),
+             LogEntry(3, "pulse.test", stray)])  # fmt: skip
+    p.flush()  # (the stray part in DuckDB before the record comes)
+    p.apply([LogEntry(4, "pulse.test", recorded)])
+    found = [(d.entity, d.id) for d in q.dead_letters(p) if d.entity != "message"]
+    p.close()
+    reopened = Projection(tmp_path)
+    again = [(d.entity, d.id) for d in q.dead_letters(reopened) if d.entity != "message"]
+    reopened.close()
+    assert found == again == [("experience", recorded.experience_id)]
