@@ -253,7 +253,7 @@ def recorded(result: Any, headers: dict[str, str]) -> Any:
         said = outcomes.split(",")
         if len(said) == len(result):  # (a reinforced one's id is the one it duplicates)
             return [
-                Recorded(r, o, None if o == "recorded" else r if o == "reinforced" else None)  # type: ignore[arg-type]
+                Recorded(r, o, r if o == "reinforced" else None)  # type: ignore[arg-type]
                 for r, o in zip(result, said, strict=True)
             ]
     return result

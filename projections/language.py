@@ -1,8 +1,10 @@
-"""Text analysis per collective: how its words become the terms its full-text search
-matches.
+"""Text analysis: how words become the terms full-text search matches.
 
-A collective names its language once, in its created event (``language``), so every host
-indexes its text the same way and a rebuild reproduces it. The analyzers:
+A collective names its language once, in its created event (``language``): one analyzer
+for all its text, or "auto" (the default), each text in the language its writer detected
+(``of_text``, recorded in the event that records the text) and each query in every
+language it could be (``of_query``). Either way every host indexes a text the same way
+and a rebuild reproduces it. The analyzers:
 
 - ``english``: tantivy's own ``en_stem`` (lower case, English Snowball stems). What every
   collective used before languages existed; events without the field read as English.
@@ -46,7 +48,6 @@ from eventlog.languages import (
     SIMPLE,
     SNOWBALL,
     SPACELESS,
-    of_name,
 )
 
 __all__ = ["ENGLISH", "LANGUAGES", "LEMMATIZED", "SIMPLE", "SNOWBALL", "SPACELESS", "AUTO"]
@@ -109,13 +110,6 @@ def check(language: str) -> str:
             f"{', '.join(LANGUAGES)} (or {AUTO})"
         )
     return language
-
-
-def detect(text: str) -> str:
-    """The language a collective named ``text`` is most likely written in, judged by its
-    script (``eventlog.languages.of_name``: what "auto" meant before languages per
-    document, still what upgrading reads an old collective's choice by)."""
-    return of_name(text)
 
 
 # -- the language of a text (a collective of "auto") ------------------------------------

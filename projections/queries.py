@@ -1229,9 +1229,14 @@ def _collective(row: CollectiveRow) -> Collective:
         collective_id=row.collective_id, owner_id=row.owner_id or "", name=row.name or "",
         embedding_dimension=int(row.embedding_dimension or 0), embedder=row.embedder or None,
         created_ms=ev.hlc_millis(row.created_hlc or 0), language=row.language or ENGLISH,
-        on_duplicate=row.on_duplicate or "keep" if row.on_duplicate in ON_DUPLICATE else "keep",
+        on_duplicate=_choice(row.on_duplicate),
         duplicate_similarity=row.duplicate_similarity or DUPLICATE_SIMILARITY,
     )  # fmt: skip
+
+
+def _choice(on_duplicate: str | None) -> str:
+    """A collective's ``on_duplicate``: "keep" for none, or one this release lacks."""
+    return on_duplicate if on_duplicate is not None and on_duplicate in ON_DUPLICATE else "keep"
 
 
 def get_collective(p: Projection, collective_id: UUID) -> Collective | None:

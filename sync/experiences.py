@@ -387,14 +387,14 @@ class Experiences:
                 [a if mode in DEDUPING else None for a, mode in zip(asked, modes, strict=True)],
                 author, similarity, frozenset(drawn),
             )  # fmt: skip
-            units = _units(asked) if len(asked) > 1 else np.zeros((1, 1), np.float32)
+            units = _units(asked)
             events: list[ev.Event] = []
             results: list[UUID] = []
             reinforced: dict[UUID, int] = {}  # the experiences reinforced: how often
             for index, (spec, vector, language, mode) in enumerate(
                 zip(specs, vectors, languages, modes, strict=True)
             ):
-                duplicate = found[index] if mode in DEDUPING else None
+                duplicate = found[index]  # (None for one that keeps)
                 if duplicate is not None and mode == "reinforce":
                     target = duplicate[0]
                     reinforced[target] = reinforced.get(target, 0) + 1

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from eventlog import EmbeddedNats, ValidationError
 from eventlog import events as ev
 from eventlog.ids import uuid7
+from eventlog.languages import of_name
 from ops.bench.language_corpora import CORPORA, DISTRACTORS
-from projections.language import analyze, detect, fingerprint
+from projections.language import analyze, fingerprint
 from projections.text import TextIndex, english, english_count
 from sync import PulseDB
 from tests.harness import eventually, pulse
@@ -111,7 +112,7 @@ async def test_an_unknown_language_is_refused_naming_the_choices(db: PulseDB) ->
      ("记忆库", "chinese"), ("メモ", "japanese"), ("команда", "simple"), ("μνήμη", "greek")],
 )  # fmt: skip
 def test_auto_chose_by_the_script_of_the_name_before_schema_5(name: str, language: str) -> None:
-    assert detect(name) == language
+    assert of_name(name) == language
 
 
 def test_the_analyzers_meet_inflected_forms_compounds_and_spaceless_scripts() -> None:
