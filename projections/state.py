@@ -106,7 +106,9 @@ class MemoryState:
         self.wisdom: dict[tuple[Any, ...], WisdomRow] = self.fold.rows[WisdomRow]  # type: ignore[assignment]
         # rows changed since DuckDB was last written, and experiences whose counts must go
         self.dirty: dict[type[Row], set[tuple[Any, ...]]] = {t: set() for t in ROW_TYPES}
-        self.forgotten_counts: set[UUID] = set()
+        # (experience, collective named) whose counts go: named by a report of that
+        # collective, where the experience's group in that collective is a tombstone
+        self.forgotten_counts: set[tuple[UUID, UUID | None]] = set()
         self.vec_ids: dict[UUID, int] = {}  # experience / insight id -> local FAISS id
         self.next_vec_id = 1
         # the G-counters, apart for each collective the reports named: only the one of
@@ -195,7 +197,7 @@ class MemoryState:
                         found = orders[cid] = []
                     found.append((row.created_hlc, eid))
             if row.deleted:
-                self._forget_counts(eid)
+                self._forget_counts(eid, cid)
         for cid, found in orders.items():
             held = self.order.get(cid)
             if held:
@@ -279,14 +281,26 @@ class MemoryState:
 
     def _count(self, row: ApplicationRow) -> None:
         """Take one application row into the experience's counter; a deleted experience
-        keeps no counts (the row goes, and DuckDB's rows of it at the next write)."""
+        keeps no counts (the row goes, and DuckDB's rows of it at the next write).
+
+        Deleted in the collective the report names: the experience's group there is a
+        tombstone (``Placed``). The row's own tombstone is not enough: a delete naming
+        another collective, arrived before the record, is the row's until the record
+        comes, and the counts of the record's collective must wait for it (a tombstone
+        stays one, so a group once deleted takes no counts again, whatever the order).
+        Strays are memory only: a report naming a stray's collective, deleted there before
+        a restart, is kept after it; such reports are dead letters, and count nowhere."""
         eid = row.experience_id
         held = self.experiences.get((eid,))
-        if held is not None and held.deleted:
+        if (
+            held is not None
+            and (held.deleted or held.strays is not None)
+            and _deleted_in(held, row.collective_id)
+        ):
             key = (eid, row.instance_id, row.collective_id)
             self.applications.pop(key, None)
             self.dirty[ApplicationRow].discard(key)
-            self._forget_counts(eid)
+            self._forget_counts(eid, row.collective_id)
             return
         counted = self.counted.get(eid)
         if counted is None:
@@ -404,15 +418,25 @@ class MemoryState:
             ):
                 bisect.insort(self.order.setdefault(row.collective_id, []), (row.created_hlc, eid))
         if row.deleted:
-            self._forget_counts(eid)
+            self._forget_counts(eid, row.collective_id)
+        if row.strays is not None:
+            for cid, group in row.strays.items():
+                if group.deleted:
+                    self._forget_counts(eid, cid)
 
-    def _forget_counts(self, experience_id: UUID) -> None:
-        for instance, named in self.counted.pop(experience_id, set()):
-            self.counters.pop((experience_id, named), None)
-            self.last_reinforced.pop((experience_id, named), None)
-            self.applications.pop((experience_id, instance, named), None)
-            self.dirty[ApplicationRow].discard((experience_id, instance, named))
-        self.forgotten_counts.add(experience_id)
+    def _forget_counts(self, experience_id: UUID, collective_id: UUID | None) -> None:
+        """The counts of an experience that reports naming a collective made go."""
+        counted = self.counted.get(experience_id)
+        if counted:
+            for instance, named in [c for c in counted if c[1] == collective_id]:
+                counted.discard((instance, named))
+                self.applications.pop((experience_id, instance, named), None)
+                self.dirty[ApplicationRow].discard((experience_id, instance, named))
+            if not counted:
+                del self.counted[experience_id]
+        self.counters.pop((experience_id, collective_id), None)
+        self.last_reinforced.pop((experience_id, collective_id), None)
+        self.forgotten_counts.add((experience_id, collective_id))
 
     def _index_relation(self, row: RelationRow, before: tuple[Any, ...] | None) -> None:
         rid = row.relation_id
@@ -505,7 +529,9 @@ class MemoryState:
             self.rejected[rejected.seq] = rejected
             self.unflushed_rejected.append(rejected)
 
-    def take_dirty(self) -> tuple[dict[type[Row], list[Row]], set[UUID], list[Rejected]]:
+    def take_dirty(
+        self,
+    ) -> tuple[dict[type[Row], list[Row]], set[tuple[UUID, UUID | None]], list[Rejected]]:
         """The rows to write to DuckDB since the last write (and forget them as dirty)."""
         rows = {
             t: [self.fold.rows[t][k] for k in keys if k in self.fold.rows[t]]
@@ -518,7 +544,10 @@ class MemoryState:
         return rows, forgotten, rejected
 
     def restore_dirty(
-        self, rows: dict[type[Row], list[Row]], forgotten: set[UUID], rejected: list[Rejected]
+        self,
+        rows: dict[type[Row], list[Row]],
+        forgotten: set[tuple[UUID, UUID | None]],
+        rejected: list[Rejected],
     ) -> None:
         """A DuckDB write failed: keep what it held for the next one."""
         for row_type, batch in rows.items():
@@ -789,6 +818,15 @@ def sharing(
     if visibility == "private":
         return ("private", author_owner, author_agent)
     return (visibility or DEFAULT_VISIBILITY, None, None)
+
+
+def _deleted_in(row: ExperienceRow, collective_id: UUID | None) -> bool:
+    """Whether an experience's group in a collective is a tombstone (the row's own, or a
+    stray's: see ``Placed``)."""
+    if row.collective_id == collective_id:
+        return row.deleted
+    group = row.strays.get(collective_id) if row.strays is not None else None
+    return group is not None and bool(group.deleted)
 
 
 def _discard(order: list[tuple[int, UUID]], item: tuple[int, UUID]) -> None:

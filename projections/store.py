@@ -255,7 +255,7 @@ class Batch:
     (``Projection.hand_off``) and written by the flusher's (``Flusher``)."""
 
     rows: dict[type[Row], list[tuple[Any, ...]]]  # frozen (``freeze``)
-    forgotten: set[UUID]  # experiences whose counts go
+    forgotten: set[tuple[UUID, UUID | None]]  # (experience, collective named): counts that go
     rejected: list[Rejected]  # kept aside since
     last_seq: int  # the checkpoint it moves to
     count: int  # events applied since the last one
@@ -507,9 +507,7 @@ class Store:
                 if batch.counted:
                     self._counted(con, batch.counted)
                 if batch.forgotten:
-                    ids = uuid_literals(batch.forgotten)
-                    for table in ("application_rows", "count_history"):
-                        con.execute(f"DELETE FROM {table} WHERE experience_id IN ({ids})")
+                    self._forget_counts(con, batch.forgotten)
                 for r in batch.rejected:
                     con.execute(
                         "INSERT OR REPLACE INTO undecodable VALUES (?, ?, ?, ?)",
@@ -618,6 +616,23 @@ class Store:
                 "DELETE FROM pending_write_rows WHERE thread_id = ? AND collective_id = ? "
                 "AND checkpoint_ns = ? AND checkpoint_id = ?",
                 [thread, collective, namespace, checkpoint],
+            )
+
+    @staticmethod
+    def _forget_counts(
+        con: duckdb.DuckDBPyConnection, forgotten: set[tuple[UUID, UUID | None]]
+    ) -> None:
+        """Delete the counts, and their history, that reports naming a collective made
+        of an experience deleted there (``MemoryState._count``)."""
+        ids = uuid_literals({eid for eid, _ in forgotten})
+        pairs = ", ".join(
+            f"('{UUID(str(eid))}'::UUID, {_uuid_or_null(cid)}::UUID)"
+            for eid, cid in sorted(forgotten, key=str)
+        )
+        for table in ("application_rows", "count_history"):
+            con.execute(  # (the ids alone first: DuckDB prunes row groups by literal keys)
+                f"DELETE FROM {table} WHERE experience_id IN ({ids}) AND "
+                f"(experience_id, collective_id) IN (SELECT * FROM (VALUES {pairs}))"
             )
 
     def _counted(self, con: duckdb.DuckDBPyConnection, counted: Sequence[Counted]) -> None:
@@ -865,6 +880,10 @@ def uuid_literals(ids: Any) -> str:
     Point lookups by literal keys let DuckDB prune row groups; a joined parameter list
     makes it scan the table."""
     return ", ".join(f"'{UUID(str(i))}'" for i in sorted(ids, key=str))
+
+
+def _uuid_or_null(value: UUID | None) -> str:
+    return "NULL" if value is None else f"'{UUID(str(value))}'"
 
 
 _new_object, _set_slot = object.__new__, object.__setattr__

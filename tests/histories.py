@@ -361,15 +361,22 @@ def creates_in_two_collectives(events: list[ev.Event]) -> bool:
 
 
 def stored_model(events: list[ev.Event]) -> Rows:
-    """``model`` after what the store forgets: the application counts of a deleted
-    experience, and the strays of an entity (writes naming another collective)."""
+    """``model`` after what the store forgets: the application counts of an experience
+    that reports naming a collective made, where the experience is deleted in that
+    collective (a delete naming another collective than the record's does not take the
+    record's counts), and the strays of an entity (writes naming another collective)."""
     rows = model(events)
+    deleted = {  # (experience, collective) with a tombstone, the entity's or a stray's
+        (k[0], g.collective_id)
+        for k, r in rows[fold.ExperienceRow].items()
+        for g in [r, *(getattr(r, "strays", None) or {}).values()]
+        if g.deleted
+    }
     for table in rows.values():
         for row in table.values():
             if getattr(row, "strays", None) is not None:
                 row.strays = None  # type: ignore[attr-defined]
-    deleted = {k[0] for k, r in rows[fold.ExperienceRow].items() if r.deleted}  # type: ignore[attr-defined]
     rows[fold.ApplicationRow] = {
-        k: r for k, r in rows[fold.ApplicationRow].items() if k[0] not in deleted
+        k: r for k, r in rows[fold.ApplicationRow].items() if (k[0], k[2]) not in deleted
     }
     return rows

@@ -651,3 +651,50 @@ def test_a_dead_letter_is_listed_once_when_a_stray_event_named_another_collectiv
     again = [(d.entity, d.id) for d in q.dead_letters(reopened) if d.entity != "message"]
     reopened.close()
     assert found == again == [("experience", recorded.experience_id)]
+
+
+def test_counts_made_before_the_record_outlast_a_stray_delete_and_a_reopen(
+    tmp_path: Path,
+) -> None:
+    """A delete naming another collective, then reinforcements, then the record: the
+    tombstone alone was the row's until the record came, and the counts went with it
+    for good (``test_store_flusher``'s hypothesis test found it). The counts wait for the
+    record, across a reopen, and no view shows them while the row is a tombstone."""
+    home, other = uuid7(), uuid7()
+    recorded = f.experience(home, "a lesson")
+    eid = recorded.experience_id
+    stray = ev.ExperienceDeleted(**f.common(), experience_id=eid, collective_id=other)  # type: ignore[arg-type]
+
+    def reinforced(instance: UUID, n: int) -> ev.ExperienceReinforced:
+        return ev.ExperienceReinforced(**{**f.common(), "instance_id": instance},  # type: ignore[arg-type]
+                                       experience_id=eid, collective_id=home, applications=n)  # fmt: skip
+
+    one, two = uuid7(), uuid7()
+    p = Projection(tmp_path)
+    p.apply([LogEntry(1, "pulse.test", f.collective(home)), LogEntry(2, "pulse.test", stray),
+             LogEntry(3, "pulse.test", reinforced(one, 2))])  # fmt: skip
+    p.flush()
+    shown = _sql(p, "SELECT count(*) FROM applications WHERE experience_id = ?", [eid])
+    assert shown == [(0,)]  # (a tombstone's counts are nobody's yet)
+    p.close()
+    p = Projection(tmp_path)  # (the tombstone and the counts read back from DuckDB)
+    p.apply([LogEntry(4, "pulse.test", reinforced(two, 3)), LogEntry(5, "pulse.test", recorded)])
+    assert p.memory.applications_of(eid)[0] == 5
+    p.flush()
+    p.close()
+    p = Projection(tmp_path)
+    assert p.memory.applications_of(eid)[0] == 5
+    assert _sql(
+        p, "SELECT sum(applications)::INTEGER FROM applications WHERE experience_id = ?", [eid]
+    ) == [(5,)]
+    p.apply([LogEntry(6, "pulse.test", ev.ExperienceDeleted(**f.common(), experience_id=eid,  # type: ignore[arg-type]
+                                                            collective_id=home))])  # fmt: skip
+    assert p.memory.applications_of(eid)[0] == 0  # (deleted once created: gone for good)
+    p.flush()
+    assert _sql(p, "SELECT count(*) FROM application_rows WHERE experience_id = ?", [eid]) == [(0,)]
+    p.close()
+
+
+def _sql(p: Projection, query: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    p.flush()
+    return p.store.con.execute(query, params).fetchall()
