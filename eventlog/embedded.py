@@ -438,6 +438,13 @@ class EmbeddedNats:
                 f"http: {json.dumps(self.host + ':-1')}",
                 f"max_payload: {self.max_payload}",
                 f"ports_file_dir: {json.dumps(str(self.dir))}",
+                # (a server that syncs every write is what --durability fsync places on;
+                # one of --no-sync is no durability Pulse names: one node replicates none)
+                *(
+                    ['server_tags: ["pulse-durability:fsync"]']  # (streams.durability_tag)
+                    if self.sync_always
+                    else []
+                ),
                 "jetstream {",
                 f"  store_dir: {json.dumps(store)}",
                 f"  sync_interval: {'always' if self.sync_always else '2m'}",

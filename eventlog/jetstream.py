@@ -60,6 +60,7 @@ from eventlog.streams import (
     TRANSIENT,
     StreamSettings,
     ack_position,
+    durability_of,
     ensure_streams,
     publish_atomic,
     subscribe_direct,
@@ -192,6 +193,7 @@ class JetStreamLog(EventLog):
             store = self._key_store = KvKeyStore(  # short requests, asked again: one lost
                 self.admin, f"{self.settings.name}_KEYS", self.settings.replicas,  # in an
                 budget=max(10.0, self.append_timeout),  # election does not eat the budget
+                placement=self.settings.placement(),
             )  # fmt: skip
         return store
 
@@ -660,7 +662,7 @@ class JetStreamLog(EventLog):
             first_seq=int(state.first_seq), last_seq=int(state.last_seq),
             replicas=int(config.num_replicas or 1),
             leader=info.cluster.leader if info.cluster else None,
-            consumers=consumers, sources=sources,
+            consumers=consumers, sources=sources, durability=durability_of(config.placement),
         )  # fmt: skip
 
     async def last_seq(self, subjects: Sequence[str] | None = None) -> int:

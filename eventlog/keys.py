@@ -66,6 +66,7 @@ from eventlog.errors import LogUnavailable, PulseError
 from eventlog.ids import uuid7
 from eventlog.streams import (
     BATCH_MAX,
+    NO_PEERS,
     TRANSIENT,
     ack_position,
     publish_atomic,
@@ -248,6 +249,7 @@ def bucket_config(
     subjects: bool = True,
     sources: list[api.StreamSource] | None = None,
     description: str = "Pulse: the data keys of entities (eventlog.keys)",
+    placement: api.Placement | None = None,
 ) -> api.StreamConfig:
     """The stream of a key bucket: as nats-py makes a KV bucket's
     (``nats.js.client.create_key_value``) but for ``deny_delete``, since a destroyed key's
@@ -269,6 +271,7 @@ def bucket_config(
         num_replicas=replicas,
         allow_atomic=True,  # the keys of a batch of new entities, stored together
         storage=api.StorageType.FILE,
+        placement=placement,  # the stream's durability (eventlog.streams)
     )
 
 
@@ -289,8 +292,10 @@ class KvKeyStore(KeyStore):
         *,
         budget: float = 10.0,
         create: bool = True,
+        placement: api.Placement | None = None,
     ) -> None:
         self.js = js
+        self.placement = placement
         self.bucket = bucket
         self.replicas = replicas
         self.budget = budget
@@ -342,9 +347,12 @@ class KvKeyStore(KeyStore):
             if not self.create_missing:
                 raise
         try:
-            await self.js.add_stream(bucket_config(self.bucket, self.replicas))
-        except BadRequestError:  # another host created it meanwhile
-            pass
+            await self.js.add_stream(
+                bucket_config(self.bucket, self.replicas, placement=self.placement)
+            )
+        except BadRequestError as exc:  # another host created it meanwhile
+            if exc.err_code == NO_PEERS:  # (or no servers fit: ensure_streams says why)
+                raise
         return await self.js.key_value(self.bucket)
 
     async def _latest(self, name: str) -> tuple[Any, bool]:

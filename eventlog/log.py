@@ -79,6 +79,9 @@ class StreamState:
     leader: str | None  # the server leading it (a cluster), None when not known
     consumers: tuple[ConsumerState, ...] = ()
     sources: tuple[dict[str, object], ...] = ()  # streams it sources (name, lag, active)
+    # the durability of the servers it is placed on (eventlog.streams.durability_of);
+    # None: placed by no durability
+    durability: str | None = None
 
 
 class EventLog(abc.ABC):

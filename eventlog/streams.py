@@ -3,6 +3,17 @@
 ``PULSE`` holds every durable event (subjects ``pulse.c.>`` and ``pulse.w.>``), kept
 forever (only forgetting purges it). ``PULSE_ACTIVITY`` holds presence: the last message
 per agent subject (``max_msgs_per_subject=1``), each expiring after ``activity_ttl``.
+
+Durability is the servers' (``sync_interval`` is a server setting, and nats-server 2.15
+cannot change it by a reload: a node is restarted). A server Pulse's tools configure is
+tagged with its durability (``durability_tag``): ``fsync`` (``sync_interval: always``:
+an acknowledged write is on disk on a quorum) or ``replicated`` (acknowledged once a
+quorum holds it, written to disk on the server's interval). ``StreamSettings.durability``
+places Pulse's streams, and its key bucket, on servers of that tag (JetStream placement
+tags), so one cluster may hold both kinds of server, and ``pulse up --durability``
+moves the streams from one kind to the other (JetStream moves a stream whose placement
+changes, its messages with it). Unset, the streams go where JetStream puts them, and an
+update keeps the placement they have.
 """
 
 from __future__ import annotations
@@ -72,6 +83,30 @@ async def publish_atomic(
     return answer if isinstance(answer, dict) else None
 
 
+DURABILITY = ("fsync", "replicated")
+DURABILITY_TAG = "pulse-durability:"  # a server tag: this prefix, then one of DURABILITY
+
+
+def durability_tag(durability: str) -> str:
+    """The server tag of servers of a durability (``pulse-durability:fsync``)."""
+    return DURABILITY_TAG + durability
+
+
+def check_durability(durability: str | None, field: str = "durability") -> None:
+    if durability is not None and durability not in DURABILITY:
+        raise ValidationError(
+            f"{field}: must be one of {', '.join(DURABILITY)}, got {durability!r}"
+        )
+
+
+def durability_of(placement: api.Placement | None) -> str | None:
+    """The durability a stream's placement asks for (None: it asks for none)."""
+    for tag in (placement.tags if placement is not None else None) or []:
+        if tag.startswith(DURABILITY_TAG) and tag[len(DURABILITY_TAG) :] in DURABILITY:
+            return tag[len(DURABILITY_TAG) :]
+    return None
+
+
 # 100 KB of content plus a 4096-dimension float32 embedding (16 KB) plus tags, files and
 # a structured experience type fit with room to spare; nats-server's default max_payload.
 DEFAULT_MAX_MSG_SIZE = 1024 * 1024
@@ -87,8 +122,12 @@ class StreamSettings:
     duplicate_window: float = 120.0  # seconds within which a retried event id is dropped
     max_msg_size: int = DEFAULT_MAX_MSG_SIZE
     activity_ttl: float = 3600.0  # seconds an activity message is kept without a heartbeat
+    # the servers that hold the streams and the key bucket: those tagged with this
+    # durability (``durability_tag``); None: wherever JetStream puts them
+    durability: str | None = None
 
     def __post_init__(self) -> None:
+        check_durability(self.durability)
         if not 1 <= self.replicas <= 5:
             raise ValidationError(
                 f"replicas: must be 1..5 (1 or 3 in practice), got {self.replicas}"
@@ -121,7 +160,14 @@ class StreamSettings:
             max_msg_size=self.max_msg_size,
             allow_direct=True,
             allow_atomic=True,  # batch writes commit together (see JetStreamLog.append_batch)
+            placement=self.placement(),
         )
+
+    def placement(self) -> api.Placement | None:
+        """Where the streams go: the servers tagged with ``durability``."""
+        if self.durability is None:
+            return None
+        return api.Placement(tags=[durability_tag(self.durability)])
 
     def activity_config(self) -> api.StreamConfig:
         return api.StreamConfig(
@@ -137,6 +183,7 @@ class StreamSettings:
             max_age=max(self.activity_ttl, self.duplicate_window),
             allow_msg_ttl=True,
             allow_direct=True,
+            placement=self.placement(),
         )
 
 
@@ -157,17 +204,46 @@ async def ensure_streams(
         try:
             info = await js.stream_info(config.name)  # type: ignore[arg-type]
         except JsNotFound:
-            await js.add_stream(config)
+            await placed(js.add_stream(config), settings)
             continue
         if update:  # keeping the sources added since (the leaf nodes': eventlog.leaf)
             if info.config.sources and not config.sources:
                 config = dataclasses.replace(config, sources=info.config.sources)
-            await js.update_stream(config)
+            if config.placement is None and info.config.placement is not None:
+                config = dataclasses.replace(config, placement=info.config.placement)
+            await placed(js.update_stream(config), settings)
             continue
         held = list(info.config.subjects or [])
         missing = [s for s in config.subjects or [] if s not in held]
         if missing:
             await js.update_stream(dataclasses.replace(info.config, subjects=held + missing))
+    if update and settings.durability is not None:  # the key bucket goes with the streams
+        try:
+            info = await js.stream_info(f"KV_{settings.name}_KEYS")
+        except JsNotFound:
+            return  # (made on first use, placed: eventlog.keys)
+        if durability_of(info.config.placement) != settings.durability:
+            moved = dataclasses.replace(info.config, placement=settings.placement())
+            await placed(js.update_stream(moved), settings)
+
+
+NO_PEERS = 10005  # JetStream's error code: no servers fit the placement
+
+
+async def placed(request: Any, settings: StreamSettings) -> Any:
+    """A stream's create or update, with JetStream's refusal to place it told as what
+    the operator asked for (``durability``) and what it needs."""
+    try:
+        return await request
+    except nats.js.errors.APIError as exc:
+        if exc.err_code != NO_PEERS or settings.durability is None:
+            raise
+        raise ValidationError(
+            f"durability: no {settings.replicas} server(s) tagged "
+            f"{durability_tag(settings.durability)!r} to hold {settings.replicas} "
+            f"replica(s) ({exc.description}); a server Pulse configured carries its tag "
+            "(`pulse nats-config --durability`, or `server_tags` in nats.conf)"
+        ) from exc
 
 
 # -- what a delivery says of itself ----------------------------------------------------

@@ -13,10 +13,12 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
 from eventlog.embedded import EmbeddedNatsError, _die_with_parent, find_nats_server
+from eventlog.streams import check_durability, durability_tag
 
 
 def free_port() -> int:
@@ -41,8 +43,18 @@ def free_ports(count: int) -> list[int]:
 
 
 def node_config(
-    name: str, store: Path, client: int, route: int, monitor: int, peers: list[int], cluster: str
+    name: str,
+    store: Path,
+    client: int,
+    route: int,
+    monitor: int,
+    peers: list[int],
+    cluster: str,
+    durability: str = "fsync",
 ) -> str:
+    """A node's nats.conf; ``durability``: ``fsync`` (every write synced before it is
+    acknowledged) or ``replicated`` (synced on the server's interval), and the node's
+    tag saying which (``eventlog.streams.durability_tag``)."""
     routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in peers)
     return "\n".join(
         [
@@ -50,9 +62,10 @@ def node_config(
             'host: "127.0.0.1"',
             f"port: {client}",
             f'http: "127.0.0.1:{monitor}"',
+            f'server_tags: ["{durability_tag(durability)}"]',
             "jetstream {",
             f"  store_dir: {json.dumps(str(store))}",
-            "  sync_interval: always",
+            *(["  sync_interval: always"] if durability == "fsync" else []),
             "}",
             "cluster {",
             f'  name: "{cluster}"',
@@ -72,10 +85,20 @@ class LocalCluster:
     set them before ``start``. ``urls`` stay ``nats://``: a server that requires TLS
     upgrades the connection."""
 
-    def __init__(self, root: str | os.PathLike[str], size: int = 3, name: str = "pulse") -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        size: int = 3,
+        name: str = "pulse",
+        durability: str | Sequence[str] = "fsync",
+    ) -> None:
         self.root = Path(root)
         self.size = size
         self.name = name
+        # each node's (one for all, or one each): ``node_config``
+        self.durability = [durability] * size if isinstance(durability, str) else list(durability)
+        for chosen in self.durability:
+            check_durability(chosen)
         ports = free_ports(3 * size)
         self.client_ports = ports[:size]
         self.route_ports = ports[size : 2 * size]
@@ -114,6 +137,7 @@ class LocalCluster:
                     self.monitor_ports[i],
                     peers,
                     self.name,
+                    self.durability[i],
                 )
             )
         with open(node_dir / "nats.log", "ab") as logfile:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
 from eventlog.embedded import NatsCredentials
+from eventlog.errors import ValidationError
 from eventlog.leaf import LeafLog
 
 
@@ -22,7 +23,18 @@ async def open_log(
     """The log named by --nats-url, or the embedded server of --data-dir (reused if
     running; an edge host's: its leaf log). ``create_streams``: create the streams when
     missing (`pulse backup` and `restore` create none)."""
-    settings = StreamSettings(replicas=args.replicas)
+    durability = getattr(args, "durability", None)
+    settings = StreamSettings(replicas=args.replicas, durability=durability)
+    if not args.nats_url and durability == "replicated":
+        raise ValidationError(
+            "durability: replicated needs a cluster (--nats-url): an embedded server is one "
+            "node, which replicates nothing and syncs every write (fsync)"
+        )
+    if not args.nats_url and durability == "fsync" and getattr(args, "no_sync", False):
+        raise ValidationError(
+            "durability: fsync contradicts --no-sync (the embedded server would sync on its "
+            "interval, not every write)"
+        )
     server: EmbeddedNats | None = None
     credentials = tls_ca = None
     if args.nats_url:

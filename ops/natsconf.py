@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eventlog.errors import ValidationError
+from eventlog.streams import check_durability, durability_tag
 from ops.deploy import systemd
 from ops.deploy.systemd import AppHost, Layout, check_host
 
@@ -86,6 +87,9 @@ class Node:
     leaf_port: int = 7422
     monitor_port: int = 8222
     listen: str = "0.0.0.0"  # a cluster node serves other hosts
+    # fsync: every write synced before it is acknowledged; replicated: synced on the
+    # server's interval (eventlog.streams); the node is tagged with it
+    durability: str = "fsync"
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,7 @@ class Written:
     urls: list[str] = field(default_factory=list)  # tls://host:client_port of every node
     hosts: dict[str, Path] = field(default_factory=dict)  # with a layout: name -> install.sh
     replicas: int = 1  # what `pulse up --replicas` should say on this cluster
+    durability: str = "fsync"  # and `pulse up --durability`
 
 
 def _hostport(host: str, port: int) -> str:
@@ -166,9 +171,11 @@ def node_config(
             f"  user: {_q(client.user)}",
             f"  password: {_q(client.password)}",
             "}",
+            f"server_tags: [{_q(durability_tag(node.durability))}]",
             "jetstream {",
             f"  store_dir: {_q(store_dir)}",
-            "  sync_interval: always",
+            # (not changed by a reload: a node of another durability is restarted)
+            *(["  sync_interval: always"] if node.durability == "fsync" else []),
             "}",
             "cluster {",
             f"  name: {_q(cluster_name)}",
@@ -353,6 +360,7 @@ def check_hosts(
     leaves: Sequence[Leaf] = (),
     replicas: int | None = None,
     min_port: int = 1,
+    durability: str | None = None,
 ) -> None:
     """Names, hosts and ports of a deployment fit together, or a ``ValidationError``
     naming the host and the field: distinct names, ports in range, and no two services
@@ -401,6 +409,17 @@ def check_hosts(
         raise ValidationError(
             f"replicas: must be 1..{min(5, len(nodes))} on {len(nodes)} node(s), got {replicas}"
         )
+    for node in nodes:
+        check_durability(node.durability, f"node {node.name}: durability")
+    if durability is not None:
+        check_durability(durability)
+        held = [n.name for n in nodes if n.durability == durability]
+        needed = replicas if replicas is not None else (3 if len(nodes) >= 3 else 1)
+        if len(held) < needed:
+            raise ValidationError(
+                f"durability: {needed} replica(s) of {durability} need {needed} node(s) of "
+                f"it, and {len(held)} are ({', '.join(held) or 'none'})"
+            )
 
 
 def write_cluster(
@@ -415,6 +434,7 @@ def write_cluster(
     layout: Layout | None = None,
     apps: Sequence[AppHost] | None = None,
     replicas: int | None = None,
+    durability: str = "fsync",
 ) -> Written:
     """Write the CA, the credentials and every node's and leaf's files under ``out``
     (see the module docstring). ``install_dir``: where a node's files will be on its host
@@ -425,13 +445,14 @@ def write_cluster(
     directory also gets systemd units, pulse.env and install.sh (``ops.deploy.systemd``):
     every node is an app host (running `pulse up`) unless ``apps`` says which are; an app
     host that is no node gets a directory of its own. ``replicas`` (default 3 on three
-    nodes or more, else 1) is what `pulse up --replicas` says in the units."""
+    nodes or more, else 1) is what `pulse up --replicas` says in the units, ``durability``
+    what its ``--durability`` says (the nodes' own: ``Node.durability``)."""
     from eventlog.embedded import write_private
 
     if apps is None:
         apps = [AppHost(n.name) for n in nodes] if layout is not None else []
     check_hosts(nodes, apps, leaves=leaves, replicas=replicas,
-                min_port=1024 if layout is not None else 1)  # fmt: skip
+                min_port=1024 if layout is not None else 1, durability=durability)  # fmt: skip
     if layout is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", cluster_name):
         raise ValidationError(
             f"cluster-name: {cluster_name!r} must be letters, digits, _ and - (no spaces)"
@@ -448,7 +469,7 @@ def write_cluster(
     keys = _secrets(root)
     creds = root / "client-credentials.json"
     keys["client"].save(creds)
-    written = Written(root, root / "ca.pem", creds, replicas=replicas)
+    written = Written(root, root / "ca.pem", creds, replicas=replicas, durability=durability)
     for node in nodes:
         here = root / node.name
         here.mkdir(exist_ok=True)
@@ -506,7 +527,7 @@ def _write_services(
             (here / systemd.PULSE_ENV).write_text(systemd.pulse_env(app, lay, written.urls))
             unit = systemd.pulse_unit(
                 app, lay, replicas=written.replicas, cluster_name=cluster_name,
-                with_node=node is not None,
+                with_node=node is not None, durability=written.durability,
             )  # fmt: skip
             (here / systemd.PULSE_UNIT).write_text(unit)
         script = systemd.install_script(
@@ -519,7 +540,7 @@ def _write_services(
 
 # -- the command ------------------------------------------------------------------------------
 
-NODE_FIELDS = ("name", "host", *PORTS, "http")
+NODE_FIELDS = ("name", "host", *PORTS, "http", "durability")
 APP_FIELDS = ("name", "http")
 _SYSTEMD_ONLY = ("app_host", "pulse_config_dir", "pulse_data_dir", "unit_dir", "pulse_user",
                  "nats_user", "pulse_bin", "nats_server_bin", "http_host")  # fmt: skip
@@ -565,7 +586,7 @@ def hosts_of(args: argparse.Namespace) -> tuple[list[Node], list[AppHost]]:
     if args.hosts is not None:
         for host in [h.strip() for h in args.hosts.split(",") if h.strip()]:
             ports = {PORTS[f]: port for f, port in default.items()}
-            nodes.append(Node(host, host, listen=args.listen, **ports))
+            nodes.append(Node(host, host, listen=args.listen, durability=args.durability, **ports))
             apps.append(AppHost(host, http_port))
     for number, spec in enumerate(args.node or [], 1):
         values = parse_spec(spec, "node", number, NODE_FIELDS)
@@ -577,7 +598,13 @@ def hosts_of(args: argparse.Namespace) -> tuple[list[Node], list[AppHost]]:
         if "http" in values and not args.systemd:
             raise ValidationError(f"{label}: http: only with --systemd (pulse up's port)")
         name = values["name"]
-        nodes.append(Node(name, values.get("host", name), listen=args.listen, **ports))
+        durability = values.get("durability", args.durability)
+        check_durability(durability, f"{label}: durability")
+        nodes.append(
+            Node(
+                name, values.get("host", name), listen=args.listen, durability=durability, **ports
+            )  # fmt: skip
+        )
         apps.append(
             AppHost(name, _port(label, "http", values["http"]) if "http" in values else http_port)
         )
@@ -611,6 +638,7 @@ def cmd_nats_config(args: argparse.Namespace) -> int:
         args.out, nodes, leaves=leaves, cluster_name=args.cluster_name,
         install_dir=args.install_dir, store_dir=args.store_dir, days=args.days,
         layout=layout, apps=apps if layout is not None else None, replicas=args.replicas,
+        durability=args.durability,
     )  # fmt: skip
     out = args.out
     if args.json:
@@ -620,7 +648,8 @@ def cmd_nats_config(args: argparse.Namespace) -> int:
             "nodes": {k: str(v) for k, v in written.nodes.items()},
             "leaves": {k: str(v) for k, v in written.leaves.items()},
             "hosts": {k: str(v.parent) for k, v in written.hosts.items()},
-            "replicas": written.replicas,
+            "replicas": written.replicas, "durability": written.durability,
+            "node_durability": {n.name: n.durability for n in nodes},
         }  # fmt: skip
         print(json.dumps(document))
         return 0
@@ -639,7 +668,8 @@ def cmd_nats_config(args: argparse.Namespace) -> int:
             runs += ["pulse up"] if any(a.name == name for a in apps) else []
             print(f"  {out / name}/  copy to {hosts.get(name, name)}; there, as root: "
                   f"sh install.sh  ({' and '.join(runs)})")  # fmt: skip
-        print(f"Each runs `pulse --replicas {written.replicas} up` (pulse.service) with "
+        print(f"Each runs `pulse --replicas {written.replicas} --durability "
+              f"{written.durability} up` (pulse.service) with "
               f"{layout.pulse_config_dir}/pulse.env; see ops/deploy/README.md")  # fmt: skip
         return 0
     where = args.install_dir or "its directory"
@@ -650,5 +680,6 @@ def cmd_nats_config(args: argparse.Namespace) -> int:
               f"nats://127.0.0.1:{leaf.client_port} with the same credentials")  # fmt: skip
     print("Connect Pulse (the credentials and the CA copied to each Pulse host):")
     print(f"  pulse --nats-url {','.join(written.urls)} --nats-creds {written.client_credentials} "
-          f"--nats-ca {written.ca} --replicas {written.replicas} up")  # fmt: skip
+          f"--nats-ca {written.ca} --replicas {written.replicas} "
+          f"--durability {written.durability} up")  # fmt: skip
     return 0

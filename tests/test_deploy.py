@@ -165,7 +165,12 @@ def test_the_units_pass_systemd_checks_and_run_the_real_pulse_command_line(
         (["--node", "name=n1,client=70000"], "node n1: client: must be a port 1..65535, got 70000"),
         (["--node", "name=n1,cluster=abc"], "node n1: cluster: 'abc' is not a port number"),
         (["--node", "name=n1,clients=4222"], "node n1: unknown field 'clients' (fields: name, "
-         "host, client, cluster, leaf, monitor, http)"),
+         "host, client, cluster, leaf, monitor, http, durability)"),
+        (["--node", "name=n1,durability=sometimes"],
+         "node n1: durability: must be one of fsync, replicated, got 'sometimes'"),
+        (["--node", "name=a,host=h1", "--node", "name=b,host=h2,durability=replicated",
+          "--node", "name=c,host=h3"],
+         "durability: 3 replica(s) of fsync need 3 node(s) of it, and 2 are (a, c)"),
         (["--node", "name=n1,client=1,client=2"], "node n1: client: given twice"),
         (["--node", "name=n1,host"], "node n1: 'host' is not FIELD=VALUE"),
         (["--node", "host=10.0.0.5"], "node #1: name: missing"),

@@ -17,9 +17,13 @@ def nats_config(args: argparse.Namespace) -> int:
     For the hosts given: a private CA, a certificate per host, each node's nats.conf
     (client port with TLS and a user and password, cluster routes with TLS both ways and
     their own password, a leaf-node port with TLS and a password, JetStream with every
-    write synced), leaf-node configurations (--leaf) that join the cluster over TLS, and
-    client-credentials.json, what Pulse hosts present. Files holding a secret (keys,
-    passwords) get mode 0600. Rerun on the same --out, it keeps the CA and the passwords.
+    write synced, or with --durability replicated synced on the server's interval; each
+    node tagged with its durability), leaf-node configurations (--leaf) that join the
+    cluster over TLS, and client-credentials.json, what Pulse hosts present. Files
+    holding a secret (keys, passwords) get mode 0600. Rerun on the same --out, it keeps
+    the CA and the passwords: with another --durability, it writes the nodes' new
+    configurations (restart each node in turn; then `pulse up --durability` moves the
+    streams if they must move).
 
     Copy <out>/<host>/ to each host (to --install-dir, where the configuration expects
     its files) and run `nats-server -c nats.conf` there; then point Pulse at the cluster
@@ -92,8 +96,9 @@ COMMANDS = (
                 "its node), all with the same ports"),
             arg("--node", action="append", metavar="SPEC", exclusive="hosts!",
                 help="a node, repeatable: name=NAME[,host=HOST][,client=PORT][,cluster=PORT]"
-                "[,leaf=PORT][,monitor=PORT][,http=PORT] (host: NAME; ports: the options "
-                "below; http: pulse up's port on it, with --systemd)"),
+                "[,leaf=PORT][,monitor=PORT][,http=PORT][,durability=fsync|replicated] "
+                "(host: NAME; ports: the options below; http: pulse up's port on it, with "
+                "--systemd; durability: this node's, default --durability)"),
             arg("--out", type=Path, required=True, help="write everything into this directory"),
             arg("--leaf", action="append", default=[], metavar="NAME",
                 help="also a leaf node configuration named NAME (repeatable)"),
@@ -114,6 +119,11 @@ COMMANDS = (
             arg("--replicas", type=int, metavar="N",
                 help="stream replicas pulse up asks for (default: 3 on three nodes or more, "
                 "else 1)"),
+            arg("--durability", choices=("fsync", "replicated"), default="fsync",
+                help="the nodes' durability, and where pulse up places the streams: fsync "
+                "(every write synced to disk before it is acknowledged) or replicated "
+                "(acknowledged once a quorum holds it, synced on the server's interval); a "
+                "--node may say its own (default fsync; see docs/operations.md)"),
             arg("--json", action="store_true", help="print what was written as one JSON document"),
             arg("--systemd", action="store_true", section=_DEPLOYMENT,
                 help="also write, per host, systemd units for nats-server and pulse up, "

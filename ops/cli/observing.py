@@ -68,7 +68,8 @@ async def status(db: Any, args: argparse.Namespace) -> tuple[Any, str]:
     lines = [
         f"stream    {stream.name}: {stream.messages:,} messages ({stream.bytes:,} bytes), "
         f"sequences {stream.first_seq:,}..{stream.last_seq:,}, replicas {stream.replicas}"
-        + (f", leader {stream.leader}" if stream.leader else ""),
+        + (f", leader {stream.leader}" if stream.leader else "")
+        + (f", on {stream.durability} servers" if stream.durability else ""),
     ]
     for source in stream.sources:
         lines.append(f"  source  {source['name']}: lag {source['lag']}")

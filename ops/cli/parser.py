@@ -109,6 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--replicas", type=int, default=1, help="stream replicas: 1, or 3 on a cluster (default 1)"
     )
+    parser.add_argument(
+        "--durability",
+        choices=("fsync", "replicated"),
+        default=os.environ.get("PULSE_DURABILITY") or None,
+        help="with --nats-url: place the streams on the servers tagged with this durability "
+        "(`pulse nats-config` tags them): fsync, every write on disk before it is "
+        "acknowledged; replicated, acknowledged once a quorum holds it; pulse up moves them "
+        "there; default: $PULSE_DURABILITY, else where they are (an embedded server: fsync)",
+    )
     commands = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, parser_class=_CommandParser
     )

@@ -119,10 +119,13 @@ class AppHost:
     http_port: int = 8765
 
 
-def pulse_argv(layout: Layout, app: AppHost, replicas: int) -> list[str]:
+def pulse_argv(
+    layout: Layout, app: AppHost, replicas: int, durability: str | None = None
+) -> list[str]:
     """The command line of ``pulse.service`` (the rest comes from pulse.env)."""
-    return [layout.pulse_bin, "--replicas", str(replicas), "up", "--host", layout.http_host,
-            "--port", str(app.http_port)]  # fmt: skip
+    placed = ["--durability", durability] if durability is not None else []
+    return [layout.pulse_bin, "--replicas", str(replicas), *placed, "up",
+            "--host", layout.http_host, "--port", str(app.http_port)]  # fmt: skip
 
 
 def nats_argv(layout: Layout) -> list[str]:
@@ -191,7 +194,7 @@ WantedBy=multi-user.target
 
 
 def pulse_unit(app: AppHost, layout: Layout, *, replicas: int, cluster_name: str,
-               with_node: bool) -> str:  # fmt: skip
+               with_node: bool, durability: str | None = None) -> str:  # fmt: skip
     """``pulse.service``: `pulse up` on ``app`` (after this host's node, if it runs one)."""
     after = "network-online.target" + (f" {NATS_UNIT}" if with_node else "")
     return f"""\
@@ -210,7 +213,8 @@ Group={layout.pulse_user}
 EnvironmentFile={layout.pulse_config_dir}/{PULSE_ENV}
 WorkingDirectory={layout.pulse_data_dir}
 # --replicas {replicas}: pulse up creates the streams, or brings them, to {replicas} replicas
-ExecStart={" ".join(pulse_argv(layout, app, replicas))}
+# (--durability: on the servers of that durability, moving them there if they are not)
+ExecStart={" ".join(pulse_argv(layout, app, replicas, durability))}
 # until the cluster has a quorum, pulse up fails and is started again
 Restart=on-failure
 RestartSec=5

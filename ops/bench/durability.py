@@ -1,0 +1,183 @@
+"""Benchmark: the write rate of a 3-node cluster in each durability, with 1 and more
+partition streams, for raw nats-py publishers and for Pulse's write path, in one run.
+
+    python -m ops.bench.durability [--seconds S] [--partitions 1,4] [--callers N]
+
+For each durability (``fsync``: ``sync_interval: always``; ``replicated``: the server's
+default interval), three local nats-server processes are started as ``ops.cluster``
+makes them, and:
+
+- raw: one client process keeps ``--inflight`` acknowledged publishes in flight, of the
+  bytes of an experience (500 characters, 384 floats: about 2 KB), spread over P
+  streams of 3 replicas each (P of ``--partitions``), for ``--seconds``;
+- pulse: one client process, a Pulse host on the same cluster (streams of 3 replicas),
+  with ``--callers`` concurrent ``record_experience`` calls, for ``--seconds``.
+
+Each row prints the rate, its ratio to one fsync stream's raw rate (the write ceiling
+the issue measures against), Pulse's ratio to raw on the same durability and one stream,
+and the CPU the client and the three servers used over the wall time ("cores busy"):
+this machine has 2, so a row at about 2 has run out of them. Pulse writes one stream
+today (partitions are issue 29's next part); its row is beside raw's of one stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+
+from eventlog import StreamSettings
+from eventlog.codec import encode_event
+from ops.bench.log_throughput import make_events
+from ops.cluster import LocalCluster
+
+DIM = 384
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of a process so far (``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Cpu:
+    """CPU seconds of this process and the cluster's servers, between start and stop."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.pids = [p.pid for p in cluster.processes if p is not None]
+
+    def __enter__(self) -> Cpu:
+        self.started = time.perf_counter()
+        self.client0 = time.process_time()
+        self.servers0 = sum(map(_cpu_seconds, self.pids))
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.wall = time.perf_counter() - self.started
+        self.client = time.process_time() - self.client0
+        self.servers = sum(map(_cpu_seconds, self.pids)) - self.servers0
+
+    def busy(self) -> dict[str, float]:
+        """Cores busy over the wall time: the client's, the servers', both."""
+        return {"client_cores": round(self.client / self.wall, 2),
+                "server_cores": round(self.servers / self.wall, 2),
+                "cores": round((self.client + self.servers) / self.wall, 2)}  # fmt: skip
+
+
+async def raw_rate(urls: list[str], partitions: int, inflight: int, seconds: float,
+                   cluster: LocalCluster) -> tuple[float, Cpu]:  # fmt: skip
+    """Acknowledged publishes per second over ``partitions`` R3 streams."""
+    nc = await nats.connect(urls)
+    js = nc.jetstream()
+    names = [f"RAW{partitions}_{k}" for k in range(partitions)]
+    for k, name in enumerate(names):
+        await js.add_stream(name=name, subjects=[f"raw{partitions}.{k}.>"], num_replicas=3)
+    payload = encode_event(make_events(1)[0]).payload
+    done = 0
+    stop = time.perf_counter() + seconds
+
+    async def publisher(n: int) -> None:
+        nonlocal done
+        subject = f"raw{partitions}.{n % partitions}.e{n}"
+        while time.perf_counter() < stop:
+            await js.publish(subject, payload, timeout=30)
+            done += 1
+
+    with Cpu(cluster) as cpu:
+        await asyncio.gather(*(publisher(n) for n in range(inflight)))
+    for name in names:
+        await js.delete_stream(name)
+    await nc.close()
+    return done / cpu.wall, cpu
+
+
+async def pulse_rate(urls: list[str], root: Path, callers: int, seconds: float,
+                     cluster: LocalCluster) -> tuple[float, Cpu]:  # fmt: skip
+    """``record_experience`` calls per second from ``callers`` concurrent callers."""
+    from sync import PulseDB
+
+    db = await PulseDB.open(root, urls, stream_settings=StreamSettings(replicas=3))
+    try:
+        team = await db.create_collective("bench", "durability", DIM)
+        vector = [((i * 7919) % 1000) / 1000.0 for i in range(DIM)]
+        text = "retry with the same event id. " * 17
+        done = 0
+        stop = time.perf_counter() + seconds
+
+        async def caller(n: int) -> None:
+            nonlocal done
+            i = 0
+            while time.perf_counter() < stop:
+                await db.record_experience(team, f"{n}.{i} {text}"[:500], vector)
+                done += 1
+                i += 1
+
+        with Cpu(cluster) as cpu:
+            await asyncio.gather(*(caller(n) for n in range(callers)))
+        return done / cpu.wall, cpu
+    finally:
+        await db.close()
+
+
+@dataclass
+class Row:
+    durability: str
+    writer: str  # raw or pulse
+    partitions: int
+    per_s: float
+    busy: dict[str, float]
+
+
+async def main(seconds: float, partitions: list[int], callers: int, inflight: int) -> None:
+    rows: list[Row] = []
+    for durability in ("fsync", "replicated"):
+        with tempfile.TemporaryDirectory() as tmp:
+            cluster = LocalCluster(Path(tmp) / "cluster", 3, durability=durability)
+            urls = cluster.start()
+            try:
+                for p in partitions:
+                    rate, cpu = await raw_rate(urls, p, inflight, seconds, cluster)
+                    rows.append(Row(durability, "raw", p, rate, cpu.busy()))
+                rate, cpu = await pulse_rate(urls, Path(tmp) / "pulse", callers, seconds, cluster)
+                rows.append(Row(durability, "pulse", 1, rate, cpu.busy()))
+            finally:
+                cluster.stop()
+
+    def raw_of(durability: str) -> float:  # one stream's raw rate
+        return next(r.per_s for r in rows if (r.writer, r.durability, r.partitions)
+                    == ("raw", durability, 1))  # fmt: skip
+
+    ceiling = raw_of("fsync")
+    print(f"{'durability':<11} {'writer':<6} {'streams':>7} {'writes/s':>9} "
+          f"{'vs fsync 1 raw':>14} {'vs raw same':>11} {'cores: client':>13} "
+          f"{'servers':>7} {'all':>5}")  # fmt: skip
+    for row in rows:
+        same, busy = raw_of(row.durability), row.busy
+        client, servers, both = busy["client_cores"], busy["server_cores"], busy["cores"]
+        print(f"{row.durability:<11} {row.writer:<6} {row.partitions:>7} {row.per_s:>9,.0f} "
+              f"{row.per_s / ceiling:>13.2f}x {row.per_s / same:>10.2f}x "
+              f"{client:>13} {servers:>7} {both:>5}")  # fmt: skip
+        print(json.dumps({"bench": "durability", "durability": row.durability,
+                          "writer": row.writer, "partitions": row.partitions,
+                          "per_s": round(row.per_s), **busy,
+                          "vs_fsync_one_stream_raw": round(row.per_s / ceiling, 3),
+                          "vs_raw_same": round(row.per_s / same, 3)}), flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="each row's run (5)")
+    parser.add_argument("--partitions", default="1,4", help="raw streams: a list (1,4)")
+    parser.add_argument("--callers", type=int, default=32, help="Pulse's concurrent calls (32)")
+    parser.add_argument("--inflight", type=int, default=256,
+                        help="raw publishes in flight (256)")  # fmt: skip
+    args = parser.parse_args()
+    parts = [int(p) for p in args.partitions.split(",") if p.strip()]
+    asyncio.run(main(args.seconds, parts, args.callers, args.inflight))
