@@ -524,8 +524,10 @@ async def restore_backup(
     *,
     replicas: int = 1,
     progress: ProgressBar | None = None,
+    durability: str | None = None,
 ) -> dict[str, Any]:
-    """Create the backup's stream on the server of ``nc`` (``replicas`` copies), and its
+    """Create the backup's stream on the server of ``nc`` (``replicas`` copies; with
+    ``durability``, on the servers of that tag, else where the backup's were), and its
     key bucket if it holds one and the deployment has none; the restored stream's state,
     with ``keys`` saying whose keys the deployment now reads. ``StreamExists`` if the
     stream exists (left alone); on any failure what was restored is deleted again
@@ -533,6 +535,7 @@ async def restore_backup(
     anything is touched, by a deployment that has none either: what its events seal
     could not be read."""
     from eventlog.snapshots import delete_stream, restore_stream, stream_exists
+    from eventlog.streams import durability_tag
 
     manifest = backup.manifest
     bucket = f"KV_{manifest.stream}_KEYS"
@@ -544,7 +547,10 @@ async def restore_backup(
             "events seal could not be read. Restore it into the deployment whose keys it "
             "was taken with, or restore a backup taken with --with-keys"
         )
-    config = dict(backup.config, num_replicas=replicas)
+    placed: dict[str, Any] = {"num_replicas": replicas}
+    if durability is not None:
+        placed["placement"] = {"tags": [durability_tag(durability)]}
+    config = dict(backup.config, **placed)
     entry = manifest.files[SNAPSHOT]
     try:
         with backup.files.open(SNAPSHOT) as data:
@@ -563,7 +569,7 @@ async def restore_backup(
             with backup.files.open(KEYS_SNAPSHOT) as data:
                 checked = _CheckedReader(data, held, backup.path)
                 await restore_stream(
-                    nc, dict(backup.keys_config, num_replicas=replicas), backup.keys_state,
+                    nc, dict(backup.keys_config, **placed), backup.keys_state,
                     checked.read, held.size,
                 )  # fmt: skip
         except BaseException:
@@ -674,8 +680,9 @@ async def _restore(args: argparse.Namespace, backup: CheckedBackup) -> dict[str,
     async with _connected(args) as (nc, server):
         try:
             return await restore_backup(
-                nc, backup, replicas=args.replicas, progress=ProgressBar("restoring", unit="bytes")
-            )
+                nc, backup, replicas=args.replicas, durability=args.durability,
+                progress=ProgressBar("restoring", unit="bytes"),
+            )  # fmt: skip
         except StreamExists as exc:
             service = running_service(args.data_dir) if server is not None else None
             held = (

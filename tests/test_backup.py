@@ -4,6 +4,7 @@ the one backed up; damaged backups and existing streams are refused, leaving not
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import json
@@ -15,9 +16,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
+import nats
 import pytest
 
 from eventlog import EmbeddedNats, JetStreamLog
+from eventlog.embedded import NatsCredentials
 from eventlog.snapshots import (
     SnapshotError,
     delete_stream,
@@ -59,6 +62,20 @@ def refused(*args: str, data_dir: Path) -> str:
     errors = [line for line in result.stderr.splitlines() if not line.startswith("restoring ")]
     assert len(errors) == 1 and errors[0].startswith("pulse: error: "), result.stderr
     return errors[0]
+
+
+async def _placement(server: EmbeddedNats) -> dict[str, list[str]]:
+    """The placement tags of the streams a restore made."""
+    creds = NatsCredentials.load(server.credentials_file)
+    nc = await nats.connect(server.plain_url, user=creds.user, password=creds.password)
+    try:
+        found = {}
+        for name in ("PULSE", "KV_PULSE_KEYS"):
+            config = (await nc.jetstream().stream_info(name)).config
+            found[name] = list(config.placement.tags or []) if config.placement else []
+        return found
+    finally:
+        await nc.close()
 
 
 def tail(data_dir: Path, count: int, *connect: str) -> list[dict[str, Any]]:
@@ -162,8 +179,13 @@ def test_restore_through_nats_url_then_a_fresh_host_catches_up(
 ) -> None:
     with EmbeddedNats(tmp_path / "server") as server:  # a server of its own credentials
         connect = ("--nats-url", server.plain_url, "--nats-creds", str(server.credentials_file))
-        restored = as_json(*connect, "restore", str(source.archive), data_dir=tmp_path / "x")
+        placed = (*connect, "--durability", "fsync")  # (the embedded server is tagged fsync)
+        restored = as_json(*placed, "restore", str(source.archive), data_dir=tmp_path / "x")
         assert restored["messages"] == 9 and "untouched" in restored["credentials"]
+        assert asyncio.run(_placement(server)) == {
+            "PULSE": ["pulse-durability:fsync"],
+            "KV_PULSE_KEYS": ["pulse-durability:fsync"],
+        }
         assert not (tmp_path / "x").exists()  # with --nats-url, no data directory is made
         host = tmp_path / "fresh-host"
         caught = as_json(*connect, "catch-up", data_dir=host)

@@ -219,7 +219,8 @@ def restore(args: argparse.Namespace) -> int:
     server (no --nats-url), a data directory without NATS credentials gets the backup's
     (<data dir>/nats/credentials.json, 0600), so hosts that had a copy of them connect
     as before; one with credentials of its own keeps them. --replicas sets the restored
-    stream's replicas (1 by default; 3 on a cluster).
+    stream's replicas (1 by default; 3 on a cluster), and --durability the servers it
+    goes to (those tagged with it; without it, those the backup's stream asked for).
 
     The data keys: if the deployment has a key bucket, it keeps it (it knows the deletes
     made since the backup, which stay forgotten); if not, the backup's is restored (a
