@@ -24,6 +24,7 @@ import itertools
 import json
 import logging
 import os
+import random
 import ssl
 import time
 from collections import deque
@@ -81,6 +82,13 @@ _SCHEMA = str(SCHEMA_VERSION)  # the schema header of what this Pulse writes
 _LIVE_HEARTBEAT = 1.0  # seconds between idle heartbeats on a live tail
 _LIVE_EXPIRES = 10.0  # seconds a live pull request stays open
 _CONSUMER_IDLE = 60.0  # an abandoned consumer is removed by the server after this
+# A consumer's create goes through JetStream's meta leader, whose API queue drops every
+# pending request once it holds 10,000: hosts by the thousand must not ask at once. A
+# consumer made again (a stall, a server restarted, a leader changed: every host's at
+# the same moment) waits a random part of _RECREATE_SPREAD first; a create refused or
+# unanswered is asked again after an exponential, jittered back-off (``backoff``).
+_RECREATE_SPREAD = 0.5  # seconds (a live tail's lag after a restart grows by half of it)
+_BACKOFF_FIRST, _BACKOFF_MOST = 0.2, 5.0  # seconds: the first back-off, and the largest
 
 
 class _Ack(msgspec.Struct):
@@ -818,6 +826,14 @@ async def _merged(
             await reader.aclose()
 
 
+def backoff(failures: int, *, first: float = _BACKOFF_FIRST, most: float = _BACKOFF_MOST) -> float:
+    """Seconds to wait after ``failures`` (>= 1) failed creates in a row: the bound
+    doubles from ``first`` up to ``most``, and the wait is drawn from its upper half (so
+    hosts that failed together ask again apart, and none asks sooner than half of it)."""
+    bound = min(most, first * 2.0 ** min(failures - 1, 32))
+    return bound / 2 + random.uniform(0.0, bound / 2)
+
+
 async def _pull(
     owner: JetStreamLog,
     stream: str,
@@ -843,6 +859,8 @@ async def _pull(
     delivered = 0  # what the consumer delivered so far, as it counts them
     stall_after = 3 * _LIVE_HEARTBEAT if live else owner.read_timeout
     quiet_since = time.monotonic()  # last time we heard anything, or made progress
+    failures = 0  # creates refused or unanswered in a row
+    made = False  # a consumer was made before: the next one is made again (spread)
 
     async def drop() -> None:
         nonlocal consumer, sub, outstanding
@@ -861,6 +879,8 @@ async def _pull(
             if consumer is None:
                 if nc.is_closed:
                     raise LogUnavailable("the NATS connection is closed")
+                if made and failures == 0:  # (every host after a restart: not at once)
+                    await asyncio.sleep(random.uniform(0.0, _RECREATE_SPREAD if live else 0.05))
                 config = api.ConsumerConfig(
                     ack_policy=api.AckPolicy.NONE,
                     mem_storage=True,
@@ -886,9 +906,10 @@ async def _pull(
                         raise LogUnavailable(
                             f"cannot read {stream}: no answer within {stall_after:g}s ({exc!r})"
                         ) from exc
-                    await asyncio.sleep(0.2)
+                    failures += 1  # (a read, within its budget, asks again sooner)
+                    await asyncio.sleep(backoff(failures, most=_BACKOFF_MOST if live else 1.0))
                     continue
-                consumer, delivered = info.name, 0
+                consumer, delivered, failures, made = info.name, 0, 0, True
                 log.log(
                     logging.INFO if live else logging.DEBUG,
                     "consumer %s on %s from %d (filters %s): on %s, %d pending",
