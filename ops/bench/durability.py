@@ -129,7 +129,7 @@ async def pulse_rate(urls: list[str], root: Path, callers: int, seconds: float,
 @dataclass
 class Row:
     durability: str
-    writer: str  # raw or pulse
+    kind: str  # the writer: raw or pulse
     partitions: int
     per_s: float
     busy: dict[str, float]
@@ -151,7 +151,7 @@ async def main(seconds: float, partitions: list[int], callers: int, inflight: in
                 cluster.stop()
 
     def raw_of(durability: str) -> float:  # one stream's raw rate
-        return next(r.per_s for r in rows if (r.writer, r.durability, r.partitions)
+        return next(r.per_s for r in rows if (r.kind, r.durability, r.partitions)
                     == ("raw", durability, 1))  # fmt: skip
 
     ceiling = raw_of("fsync")
@@ -161,11 +161,11 @@ async def main(seconds: float, partitions: list[int], callers: int, inflight: in
     for row in rows:
         same, busy = raw_of(row.durability), row.busy
         client, servers, both = busy["client_cores"], busy["server_cores"], busy["cores"]
-        print(f"{row.durability:<11} {row.writer:<6} {row.partitions:>7} {row.per_s:>9,.0f} "
+        print(f"{row.durability:<11} {row.kind:<6} {row.partitions:>7} {row.per_s:>9,.0f} "
               f"{row.per_s / ceiling:>13.2f}x {row.per_s / same:>10.2f}x "
               f"{client:>13} {servers:>7} {both:>5}")  # fmt: skip
         print(json.dumps({"bench": "durability", "durability": row.durability,
-                          "writer": row.writer, "partitions": row.partitions,
+                          "writer": row.kind, "partitions": row.partitions,
                           "per_s": round(row.per_s), **busy,
                           "vs_fsync_one_stream_raw": round(row.per_s / ceiling, 3),
                           "vs_raw_same": round(row.per_s / same, 3)}), flush=True)  # fmt: skip
