@@ -6,7 +6,10 @@ back-off (``eventlog.jetstream.backoff``)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -120,3 +123,22 @@ def _made(caplog: pytest.LogCaptureFixture, since: float) -> list[float]:
         r.created for r in caplog.records
         if r.created > since and r.getMessage().startswith("consumer ")
     )  # fmt: skip
+
+
+def test_the_hosts_benchmark_runs_small() -> None:
+    """`python -m ops.bench.hosts` (docs/benchmarks.md), at a size a test affords: a row
+    per step, with creates, lags, dropped requests, memory and the knee."""
+    ran = subprocess.run(
+        [sys.executable, "-m", "ops.bench.hosts", "--steps", "4,8", "--collectives", "5",
+         "--rate", "50", "--seconds", "1", "--processes", "1"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    rows = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
+    assert [r["hosts"] for r in rows] == [4, 8]
+    for row in rows:
+        assert row["written"] > 0 and row["lag_p99_ms"] is not None and row["lag_p99_ms"] > 0
+        # (how many consumers the restart dropped depends on where JetStream put them)
+        assert isinstance(row["storm_creates"], int) and row["dropped_api_requests"] == 0
+        assert row["server_memory_mb"] > 0
+    assert "knee:" in ran.stdout

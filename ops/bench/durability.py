@@ -41,7 +41,7 @@ from ops.cluster import LocalCluster
 DIM = 384
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     """User and system CPU seconds of a process so far (``/proc``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -56,13 +56,13 @@ class Cpu:
     def __enter__(self) -> Cpu:
         self.started = time.perf_counter()
         self.client0 = time.process_time()
-        self.servers0 = sum(map(_cpu_seconds, self.pids))
+        self.servers0 = sum(map(cpu_seconds, self.pids))
         return self
 
     def __exit__(self, *_: object) -> None:
         self.wall = time.perf_counter() - self.started
         self.client = time.process_time() - self.client0
-        self.servers = sum(map(_cpu_seconds, self.pids)) - self.servers0
+        self.servers = sum(map(cpu_seconds, self.pids)) - self.servers0
 
     def busy(self) -> dict[str, float]:
         """Cores busy over the wall time: the client's, the servers', both."""

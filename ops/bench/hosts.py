@@ -1,0 +1,348 @@
+"""Benchmark: many hosts following one cluster, a restart storm at each step.
+
+    python -m ops.bench.hosts [--steps 100,300,1000] [--collectives 200] [--rate 200]
+
+Three local nats-server processes (``ops.cluster``), one stream of 3 replicas, and a
+writer recording events into ``--collectives`` collectives at ``--rate`` a second, the
+collective drawn from a Zipf distribution (a few busy, many quiet). Simulated hosts,
+spread over ``--processes`` worker processes, each follow 1 to 3 collectives (drawn from
+the same distribution) with Pulse's own consumer set-up: a ``JetStreamLog`` connection
+of their own and a live tail filtered to their collectives, wisdom and tokens
+(``eventlog.subjects.collective_filter``), as ``pulse up --follow`` reads. They are
+light: each takes every event as one it knows (``tail``'s ``own``), so none is decoded.
+On real machines each host decodes on its own cores; here every host shares this
+machine's two, and decoding would make the knee the simulation's, not the cluster's.
+
+At each step the hosts are brought up to the step's count, the writer writes for
+``--seconds``, then the server leading the stream is killed and started again (every
+host whose consumer it held makes it again: the restart storm), and the writer writes
+for ``--seconds`` more. Each step prints:
+
+- consumer creates: how many, their p99 (the ``add_consumer`` round trip), and the
+  creates that failed (refused or unanswered: asked again after a back-off);
+- delivery lag p50 and p99 (the time a host read an event after the stream stored it,
+  over every delivery of the step), before and after the restart;
+- API requests the servers dropped (their logs' "dropping" lines) and their memory;
+- the cores the servers and the simulated hosts kept busy while the writer wrote (this
+  machine has 2: a step near 2 ran out of them, and says so);
+- the knee: the first step where create p99 or lag p99 passes 1 s, a request is dropped,
+  or the servers' memory passes half of RAM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import re
+import statistics
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from eventlog import JetStreamLog, StreamSettings
+from eventlog import events as ev
+from eventlog.ids import uuid7
+from eventlog.subjects import collective_filter
+from ops.bench.durability import cpu_seconds
+from ops.cluster import LocalCluster
+
+RAM = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+INSTANCE = uuid7()
+DIM = 8
+VECTOR = ev.pack_vector([0.5] * DIM)
+
+
+def _common(hlc: int | None = None) -> dict[str, Any]:
+    now = ev.pack_hlc(time.time_ns() // 1_000_000, 0) if hlc is None else hlc
+    return {"event_id": uuid7(), "instance_id": INSTANCE, "hlc": now}
+
+
+def _collective(collective_id: UUID) -> ev.CollectiveCreated:
+    return ev.CollectiveCreated(**_common(), collective_id=collective_id, owner_id="bench",
+                                name="hosts bench", embedding_dimension=DIM)  # fmt: skip
+
+
+def _lesson(collective_id: UUID, hlc: int | None = None) -> ev.ExperienceRecorded:
+    return ev.ExperienceRecorded(
+        **_common(hlc), experience_id=uuid7(), collective_id=collective_id,
+        content="a lesson on the hosts' bench", embedding=VECTOR,
+        experience_type=ev.Fact(statement="a lesson", source="ops.bench.hosts"),
+        importance=0.5, confidence=0.5, source_agent="bench",
+    )  # fmt: skip
+
+
+def zipf_choice(rng: random.Random, n: int, s: float = 1.1) -> int:
+    """An index 0..n-1, the first ones far more often (weights 1/k^s)."""
+    weights = [1.0 / (k + 1) ** s for k in range(n)]
+    return rng.choices(range(n), weights)[0]
+
+
+def _p(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+# -- a worker process: its share of the hosts --------------------------------------------
+
+
+async def _worker(urls: list[str], collectives: list[str], commands: Any, results: Any,
+                  seed: int) -> None:  # fmt: skip
+    rng = random.Random(seed)
+    ids = [UUID(c) for c in collectives]
+    hosts: list[tuple[JetStreamLog, asyncio.Task[None]]] = []
+    creates: list[float] = []
+    failed = 0
+    errors: dict[str, int] = {}  # what failed creates raised, by kind
+    cpu_since = time.process_time()
+    lags: list[float] = []
+
+    def timed(log: JetStreamLog) -> None:
+        """Time each consumer create of a host (what its tail asks JetStream)."""
+        admin = log.admin
+        make = admin.add_consumer
+
+        async def add_consumer(*args: Any, **kwargs: Any) -> Any:
+            nonlocal failed
+            started = time.perf_counter()
+            try:
+                found = await make(*args, **kwargs)
+            except BaseException as exc:
+                failed += 1
+                errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                raise
+            creates.append(time.perf_counter() - started)
+            return found
+
+        admin.add_consumer = add_consumer  # type: ignore[method-assign]
+
+    known = _lesson(ids[0], hlc=0)  # (never ahead of the log's clock)
+
+    async def host(log: JetStreamLog, follows: list[UUID]) -> None:
+        # (from the end, as a host caught up: what it reads is live, its lag the log's)
+        start = await log.last_seq() + 1
+        subjects = collective_filter(follows)
+        async for entry in log.tail(start, subjects=subjects, own=lambda *_: known):
+            if entry.stored_ms is not None:
+                lags.append(time.time() - entry.stored_ms / 1000)
+
+    async def add(count: int) -> None:
+        for _ in range(count):
+            log = await JetStreamLog.connect(urls, StreamSettings(replicas=3),
+                                             create_streams=False)  # fmt: skip
+            timed(log)
+            follows = {ids[zipf_choice(rng, len(ids))] for _ in range(rng.randint(1, 3))}
+            hosts.append((log, asyncio.create_task(host(log, sorted(follows, key=str)))))
+
+    loop = asyncio.get_running_loop()
+    while True:
+        command, value = await loop.run_in_executor(None, commands.get)
+        if command == "grow":
+            await add(value - len(hosts))
+            results.put(("grown", len(hosts)))
+        elif command == "take":  # what was measured since the last take
+            cpu = time.process_time()
+            results.put(("taken", {"creates": creates, "failed": failed, "lags": lags,
+                                   "cpu": cpu - cpu_since, "errors": errors}))  # fmt: skip
+            creates, lags, failed, cpu_since, errors = [], [], 0, cpu, {}
+        elif command == "stop":
+            for _, task in hosts:
+                task.cancel()
+            await asyncio.gather(*(t for _, t in hosts), return_exceptions=True)
+            await asyncio.gather(*(log.close() for log, _ in hosts), return_exceptions=True)
+            results.put(("stopped", None))
+            return
+
+
+def _run_worker(*args: Any) -> None:
+    asyncio.run(_worker(*args))
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+class Workers:
+    def __init__(self, count: int, urls: list[str], collectives: list[str]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.pipes = [(context.Queue(), context.Queue()) for _ in range(count)]
+        self.processes = [
+            context.Process(target=_run_worker, args=(urls, collectives, c, r, n), daemon=True)
+            for n, (c, r) in enumerate(self.pipes)
+        ]
+        for process in self.processes:
+            process.start()
+
+    def ask(self, command: str, values: list[Any]) -> list[Any]:
+        for (commands, _), value in zip(self.pipes, values, strict=True):
+            commands.put((command, value))
+        return [results.get(timeout=900)[1] for _, results in self.pipes]
+
+    def stop(self) -> None:
+        try:
+            self.ask("stop", [None] * len(self.pipes))
+        finally:
+            for process in self.processes:
+                process.join(10)
+                if process.is_alive():
+                    process.kill()
+
+
+async def _write(log: JetStreamLog, collectives: list[str], rate: float, seconds: float,
+                 rng: random.Random) -> int:  # fmt: skip
+    """Events to Zipf-drawn collectives at ``rate`` a second (those refused while a
+    leader is elected are not counted)."""
+    written, started = 0, time.perf_counter()
+    while (now := time.perf_counter() - started) < seconds:
+        due = int(now * rate) + 1
+        while written < due:
+            cid = UUID(collectives[zipf_choice(rng, len(collectives))])
+            try:
+                await log.append(_lesson(cid))
+                written += 1
+            except Exception:
+                await asyncio.sleep(0.05)
+                break
+        await asyncio.sleep(max(0.0, (written / rate) - (time.perf_counter() - started)))
+    return written
+
+
+def _dropped(cluster: LocalCluster) -> int:
+    """API requests the servers logged dropping (their queue was full)."""
+    count = 0
+    for i in range(cluster.size):
+        logfile = cluster.root / f"n{i}" / "nats.log"
+        if logfile.exists():
+            for line in logfile.read_text(errors="replace").splitlines():
+                match = re.search(r"[Dd]ropp(?:ing|ed) (\d+)", line)
+                if match and "API" in line:
+                    count += int(match.group(1))
+    return count
+
+
+def _memory(cluster: LocalCluster) -> int:
+    total = 0
+    for port in cluster.monitor_ports:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/varz", timeout=5) as r:
+                total += int(json.load(r).get("mem", 0))
+        except OSError:
+            pass
+    return total
+
+
+async def main(steps: list[int], collectives: int, rate: float, seconds: float,
+               processes: int) -> None:  # fmt: skip
+    rng = random.Random(29)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = LocalCluster(Path(tmp) / "cluster", 3)
+        urls = cluster.start()
+        writer = await JetStreamLog.connect(urls, StreamSettings(replicas=3))
+        ids = [uuid7() for _ in range(collectives)]
+        for cid in ids:
+            await writer.append(_collective(cid))
+        workers = Workers(processes, urls, [str(c) for c in ids])
+        try:
+            for step in steps:
+                share = [step // processes + (1 if n < step % processes else 0)
+                         for n in range(processes)]  # fmt: skip
+                started = time.perf_counter()
+                workers.ask("grow", share)
+                ramp = time.perf_counter() - started
+                workers.ask("take", [None] * processes)  # (the ramp's creates apart)
+                servers = _servers_cpu(cluster)
+                writing = time.perf_counter()
+                written = await _write(writer, [str(c) for c in ids], rate, seconds, rng)
+                before = workers.ask("take", [None] * processes)
+                wall = time.perf_counter() - writing
+                server_cores = (_servers_cpu(cluster) - servers) / wall
+                host_cores = sum(w["cpu"] for w in before) / wall
+                dropped_before = _dropped(cluster)
+                info = await writer.admin.stream_info("PULSE")
+                leader = int(str(info.cluster.leader).removeprefix("n"))  # type: ignore[union-attr]
+                cluster.kill(leader)
+                cluster.start_node(leader)
+                written += await _write(writer, [str(c) for c in ids], rate, seconds, rng)
+                after = workers.ask("take", [None] * processes)
+                memory = _memory(cluster)
+                row = {
+                    "hosts": step, "ramp_s": round(ramp, 1), "written": written,
+                    "lag_p50_ms": _ms(_p(_all(before, "lags"), 50)),
+                    "lag_p99_ms": _ms(_p(_all(before, "lags"), 99)),
+                    "storm_creates": len(_all(after, "creates")),
+                    "storm_create_p99_ms": _ms(_p(_all(after, "creates"), 99)),
+                    "storm_failed_creates": sum(w["failed"] for w in after),
+                    "storm_lag_p99_ms": _ms(_p(_all(after, "lags"), 99)),
+                    "dropped_api_requests": _dropped(cluster) - dropped_before,
+                    "server_memory_mb": round(memory / 2**20),
+                    "server_cores": round(server_cores, 2), "host_cores": round(host_cores, 2),
+                    "storm_errors": _merged(after, "errors"),
+                }  # fmt: skip
+                rows.append(row)
+                print(json.dumps({"bench": "hosts", **row}), flush=True)
+        finally:
+            workers.stop()
+            await writer.close()
+            cluster.stop()
+    knee = next((r["hosts"] for r in rows if _past_knee(r)), None)
+    print(f"{'hosts':>6} {'ramp s':>6} {'lag p50':>8} {'lag p99':>8} {'storm creates':>13} "
+          f"{'create p99':>10} {'failed':>6} {'storm lag p99':>13} {'dropped':>7} "
+          f"{'mem MB':>6} {'cores: servers':>14} {'hosts':>5}")  # fmt: skip
+    for r in rows:
+        print(f"{r['hosts']:>6} {r['ramp_s']:>6} {r['lag_p50_ms']!s:>8} {r['lag_p99_ms']!s:>8} "
+              f"{r['storm_creates']:>13} {r['storm_create_p99_ms']!s:>10} "
+              f"{r['storm_failed_creates']:>6} {r['storm_lag_p99_ms']!s:>13} "
+              f"{r['dropped_api_requests']:>7} {r['server_memory_mb']:>6} "
+              f"{r['server_cores']:>14} {r['host_cores']:>5}")  # fmt: skip
+    print(f"knee: {'none up to ' + str(steps[-1]) + ' hosts' if knee is None else knee}")
+
+
+def _servers_cpu(cluster: LocalCluster) -> float:
+    return sum(cpu_seconds(p.pid) for p in cluster.processes if p is not None)
+
+
+def _merged(taken: list[dict[str, Any]], key: str) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for w in taken:
+        for kind, n in w[key].items():
+            found[kind] = found.get(kind, 0) + n
+    return found
+
+
+def _all(taken: list[dict[str, Any]], key: str) -> list[float]:
+    return [v for w in taken for v in w[key]]
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def _past_knee(row: dict[str, Any]) -> bool:
+    def over(key: str) -> bool:
+        return row[key] is not None and row[key] > 1000
+
+    return (over("storm_create_p99_ms") or over("lag_p99_ms") or over("storm_lag_p99_ms")
+            or row["dropped_api_requests"] > 0
+            or row["server_memory_mb"] * 2**20 > RAM / 2)  # fmt: skip
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", default="100,300,1000", help="hosts at each step")
+    parser.add_argument("--collectives", type=int, default=200, help="default 200")
+    parser.add_argument("--rate", type=float, default=200.0, help="events a second (200)")
+    parser.add_argument("--seconds", type=float, default=10.0,
+                        help="writing before and after each restart (10)")  # fmt: skip
+    parser.add_argument("--processes", type=int, default=2, help="worker processes (2)")
+    args = parser.parse_args()
+    counts = [int(s) for s in args.steps.split(",") if s.strip()]
+    asyncio.run(main(counts, args.collectives, args.rate, args.seconds, args.processes))
