@@ -670,7 +670,10 @@ class JetStreamLog(EventLog):
             first_seq=int(state.first_seq), last_seq=int(state.last_seq),
             replicas=int(config.num_replicas or 1),
             leader=info.cluster.leader if info.cluster else None,
-            consumers=consumers, sources=sources, durability=durability_of(config.placement),
+            consumers=consumers, sources=sources,
+            # (one server, not a cluster, takes any placement and places nothing by it)
+            durability=durability_of(config.placement)
+            if info.cluster is not None and info.cluster.name else None,
         )  # fmt: skip
 
     async def last_seq(self, subjects: Sequence[str] | None = None) -> int:

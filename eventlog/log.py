@@ -80,7 +80,7 @@ class StreamState:
     consumers: tuple[ConsumerState, ...] = ()
     sources: tuple[dict[str, object], ...] = ()  # streams it sources (name, lag, active)
     # the durability of the servers it is placed on (eventlog.streams.durability_of);
-    # None: placed by no durability
+    # None: placed by no durability, or on one server (which places nothing by tags)
     durability: str | None = None
 
 

@@ -35,7 +35,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError as JsNotFound
 
-from eventlog.errors import ValidationError
+from eventlog.errors import LogUnavailable, ValidationError
 from eventlog.subjects import ACTIVITY_SUBJECTS, DURABLE_SUBJECTS
 
 log = logging.getLogger("pulse.eventlog")
@@ -200,6 +200,20 @@ async def ensure_streams(
     made by an older one lacks (``pulse.t.>`` for tokens) is added to it, and nothing
     else of its configuration is touched.
     """
+    if update and settings.durability is not None:
+        await _no_move_and_scale(js, settings)
+    if update and settings.durability is not None:  # the key bucket first: refused, it
+        try:  # leaves the streams where they are
+            info = await js.stream_info(f"KV_{settings.name}_KEYS")
+        except JsNotFound:
+            pass  # (made on first use, placed: eventlog.keys)
+        else:
+            if durability_of(info.config.placement) != settings.durability:
+                moved = dataclasses.replace(
+                    info.config, placement=rewritten(info.config.placement, settings.durability)
+                )
+                replicas = int(info.config.num_replicas or 1)
+                await placed(js.update_stream(moved), settings, replicas=replicas)
     for config in (settings.main_config(), settings.activity_config()):
         try:
             info = await js.stream_info(config.name)  # type: ignore[arg-type]
@@ -209,41 +223,79 @@ async def ensure_streams(
         if update:  # keeping the sources added since (the leaf nodes': eventlog.leaf)
             if info.config.sources and not config.sources:
                 config = dataclasses.replace(config, sources=info.config.sources)
-            if config.placement is None and info.config.placement is not None:
-                config = dataclasses.replace(config, placement=info.config.placement)
+            # the placement: kept, but for its durability tag (its cluster, other tags)
+            where: api.Placement | None = info.config.placement
+            if settings.durability is not None:
+                where = rewritten(where, settings.durability)
+            config = dataclasses.replace(config, placement=where)
             await placed(js.update_stream(config), settings)
             continue
         held = list(info.config.subjects or [])
         missing = [s for s in config.subjects or [] if s not in held]
         if missing:
             await js.update_stream(dataclasses.replace(info.config, subjects=held + missing))
-    if update and settings.durability is not None:  # the key bucket goes with the streams
+
+
+async def _no_move_and_scale(js: JetStreamContext, settings: StreamSettings) -> None:
+    """Refuse, before anything changes, an update that would move a stream (or the key
+    bucket) and change its replicas at once: JetStream does one or the other."""
+    names = [settings.name, settings.activity_name]
+    for name in names:
         try:
-            info = await js.stream_info(f"KV_{settings.name}_KEYS")
+            info = await js.stream_info(name)
         except JsNotFound:
-            return  # (made on first use, placed: eventlog.keys)
-        if durability_of(info.config.placement) != settings.durability:
-            moved = dataclasses.replace(info.config, placement=settings.placement())
-            await placed(js.update_stream(moved), settings)
+            continue
+        moves = durability_of(info.config.placement) != settings.durability
+        if moves and int(info.config.num_replicas or 1) != settings.replicas:
+            raise ValidationError(
+                f"replicas, durability: {name} has {info.config.num_replicas} replica(s) "
+                f"on {durability_of(info.config.placement) or 'untagged'} servers; "
+                f"JetStream moves a stream or changes its replicas, not both at once: run "
+                f"`pulse up` with --replicas {info.config.num_replicas} and the new "
+                "--durability, then with the new --replicas"
+            )
 
 
-NO_PEERS = 10005  # JetStream's error code: no servers fit the placement
+def rewritten(placement: api.Placement | None, durability: str) -> api.Placement:
+    """A placement asking for the servers of ``durability``: its cluster and its other
+    tags kept, its durability tag (if any) replaced."""
+    if placement is None:
+        return api.Placement(tags=[durability_tag(durability)])
+    tags = [t for t in placement.tags or [] if not t.startswith(DURABILITY_TAG)]
+    return api.Placement(cluster=placement.cluster, tags=[*tags, durability_tag(durability)])
 
 
-async def placed(request: Any, settings: StreamSettings) -> Any:
-    """A stream's create or update, with JetStream's refusal to place it told as what
-    the operator asked for (``durability``) and what it needs."""
+NO_PEERS = 10005  # JetStream's error codes: no servers fit the placement;
+MOVE_AND_SCALE = 10123  # a move and a change of replicas asked in one update;
+MOVING = 10124  # a move asked while one is under way
+
+
+async def placed(request: Any, settings: StreamSettings, *, replicas: int | None = None) -> Any:
+    """A stream's create or update, with JetStream's refusals to place it told as what
+    the operator asked for (``durability``, ``replicas``) and what to do."""
     try:
         return await request
     except nats.js.errors.APIError as exc:
-        if exc.err_code != NO_PEERS or settings.durability is None:
-            raise
-        raise ValidationError(
-            f"durability: no {settings.replicas} server(s) tagged "
-            f"{durability_tag(settings.durability)!r} to hold {settings.replicas} "
-            f"replica(s) ({exc.description}); a server Pulse configured carries its tag "
-            "(`pulse nats-config --durability`, or `server_tags` in nats.conf)"
-        ) from exc
+        count = settings.replicas if replicas is None else replicas
+        if exc.err_code == NO_PEERS and settings.durability is not None:
+            raise ValidationError(
+                f"durability: no {count} server(s) tagged "
+                f"{durability_tag(settings.durability)!r} to hold {count} replica(s) "
+                f"({exc.description}); a server Pulse configured carries its tag "
+                "(`pulse nats-config --durability`, or `server_tags` in nats.conf)"
+            ) from exc
+        if exc.err_code == MOVE_AND_SCALE:
+            raise ValidationError(
+                "replicas, durability: JetStream moves a stream or changes its replicas, "
+                f"not both at once ({exc.description}); run `pulse up` with the stream's "
+                "present --replicas and the new --durability, then with the new --replicas"
+            ) from exc
+        if exc.err_code == MOVING:
+            raise LogUnavailable(
+                f"durability: the stream is being moved ({exc.description}); start "
+                "`pulse up` again once the move is done (`pulse status` shows its leader)"
+            ) from exc
+        raise
 
 
 # -- what a delivery says of itself ----------------------------------------------------

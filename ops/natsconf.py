@@ -624,6 +624,8 @@ def cmd_nats_config(args: argparse.Namespace) -> int:
     if not args.systemd and given:
         option = next(iter(given)).replace("_", "-")
         raise ValidationError(f"{option}: only with --systemd")
+    # (the global --durability, or $PULSE_DURABILITY, when the command's own is not given)
+    args.durability = getattr(args, "durability", None) or "fsync"
     nodes, apps = hosts_of(args)
     leaves = [Leaf(name) for name in args.leaf]
     layout = None

@@ -141,4 +141,7 @@ def test_the_hosts_benchmark_runs_small() -> None:
         # (how many consumers the restart dropped depends on where JetStream put them)
         assert isinstance(row["storm_creates"], int) and row["dropped_api_requests"] == 0
         assert row["server_memory_mb"] > 0
+        # every host restarted at once made its consumer again, and none was left waiting
+        assert row["restart_creates"] >= row["hosts"] and row["restart_hosts_waiting"] == 0
+        assert row["restart_dropped_api_requests"] == 0
     assert "knee:" in ran.stdout

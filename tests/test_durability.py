@@ -15,9 +15,11 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 import pytest
+from nats.js import api
 
 from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
 from eventlog.errors import ValidationError
+from eventlog.streams import durability_of, rewritten
 from ops.cli import main as pulse_main
 from ops.cluster import LocalCluster, free_ports
 from ops.natsconf import Node, write_cluster
@@ -92,6 +94,17 @@ async def test_streams_go_to_the_nodes_of_the_durability_chosen_and_move_when_it
                     refused.value
                 )
                 assert await _placed(log, "PULSE") == ("n0", ["pulse-durability:fsync"])
+                # a move and three replicas at once: refused before anything moves
+                with pytest.raises(ValidationError) as refused:
+                    await JetStreamLog.connect(
+                        cluster.urls, StreamSettings(replicas=3, durability="replicated"),
+                        credentials=written.client_credentials, tls_ca=written.ca,
+                    )  # fmt: skip
+                assert "replicas, durability: PULSE has 1 replica(s) on fsync servers" in str(
+                    refused.value
+                )
+                for stream in ("PULSE", "PULSE_ACTIVITY", "KV_PULSE_KEYS"):
+                    assert await _placed(log, stream) == ("n0", ["pulse-durability:fsync"])
 
                 # later, the operator's `pulse up --durability replicated` (as pulse.service
                 # runs it) moves the streams and the key bucket to the replicated nodes
@@ -152,7 +165,7 @@ def test_an_embedded_server_is_fsync_and_refuses_another_durability(
 ) -> None:
     """One node replicates nothing: `--durability replicated` (or fsync with --no-sync)
     is refused before anything starts, naming the field; the server itself is tagged
-    fsync, so `--durability fsync` places the streams on it."""
+    fsync (what a cluster of such servers would place by)."""
     with EmbeddedNats(tmp_path / "tagged") as server:
         assert _varz(server.monitor_url)["tags"] == ["pulse-durability:fsync"]
     data = tmp_path / "data"
@@ -183,3 +196,33 @@ def test_the_benchmark_runs_small() -> None:
     assert all(r["per_s"] > 0 and r["cores"] > 0 for r in rows)
     assert rows[0]["vs_fsync_one_stream_raw"] == 1.0
     assert "vs fsync 1 raw" in ran.stdout
+
+
+def test_a_placement_keeps_its_cluster_and_other_tags() -> None:
+    """Only the durability tag changes: a placement's cluster (in a super-cluster) and
+    the operator's own tags stay."""
+    held = api.Placement(cluster="east", tags=["ssd", "pulse-durability:fsync"])
+    assert rewritten(held, "replicated") == api.Placement(
+        cluster="east", tags=["ssd", "pulse-durability:replicated"]
+    )
+    assert rewritten(None, "fsync") == api.Placement(tags=["pulse-durability:fsync"])
+    assert durability_of(rewritten(held, "replicated")) == "replicated"
+
+
+def test_nats_config_takes_the_global_durability(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`pulse --durability replicated nats-config` (or $PULSE_DURABILITY) writes
+    replicated nodes; the command's own option, when given, decides."""
+    out = tmp_path / "conf"
+    argv = ["nats-config", "--hosts", "a,b,c", "--out", str(out), "--json"]
+    assert pulse_main(["--durability", "replicated", *argv]) == 0
+    written = json.loads(capsys.readouterr().out)
+    assert written["durability"] == "replicated"
+    assert set(written["node_durability"].values()) == {"replicated"}
+    conf = (out / "a" / "nats.conf").read_text()
+    assert 'server_tags: ["pulse-durability:replicated"]' in conf
+    assert "sync_interval" not in conf
+    assert pulse_main([*argv, "--durability", "fsync"]) == 0
+    assert json.loads(capsys.readouterr().out)["durability"] == "fsync"
+    assert "sync_interval: always" in (out / "a" / "nats.conf").read_text()

@@ -15,18 +15,21 @@ machine's two, and decoding would make the knee the simulation's, not the cluste
 
 At each step the hosts are brought up to the step's count, the writer writes for
 ``--seconds``, then the server leading the stream is killed and started again (every
-host whose consumer it held makes it again: the restart storm), and the writer writes
-for ``--seconds`` more. Each step prints:
+host whose consumer it held makes it again), and the writer writes for ``--seconds``
+more; then every host is stopped and started again at once (a deploy, a power cut: the
+restart storm) while the writer writes. Each step prints:
 
-- consumer creates: how many, their p99 (the ``add_consumer`` round trip), and the
-  creates that failed (refused or unanswered: asked again after a back-off);
+- consumer creates after the kill and after the restart: how many, their p99 (the
+  ``add_consumer`` round trip), the creates that failed (refused or unanswered: asked
+  again after a back-off) and what they raised, and the hosts left waiting (their last
+  create failed: they read nothing);
 - delivery lag p50 and p99 (the time a host read an event after the stream stored it,
-  over every delivery of the step), before and after the restart;
+  over every delivery), before the kill, after it and after the restart;
 - API requests the servers dropped (their logs' "dropping" lines) and their memory;
 - the cores the servers and the simulated hosts kept busy while the writer wrote (this
   machine has 2: a step near 2 ran out of them, and says so);
-- the knee: the first step where create p99 or lag p99 passes 1 s, a request is dropped,
-  or the servers' memory passes half of RAM.
+- the knee: the first step where a create p99 or a lag p99 passes 1 s, a request is
+  dropped, a host is left waiting, or the servers' memory passes half of RAM.
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
     creates: list[float] = []
     failed = 0
     errors: dict[str, int] = {}  # what failed creates raised, by kind
+    waiting: set[int] = set()  # hosts whose last create failed: reading nothing
     cpu_since = time.process_time()
     lags: list[float] = []
 
@@ -118,9 +122,14 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
                 found = await make(*args, **kwargs)
             except BaseException as exc:
                 failed += 1
-                errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                kind = type(exc).__name__
+                if getattr(exc, "description", None):  # (JetStream's own words)
+                    kind += f": {exc.description}"  # type: ignore[attr-defined]
+                errors[kind] = errors.get(kind, 0) + 1
+                waiting.add(id(log))
                 raise
             creates.append(time.perf_counter() - started)
+            waiting.discard(id(log))
             return found
 
         admin.add_consumer = add_consumer  # type: ignore[method-assign]
@@ -135,13 +144,27 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
             if entry.stored_ms is not None:
                 lags.append(time.time() - entry.stored_ms / 1000)
 
+    async def start(follows: list[UUID]) -> tuple[JetStreamLog, asyncio.Task[None]]:
+        log = await JetStreamLog.connect(urls, StreamSettings(replicas=3), create_streams=False)
+        timed(log)
+        return log, asyncio.create_task(host(log, follows))
+
+    following: list[list[UUID]] = []  # what each host follows (kept across a restart)
+
     async def add(count: int) -> None:
         for _ in range(count):
-            log = await JetStreamLog.connect(urls, StreamSettings(replicas=3),
-                                             create_streams=False)  # fmt: skip
-            timed(log)
             follows = {ids[zipf_choice(rng, len(ids))] for _ in range(rng.randint(1, 3))}
-            hosts.append((log, asyncio.create_task(host(log, sorted(follows, key=str)))))
+            following.append(sorted(follows, key=str))
+            hosts.append(await start(following[-1]))
+
+    async def restart() -> None:
+        """Every host stopped, then started again at once (a deploy, a power cut)."""
+        for _, task in hosts:
+            task.cancel()
+        await asyncio.gather(*(t for _, t in hosts), return_exceptions=True)
+        await asyncio.gather(*(log.close() for log, _ in hosts), return_exceptions=True)
+        waiting.clear()
+        hosts[:] = await asyncio.gather(*(start(f) for f in following))
 
     loop = asyncio.get_running_loop()
     while True:
@@ -149,10 +172,15 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
         if command == "grow":
             await add(value - len(hosts))
             results.put(("grown", len(hosts)))
+        elif command == "restart":
+            started = time.perf_counter()
+            await restart()
+            results.put(("restarted", time.perf_counter() - started))
         elif command == "take":  # what was measured since the last take
             cpu = time.process_time()
             results.put(("taken", {"creates": creates, "failed": failed, "lags": lags,
-                                   "cpu": cpu - cpu_since, "errors": errors}))  # fmt: skip
+                                   "cpu": cpu - cpu_since, "errors": errors,
+                                   "waiting": len(waiting)}))  # fmt: skip
             creates, lags, failed, cpu_since, errors = [], [], 0, cpu, {}
         elif command == "stop":
             for _, task in hosts:
@@ -273,6 +301,15 @@ async def main(steps: list[int], collectives: int, rate: float, seconds: float,
                 cluster.start_node(leader)
                 written += await _write(writer, [str(c) for c in ids], rate, seconds, rng)
                 after = workers.ask("take", [None] * processes)
+                dropped_storm = _dropped(cluster) - dropped_before
+                # every host restarted at once, while the writer writes
+                dropped_before_restart = _dropped(cluster)
+                restarting = asyncio.create_task(
+                    _write(writer, [str(c) for c in ids], rate, seconds, rng)
+                )
+                await asyncio.to_thread(workers.ask, "restart", [None] * processes)
+                written += await restarting
+                restarted = workers.ask("take", [None] * processes)
                 memory = _memory(cluster)
                 row = {
                     "hosts": step, "ramp_s": round(ramp, 1), "written": written,
@@ -282,10 +319,17 @@ async def main(steps: list[int], collectives: int, rate: float, seconds: float,
                     "storm_create_p99_ms": _ms(_p(_all(after, "creates"), 99)),
                     "storm_failed_creates": sum(w["failed"] for w in after),
                     "storm_lag_p99_ms": _ms(_p(_all(after, "lags"), 99)),
-                    "dropped_api_requests": _dropped(cluster) - dropped_before,
+                    "dropped_api_requests": dropped_storm,
                     "server_memory_mb": round(memory / 2**20),
                     "server_cores": round(server_cores, 2), "host_cores": round(host_cores, 2),
                     "storm_errors": _merged(after, "errors"),
+                    "storm_hosts_waiting": sum(w["waiting"] for w in after),
+                    "restart_creates": len(_all(restarted, "creates")),
+                    "restart_create_p99_ms": _ms(_p(_all(restarted, "creates"), 99)),
+                    "restart_failed_creates": sum(w["failed"] for w in restarted),
+                    "restart_lag_p99_ms": _ms(_p(_all(restarted, "lags"), 99)),
+                    "restart_dropped_api_requests": _dropped(cluster) - dropped_before_restart,
+                    "restart_hosts_waiting": sum(w["waiting"] for w in restarted),
                 }  # fmt: skip
                 rows.append(row)
                 print(json.dumps({"bench": "hosts", **row}), flush=True)
@@ -294,16 +338,23 @@ async def main(steps: list[int], collectives: int, rate: float, seconds: float,
             await writer.close()
             cluster.stop()
     knee = next((r["hosts"] for r in rows if _past_knee(r)), None)
-    print(f"{'hosts':>6} {'ramp s':>6} {'lag p50':>8} {'lag p99':>8} {'storm creates':>13} "
-          f"{'create p99':>10} {'failed':>6} {'storm lag p99':>13} {'dropped':>7} "
-          f"{'mem MB':>6} {'cores: servers':>14} {'hosts':>5}")  # fmt: skip
+    columns = [("hosts", "hosts"), ("lag p50", "lag_p50_ms"), ("lag p99", "lag_p99_ms"),
+               ("kill: creates", "storm_creates"), ("p99", "storm_create_p99_ms"),
+               ("failed", "storm_failed_creates"), ("lag p99", "storm_lag_p99_ms"),
+               ("dropped", "dropped_api_requests"),
+               ("restart: creates", "restart_creates"), ("p99", "restart_create_p99_ms"),
+               ("failed", "restart_failed_creates"), ("lag p99", "restart_lag_p99_ms"),
+               ("dropped", "restart_dropped_api_requests"),
+               ("waiting", "restart_hosts_waiting"), ("mem MB", "server_memory_mb"),
+               ("cores: servers", "server_cores"), ("hosts", "host_cores")]  # fmt: skip
+    print(" ".join(f"{name:>{max(len(name), 7)}}" for name, _ in columns))
     for r in rows:
-        print(f"{r['hosts']:>6} {r['ramp_s']:>6} {r['lag_p50_ms']!s:>8} {r['lag_p99_ms']!s:>8} "
-              f"{r['storm_creates']:>13} {r['storm_create_p99_ms']!s:>10} "
-              f"{r['storm_failed_creates']:>6} {r['storm_lag_p99_ms']!s:>13} "
-              f"{r['dropped_api_requests']:>7} {r['server_memory_mb']:>6} "
-              f"{r['server_cores']:>14} {r['host_cores']:>5}")  # fmt: skip
-    print(f"knee: {'none up to ' + str(steps[-1]) + ' hosts' if knee is None else knee}")
+        print(" ".join(f"{r[key]!s:>{max(len(name), 7)}}" for name, key in columns))
+    print(
+        f"knee: {'none up to ' + str(steps[-1]) + ' hosts' if knee is None else knee} "
+        "(lag or create p99 over 1 s, a dropped request, a host left waiting, or the "
+        "servers' memory past half of RAM)"
+    )
 
 
 def _servers_cpu(cluster: LocalCluster) -> float:
@@ -330,8 +381,10 @@ def _past_knee(row: dict[str, Any]) -> bool:
     def over(key: str) -> bool:
         return row[key] is not None and row[key] > 1000
 
-    return (over("storm_create_p99_ms") or over("lag_p99_ms") or over("storm_lag_p99_ms")
-            or row["dropped_api_requests"] > 0
+    return (any(over(k) for k in ("lag_p99_ms", "storm_create_p99_ms", "storm_lag_p99_ms",
+                                  "restart_create_p99_ms", "restart_lag_p99_ms"))
+            or row["dropped_api_requests"] > 0 or row["restart_dropped_api_requests"] > 0
+            or row["storm_hosts_waiting"] > 0 or row["restart_hosts_waiting"] > 0
             or row["server_memory_mb"] * 2**20 > RAM / 2)  # fmt: skip
 
 

@@ -119,7 +119,7 @@ COMMANDS = (
             arg("--replicas", type=int, metavar="N",
                 help="stream replicas pulse up asks for (default: 3 on three nodes or more, "
                 "else 1)"),
-            arg("--durability", choices=("fsync", "replicated"), default="fsync",
+            arg("--durability", choices=("fsync", "replicated"), default=argparse.SUPPRESS,
                 help="the nodes' durability, and where pulse up places the streams: fsync "
                 "(every write synced to disk before it is acknowledged) or replicated "
                 "(acknowledged once a quorum holds it, synced on the server's interval); a "
