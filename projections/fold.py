@@ -181,7 +181,8 @@ class Placed(Row):
     entity's as a dead letter. (Strays are held in memory only: a host that restarts
     between two such events, both before the entity's create, may show a different
     group than one that did not; forged events only, and neither group is live without
-    its create.)
+    its create. A stray's tombstone of an experience is the exception: the projection
+    keeps it in DuckDB, ``projections.state.MemoryState.load_strays``, for the counts.)
     """
 
     __slots__ = ()

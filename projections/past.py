@@ -126,6 +126,7 @@ class PastMemory(MemoryState):
         self.dirty = {t: set() for t in ROW_TYPES}
         self.forgotten_counts, self.unflushed_rejected = set(), []
         self.unflushed_audit, self.unflushed_counts = [], []
+        self.stray_tombstones, self.unflushed_strays = set(), []
         self._hlc_bound = hlc_bound  # the largest HLC of an event up to the sequence
         self._bound: int | None = None
 

@@ -254,6 +254,7 @@ class Projection:
             for t in ROW_TYPES
         ]
         self.memory.load((row for table in tables for row in table.values()), numbered.numbers)
+        self.memory.load_strays(self.store.stray_tombstones())
         for rejected in self.store.rejected():
             self.memory.rejected[rejected.seq] = rejected
         return numbered
@@ -474,17 +475,19 @@ class Projection:
         rows, forgotten, rejected = memory.take_dirty()
         audited, memory.unflushed_audit = memory.unflushed_audit, []
         counted, memory.unflushed_counts = memory.unflushed_counts, []
+        strays, memory.unflushed_strays = memory.unflushed_strays, []
         try:
             batch = Batch(
                 freeze(rows, memory.vec_ids, self.embedding_view), forgotten, rejected,
                 self._seq, self._unflushed, audited, counted, self._readmitted,
-                owe_scrub=self.scrub_since is not None,
+                owe_scrub=self.scrub_since is not None, strays=strays,
             )  # fmt: skip
             done = self.flusher.put(batch, self.store.writer())
         except BaseException:  # (the writer is closed): memory keeps it for the next
             memory.restore_dirty(rows, forgotten, rejected)
             memory.unflushed_audit = audited + memory.unflushed_audit
             memory.unflushed_counts = counted + memory.unflushed_counts
+            memory.unflushed_strays = strays + memory.unflushed_strays
             raise
         self._readmitted = set()
         self.writes += 1

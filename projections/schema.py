@@ -52,7 +52,7 @@ from typing import Any
 # alone cannot work out)
 Migration = str | Callable[[Any], None]
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 MISPLACED = "collective_id: not the collective of the entity: "  # dead letter
 
@@ -136,6 +136,9 @@ CREATE TABLE IF NOT EXISTS count_history (
     applications UBIGINT, hlc UBIGINT, author_owner VARCHAR, author_agent VARCHAR);
 CREATE TABLE IF NOT EXISTS undecodable (
     seq BIGINT PRIMARY KEY, subject VARCHAR, reason VARCHAR, instance_id UUID);
+CREATE TABLE IF NOT EXISTS stray_tombstones (
+    experience_id UUID NOT NULL, collective_id UUID NOT NULL,
+    PRIMARY KEY (experience_id, collective_id));
 """
 
 VIEWS = """
@@ -349,6 +352,10 @@ DIGEST_BY_COLLECTIVE["undecodable"] = DIGEST_QUERIES["undecodable"].replace(
 
 # from_version -> statements that bring the schema to from_version + 1
 MIGRATIONS: dict[int, list[Migration]] = {
+    # 10: an experience's deletes that named another collective than its row's, kept
+    # (stray_tombstones, made by TABLES): the counts such a collective's reports made go
+    # whether or not the host restarted in between (projections.state)
+    9: [],
     # 9: a language per document (an experience's and an insight's, in a collective of
     # "auto"), and "auto" read from an old collective's choice (eventlog.codec); what a
     # collective does with a duplicate (those before keep it)

@@ -151,6 +151,11 @@ class MemoryState:
         self.writes_of: dict[tuple[Any, ...], set[tuple[Any, ...]]] = {}
         self.unflushed_audit: list[Audited] = []
         self.unflushed_counts: list[Counted] = []
+        # (experience, collective) of each delete naming another collective than the
+        # experience's row: a stray's tombstone, kept in DuckDB (``load_strays``) so the
+        # counts that collective's reports made go after a restart too (``_count``)
+        self.stray_tombstones: set[tuple[UUID, UUID]] = set()
+        self.unflushed_strays: list[tuple[UUID, UUID]] = []
         # who could see the experiences deleted last while live here: (collective,
         # visibility, author owner, author agent), so a watch tells a delete only to
         # those who could see the experience (memory only, never stored: a tombstone keeps
@@ -215,6 +220,18 @@ class MemoryState:
         else:  # (an open: taken as read, not copied)
             self.vec_ids = vec_ids
         self.next_vec_id = 1 + max(vec_ids.values(), default=0)
+
+    def load_strays(self, tombstones: Iterable[tuple[UUID, UUID]]) -> None:
+        """The stray tombstones DuckDB kept, back on their rows as the strays they were
+        (a tombstone each: all a stray's delete leaves; ``Placed``)."""
+        for eid, cid in tombstones:
+            self.stray_tombstones.add((eid, cid))
+            row = self.experiences.get((eid,))
+            if row is None or row.collective_id == cid:
+                continue  # (the row's own group now: its tombstone is the row's)
+            if row.strays is None:
+                row.strays = {}
+            row.strays[cid] = ExperienceRow(experience_id=eid, collective_id=cid, deleted=True)
 
     def merge(self, delta: FoldState) -> Touched:
         """Join a folded batch into the state; returns what changed for the indexes."""
@@ -288,8 +305,8 @@ class MemoryState:
         another collective, arrived before the record, is the row's until the record
         comes, and the counts of the record's collective must wait for it (a tombstone
         stays one, so a group once deleted takes no counts again, whatever the order).
-        Strays are memory only: a report naming a stray's collective, deleted there before
-        a restart, is kept after it; such reports are dead letters, and count nowhere."""
+        A stray's tombstone outlives a restart (``load_strays``), so the counts of its
+        collective go after one as before it."""
         eid = row.experience_id
         held = self.experiences.get((eid,))
         if (
@@ -421,8 +438,11 @@ class MemoryState:
             self._forget_counts(eid, row.collective_id)
         if row.strays is not None:
             for cid, group in row.strays.items():
-                if group.deleted:
+                if group.deleted and cid is not None:
                     self._forget_counts(eid, cid)
+                    if (eid, cid) not in self.stray_tombstones:
+                        self.stray_tombstones.add((eid, cid))
+                        self.unflushed_strays.append((eid, cid))
 
     def _forget_counts(self, experience_id: UUID, collective_id: UUID | None) -> None:
         """The counts of an experience that reports naming a collective made go."""
@@ -521,6 +541,7 @@ class MemoryState:
             bool(self.forgotten_counts)
             or bool(self.unflushed_audit)
             or bool(self.unflushed_counts)
+            or bool(self.unflushed_strays)
             or any(self.dirty.values())
         )
 

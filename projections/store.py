@@ -263,6 +263,7 @@ class Batch:
     counted: list[Counted] = field(default_factory=list)
     readmitted: set[int] = field(default_factory=set)  # no longer kept aside
     owe_scrub: bool = False  # a delete in it waits for the files to be rewritten
+    strays: list[tuple[UUID, UUID]] = field(default_factory=list)  # stray tombstones
 
 
 # the views' SQL as this Pulse writes them: an open re-creates them only when the file's
@@ -508,6 +509,10 @@ class Store:
                     self._counted(con, batch.counted)
                 if batch.forgotten:
                     self._forget_counts(con, batch.forgotten)
+                if batch.strays:
+                    con.executemany(
+                        "INSERT OR IGNORE INTO stray_tombstones VALUES (?, ?)", batch.strays
+                    )
                 for r in batch.rejected:
                     con.execute(
                         "INSERT OR REPLACE INTO undecodable VALUES (?, ?, ?, ?)",
@@ -720,6 +725,14 @@ class Store:
 
     def set_wire_schema(self, version: int) -> None:
         self.con.execute("INSERT OR REPLACE INTO meta VALUES ('wire_schema', ?)", [str(version)])
+
+    def stray_tombstones(self) -> list[tuple[UUID, UUID]]:
+        """(experience, collective) of each delete that named another collective than
+        the experience's row (``MemoryState.load_strays``)."""
+        return [
+            (UUID(str(e)), UUID(str(c)))
+            for e, c in self.con.execute("SELECT * FROM stray_tombstones").fetchall()
+        ]
 
     def rejected(self) -> list[Rejected]:
         return [

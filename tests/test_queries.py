@@ -698,3 +698,35 @@ def test_counts_made_before_the_record_outlast_a_stray_delete_and_a_reopen(
 def _sql(p: Projection, query: str, params: list[Any]) -> list[tuple[Any, ...]]:
     p.flush()
     return p.store.con.execute(query, params).fetchall()
+
+
+def test_a_stray_delete_takes_its_collective_s_counts_after_a_restart_too(
+    tmp_path: Path,
+) -> None:
+    """An experience recorded in its collective, a delete of it naming another, then a
+    report naming that other: the report's count goes, whether or not the host restarted
+    between the delete and the report (the stray's tombstone is kept in DuckDB), so two
+    hosts agree on the digest."""
+    home, other = uuid7(), uuid7()
+    recorded = f.experience(home, "a lesson")
+    eid = recorded.experience_id
+    stray = ev.ExperienceDeleted(**f.common(), experience_id=eid, collective_id=other)  # type: ignore[arg-type]
+    report = ev.ExperienceReinforced(**f.common(), experience_id=eid, collective_id=other,  # type: ignore[arg-type]
+                                     applications=2)  # fmt: skip
+    before = [LogEntry(1, "pulse.test", f.collective(home)), LogEntry(2, "pulse.test", recorded),
+              LogEntry(3, "pulse.test", stray)]  # fmt: skip
+    after = [LogEntry(4, "pulse.test", report)]
+    digests = []
+    for restarted in (False, True):
+        p = Projection(tmp_path / str(restarted))
+        p.apply(before)
+        if restarted:
+            p.flush()
+            p.close()
+            p = Projection(tmp_path / str(restarted))
+        p.apply(after)
+        assert _sql(p, "SELECT count(*) FROM application_rows", []) == [(0,)]
+        assert p.memory.applications_of(eid)[0] == 0
+        digests.append(p.digest())
+        p.close()
+    assert digests[0] == digests[1]
