@@ -909,8 +909,12 @@ async def _pull(
                         raise LogUnavailable(
                             f"cannot read {stream}: no answer within {stall_after:g}s ({exc!r})"
                         ) from exc
-                    failures += 1  # (a read, within its budget, asks again sooner)
-                    await asyncio.sleep(backoff(failures, most=_BACKOFF_MOST if live else 1.0))
+                    failures += 1  # (a read asks again sooner, and not past its budget)
+                    wait = backoff(failures, most=_BACKOFF_MOST if live else 1.0)
+                    if not live:
+                        left = stall_after - (time.monotonic() - quiet_since)
+                        wait = max(0.0, min(wait, left))
+                    await asyncio.sleep(wait)
                     continue
                 consumer, delivered, failures, made = info.name, 0, 0, True
                 log.log(

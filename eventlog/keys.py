@@ -351,8 +351,11 @@ class KvKeyStore(KeyStore):
                 bucket_config(self.bucket, self.replicas, placement=self.placement)
             )
         except BadRequestError as exc:  # another host created it meanwhile
-            if exc.err_code == NO_PEERS:  # (or no servers fit: ensure_streams says why)
-                raise
+            if exc.err_code == NO_PEERS:  # (or no servers fit the streams' placement)
+                raise LogUnavailable(
+                    f"durability: no {self.replicas} server(s) fit the key bucket "
+                    f"{self.bucket}'s placement {self.placement} ({exc.description})"
+                ) from exc
         return await self.js.key_value(self.bucket)
 
     async def _latest(self, name: str) -> tuple[Any, bool]:
