@@ -77,6 +77,7 @@ bench: $(STAMP) $(CHROMIUM)
 	$(VENV)/bin/python -m ops.bench.duplicates
 	$(VENV)/bin/python -m ops.bench.durability
 	$(VENV)/bin/python -m ops.bench.hosts
+	$(VENV)/bin/python -m ops.bench.subjects
 	$(MAKE) bench-edges
 
 # issue 28's key ratios (write tail, HTTP tax, writes against the raw log) in under 45 s,

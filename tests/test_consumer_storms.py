@@ -145,3 +145,19 @@ def test_the_hosts_benchmark_runs_small() -> None:
         assert row["restart_creates"] >= row["hosts"] and row["restart_hosts_waiting"] == 0
         assert row["restart_dropped_api_requests"] == 0
     assert "knee:" in ran.stdout
+
+
+def test_the_subjects_benchmark_runs_small() -> None:
+    """`python -m ops.bench.subjects` (docs/benchmarks.md), at a size a test affords: a
+    row per step, with memory per entity, a purge's stall and a restart's time."""
+    ran = subprocess.run(
+        [sys.executable, "-m", "ops.bench.subjects", "--steps", "2000,4000", "--replicas", "1"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    rows = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
+    assert [(r["entities"], r["subjects"]) for r in rows] == [(2000, 2000), (4000, 4001)]
+    for row in rows:  # (the second step holds the first's purged-then-written subject too)
+        assert row["server_memory_mb"] > 0 and row["purge_ms"] > 0 and row["restart_s"] > 0
+        assert row["writer_worst_during_purge_ms"] > 0
+    assert "knee:" in ran.stdout
