@@ -83,27 +83,23 @@ async def test_streams_go_to_the_nodes_of_the_durability_chosen_and_move_when_it
                 for stream in ("PULSE", "PULSE_ACTIVITY", "KV_PULSE_KEYS"):
                     assert await _placed(log, stream) == ("n0", ["pulse-durability:fsync"])
 
-                # three replicas of fsync on one fsync node: refused, naming the choice,
-                # and the streams stay as they were
-                with pytest.raises(ValidationError) as refused:
-                    await JetStreamLog.connect(
-                        cluster.urls, StreamSettings(replicas=3, durability="fsync"),
-                        credentials=written.client_credentials, tls_ca=written.ca,
-                    )  # fmt: skip
-                assert "durability: no 3 server(s) tagged 'pulse-durability:fsync'" in str(
-                    refused.value
-                )
-                assert await _placed(log, "PULSE") == ("n0", ["pulse-durability:fsync"])
+                async def refusal(settings: StreamSettings) -> str:
+                    with pytest.raises(ValidationError) as refused:
+                        await JetStreamLog.connect(
+                            cluster.urls, settings, credentials=written.client_credentials,
+                            tls_ca=written.ca,
+                        )  # fmt: skip
+                    return str(refused.value)
+
+                # three replicas of fsync on one fsync node: refused, naming the choice;
                 # a move and three replicas at once: refused before anything moves
-                with pytest.raises(ValidationError) as refused:
-                    await JetStreamLog.connect(
-                        cluster.urls, StreamSettings(replicas=3, durability="replicated"),
-                        credentials=written.client_credentials, tls_ca=written.ca,
-                    )  # fmt: skip
-                assert "replicas, durability: PULSE has 1 replica(s) on fsync servers" in str(
-                    refused.value
+                assert "durability: no 3 server(s) tagged 'pulse-durability:fsync'" in (
+                    await refusal(StreamSettings(replicas=3, durability="fsync"))
                 )
-                for stream in ("PULSE", "PULSE_ACTIVITY", "KV_PULSE_KEYS"):
+                assert "replicas, durability: PULSE has 1 replica(s) on fsync servers" in (
+                    await refusal(StreamSettings(replicas=3, durability="replicated"))
+                )
+                for stream in ("PULSE", "PULSE_ACTIVITY", "KV_PULSE_KEYS"):  # as they were
                     assert await _placed(log, stream) == ("n0", ["pulse-durability:fsync"])
 
                 # later, the operator's `pulse up --durability replicated` (as pulse.service
