@@ -125,6 +125,10 @@ class StreamSettings:
     # the servers that hold the streams and the key bucket: those tagged with this
     # durability (``durability_tag``); None: wherever JetStream puts them
     durability: str | None = None
+    # consumers a stream may hold at once: a host's tail is one, a read one while it
+    # reads. nats-server 2.15 caps a stream that sets none (or -1) at 1,000, so the
+    # 1,001st host of a deployment would be refused ("maximum consumers limit reached")
+    max_consumers: int = 100_000
 
     def __post_init__(self) -> None:
         check_durability(self.durability)
@@ -139,6 +143,10 @@ class StreamSettings:
         if not 64 * 1024 <= self.max_msg_size <= 64 * 1024 * 1024:
             raise ValidationError(
                 f"max_msg_size: must be 64 KiB..64 MiB, got {self.max_msg_size} bytes"
+            )
+        if not 1_000 <= self.max_consumers <= 10_000_000:
+            raise ValidationError(
+                f"max_consumers: must be 1000..10000000, got {self.max_consumers}"
             )
         if self.activity_ttl < 1:
             raise ValidationError(f"activity_ttl: must be >= 1 second, got {self.activity_ttl}")
@@ -161,6 +169,7 @@ class StreamSettings:
             allow_direct=True,
             allow_atomic=True,  # batch writes commit together (see JetStreamLog.append_batch)
             placement=self.placement(),
+            max_consumers=self.max_consumers,
         )
 
     def placement(self) -> api.Placement | None:
@@ -184,6 +193,7 @@ class StreamSettings:
             allow_msg_ttl=True,
             allow_direct=True,
             placement=self.placement(),
+            max_consumers=self.max_consumers,
         )
 
 

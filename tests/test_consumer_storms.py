@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from nats.js import api
 
-from eventlog import JetStreamLog, StreamSettings
+from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
+from eventlog.errors import ValidationError
 from eventlog.jetstream import backoff
 from ops.cluster import LocalCluster
 from tests import factories as f
@@ -161,3 +163,24 @@ def test_the_subjects_benchmark_runs_small() -> None:
         assert row["server_memory_mb"] > 0 and row["purge_ms"] > 0 and row["restart_s"] > 0
         assert row["writer_worst_during_purge_ms"] > 0
     assert "knee:" in ran.stdout
+
+
+async def test_a_stream_takes_more_than_a_thousand_hosts(tmp_path: Path) -> None:
+    """nats-server 2.15 caps a stream that sets no consumer limit at 1,000 consumers:
+    the 1,001st host's tail was refused ("maximum consumers limit reached", found by
+    `ops.bench.hosts` at 3,000 hosts). Pulse's streams say their own limit."""
+    with EmbeddedNats(tmp_path / "nats") as server:
+        log = await JetStreamLog.connect(server.url, StreamSettings())
+        try:
+            info = await log.admin.stream_info("PULSE")
+            assert info.config.max_consumers == StreamSettings().max_consumers == 100_000
+            config = api.ConsumerConfig(ack_policy=api.AckPolicy.NONE, mem_storage=True,
+                                        inactive_threshold=60)  # fmt: skip
+            for _ in range(1_001):
+                await log.admin.add_consumer("PULSE", config=config)
+            held = (await log.admin.stream_info("PULSE")).state.consumer_count
+            assert held == 1_001
+        finally:
+            await log.close()
+    with pytest.raises(ValidationError, match="max_consumers: must be 1000..10000000, got 5"):
+        StreamSettings(max_consumers=5)
