@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -107,6 +108,8 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
     failed = 0
     errors: dict[str, int] = {}  # what failed creates raised, by kind
     waiting: set[int] = set()  # hosts whose last create failed: reading nothing
+    made: set[int] = set()  # hosts that made a consumer since the restart
+    all_made = asyncio.Event()
     cpu_since = time.process_time()
     lags: list[float] = []
 
@@ -130,6 +133,9 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
                 raise
             creates.append(time.perf_counter() - started)
             waiting.discard(id(log))
+            made.add(id(log))
+            if len(made) >= len(hosts):
+                all_made.set()
             return found
 
         admin.add_consumer = add_consumer  # type: ignore[method-assign]
@@ -164,7 +170,12 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
         await asyncio.gather(*(t for _, t in hosts), return_exceptions=True)
         await asyncio.gather(*(log.close() for log, _ in hosts), return_exceptions=True)
         waiting.clear()
+        made.clear()
+        all_made.clear()
         hosts[:] = await asyncio.gather(*(start(f) for f in following))
+        with contextlib.suppress(TimeoutError):  # (the storm is over when every host has
+            async with asyncio.timeout(120):  # its consumer, or after two minutes)
+                await all_made.wait()
 
     loop = asyncio.get_running_loop()
     while True:
