@@ -174,9 +174,7 @@ class StreamSettings:
 
     def placement(self) -> api.Placement | None:
         """Where the streams go: the servers tagged with ``durability``."""
-        if self.durability is None:
-            return None
-        return api.Placement(tags=[durability_tag(self.durability)])
+        return None if self.durability is None else rewritten(None, self.durability)
 
     def activity_config(self) -> api.StreamConfig:
         return api.StreamConfig(
@@ -210,24 +208,30 @@ async def ensure_streams(
     made by an older one lacks (``pulse.t.>`` for tokens) is added to it, and nothing
     else of its configuration is touched.
     """
+    configs = (settings.main_config(), settings.activity_config())
+    infos: list[api.StreamInfo | None] = []
+    for config in configs:  # (each stream asked about once)
+        try:
+            infos.append(await js.stream_info(config.name))  # type: ignore[arg-type]
+        except JsNotFound:
+            infos.append(None)
     if update and settings.durability is not None:
-        await _no_move_and_scale(js, settings)
-    if update and settings.durability is not None:  # the key bucket first: refused, it
-        try:  # leaves the streams where they are
-            info = await js.stream_info(f"KV_{settings.name}_KEYS")
+        for info in infos:
+            if info is not None:
+                _no_move_and_scale(info, settings)
+        try:  # the key bucket first: refused, it leaves the streams where they are
+            held = await js.stream_info(f"KV_{settings.name}_KEYS")
         except JsNotFound:
             pass  # (made on first use, placed: eventlog.keys)
         else:
-            if durability_of(info.config.placement) != settings.durability:
+            if durability_of(held.config.placement) != settings.durability:
                 moved = dataclasses.replace(
-                    info.config, placement=rewritten(info.config.placement, settings.durability)
+                    held.config, placement=rewritten(held.config.placement, settings.durability)
                 )
-                replicas = int(info.config.num_replicas or 1)
+                replicas = int(held.config.num_replicas or 1)
                 await placed(js.update_stream(moved), settings, replicas=replicas)
-    for config in (settings.main_config(), settings.activity_config()):
-        try:
-            info = await js.stream_info(config.name)  # type: ignore[arg-type]
-        except JsNotFound:
+    for config, info in zip(configs, infos, strict=True):
+        if info is None:
             await placed(js.add_stream(config), settings)
             continue
         if update:  # keeping the sources added since (the leaf nodes': eventlog.leaf)
@@ -240,30 +244,24 @@ async def ensure_streams(
             config = dataclasses.replace(config, placement=where)
             await placed(js.update_stream(config), settings)
             continue
-        held = list(info.config.subjects or [])
-        missing = [s for s in config.subjects or [] if s not in held]
+        subjects = list(info.config.subjects or [])
+        missing = [s for s in config.subjects or [] if s not in subjects]
         if missing:
-            await js.update_stream(dataclasses.replace(info.config, subjects=held + missing))
+            await js.update_stream(dataclasses.replace(info.config, subjects=subjects + missing))
 
 
-async def _no_move_and_scale(js: JetStreamContext, settings: StreamSettings) -> None:
-    """Refuse, before anything changes, an update that would move a stream (or the key
-    bucket) and change its replicas at once: JetStream does one or the other."""
-    names = [settings.name, settings.activity_name]
-    for name in names:
-        try:
-            info = await js.stream_info(name)
-        except JsNotFound:
-            continue
-        moves = durability_of(info.config.placement) != settings.durability
-        if moves and int(info.config.num_replicas or 1) != settings.replicas:
-            raise ValidationError(
-                f"replicas, durability: {name} has {info.config.num_replicas} replica(s) "
-                f"on {durability_of(info.config.placement) or 'untagged'} servers; "
-                f"JetStream moves a stream or changes its replicas, not both at once: run "
-                f"`pulse up` with --replicas {info.config.num_replicas} and the new "
-                "--durability, then with the new --replicas"
-            )
+def _no_move_and_scale(info: api.StreamInfo, settings: StreamSettings) -> None:
+    """Refuse, before anything changes, an update that would move a stream and change its
+    replicas at once: JetStream does one or the other."""
+    held = durability_of(info.config.placement)
+    replicas = int(info.config.num_replicas or 1)
+    if held != settings.durability and replicas != settings.replicas:
+        raise ValidationError(
+            f"replicas, durability: {info.config.name} has {replicas} replica(s) on "
+            f"{held or 'untagged'} servers; JetStream moves a stream or changes its "
+            f"replicas, not both at once: run `pulse up` with --replicas {replicas} and the "
+            "new --durability, then with the new --replicas"
+        )
 
 
 def rewritten(placement: api.Placement | None, durability: str) -> api.Placement:
