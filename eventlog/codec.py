@@ -28,7 +28,8 @@ A message on the log is input from another host, so reading one is checking it: 
 must be a well-typed event, every value in range (``eventlog.limits.check_ranges``: the
 data model's limits, clocks, counts, dimensions, finite floats), its clock not further
 ahead of the time the stream stored it than ``limits.CLOCK_AHEAD_MS`` and, on a Pulse subject,
-the subject must be the one the body names (``subject_for``). Anything else raises
+the subject must be the one the body names (``subject_for``, with or without the bucket
+of a log in partitions, which the body's collective fixes). Anything else raises
 ``DecodeError`` naming the subject, the stream sequence and, when the body says, the
 instance that wrote it; never anything else, so a consumer can set it aside and go on.
 """
@@ -100,10 +101,11 @@ def encode_body(event: EventBase) -> bytes:
     return _encoder.encode(event)
 
 
-def encode_event(event: EventBase) -> WireMessage:
-    """Subject, headers and body for one event."""
+def encode_event(event: EventBase, *, bucketed: bool = False) -> WireMessage:
+    """Subject, headers and body for one event (``bucketed``: its subject in a log in
+    partitions, ``eventlog.partitions``)."""
     return WireMessage(
-        subject=subject_for(event),  # type: ignore[arg-type]
+        subject=subject_for(event, bucketed=bucketed),  # type: ignore[arg-type]
         headers={
             HDR_MSG_ID: str(event.event_id),
             HDR_EVENT_TYPE: event_type_name(event),
@@ -197,7 +199,7 @@ def decode_event(
         raise _refusal(str(exc), payload, subject, seq, event.instance_id) from None
     if subject.startswith(_PULSE_SUBJECT):
         own = subject_for(event)
-        if subject != own:
+        if subject != own and subject != subject_for(event, bucketed=True):
             raise _refusal(
                 f"subject {subject} does not match the event's own subject {own}",
                 payload,

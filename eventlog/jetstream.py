@@ -78,6 +78,10 @@ _CONFLICT_CODES = {10071, 10164}  # wrong last sequence (subject / stream)
 _TOO_LARGE_CODES = {10054}  # message size exceeds maximum allowed
 _IN_FLIGHT_CODES = {10158}  # duplicate message id is in process: the first copy is being stored
 _RETRY_PAUSE = 0.05
+# how long a round of pipelined publishes waits for its acknowledgements before what is
+# missing is published again: 2 s, and 2 ms more per publish (a thousand on a cluster
+# that syncs each write take about one second)
+_ROUND, _ROUND_EACH = 2.0, 0.002
 _SCHEMA = str(SCHEMA_VERSION)  # the schema header of what this Pulse writes
 _LIVE_HEARTBEAT = 1.0  # seconds between idle heartbeats on a live tail
 _LIVE_EXPIRES = 10.0  # seconds a live pull request stays open
@@ -326,7 +330,7 @@ class JetStreamLog(EventLog):
     def _publish_args(
         self, event: Event, expected: int | None
     ) -> tuple[str, bytes, dict[str, str], float | None]:
-        wire = encode_event(event)
+        wire = encode_event(event, bucketed=self.settings.bucketed)
         headers = dict(wire.headers)
         if expected is not None:
             headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected)
@@ -342,7 +346,7 @@ class JetStreamLog(EventLog):
         if not ack.duplicate:
             return seq, None
         # a retry: JetStream kept the first copy; what was it asked to do?
-        subject = subject_for(event)
+        subject = subject_for(event, bucketed=self.settings.bucketed)
         try:
             stored = await self._retry(
                 lambda: self.admin.get_msg(self._stream_of(subject), seq), self.append_timeout
@@ -501,7 +505,7 @@ class JetStreamLog(EventLog):
         the batch was not stored for sure (the caller publishes them the other way)."""
         messages = []
         for event in events:
-            wire = encode_event(event)
+            wire = encode_event(event, bucketed=self.settings.bucketed)
             headers = {k: v for k, v in wire.headers.items() if k != HDR_MSG_ID}
             messages.append((wire.subject, wire.payload, headers))
         answer = await publish_atomic(self.nc, messages, self.append_timeout)
@@ -537,8 +541,10 @@ class JetStreamLog(EventLog):
             futures: dict[int, asyncio.Future[api.PubAck]] = {}
             try:
                 # one deadline for the whole round (no per-message timers: they cost more
-                # than the publish itself)
-                async with asyncio.timeout(remaining):
+                # than the publish itself), short enough that what a dying server lost is
+                # published again (to the next) within the budget: each is deduplicated
+                # by its id, so a second copy of one that did land is dropped
+                async with asyncio.timeout(min(remaining, _ROUND + _ROUND_EACH * len(pending))):
                     for i in pending:
                         subject, payload, headers, ttl = prepared[i]
                         futures[i] = await self.js.publish_async(

@@ -1,7 +1,9 @@
 """Stream settings and their idempotent creation on JetStream.
 
 ``PULSE`` holds every durable event (subjects ``pulse.c.>`` and ``pulse.w.>``), kept
-forever (only forgetting purges it). ``PULSE_ACTIVITY`` holds presence: the last message
+forever (only forgetting purges it); in a log in partitions (``partitions`` >= 2:
+``eventlog.partitions``) it holds wisdom and tokens, and ``PULSE_P1`` ... ``PULSE_PN``
+the collectives. ``PULSE_ACTIVITY`` holds presence: the last message
 per agent subject (``max_msgs_per_subject=1``), each expiring after ``activity_ttl``.
 
 Durability is the servers' (``sync_interval`` is a server setting, and nats-server 2.15
@@ -36,6 +38,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError as JsNotFound
 
 from eventlog.errors import LogUnavailable, ValidationError
+from eventlog.partitions import METADATA_KEY, Layout, check_partitions
 from eventlog.subjects import ACTIVITY_SUBJECTS, DURABLE_SUBJECTS
 
 log = logging.getLogger("pulse.eventlog")
@@ -129,9 +132,20 @@ class StreamSettings:
     # reads. nats-server 2.15 caps a stream that sets none (or -1) at 1,000, so the
     # 1,001st host of a deployment would be refused ("maximum consumers limit reached")
     max_consumers: int = 100_000
+    # how many streams hold the collectives (``eventlog.partitions``): 1, this stream
+    # holds everything; N >= 2, this one holds wisdom and tokens, N others collectives
+    partitions: int = 1
+    # which of them these settings make: 0, the stream named ``name``; k >= 1, partition
+    # k (``partition(k)`` gives its settings, named after the first)
+    part: int = 0
 
     def __post_init__(self) -> None:
         check_durability(self.durability)
+        check_partitions(self.partitions)
+        if not 0 <= self.part <= (0 if self.partitions == 1 else self.partitions):
+            raise ValidationError(
+                f"part: must be 0..{self.partitions if self.partitions > 1 else 0}, got {self.part}"
+            )
         if not 1 <= self.replicas <= 5:
             raise ValidationError(
                 f"replicas: must be 1..5 (1 or 3 in practice), got {self.replicas}"
@@ -155,12 +169,32 @@ class StreamSettings:
             if not value or any(c in value for c in " .*>\t\n/\\"):
                 raise ValidationError(f"{field}: {value!r} is not a valid stream name")
 
+    @property
+    def bucketed(self) -> bool:
+        """Are collectives' subjects those of a log in partitions (with their bucket)?"""
+        return self.partitions > 1
+
+    def partition(self, part: int) -> StreamSettings:
+        """The settings of stream ``part`` of a log in partitions (``eventlog.partitions``:
+        0 is this one)."""
+        name = Layout(self.partitions, self.name).stream(part)
+        return dataclasses.replace(self, name=name, part=part)
+
     def main_config(self) -> api.StreamConfig:
+        if self.partitions == 1:
+            subjects = list(DURABLE_SUBJECTS)
+            what = "every durable event (collectives, experiences, relations, insights, wisdom)"
+        elif self.part == 0:
+            subjects = Layout(self.partitions).subjects(0)
+            what = f"wisdom and access tokens (collectives: {self.partitions} partitions)"
+        else:
+            subjects = Layout(self.partitions).subjects(self.part)
+            what = f"the collectives of partition {self.part} of {self.partitions}"
         return api.StreamConfig(
             name=self.name,
-            description="Pulse: every durable event (collectives, experiences, relations, "
-            "insights, wisdom)",
-            subjects=list(DURABLE_SUBJECTS),
+            description=f"Pulse: {what}",
+            subjects=subjects,
+            metadata={METADATA_KEY: str(self.partitions)} if self.partitions > 1 else None,
             retention=api.RetentionPolicy.LIMITS,
             storage=api.StorageType.FILE,
             num_replicas=self.replicas,
@@ -208,13 +242,17 @@ async def ensure_streams(
     made by an older one lacks (``pulse.t.>`` for tokens) is added to it, and nothing
     else of its configuration is touched.
     """
-    configs = (settings.main_config(), settings.activity_config())
+    configs: tuple[api.StreamConfig, ...] = (settings.main_config(),)
+    if settings.part == 0:  # (the activity stream is one, a partition's settings make none)
+        configs += (settings.activity_config(),)
     infos: list[api.StreamInfo | None] = []
     for config in configs:  # (each stream asked about once)
         try:
             infos.append(await js.stream_info(config.name))  # type: ignore[arg-type]
         except JsNotFound:
             infos.append(None)
+    if infos[0] is not None and settings.part == 0:
+        _same_partitions(infos[0], settings)
     if update and settings.durability is not None:
         for info in infos:
             if info is not None:
@@ -248,6 +286,25 @@ async def ensure_streams(
         missing = [s for s in config.subjects or [] if s not in subjects]
         if missing:
             await js.update_stream(dataclasses.replace(info.config, subjects=subjects + missing))
+
+
+def partitions_of(info: api.StreamInfo) -> int:
+    """How many partitions the log whose first stream is ``info`` has (its metadata; a
+    stream made before partitions, or of one, says none: 1)."""
+    held = (info.config.metadata or {}).get(METADATA_KEY, "1")
+    return int(held) if held.isdigit() else 1
+
+
+def _same_partitions(info: api.StreamInfo, settings: StreamSettings) -> None:
+    """Refuse settings of another number of partitions than the log's: the streams'
+    subjects would move buckets from one stream to another, their messages left behind."""
+    held = partitions_of(info)
+    if held != settings.partitions:
+        raise ValidationError(
+            f"partitions: the log {info.config.name} is in {held} partition(s) and "
+            f"{settings.partitions} were asked; a deployment's partitions are set when it is "
+            "made (give every host the same number)"
+        )
 
 
 def _no_move_and_scale(info: api.StreamInfo, settings: StreamSettings) -> None:

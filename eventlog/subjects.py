@@ -11,8 +11,12 @@
     pulse.a.<collective_id>.<agent token>                (activities: the PULSE_ACTIVITY stream)
 
 so a host can replicate a subset of collectives with a filter (``collective_filter``)
-and forget one aggregate by purging its subject. Agent ids are free text, which may hold
-characters a subject cannot (dots, spaces, wildcards), so their token is a hash.
+and forget one aggregate by purging its subject. A log in partitions
+(``eventlog.partitions``) puts the collective's bucket after its id
+(``pulse.c.<collective_id>.b<bucket>.experience.<experience_id>``: ``bucketed``), so each
+partition's stream captures its buckets; ``pulse.c.<collective_id>.>`` matches both forms.
+Agent ids are free text, which may hold characters a subject cannot (dots, spaces,
+wildcards), so their token is a hash.
 """
 
 from __future__ import annotations
@@ -22,13 +26,19 @@ from typing import Iterable
 from uuid import UUID
 
 from eventlog import events as ev
+from eventlog.partitions import bucket_of, bucket_token
 
 PREFIX = "pulse"
 DURABLE_SUBJECTS = (f"{PREFIX}.c.>", f"{PREFIX}.w.>", f"{PREFIX}.t.>")
 ACTIVITY_SUBJECTS = (f"{PREFIX}.a.>",)
 
 
-def collective_subject(collective_id: UUID, entity: str, entity_id: UUID) -> str:
+def collective_subject(
+    collective_id: UUID, entity: str, entity_id: UUID, *, bucketed: bool = False
+) -> str:
+    if bucketed:
+        bucket = bucket_token(bucket_of(collective_id))
+        return f"{PREFIX}.c.{collective_id}.{bucket}.{entity}.{entity_id}"
     return f"{PREFIX}.c.{collective_id}.{entity}.{entity_id}"
 
 
@@ -49,8 +59,15 @@ def activity_subject(collective_id: UUID, agent_id: str) -> str:
     return f"{PREFIX}.a.{collective_id}.{agent_token(agent_id)}"
 
 
-def subject_for(event: ev.Event) -> str:
-    """The subject an event is published on."""
+def subject_for(event: ev.Event, *, bucketed: bool = False) -> str:
+    """The subject an event is published on (``bucketed``: in a log in partitions)."""
+    if bucketed:
+        plain = subject_for(event)
+        if plain.startswith(f"{PREFIX}.c."):
+            tokens = plain.split(".", 3)
+            bucket = bucket_token(bucket_of(UUID(tokens[2])))
+            return f"{tokens[0]}.c.{tokens[2]}.{bucket}.{tokens[3]}"
+        return plain
     match event:
         case ev.Sealed():  # first: every record, update and invalidation is one
             if event.collective_id is None:

@@ -10,20 +10,26 @@ makes them, and:
 - raw: one client process keeps ``--inflight`` acknowledged publishes in flight, of the
   bytes of an experience (500 characters, 384 floats: about 2 KB), spread over P
   streams of 3 replicas each (P of ``--partitions``), for ``--seconds``;
+- log: one client process, Pulse's log layer (``JetStreamLog`` on one stream,
+  ``eventlog.partitioned.PartitionedLog`` on P partitions), keeping ``--inflight``
+  appends of experience events in flight (each a new event of one of 64 collectives:
+  encoded, routed to its partition, acknowledged, its position returned);
 - pulse: one client process, a Pulse host on the same cluster (streams of 3 replicas),
   with ``--callers`` concurrent ``record_experience`` calls, for ``--seconds``.
 
 Each row prints the rate, its ratio to one fsync stream's raw rate (the write ceiling
 the issue measures against), Pulse's ratio to raw on the same durability and one stream,
 and the CPU the client and the three servers used over the wall time ("cores busy"):
-this machine has 2, so a row at about 2 has run out of them. Pulse writes one stream
-today (partitions are issue 29's next part); its row is beside raw's of one stream.
+this machine has 2, so a row at about 2 has run out of them. A Pulse host writes one
+stream today (its projections do not read partitions yet: ``eventlog.partitioned``); its
+row is beside raw's of one stream.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import tempfile
@@ -31,10 +37,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import nats
 
-from eventlog import StreamSettings
+from eventlog import JetStreamLog, StreamSettings
 from eventlog.codec import encode_event
+from eventlog.ids import uuid7
+from eventlog.partitioned import PartitionedLog
 from ops.bench.log_throughput import make_events
 from ops.cluster import LocalCluster
 
@@ -98,6 +107,48 @@ async def raw_rate(urls: list[str], partitions: int, inflight: int, seconds: flo
     return done / cpu.wall, cpu
 
 
+async def log_rate(urls: list[str], partitions: int, inflight: int, seconds: float,
+                   cluster: LocalCluster) -> tuple[float, Cpu]:  # fmt: skip
+    """Appends per second through Pulse's log layer over ``partitions`` R3 streams."""
+    name = f"LOG{partitions}"
+    settings = StreamSettings(name=name, activity_name=f"{name}_ACTIVITY", replicas=3,
+                              partitions=partitions)  # fmt: skip
+    log: JetStreamLog | PartitionedLog
+    if partitions == 1:
+        log = await JetStreamLog.connect(urls, settings, connect_timeout=30)
+    else:
+        log = await PartitionedLog.connect(urls, settings, connect_timeout=30)
+    template = make_events(1)[0]
+    collectives = [uuid7() for _ in range(64)]
+    done = 0
+    stop = time.perf_counter() + seconds
+
+    async def appender(n: int) -> None:
+        nonlocal done
+        i = 0
+        while time.perf_counter() < stop:
+            event = msgspec.structs.replace(
+                template, event_id=uuid7(), experience_id=uuid7(),
+                collective_id=collectives[(n + i) % len(collectives)],
+            )  # fmt: skip
+            await log.append(event)
+            done += 1
+            i += 1
+
+    try:
+        with Cpu(cluster) as cpu:
+            await asyncio.gather(*(appender(n) for n in range(inflight)))
+    finally:
+        admin = log.parts[0].admin if isinstance(log, PartitionedLog) else log.admin
+        streams = [name, f"{name}_ACTIVITY", f"KV_{name}_KEYS"]
+        streams += [f"{name}_P{k}" for k in range(1, partitions + 1) if partitions > 1]
+        for stream in streams:
+            with contextlib.suppress(Exception):
+                await admin.delete_stream(stream)
+        await log.close()
+    return done / cpu.wall, cpu
+
+
 async def pulse_rate(urls: list[str], root: Path, callers: int, seconds: float,
                      cluster: LocalCluster) -> tuple[float, Cpu]:  # fmt: skip
     """``record_experience`` calls per second from ``callers`` concurrent callers."""
@@ -129,7 +180,7 @@ async def pulse_rate(urls: list[str], root: Path, callers: int, seconds: float,
 @dataclass
 class Row:
     durability: str
-    kind: str  # the writer: raw or pulse
+    kind: str  # the writer: raw, log (Pulse's log layer) or pulse (a host)
     partitions: int
     per_s: float
     busy: dict[str, float]
@@ -145,21 +196,24 @@ async def main(seconds: float, partitions: list[int], callers: int, inflight: in
                 for p in partitions:
                     rate, cpu = await raw_rate(urls, p, inflight, seconds, cluster)
                     rows.append(Row(durability, "raw", p, rate, cpu.busy()))
+                for p in partitions:
+                    rate, cpu = await log_rate(urls, p, inflight, seconds, cluster)
+                    rows.append(Row(durability, "log", p, rate, cpu.busy()))
                 rate, cpu = await pulse_rate(urls, Path(tmp) / "pulse", callers, seconds, cluster)
                 rows.append(Row(durability, "pulse", 1, rate, cpu.busy()))
             finally:
                 cluster.stop()
 
-    def raw_of(durability: str) -> float:  # one stream's raw rate
+    def raw_of(durability: str, partitions: int = 1) -> float:  # raw's rate on as many
         return next(r.per_s for r in rows if (r.kind, r.durability, r.partitions)
-                    == ("raw", durability, 1))  # fmt: skip
+                    == ("raw", durability, partitions))  # fmt: skip
 
     ceiling = raw_of("fsync")
     print(f"{'durability':<11} {'writer':<6} {'streams':>7} {'writes/s':>9} "
           f"{'vs fsync 1 raw':>14} {'vs raw same':>11} {'cores: client':>13} "
           f"{'servers':>7} {'all':>5}")  # fmt: skip
     for row in rows:
-        same, busy = raw_of(row.durability), row.busy
+        same, busy = raw_of(row.durability, row.partitions), row.busy
         client, servers, both = busy["client_cores"], busy["server_cores"], busy["cores"]
         print(f"{row.durability:<11} {row.kind:<6} {row.partitions:>7} {row.per_s:>9,.0f} "
               f"{row.per_s / ceiling:>13.2f}x {row.per_s / same:>10.2f}x "
@@ -174,7 +228,8 @@ async def main(seconds: float, partitions: list[int], callers: int, inflight: in
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="each row's run (5)")
-    parser.add_argument("--partitions", default="1,4", help="raw streams: a list (1,4)")
+    parser.add_argument("--partitions", default="1,4",
+                        help="streams of raw and of the log layer: a list (1,4)")  # fmt: skip
     parser.add_argument("--callers", type=int, default=32, help="Pulse's concurrent calls (32)")
     parser.add_argument("--inflight", type=int, default=256,
                         help="raw publishes in flight (256)")  # fmt: skip

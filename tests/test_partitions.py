@@ -1,0 +1,308 @@
+"""A log in partitions (``eventlog.partitions``, ``eventlog.partitioned``): collectives
+spread over N streams by a stable hash, positions that name a partition and a sequence,
+and readers of partitions at different speeds folding to the same state."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from uuid import UUID
+
+import nats.errors
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from eventlog import JetStreamLog, StreamSettings
+from eventlog import events as ev
+from eventlog.codec import decode_event, encode_event
+from eventlog.errors import ConflictError, DecodeError, ValidationError
+from eventlog.log import LogEntry
+from eventlog.partitioned import PartitionedLog
+from eventlog.partitions import (
+    BUCKETS,
+    MAX_PARTITIONS,
+    Layout,
+    bucket_of,
+    part_of,
+    position,
+    resume_from,
+    seq_of,
+)
+from eventlog.subjects import collective_filter, subject_for, subject_matches
+from ops.cluster import LocalCluster
+from projections import fold
+from tests import factories as f
+from tests.harness import eventually
+
+UUIDS = st.uuids()
+
+
+# -- the layout --------------------------------------------------------------------------
+
+
+@given(st.integers(0, MAX_PARTITIONS), st.integers(0, 2**48 - 1))
+def test_a_position_is_its_partition_and_its_sequence(part: int, seq: int) -> None:
+    pos = position(part, seq)
+    assert (part_of(pos), seq_of(pos)) == (part, seq)
+    assert pos < 2**53  # (exact as a JSON number)
+    if part == 0:
+        assert pos == seq  # a log of one stream: positions are its sequences
+
+
+def test_positions_out_of_range_are_refused_naming_the_field() -> None:
+    with pytest.raises(ValidationError, match="partition: must be 0..31"):
+        position(32, 1)
+    with pytest.raises(ValidationError, match="sequence: must be"):
+        position(1, 2**48)
+
+
+def test_the_bucket_of_a_collective_is_stable() -> None:
+    # pinned: a bucket that changed between versions would leave a collective's old
+    # events in one partition and its new ones in another
+    assert [bucket_of(UUID(int=n)) for n in range(6)] == [14, 2, 31, 22, 57, 47]
+
+
+@given(st.integers(2, MAX_PARTITIONS), UUIDS, st.sampled_from(["experience", "relation"]), UUIDS)
+def test_each_subject_lies_in_exactly_one_partition(
+    partitions: int, collective: UUID, entity: str, entity_id: UUID
+) -> None:
+    layout = Layout(partitions)
+    event_subject = f"pulse.c.{collective}.b{bucket_of(collective):02d}.{entity}.{entity_id}"
+    holders = [
+        p for p in layout.parts
+        if any(subject_matches(s, event_subject) for s in layout.subjects(p))
+    ]  # fmt: skip
+    assert holders == [layout.part_of_collective(collective)]
+    assert layout.part_of_subject(event_subject) == holders[0]
+    assert layout.part_of_subject(f"pulse.c.{collective}.>") == holders[0]
+    # wisdom and tokens: the first stream
+    assert [p for p in layout.parts if subject_matches(layout.subjects(p)[0], "pulse.w.x")] == [0]
+
+
+@given(st.integers(2, MAX_PARTITIONS))
+def test_every_bucket_is_in_one_partition_and_every_partition_has_some(partitions: int) -> None:
+    layout = Layout(partitions)
+    held = [b for p in layout.parts[1:] for b in layout.buckets(p)]
+    assert sorted(held) == list(range(BUCKETS))
+    assert all(layout.buckets(p) for p in layout.parts[1:])
+
+
+@given(st.integers(2, 8), st.lists(UUIDS, min_size=1, max_size=6))
+def test_a_filter_reaches_only_the_partitions_of_its_collectives(
+    partitions: int, collectives: list[UUID]
+) -> None:
+    layout = Layout(partitions)
+    reach = layout.split(collective_filter(collectives))
+    expected = {layout.part_of_collective(c) for c in collectives} | {0}
+    assert set(reach) == expected
+    for part, filters in reach.items():
+        assert filters is not None
+        for subject in filters:
+            assert layout.part_of_subject(subject) == part
+    every = layout.split(["pulse.c.*.*.collective.*"])  # (a wildcard collective: all)
+    assert set(every) == set(layout.parts[1:])
+
+
+def test_bad_layouts_and_starts_are_refused_naming_the_field() -> None:
+    with pytest.raises(ValidationError, match="partitions: a log in partitions has 2..31"):
+        Layout(1)
+    with pytest.raises(ValidationError, match="partitions: must be 1..31"):
+        StreamSettings(partitions=32)
+    with pytest.raises(ValidationError, match="part: must be 0..4"):
+        StreamSettings(partitions=4, part=5)
+    with pytest.raises(ValidationError, match="part: must be 0..0"):
+        StreamSettings(part=1)
+    with pytest.raises(ValidationError, match="from: a log in partitions is read from 1"):
+        resume_from(7, [0, 1])
+    with pytest.raises(ValidationError, match="subject: 'nats.x' is not a Pulse subject"):
+        Layout(2).part_of_subject("nats.x")
+
+
+def test_an_event_on_another_buckets_subject_is_refused_on_decoding() -> None:
+    """The bucket is checked as the rest of the subject: the body's collective fixes it."""
+    event = f.experience(UUID(int=1))
+    wire = encode_event(event, bucketed=True)
+    assert wire.subject == subject_for(event, bucketed=True)
+    assert f".b{bucket_of(event.collective_id):02d}.experience." in wire.subject
+    assert decode_event(wire.payload, wire.headers, subject=wire.subject) == event
+    other = wire.subject.replace(f".b{bucket_of(event.collective_id):02d}.", ".b99.")
+    with pytest.raises(DecodeError, match="does not match the event's own subject"):
+        decode_event(wire.payload, wire.headers, subject=other)
+
+
+# -- readers at different speeds fold alike ----------------------------------------------
+
+
+def _spread(events: list[ev.Event], partitions: int) -> dict[int, list[ev.Event]]:
+    """Each partition's events in its own (stream) order, as the layout spreads them."""
+    layout = Layout(partitions)
+    held: dict[int, list[ev.Event]] = {p: [] for p in layout.parts}
+    for event in events:
+        held[layout.part_of_subject(subject_for(event)) or 0].append(event)
+    return held
+
+
+def _folded(events: list[ev.Event]) -> fold.FoldState:
+    state = fold.FoldState()
+    for event in events:
+        state.apply(event)
+    return state
+
+
+# four collectives' histories (updates, deletes, relations, reinforcements), wisdom, a
+# token: made once, so each example draws only the reading
+_HISTORY: list[ev.Event] = [e for _ in range(4) for e in f.history(8)] + [f.wisdom(), f.token()]
+
+
+@given(st.integers(2, 6), st.randoms(use_true_random=False), st.integers(1, 3))
+def test_readers_of_partitions_at_any_speeds_fold_to_the_same_state(
+    partitions: int, rnd: random.Random, repeats: int
+) -> None:
+    """A reader takes each partition in its order but the partitions at its own pace
+    (any interleaving), and may see a batch again after a reconnect: the product's fold
+    gives the state of the log read in one order."""
+    events = _HISTORY
+    held = _spread(events, partitions)
+    readers = []
+    for _ in range(2):
+        queues = {p: list(es) for p, es in held.items()}
+        seen: list[ev.Event] = []
+        while any(queues.values()):
+            part = rnd.choice([p for p, q in queues.items() if q])
+            take = rnd.randint(1, 5)
+            batch, queues[part] = queues[part][:take], queues[part][take:]
+            seen += batch * rnd.randint(1, repeats)  # (delivered again after a reconnect)
+        readers.append(_folded(seen))
+    whole = _folded(events)
+    assert readers[0].rows == readers[1].rows == whole.rows
+
+
+# -- on a 3-node cluster -----------------------------------------------------------------
+
+
+async def _read_all(log: PartitionedLog, **kwargs: object) -> list[LogEntry]:
+    return [e async for batch in log.read(**kwargs) for e in batch]  # type: ignore[arg-type]
+
+
+async def test_a_log_in_four_partitions_on_three_nodes_survives_a_node_and_reads_alike(
+    cluster: LocalCluster,
+) -> None:
+    settings = StreamSettings(replicas=3, partitions=4)
+    log = await PartitionedLog.connect(
+        cluster.urls, settings, connect_timeout=30, append_timeout=20
+    )
+    try:
+        histories = [f.history(10) for _ in range(8)]
+        firsts = [h[0] for h in histories]  # (the collectives' creates)
+        rest = [e for h in histories for e in h[1:]]
+        shared = [f.wisdom(), f.token()]
+        written = await log.append_batch([*firsts, *shared])
+        assert [part_of(p) for p in written[-2:]] == [0, 0]  # wisdom, tokens: the first
+        for event, pos in zip(firsts, written, strict=False):
+            assert part_of(pos) == log.layout.part_of_collective(event.collective_id)
+
+        # a reader that follows everything, live, from the start
+        tailed: list[LogEntry] = []
+
+        async def follow_all() -> None:
+            async for batch in log.tail():
+                tailed.extend(batch)
+
+        follower = asyncio.create_task(follow_all())
+        # one that follows two collectives only: it asks only their partitions
+        two = [firsts[0].collective_id, firsts[1].collective_id]
+        partial: list[LogEntry] = []
+
+        async def follow_two() -> None:
+            async for batch in log.tail(subjects=collective_filter(two)):
+                partial.extend(batch)
+
+        following_two = asyncio.create_task(follow_two())
+        reached = {0} | {log.layout.part_of_collective(c) for c in two}
+
+        async def consumers_made() -> bool:
+            try:
+                counts = [len(await p.admin.consumers_info(p.settings.name)) for p in log.parts]
+            except (TimeoutError, nats.errors.Error):  # (a stream made a moment ago)
+                return False
+            return all(counts[p] == 1 + (p in reached) for p in log.layout.parts)
+
+        await eventually(consumers_made, timeout=30, what="one consumer per partition reached")
+
+        # half the writes, a node killed, the other half: every append is acknowledged
+        half = len(rest) // 2
+        positions = [await log.append(e) for e in rest[:half]]
+        cluster.kill(1)
+        positions += await log.append_batch(rest[half:])
+        assert len(set(positions)) == len(rest)
+        assert await log.append(rest[0]) == positions[0]  # a retry is stored once
+
+        everything = [*firsts, *shared, *rest]
+        await eventually(lambda: len(tailed) >= len(everything), timeout=60, what="the tail")
+        # a second reader: after the fact, the partitions in reverse, one at a time
+        late: list[LogEntry] = []
+        for part in reversed(log.layout.parts):
+            only = await _read_all(log, subjects=log.layout.subjects(part))
+            assert {part_of(e.seq) for e in only} <= {part}
+            late += only
+        assert sorted(e.seq for e in late) == sorted(e.seq for e in tailed)
+        whole = _folded(everything).rows
+        assert _folded([e.event for e in tailed if e.event]).rows == whole
+        assert _folded([e.event for e in late if e.event]).rows == whole
+
+        # the reader of two collectives: their rows, equal to the whole log's
+        def mine(rows: dict[type[fold.Row], dict[tuple[object, ...], fold.Row]]) -> list[fold.Row]:
+            return sorted(
+                (r for table in rows.values() for r in table.values()
+                 if getattr(r, "collective_id", None) in two),
+                key=repr,
+            )  # fmt: skip
+
+        wanted = sum(1 for e in everything if getattr(e, "collective_id", None) in two) + 2
+        await eventually(lambda: len(partial) >= wanted, timeout=30, what="the partial tail")
+        assert mine(_folded([e.event for e in partial if e.event]).rows) == mine(whole)
+        assert mine(whole)
+        follower.cancel()
+        following_two.cancel()
+        await asyncio.gather(follower, following_two, return_exceptions=True)
+
+        # positions name a partition: a conditional write and a purge check it
+        target = firsts[2].collective_id
+        last = await log.last_subject_seq(subject_for(firsts[2], bucketed=True))
+        assert part_of(last) == log.layout.part_of_collective(target)
+        update = ev.CollectiveDeleted(**f.common(), collective_id=target)  # type: ignore[arg-type]
+        with pytest.raises(ConflictError):
+            await log.append(update, expected_last_subject_seq=last + 1)
+        elsewhere = next(p for p in log.layout.parts[1:] if p != part_of(last))
+        with pytest.raises(ValidationError, match="before_seq: position .* is in partition"):
+            await log.purge(f"pulse.c.{target}.>", before_seq=position(elsewhere, 1))
+        tombstone = await log.append(update, expected_last_subject_seq=last)
+        await log.purge(f"pulse.c.{target}.>", before_seq=tombstone)
+        left = await _read_all(log, subjects=[f"pulse.c.{target}.>"])
+        assert [e.seq for e in left] == [tombstone]
+        ends = await log.last_positions()
+        assert set(ends) == set(log.layout.parts) and ends[part_of(tombstone)] == seq_of(tombstone)
+        # resuming from the ends: nothing more; from one partition's start: its messages
+        assert await _read_all(log, from_seq={p: s + 1 for p, s in ends.items()}) == []
+    finally:
+        await log.close()
+
+    # another number of partitions, or one stream, is refused: nothing is changed
+    with pytest.raises(ValidationError, match="is in 4 partition.s. and 8 were asked"):
+        await PartitionedLog.connect(cluster.urls, StreamSettings(replicas=3, partitions=8),
+                                     connect_timeout=30)  # fmt: skip
+    with pytest.raises(ValidationError, match="is in 4 partition.s. and 1 were asked"):
+        await JetStreamLog.connect(cluster.urls, StreamSettings(replicas=3), connect_timeout=30)
+
+
+def test_a_log_of_one_stream_keeps_its_subjects() -> None:
+    """One stream (the default) writes the subjects it always wrote: no bucket."""
+    event = f.experience(UUID(int=3))
+    assert subject_for(event) == f"pulse.c.{event.collective_id}.experience.{event.experience_id}"
+    assert StreamSettings().main_config().subjects == ["pulse.c.>", "pulse.w.>", "pulse.t.>"]
+    assert StreamSettings().main_config().metadata is None
+    config = StreamSettings(partitions=3).partition(2).main_config()
+    assert config.name == "PULSE_P2" and config.metadata == {"pulse.partitions": "3"}
+    assert config.subjects == Layout(3).subjects(2)
+    assert config.subjects[:2] == ["pulse.c.*.b01.>", "pulse.c.*.b04.>"]
