@@ -15,10 +15,23 @@ and the positions:
 - a purge or a conditional write names a position; its partition must be the one the
   subject lies in.
 
-This is the log layer of a deployment in partitions. The projections still resume from
-one sequence (``projections.engine``), so a host does not run on it yet: until it does,
+This is the log layer of a deployment in partitions. A host does not run on it yet:
 ``pulse`` makes logs of one stream, and this class serves the benchmarks
-(``ops.bench.durability``) and the tests of the layout on real servers.
+(``ops.bench.durability``) and the tests of the layout on real servers. What a host
+needs first, and why it is not a small change: above the log, one sequence is two
+things at once. It is where the projection resumes and the order it applied things in
+(DuckDB's checkpoint, ``updated_seq`` for the indexes' catch-up, the audit's history
+and ``as_of``, the analysts' snapshot's increments), and it is a message's identity in
+the log (a writer's read-your-writes wait, what the engine kept aside, a purge's
+tombstone, the create that places an entity, the dead letters read again after an
+upgrade). Positions keep the second meaning but not the first: partitions read at
+different speeds apply positions out of their numeric order. The plan: a host numbers
+what it applies itself (an apply sequence, contiguous, as a log of one stream gives
+today, so the projection stays as it is), each entry keeping its position beside it;
+the projection stores the per-partition sequences it applied with its checkpoint (one
+transaction) and resumes the partitions from them; the identities move to positions
+(the writer waits for a position to be applied, a create is ranked by its position's
+time and place, a dead letter keeps its position).
 """
 
 from __future__ import annotations

@@ -41,11 +41,13 @@ Two ways to score, by who asks (``search``):
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import json
 import logging
 import math
 import os
 import shutil
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from functools import lru_cache
@@ -206,6 +208,22 @@ def _count(searcher: tantivy.Searcher, query: tantivy.Query) -> int:
     return found
 
 
+def _emptied(directory: Path) -> None:
+    """Remove ``directory`` and make it again, empty. tantivy's threads of an index closed
+    a moment ago (its files' garbage collection) may still add or remove a file while the
+    removal lists them ("Directory not empty": seen once in a full run); asked again, up
+    to five times."""
+    for attempt in range(5):
+        try:
+            shutil.rmtree(directory)
+            break
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.ENOENT) or attempt == 4:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    directory.mkdir(parents=True)
+
+
 class TextIndex:
     """The tantivy index of one projection (all collectives; filtered per query)."""
 
@@ -220,14 +238,12 @@ class TextIndex:
         if any(directory.iterdir()) and (
             not stamp.exists() or stamp.read_text(encoding="utf-8") != analysis
         ):
-            shutil.rmtree(directory)
-            directory.mkdir(parents=True)
+            _emptied(directory)
             self.recreated = True
         try:
             self.index = tantivy.Index(_schema(), path=str(directory))
         except ValueError:
-            shutil.rmtree(directory)
-            directory.mkdir(parents=True)
+            _emptied(directory)
             self.index = tantivy.Index(_schema(), path=str(directory))
             self.recreated = True
         stamp.write_text(analysis, encoding="utf-8")

@@ -209,3 +209,44 @@ async def test_a_state_of_the_release_before_is_migrated_and_reindexed(
         assert any("1 documents indexed again" in m for m in said), said
     finally:
         await db.close()
+
+
+def test_an_index_emptied_while_a_closing_thread_still_writes_a_file_is_emptied(
+    tmp_path: Path,
+) -> None:
+    """The text index of another analysis is emptied at open; a thread of the index
+    closed a moment before may still add a file while the directory is removed, which
+    `shutil.rmtree` alone reports as "Directory not empty" (seen once in a full run)."""
+    import threading
+
+    from projections.text import _emptied
+
+    for round_ in range(20):
+        directory = tmp_path / f"text-{round_}"
+        directory.mkdir()
+        for n in range(200):
+            (directory / f"old-{n}").write_bytes(b"x")
+        stop = time.monotonic() + 0.03
+        writing = threading.Event()
+
+        def straggler(
+            where: Path = directory, until: float = stop, started: threading.Event = writing
+        ) -> None:
+            n = 0
+            started.set()
+            while time.monotonic() < until:
+                try:
+                    (where / f"late-{n}").write_bytes(b"x")
+                except OSError:
+                    pass  # (the directory is gone for a moment)
+                n += 1
+
+        thread = threading.Thread(target=straggler)
+        thread.start()
+        writing.wait()
+        try:
+            _emptied(directory)
+        finally:
+            thread.join()
+        left = sorted(p.name for p in directory.iterdir())
+        assert all(name.startswith("late-") for name in left), (round_, left[:3])
