@@ -54,6 +54,9 @@ class LogEntry:
     event: Event | None
     error: DecodeError | None = None
     stored_ms: int | None = None
+    # a log in partitions (``eventlog.partitioned.LocalLog``): where the message is in it
+    # (``eventlog.partitions.position``), while ``seq`` numbers what this host applies
+    position: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,9 @@ class EventLog(abc.ABC):
     """An append-only, idempotent, subject-addressed log of Pulse events."""
 
     _key_store: KeyStore | None = None
+    # the sequences are this host's own numbering (a log in partitions:
+    # ``eventlog.partitioned.LocalLog``), so it is read only from where the host stands
+    numbered_here: bool = False
 
     @abc.abstractmethod
     async def stream_state(self) -> StreamState:

@@ -38,17 +38,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import defaultdict
-from collections.abc import AsyncGenerator, Sequence
+from collections import OrderedDict, defaultdict
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
-from eventlog.errors import ValidationError
+from eventlog.errors import LogUnavailable, ValidationError
 from eventlog.events import Event
 from eventlog.jetstream import JetStreamLog
 from eventlog.keys import KeyStore
-from eventlog.log import LogEntry, OwnEvents, StreamState
-from eventlog.partitions import Layout, Resume, part_of, position, resume_from, seq_of
+from eventlog.log import EventLog, LogEntry, OwnEvents, StreamState
+from eventlog.partitions import (
+    Layout,
+    Resume,
+    bucket_of,
+    bucket_token,
+    part_of,
+    position,
+    resume_from,
+    seq_of,
+)
 from eventlog.streams import StreamSettings, ensure_streams
 from eventlog.subjects import is_activity_subject, subject_for
 
@@ -113,6 +122,10 @@ class PartitionedLog:
 
     # -- where an event goes ----------------------------------------------------------------
 
+    def _stored(self, subjects: Sequence[str] | None) -> list[str] | None:
+        """Filters as the partitions store their subjects (a collective's bucket in)."""
+        return None if subjects is None else [_stored_subject(self.layout, s) for s in subjects]
+
     def part_of_event(self, event: Event) -> int:
         """The partition an event is written to (0: wisdom, tokens, activities)."""
         subject = subject_for(event)
@@ -171,6 +184,7 @@ class PartitionedLog:
         if is_activity_subject(subject):
             await self.parts[0].purge(subject, before_seq=before_seq)
             return
+        subject = _stored_subject(self.layout, subject)
         part = self.layout.part_of_subject(subject)
         if part is None:
             raise ValidationError(f"subject: {subject!r} spans partitions; purge one collective")
@@ -190,7 +204,7 @@ class PartitionedLog:
     ) -> AsyncGenerator[list[LogEntry], None]:
         """The stored events the filters name, up to the end of each partition as of the
         call: every partition that holds any read at once, each in its order."""
-        reach = self.layout.split(subjects)
+        reach = self.layout.split(self._stored(subjects))
         start = resume_from(from_seq, reach)
         readers = {
             part: self.parts[part].read(start[part], batch_size=batch_size, subjects=filters)
@@ -208,7 +222,7 @@ class PartitionedLog:
     ) -> AsyncGenerator[list[LogEntry], None]:
         """``EventLog.tail``, in lists (what one partition's consumer held at a time):
         one consumer per partition the filters reach, never ending."""
-        reach = self.layout.split(subjects)
+        reach = self.layout.split(self._stored(subjects))
         start = resume_from(from_seq, reach)
         tails = {
             part: self.parts[part].tail_batches(start[part], subjects=filters, own=own)
@@ -220,7 +234,7 @@ class PartitionedLog:
     async def last_positions(self, subjects: Sequence[str] | None = None) -> dict[int, int]:
         """Per partition the filters reach, the sequence of its last message on them (0:
         none): what a reader that resumed from them has read once it holds these."""
-        reach = self.layout.split(subjects)
+        reach = self.layout.split(self._stored(subjects))
         found = await asyncio.gather(
             *(self.parts[part].last_seq(filters) for part, filters in reach.items())
         )
@@ -228,6 +242,7 @@ class PartitionedLog:
 
     async def last_subject_seq(self, subject: str) -> int:
         """The position of the last message on one subject (0: none)."""
+        subject = _stored_subject(self.layout, subject)
         part = self.layout.part_of_subject(subject)
         if part is None:
             raise ValidationError(f"subject: {subject!r} is not one subject")
@@ -289,3 +304,258 @@ async def _fan_in(
         for source in sources.values():
             with contextlib.suppress(Exception):
                 await source.aclose()
+
+
+def _stored_subject(layout: Layout, subject: str) -> str:
+    """A collective's subject (or filter) as a log in partitions stores it: with the
+    bucket after the collective's id (``*`` for any collective's)."""
+    tokens = subject.split(".")
+    if len(tokens) < 4 or tokens[1] != "c" or tokens[3] == ">" or _is_bucket(tokens[3]):
+        return subject
+    if tokens[2] == "*":
+        bucket = "*"
+    else:
+        try:
+            bucket = bucket_token(bucket_of(UUID(tokens[2])))
+        except ValueError:
+            raise ValidationError(f"subject: {subject!r} names no collective id") from None
+    return ".".join([*tokens[:3], bucket, *tokens[3:]])
+
+
+def _is_bucket(token: str) -> bool:
+    return len(token) == 3 and token[0] == "b" and token[1:].isdigit()
+
+
+REMEMBERED = 100_000  # positions of what this host numbered last, kept for its writers
+
+
+class LocalLog(EventLog):
+    """A log in partitions as one host reads it: an ``EventLog`` whose sequences are this
+    host's own, 1, 2, 3, ... in the order it takes messages from the partitions.
+
+    Above the log, a sequence is where a projection resumes and the order it applied
+    things in (its checkpoint, its indexes' catch-up, its audit); positions of several
+    partitions cannot be that, as partitions are read at different speeds. So this log
+    numbers what it hands out, and each entry carries its position
+    (``LogEntry.position``): the projection keeps the last sequence of each partition it
+    applied with its checkpoint, and ``begin`` resumes every partition from there.
+
+    A write returns the number this host gave the written event when its tail brought it
+    back (the writer waits for that anyway); a conditional write and ``last_subject_seq``
+    speak in positions. What it does not do yet: read from anywhere but where the host
+    stands (so no backfill of a collective followed later, no dead letter read again by
+    its sequence), or purge by a sequence it has forgotten (it remembers the last
+    ``REMEMBERED``).
+    """
+
+    numbered_here = True
+
+    def __init__(self, partitioned: PartitionedLog) -> None:
+        self.partitioned = partitioned
+        first = partitioned.parts[0]
+        self.settings = first.settings
+        self.append_timeout = first.append_timeout
+        self._next = 1  # the number the next message taken gets
+        self._resume: dict[int, int] = {p: 0 for p in partitioned.layout.parts}
+        self._local_of: OrderedDict[int, int] = OrderedDict()  # position -> number
+        self._position_of: OrderedDict[int, int] = OrderedDict()  # number -> position
+        self._waiting: dict[int, list[asyncio.Future[int]]] = defaultdict(list)
+        self._moved = asyncio.Event()  # set whenever messages are taken
+
+    def begin(self, applied: int, positions: Mapping[int, int]) -> None:
+        """Resume after ``applied`` (the host's last number applied), each partition
+        after its sequence in ``positions`` (what the projection stored with it)."""
+        unknown = sorted(set(positions) - set(self._resume))
+        if unknown:
+            raise ValidationError(
+                f"partitions: this host's state read partitions {unknown}, which the log's "
+                f"{self.partitioned.layout.partitions} do not have; start on a new data "
+                "directory"
+            )
+        self._next = applied + 1
+        self._resume = {p: int(positions.get(p, 0)) for p in self._resume}
+
+    @property
+    def positions(self) -> dict[int, int]:
+        """Per partition, the last sequence this log handed out."""
+        return dict(self._resume)
+
+    def _taken(self, batch: Sequence[LogEntry]) -> list[LogEntry]:
+        """Number what the partitions gave (each in its order), skipping what was
+        handed out already, and wake the writers waiting for it."""
+        out: list[LogEntry] = []
+        resume, local_of, position_of = self._resume, self._local_of, self._position_of
+        for entry in batch:
+            pos = entry.seq
+            part, seq = part_of(pos), seq_of(pos)
+            if seq <= resume.get(part, 0):
+                continue
+            resume[part] = seq
+            number = self._next
+            self._next = number + 1
+            out.append(LogEntry(number, entry.subject, entry.event, entry.error,
+                                entry.stored_ms, position=pos))  # fmt: skip
+            local_of[pos] = number
+            position_of[number] = pos
+            for future in self._waiting.pop(pos, ()):
+                if not future.done():
+                    future.set_result(number)
+        while len(local_of) > REMEMBERED:
+            local_of.popitem(last=False)
+        while len(position_of) > REMEMBERED:
+            position_of.popitem(last=False)
+        self._moved.set()
+        self._moved = asyncio.Event()
+        return out
+
+    async def _number_of(self, event: Event, pos: int) -> int:
+        """The number this host gives the message at ``pos`` (once its tail took it);
+        0 for what it took before it remembers, and for an activity (not numbered)."""
+        if is_activity_subject(subject_for(event)):
+            return pos
+        found = self._local_of.get(pos)
+        if found is not None:
+            return found
+        if seq_of(pos) <= self._resume.get(part_of(pos), 0):
+            return 0  # (taken long ago: nothing to wait for)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiting[pos].append(future)
+        try:
+            async with asyncio.timeout(max(10.0, 2 * self.append_timeout)):
+                return await future
+        except TimeoutError:
+            raise LogUnavailable(
+                f"stored at position {pos} (partition {part_of(pos)}, sequence "
+                f"{seq_of(pos)}), but this host's tail did not bring it back in time"
+            ) from None
+        finally:
+            held = self._waiting.get(pos)
+            if held is not None and future in held:
+                held.remove(future)
+                if not held:
+                    del self._waiting[pos]
+
+    def _check_start(self, from_seq: int) -> None:
+        if from_seq != self._next:
+            raise ValidationError(
+                f"from_seq: a log in partitions is read by this host from where it stands "
+                f"({self._next}), not from {from_seq}"
+            )
+
+    # -- EventLog -----------------------------------------------------------------------------
+
+    async def stream_state(self) -> StreamState:
+        return await self.partitioned.parts[0].stream_state()
+
+    async def append(self, event: Event, *, expected_last_subject_seq: int | None = None) -> int:
+        pos = await self.partitioned.append(
+            event, expected_last_subject_seq=expected_last_subject_seq
+        )
+        return await self._number_of(event, pos)
+
+    async def append_keyed(self, event: Event, fingerprint: str) -> tuple[int, Event | None]:
+        pos, first = await self.partitioned.append_keyed(event, fingerprint)
+        return await self._number_of(event, pos), first
+
+    async def append_batch(self, events: Sequence[Event], *, atomic: bool = False) -> list[int]:
+        stored = await self.partitioned.append_batch(events, atomic=atomic)
+        return list(
+            await asyncio.gather(
+                *(self._number_of(e, p) for e, p in zip(events, stored, strict=True))
+            )
+        )
+
+    async def read(
+        self,
+        from_seq: int = 1,
+        *,
+        batch_size: int = 1000,
+        subjects: Sequence[str] | None = None,
+    ) -> AsyncGenerator[list[LogEntry], None]:
+        """What the partitions hold past what this host took: its catch-up."""
+        self._check_start(from_seq)
+        start = {p: s + 1 for p, s in self._resume.items()}
+        async for batch in self.partitioned.read(start, batch_size=batch_size, subjects=subjects):
+            taken = self._taken(batch)
+            if taken:
+                yield taken
+
+    async def tail(
+        self,
+        from_seq: int = 1,
+        *,
+        subjects: Sequence[str] | None = None,
+        own: OwnEvents | None = None,
+    ) -> AsyncGenerator[LogEntry, None]:
+        async for batch in self.tail_batches(from_seq, subjects=subjects, own=own):
+            for entry in batch:
+                yield entry
+
+    async def tail_batches(
+        self,
+        from_seq: int = 1,
+        *,
+        subjects: Sequence[str] | None = None,
+        own: OwnEvents | None = None,
+    ) -> AsyncGenerator[list[LogEntry], None]:
+        self._check_start(from_seq)
+        start = {p: s + 1 for p, s in self._resume.items()}
+        async for batch in self.partitioned.tail(start, subjects=subjects, own=own):
+            taken = self._taken(batch)
+            if taken:
+                yield taken
+
+    async def last_seq(self, subjects: Sequence[str] | None = None) -> int:
+        """What this host's number will be once it took everything the partitions hold
+        now on ``subjects``: an estimate (a purge leaves gaps it never numbers; ``reached``
+        waits for the real one)."""
+        ends = await self.partitioned.last_positions(subjects)
+        ahead = sum(max(0, end - self._resume.get(p, 0)) for p, end in ends.items())
+        return self._next - 1 + ahead
+
+    async def reached(self, subjects: Sequence[str] | None, timeout: float) -> int:
+        """Wait until this host took everything the partitions hold now on ``subjects``
+        (its tail running); its number then."""
+        ends = await self.partitioned.last_positions(subjects)
+        try:
+            async with asyncio.timeout(timeout):
+                while any(self._resume.get(p, 0) < end for p, end in ends.items()):
+                    await self._moved.wait()
+        except TimeoutError:
+            behind = {p: e for p, e in ends.items() if self._resume.get(p, 0) < e}
+            raise LogUnavailable(
+                f"this host did not reach the partitions' ends {behind} within {timeout:g} s "
+                f"(it is at {self._resume})"
+            ) from None
+        return self._next - 1
+
+    async def last_subject_seq(self, subject: str) -> int:
+        """The position of the last message on ``subject`` (0: none), what a conditional
+        write passes as ``expected_last_subject_seq``."""
+        return await self.partitioned.last_subject_seq(subject)
+
+    async def latest_activities(self, collective_id: UUID | None = None) -> list[LogEntry]:
+        return await self.partitioned.latest_activities(collective_id)
+
+    async def purge(self, subject: str, *, before_seq: int | None) -> None:
+        """``EventLog.purge``, ``before_seq`` one of this host's numbers: the message it
+        numbered so (or, for one past it, the message after that one's position)."""
+        if before_seq is None or is_activity_subject(subject):
+            await self.partitioned.purge(subject, before_seq=before_seq)
+            return
+        pos = self._position_of.get(before_seq)
+        if pos is None and (just := self._position_of.get(before_seq - 1)) is not None:
+            pos = just + 1  # (up to and including that one)
+        if pos is None:
+            raise LogUnavailable(
+                f"before_seq: this host no longer knows where its message {before_seq} is "
+                "in the partitions (it remembers its last "
+                f"{REMEMBERED:,}); delete the entity again to forget it"
+            )
+        await self.partitioned.purge(subject, before_seq=pos)
+
+    def key_store(self) -> KeyStore:
+        return self.partitioned.key_store()
+
+    async def close(self) -> None:
+        await self.partitioned.close()

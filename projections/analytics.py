@@ -644,7 +644,12 @@ _LOGGED_TABLES = ("audit_rows", "count_history", "undecodable")  # one row per s
 _TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)")
 _VIEW = re.compile(r"CREATE OR REPLACE VIEW (\w+) AS\n(.*?);\n", re.DOTALL)
 _SOURCE = re.compile(r"\b(FROM|JOIN)\s+(\w+)\b")
-_BOOKKEEPING = ("meta", "checkpoint", "stray_tombstones")  # read as they are (no past)
+_BOOKKEEPING = (
+    "meta",
+    "checkpoint",
+    "stray_tombstones",
+    "partition_positions",
+)  # read as they are (no past)
 # the base tables of folded rows (``projections.store.TABLE_OF``'s)
 _ROW_TABLES = tuple(
     t for t in _TABLE.findall(SCHEMA_TABLES) if t not in (*_BOOKKEEPING, *_LOGGED_TABLES)

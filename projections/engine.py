@@ -48,7 +48,7 @@ from uuid import UUID
 
 import duckdb
 
-from eventlog.errors import PulseError
+from eventlog.errors import PulseError, ValidationError
 from eventlog.keys import Keyring
 from eventlog.limits import check_ranges
 from eventlog.log import EventLog, LogEntry
@@ -306,6 +306,13 @@ class Engine:
         due = await self.run(Projection.readmit_due)
         if not due:
             return 0
+        if log_.numbered_here:  # (its sequences are this host's: not found by them again)
+            log.warning(
+                "%d dead letters are not read again: on a log in partitions a message is "
+                "not yet found again by this host's sequence",
+                len(due),
+            )
+            return 0
         entries: list[LogEntry] = []
         gone: list[int] = []
         for seq, subject in due:
@@ -343,6 +350,11 @@ class Engine:
         applied: a collective this host starts to follow (``projections.scope``).
         ``restart``: an earlier backfill of it did not finish (the history rows it wrote
         go first). Returns how many events."""
+        if log_.numbered_here:
+            raise ValidationError(
+                "collectives: a host on a log in partitions follows every collective for "
+                "now (a collective followed later is not caught up from its partition yet)"
+            )
         if restart:
             await self.run(Projection.drop_history, collective_id, up_to)
         subjects = collective_filter([collective_id], wisdom=False)

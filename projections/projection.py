@@ -57,6 +57,7 @@ from eventlog import codec
 from eventlog import events as ev
 from eventlog.ids import uuid7
 from eventlog.log import LogEntry
+from eventlog.partitions import part_of, seq_of
 from eventlog.sealing import KEY_MISSING
 from projections.fold import (
     ROW_TYPES,
@@ -140,6 +141,9 @@ class Projection:
         self._owner = threading.get_ident()  # the one thread that may change it
         self.store = Store(self.dir / "state.duckdb")
         self._seq = self.store.checkpoint()[0]
+        # a log in partitions (eventlog.partitioned.LocalLog): per partition, the last
+        # sequence applied, written with the checkpoint (empty for a log of one stream)
+        self.positions: dict[int, int] = self.store.partition_positions()
         if self._seq == 0:  # what it keeps aside from now on, this Pulse kept aside
             self.store.set_wire_schema(codec.SCHEMA_VERSION)
         self.handed_seq = self._seq  # what the batches handed to the flusher reach
@@ -297,7 +301,17 @@ class Projection:
             return Touched.nothing()
         touched = self._fold(fresh)
         self._seq = fresh[-1].seq
+        if fresh[-1].position is not None:
+            self._at_positions(fresh)
         return touched
+
+    def _at_positions(self, entries: Sequence[LogEntry]) -> None:
+        positions = self.positions
+        for entry in entries:
+            if entry.position is not None:
+                part, seq = part_of(entry.position), seq_of(entry.position)
+                if seq > positions.get(part, 0):
+                    positions[part] = seq
 
     def backfill(self, entries: Sequence[LogEntry]) -> int:
         """Fold entries from before what is applied: the past events of a collective this
@@ -385,7 +399,9 @@ class Projection:
                 for row in rows:
                     _fits_store(row)
                     if isinstance(row, Placed) and row.create_event is not None:
-                        row.create_seq = entry.seq  # where the stream put it (see Placed)
+                        # where the log put it (see Placed): its stream sequence, or
+                        # its position in a log in partitions (the same on every host)
+                        row.create_seq = entry.seq if entry.position is None else entry.position
                 for row in rows:
                     delta.add(row, owned=True)
                 if rows:
@@ -454,6 +470,8 @@ class Projection:
         if entry.seq > self._seq:
             self._seq = entry.seq
             self._unflushed += 1
+            if entry.position is not None:
+                self._at_positions((entry,))
 
     # -- DuckDB and the index files ----------------------------------------------------------
 
@@ -481,6 +499,7 @@ class Projection:
                 freeze(rows, memory.vec_ids, self.embedding_view), forgotten, rejected,
                 self._seq, self._unflushed, audited, counted, self._readmitted,
                 owe_scrub=self.scrub_since is not None, strays=strays,
+                positions=dict(self.positions) if self.positions else None,
             )  # fmt: skip
             done = self.flusher.put(batch, self.store.writer())
         except BaseException:  # (the writer is closed): memory keeps it for the next

@@ -3,9 +3,10 @@ the analysts' contract) and the migration path.
 
 Base tables hold every folded row, including rows not yet valid (an update that arrived
 before its create) and tombstones; ``*_stamp`` columns hold the last-writer-wins stamps.
-Columns marked local (``vec_id``, ``updated_seq``) and the ``checkpoint`` table differ
-between hosts and are left out of the digest; so is ``create_seq`` (a stream sequence,
-the same for hosts reading one stream, but not between a stream and its copies).
+Columns marked local (``vec_id``, ``updated_seq``) and the ``checkpoint`` and
+``partition_positions`` tables differ between hosts and are left out of the digest; so
+is ``create_seq`` (a stream sequence, or a position in a log in partitions, the same for
+hosts reading one log, but not between a stream and its copies).
 
 Views (stable names, what queries and analysts read):
 
@@ -52,7 +53,7 @@ from typing import Any
 # alone cannot work out)
 Migration = str | Callable[[Any], None]
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 MISPLACED = "collective_id: not the collective of the entity: "  # dead letter
 
@@ -139,6 +140,8 @@ CREATE TABLE IF NOT EXISTS undecodable (
 CREATE TABLE IF NOT EXISTS stray_tombstones (
     experience_id UUID NOT NULL, collective_id UUID NOT NULL,
     PRIMARY KEY (experience_id, collective_id));
+CREATE TABLE IF NOT EXISTS partition_positions (
+    part INTEGER PRIMARY KEY, seq BIGINT NOT NULL);
 """
 
 VIEWS = """
@@ -352,6 +355,9 @@ DIGEST_BY_COLLECTIVE["undecodable"] = DIGEST_QUERIES["undecodable"].replace(
 
 # from_version -> statements that bring the schema to from_version + 1
 MIGRATIONS: dict[int, list[Migration]] = {
+    # 11: on a log in partitions, the last sequence of each partition this host applied
+    # (partition_positions, made by TABLES), written with the checkpoint: where it resumes
+    10: [],
     # 10: an experience's deletes that named another collective than its row's, kept
     # (stray_tombstones, made by TABLES): the counts such a collective's reports made go
     # whether or not the host restarted in between (projections.state)

@@ -264,6 +264,9 @@ class Batch:
     readmitted: set[int] = field(default_factory=set)  # no longer kept aside
     owe_scrub: bool = False  # a delete in it waits for the files to be rewritten
     strays: list[tuple[UUID, UUID]] = field(default_factory=list)  # stray tombstones
+    # a log in partitions: per partition, the last sequence applied (moved with the
+    # checkpoint); None: a log of one stream
+    positions: dict[int, int] | None = None
 
 
 # the views' SQL as this Pulse writes them: an open re-creates them only when the file's
@@ -466,6 +469,11 @@ class Store:
             "INSERT OR REPLACE INTO meta VALUES ('scrub_owed', ?)", ["1" if owed else "0"]
         )
 
+    def partition_positions(self) -> dict[int, int]:
+        """Per partition of a log in partitions, the last sequence the checkpoint holds."""
+        rows = self.con.execute("SELECT part, seq FROM partition_positions").fetchall()
+        return {int(part): int(seq) for part, seq in rows}
+
     def checkpoint(self) -> tuple[int, int]:
         """(last applied stream sequence, number of events applied so far)."""
         found = first(self.con.execute("SELECT seq, applied FROM checkpoint WHERE id = 1"))
@@ -528,6 +536,11 @@ class Store:
                 else:
                     con.execute(
                         "INSERT INTO checkpoint VALUES (1, ?, ?)", [batch.last_seq, batch.count]
+                    )
+                if batch.positions:
+                    con.executemany(
+                        "INSERT OR REPLACE INTO partition_positions VALUES (?, ?)",
+                        sorted(batch.positions.items()),
                     )
                 if batch.owe_scrub:  # (a delete waits for the files to be rewritten)
                     con.execute("INSERT OR REPLACE INTO meta VALUES ('scrub_owed', '1')")

@@ -64,10 +64,11 @@ from eventlog.ids import uuid7
 from eventlog.keys import Keyring
 from eventlog.leaf import LeafLog
 from eventlog.log import EventLog
+from eventlog.partitioned import LocalLog, PartitionedLog
 from eventlog.sealing import Sealer
 from projections import queries
 from projections.engine import Engine
-from projections.projection import ProjectionSettings, state_dir
+from projections.projection import Projection, ProjectionSettings, state_dir
 from projections.scope import Scope
 from projections.snapshot import SnapshotStatus
 from sync import access
@@ -287,6 +288,12 @@ class PulseDB:
                 leaf_ca or remembered.get("leaf_ca"),
             )
         connecting: Awaitable[EventLog]
+        partitioned = stream_settings is not None and stream_settings.partitions > 1
+        if leaf_of is not None and partitioned:
+            raise ValidationError(
+                "partitions: an edge host's log is one stream (its hub's may not be in "
+                "partitions, for now)"
+            )
         if leaf_of is not None:
             server = EmbeddedNats(directory, leaf_of=leaf_of, leaf_ca=leaf_ca)
             await asyncio.to_thread(server.start)
@@ -304,7 +311,8 @@ class PulseDB:
             if server is None:  # the embedded server's credentials are in its URL
                 nats_credentials = nats_credentials or os.environ.get("PULSE_NATS_CREDS") or None
                 nats_ca = nats_ca or os.environ.get("PULSE_NATS_CA") or None
-            connecting = JetStreamLog.connect(
+            connect = _connect_partitioned if partitioned else JetStreamLog.connect
+            connecting = connect(
                 urls,
                 stream_settings,
                 append_timeout=append_timeout,
@@ -353,9 +361,15 @@ class PulseDB:
                 "collectives: an edge host follows every collective (its stream sources the "
                 "hub's whole stream); follow some on a host that is not an edge host"
             )
+        if collectives is not None and log.numbered_here:
+            raise ValidationError(
+                "collectives: a host on a log in partitions follows every collective for now"
+            )
         state = await asyncio.to_thread(state_dir, directory)
         engine = await Engine.start(state, projection_settings)
         try:
+            if isinstance(log, LocalLog) or engine.seq > 0:
+                await _same_kind_of_log(log, engine)
             scope, known, unfinished = await open_scope(state, collectives, log, engine)
             await engine.catch_up(
                 log, progress=progress, subjects=None if scope is None else scope.filters()
@@ -612,3 +626,34 @@ class PulseDB:
         for c in await self.reads.read(queries.list_collectives):  # every one: no pages here
             activities.extend(await self.presence.active(c.collective_id, stale_after=1e9))
         return await self.engine.export(target, activities)
+
+
+async def _connect_partitioned(
+    servers: Sequence[str], settings: StreamSettings | None, **options: Any
+) -> LocalLog:
+    """A log in partitions, as this host numbers it (``eventlog.partitioned``)."""
+    assert settings is not None
+    return LocalLog(await PartitionedLog.connect(servers, settings, **options))
+
+
+def _positions(projection: Projection) -> dict[int, int]:
+    return dict(projection.positions)
+
+
+async def _same_kind_of_log(log_: EventLog, engine: Engine) -> None:
+    """A state built from a log of one stream is not resumed on a log in partitions, nor
+    the other way round (their sequences mean other things); a host on partitions
+    resumes each partition from where its state stands."""
+    positions = await engine.run(_positions)
+    if isinstance(log_, LocalLog):
+        if engine.seq > 0 and not positions:
+            raise ValidationError(
+                "partitions: this data directory's state was built from a log of one "
+                "stream; a host on a log in partitions starts on a new data directory"
+            )
+        log_.begin(engine.seq, positions)
+    elif positions:
+        raise ValidationError(
+            "partitions: this data directory's state was built from a log in partitions; "
+            "open it with the deployment's --partitions"
+        )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 from uuid import UUID
 
 import nats.errors
@@ -32,6 +33,7 @@ from eventlog.partitions import (
 from eventlog.subjects import collective_filter, subject_for, subject_matches
 from ops.cluster import LocalCluster
 from projections import fold
+from sync import PulseDB
 from tests import factories as f
 from tests.harness import eventually
 
@@ -306,3 +308,71 @@ def test_a_log_of_one_stream_keeps_its_subjects() -> None:
     assert config.name == "PULSE_P2" and config.metadata == {"pulse.partitions": "3"}
     assert config.subjects == Layout(3).subjects(2)
     assert config.subjects[:2] == ["pulse.c.*.b01.>", "pulse.c.*.b04.>"]
+
+
+# -- hosts on a log in partitions --------------------------------------------------------
+
+
+async def test_hosts_on_four_partitions_converge_through_a_node_failure_and_resume(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Two hosts write into collectives of different partitions of a 3-node cluster while
+    a node dies; both end with the same digest of every collective, as does a host that
+    reads the whole log afterwards (every partition at once). A host that restarts goes
+    on from where each partition stood in its state, reading only what came since."""
+    settings = StreamSettings(replicas=3, partitions=4)
+    a = await PulseDB.open(tmp_path / "a", cluster.urls, stream_settings=settings,
+                           append_timeout=20)  # fmt: skip
+    b = await PulseDB.open(tmp_path / "b", cluster.urls, stream_settings=settings,
+                           append_timeout=20)  # fmt: skip
+    opened = [a, b]
+    try:
+        teams = [await a.create_collective("o", f"team {i}", embedder="hash") for i in range(8)]
+        layout = Layout(4)
+        assert len({layout.part_of_collective(t) for t in teams}) >= 3  # (spread)
+        await b.sync()
+
+        async def writes(db: PulseDB, mine: list[UUID], n: int) -> list[UUID]:
+            return [
+                await db.record_experience(mine[i % len(mine)], f"lesson {i} on retries")
+                for i in range(n)
+            ]
+
+        first = await asyncio.gather(writes(a, teams[:4], 20), writes(b, teams[4:], 20))
+        cluster.kill(2)
+        second = await asyncio.gather(writes(a, teams[:4], 20), writes(b, teams[4:], 20))
+        await b.delete_experience(first[0][0])  # (a's, deleted by b: forgotten everywhere)
+        await b.reinforce_experience(first[0][1])
+        await a.sync()
+        await b.sync()
+        for team in teams:
+            assert await a.digest(team) == await b.digest(team)
+        assert await a.get_experience(first[0][0]) is None
+        assert len(second[0]) == len(second[1]) == 20
+
+        # a new host reads the whole log (the partitions at once): the same digests
+        c = await PulseDB.open(tmp_path / "c", cluster.urls, stream_settings=settings,
+                               append_timeout=20)  # fmt: skip
+        opened.append(c)
+        for team in teams:
+            assert await c.digest(team) == await a.digest(team)
+
+        # b restarts: it reads only what came since, per partition
+        await b.close()
+        opened.remove(b)
+        more = await a.record_experience(teams[5], "written while b was away")
+        b = await PulseDB.open(tmp_path / "b", cluster.urls, stream_settings=settings,
+                               append_timeout=20)  # fmt: skip
+        opened.append(b)
+        await b.sync()
+        assert (await b.get_experience(more)) is not None
+        assert b.engine.events_applied <= 3  # (the one write, not the whole log again)
+        for team in teams:
+            assert await b.digest(team) == await a.digest(team)
+    finally:
+        for db in opened:
+            await db.close()
+
+    # the state of a host on partitions does not open on a log of one stream
+    with pytest.raises(ValidationError, match="is in 4 partition"):
+        await PulseDB.open(tmp_path / "a", cluster.urls, stream_settings=StreamSettings(replicas=3))
