@@ -38,6 +38,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -56,7 +57,6 @@ from nats.js.errors import (
     BadRequestError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
-    NoKeysError,
     ServiceUnavailableError,
 )
 from nats.js.errors import NotFoundError as JsNotFound
@@ -511,15 +511,29 @@ class KvKeyStore(KeyStore):
 
     async def erase_values(self, name: str) -> None:
         """Erase every value ``name`` holds here, writing no marker: a copy (an edge
-        host's, the hub's) of a key destroyed where its marker was written."""
-        kv = await self.kv()
-        try:
-            history = await self._retrying(lambda: kv.history(name))
-        except (KeyNotFoundError, NoKeysError):
-            return
-        for revision in [e.revision for e in history if e.operation is None]:
-            if revision:
-                await self._erase(revision)
+        host's, the hub's) of a key destroyed where its marker was written.
+
+        The name's messages are walked one get at a time (the next on its subject), each
+        asked again within the budget. Not ``KeyValue.history``: it ends at a message
+        the server says nothing is pending after, and another erasure of the same name
+        at once (an edge host's delete and the echo of its own marker: ``eventlog.leaf``)
+        can leave the server counting an erased message as still to come: the history
+        then waited forever (a delete hung in 1% of such pairs)."""
+        await self.kv()
+        subject = f"$KV.{self.bucket}.{name}"
+        seq = 1
+        while True:
+            try:
+                msg = await self._retrying(
+                    functools.partial(self.js.get_msg, self.stream, seq, subject=subject, next=True)
+                )
+            except JsNotFound:  # nothing (more) under the name
+                return
+            if not msg.seq:
+                return
+            if (msg.headers or {}).get("KV-Operation") not in ("DEL", "PURGE"):
+                await self._erase(msg.seq)
+            seq = msg.seq + 1
 
     async def _erase(self, seq: int) -> None:
         """Overwrite one message of the bucket's stream on disk (``no_erase`` false)."""

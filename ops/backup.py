@@ -117,7 +117,10 @@ def _hosts(urls: str) -> str:
 async def _connected(args: argparse.Namespace) -> AsyncIterator[tuple[NATS, EmbeddedNats | None]]:
     """A NATS connection to the deployment (``ops.connect.open_log``), creating no
     stream. An edge host's data directory is refused: its events are in the hub's."""
-    from eventlog import EmbeddedNats
+    from nats.js.errors import NotFoundError as JsNotFound
+
+    from eventlog import EmbeddedNats, JetStreamLog
+    from eventlog.streams import partitions_of
     from ops.connect import open_log
 
     if not args.nats_url and EmbeddedNats.remembered_leaf(args.data_dir) is not None:
@@ -126,6 +129,19 @@ async def _connected(args: argparse.Namespace) -> AsyncIterator[tuple[NATS, Embe
             "the hub's deployment instead: the edge host's events are in it"
         )
     async with open_log(args, create_streams=False) as (log, server):
+        if not isinstance(log, JetStreamLog):
+            raise ValidationError(
+                "partitions: a backup of a log in partitions is not built yet (its "
+                "collectives are in one stream a partition)"
+            )
+        with contextlib.suppress(JsNotFound):  # (none: the backup says there is no stream)
+            held = partitions_of(await log.admin.stream_info(log.settings.name))
+            if held > 1:
+                raise ValidationError(
+                    f"partitions: the log at {_where(args)} is in {held} partitions; a "
+                    f"backup of a log in partitions is not built yet ({log.settings.name} "
+                    "holds only its wisdom and tokens)"
+                )
         yield log.nc, server
 
 

@@ -9,22 +9,26 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
 from eventlog.embedded import NatsCredentials
 from eventlog.errors import ValidationError
 from eventlog.leaf import LeafLog
+from eventlog.log import EventLog
+from eventlog.partitioned import LocalLog, PartitionedLog
 
 
 @contextlib.asynccontextmanager
 async def open_log(
     args: argparse.Namespace, *, create_streams: bool = True
-) -> AsyncIterator[tuple[JetStreamLog, EmbeddedNats | None]]:
+) -> AsyncIterator[tuple[EventLog, EmbeddedNats | None]]:
     """The log named by --nats-url, or the embedded server of --data-dir (reused if
     running; an edge host's: its leaf log). ``create_streams``: create the streams when
     missing (`pulse backup` and `restore` create none)."""
     durability = getattr(args, "durability", None)
-    settings = StreamSettings(replicas=args.replicas, durability=durability)
+    partitions = getattr(args, "partitions", 1)
+    settings = StreamSettings(replicas=args.replicas, durability=durability, partitions=partitions)
     if not args.nats_url and durability == "replicated":
         raise ValidationError(
             "durability: replicated needs a cluster (--nats-url): an embedded server is one "
@@ -53,6 +57,12 @@ async def open_log(
             leaf_credentials=None if listen is None else _leaf_credentials(args.data_dir),
         )  # fmt: skip
         urls = [await asyncio.to_thread(server.start)]  # waits for readiness: off the loop
+        if leaf_of is not None and partitions > 1:
+            await asyncio.to_thread(server.stop)
+            raise ValidationError(
+                "partitions: an edge host's log is one stream (its hub's may not be in "
+                "partitions, for now)"
+            )
         if leaf_of is not None:
             try:
                 leaf = await LeafLog.open_leaf(
@@ -69,7 +79,8 @@ async def open_log(
             return
     try:
         # only `pulse up`, the operator's command, may reconfigure existing streams
-        log = await JetStreamLog.connect(
+        connect = _partitioned if partitions > 1 else JetStreamLog.connect
+        log = await connect(
             urls, settings, update_streams=args.command == "up", credentials=credentials,
             tls_ca=tls_ca, create_streams=create_streams,
         )  # fmt: skip
@@ -92,3 +103,8 @@ def _leaf_credentials(data_dir: str | os.PathLike[str]) -> NatsCredentials:
     credentials = NatsCredentials.generate("leaf")
     credentials.save(path)
     return credentials
+
+
+async def _partitioned(servers: list[str], settings: StreamSettings, **options: Any) -> LocalLog:
+    """A log in partitions, as a host numbers it (``eventlog.partitioned``)."""
+    return LocalLog(await PartitionedLog.connect(servers, settings, **options))

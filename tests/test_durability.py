@@ -176,8 +176,8 @@ def test_an_embedded_server_is_fsync_and_refuses_another_durability(
 
 def test_the_benchmark_runs_small() -> None:
     """`python -m ops.bench.durability` (docs/benchmarks.md), at a size a test affords:
-    a row for each durability, writer and number of streams, beside raw's (Pulse's log
-    layer on 2 partitions too: ``eventlog.partitioned``)."""
+    a row for each durability, writer and number of streams (Pulse's log layer and a
+    Pulse host on 2 partitions too: ``eventlog.partitioned``), beside raw's."""
     ran = subprocess.run(
         [sys.executable, "-m", "ops.bench.durability", "--seconds", "0.5", "--partitions",
          "1,2", "--callers", "2", "--inflight", "8"],
@@ -188,7 +188,8 @@ def test_the_benchmark_runs_small() -> None:
     assert [(r["durability"], r["writer"], r["partitions"]) for r in rows] == [
         (d, w, p)
         for d in ("fsync", "replicated")
-        for w, p in (("raw", 1), ("raw", 2), ("log", 1), ("log", 2), ("pulse", 1))
+        for w in ("raw", "log", "pulse")
+        for p in (1, 2)
     ]
     assert all(r["per_s"] > 0 and r["cores"] > 0 for r in rows)
     assert rows[0]["vs_fsync_one_stream_raw"] == 1.0

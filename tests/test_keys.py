@@ -602,3 +602,32 @@ async def test_a_preload_asks_each_kek_once_and_again_for_a_key_rotated_meanwhil
     (real,) = set(keks) - {f"{CURRENT}.{bytes(KID_BYTES).hex()}"}
     assert keks.count(real) == 1
     assert sorted(n for n in asked if not n.startswith(f"{CURRENT}.")) == sorted(stale)
+
+
+async def test_two_erasures_of_one_name_at_once_both_end(kv_store: KvKeyStore) -> None:
+    """An edge host's delete erases a name's values, and so does the echo of its own
+    marker, at the same moment. nats-py's history of the name could then wait forever
+    (the server still counting a message the other erasure removed): a delete hung. Each
+    erasure ends, and only the marker stays."""
+    other = KvKeyStore(kv_store.js, kv_store.bucket)
+    kv = await kv_store.kv()
+    for round_ in range(400):  # (about 1% of such pairs hung)
+        name = key_name("experience", uuid7(), uuid7())
+        await kv.create(name, b"v" * 40)
+        await kv.delete(name)  # (the marker)
+        async with asyncio.timeout(10):
+            await asyncio.gather(kv_store.erase_values(name), other.erase_values(name))
+        held = await kv_store.js.get_last_msg(kv_store.stream, f"$KV.{kv_store.bucket}.{name}")
+        assert (held.headers or {}).get("KV-Operation") == "DEL", round_
+        with pytest.raises(nats.js.errors.NotFoundError):  # (the value: erased)
+            await _value_of(kv_store, name)
+
+
+async def _value_of(store: KvKeyStore, name: str) -> None:
+    """Raise NotFoundError unless the name still holds a value (not a marker)."""
+    subject, seq = f"$KV.{store.bucket}.{name}", 1
+    while True:
+        msg = await store.js.get_msg(store.stream, seq, subject=subject, next=True)
+        if (msg.headers or {}).get("KV-Operation") is None:
+            return
+        seq = msg.seq + 1

@@ -88,7 +88,7 @@ def test_a_version_1_database_is_migrated_on_open(tmp_path: Path) -> None:
     threads = store.con.execute("SELECT count(*) FROM checkpoint_rows").fetchall()
     store.close()
     assert "collective_id" in columns and "instance_id" in kept_aside and threads == [(0,)]
-    assert version == (str(schema.SCHEMA_VERSION),) == ("10",)
+    assert version == (str(schema.SCHEMA_VERSION),) == ("11",)
 
 
 def test_a_version_6_database_gains_languages_its_collectives_auto(tmp_path: Path) -> None:

@@ -14,15 +14,14 @@ makes them, and:
   ``eventlog.partitioned.PartitionedLog`` on P partitions), keeping ``--inflight``
   appends of experience events in flight (each a new event of one of 64 collectives:
   encoded, routed to its partition, acknowledged, its position returned);
-- pulse: one client process, a Pulse host on the same cluster (streams of 3 replicas),
-  with ``--callers`` concurrent ``record_experience`` calls, for ``--seconds``.
+- pulse: one client process, a Pulse host on the same cluster (streams of 3 replicas,
+  in P partitions), with ``--callers`` concurrent ``record_experience`` calls into P
+  collectives, for ``--seconds``.
 
 Each row prints the rate, its ratio to one fsync stream's raw rate (the write ceiling
 the issue measures against), Pulse's ratio to raw on the same durability and one stream,
 and the CPU the client and the three servers used over the wall time ("cores busy"):
-this machine has 2, so a row at about 2 has run out of them. A Pulse host writes one
-stream today (its projections do not read partitions yet: ``eventlog.partitioned``); its
-row is beside raw's of one stream.
+this machine has 2, so a row at about 2 has run out of them.
 """
 
 from __future__ import annotations
@@ -139,24 +138,24 @@ async def log_rate(urls: list[str], partitions: int, inflight: int, seconds: flo
         with Cpu(cluster) as cpu:
             await asyncio.gather(*(appender(n) for n in range(inflight)))
     finally:
-        admin = log.parts[0].admin if isinstance(log, PartitionedLog) else log.admin
-        streams = [name, f"{name}_ACTIVITY", f"KV_{name}_KEYS"]
-        streams += [f"{name}_P{k}" for k in range(1, partitions + 1) if partitions > 1]
-        for stream in streams:
-            with contextlib.suppress(Exception):
-                await admin.delete_stream(stream)
         await log.close()
+        await _drop_streams(urls, name, partitions)
     return done / cpu.wall, cpu
 
 
-async def pulse_rate(urls: list[str], root: Path, callers: int, seconds: float,
-                     cluster: LocalCluster) -> tuple[float, Cpu]:  # fmt: skip
-    """``record_experience`` calls per second from ``callers`` concurrent callers."""
+async def pulse_rate(urls: list[str], root: Path, partitions: int, callers: int,
+                     seconds: float, cluster: LocalCluster) -> tuple[float, Cpu]:  # fmt: skip
+    """``record_experience`` calls per second from ``callers`` concurrent callers, into
+    as many collectives as partitions (each in its own, where the hash allows)."""
     from sync import PulseDB
 
-    db = await PulseDB.open(root, urls, stream_settings=StreamSettings(replicas=3))
+    name = f"HOST{partitions}"
+    settings = StreamSettings(name=name, activity_name=f"{name}_ACTIVITY", replicas=3,
+                              partitions=partitions)  # fmt: skip
+    db = await PulseDB.open(root, urls, stream_settings=settings)
     try:
-        team = await db.create_collective("bench", "durability", DIM)
+        teams = [await db.create_collective("bench", f"durability {n}", DIM)
+                 for n in range(max(1, partitions))]  # fmt: skip
         vector = [((i * 7919) % 1000) / 1000.0 for i in range(DIM)]
         text = "retry with the same event id. " * 17
         done = 0
@@ -166,7 +165,8 @@ async def pulse_rate(urls: list[str], root: Path, callers: int, seconds: float,
             nonlocal done
             i = 0
             while time.perf_counter() < stop:
-                await db.record_experience(team, f"{n}.{i} {text}"[:500], vector)
+                await db.record_experience(teams[n % len(teams)], f"{n}.{i} {text}"[:500],
+                                           vector)  # fmt: skip
                 done += 1
                 i += 1
 
@@ -175,6 +175,19 @@ async def pulse_rate(urls: list[str], root: Path, callers: int, seconds: float,
         return done / cpu.wall, cpu
     finally:
         await db.close()
+        await _drop_streams(urls, name, partitions)
+
+
+async def _drop_streams(urls: list[str], name: str, partitions: int) -> None:
+    """Delete a run's streams and key bucket: the next run's take the same subjects."""
+    nc = await nats.connect(urls)
+    js = nc.jetstream()
+    streams = [name, f"{name}_ACTIVITY", f"KV_{name}_KEYS"]
+    streams += [f"{name}_P{k}" for k in range(1, partitions + 1) if partitions > 1]
+    for stream in streams:
+        with contextlib.suppress(Exception):
+            await js.delete_stream(stream)
+    await nc.close()
 
 
 @dataclass
@@ -199,8 +212,10 @@ async def main(seconds: float, partitions: list[int], callers: int, inflight: in
                 for p in partitions:
                     rate, cpu = await log_rate(urls, p, inflight, seconds, cluster)
                     rows.append(Row(durability, "log", p, rate, cpu.busy()))
-                rate, cpu = await pulse_rate(urls, Path(tmp) / "pulse", callers, seconds, cluster)
-                rows.append(Row(durability, "pulse", 1, rate, cpu.busy()))
+                for p in partitions:
+                    rate, cpu = await pulse_rate(urls, Path(tmp) / f"pulse{p}", p, callers,
+                                                 seconds, cluster)  # fmt: skip
+                    rows.append(Row(durability, "pulse", p, rate, cpu.busy()))
             finally:
                 cluster.stop()
 

@@ -25,6 +25,17 @@ from ops.cli.running import execute
 DEFAULT_DATA_DIR = ".pulse"
 
 
+def _partitions(value: str) -> int:
+    """--partitions: 1..31 (``eventlog.partitions``)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {value!r}") from None
+    if not 1 <= number <= 31:
+        raise argparse.ArgumentTypeError(f"must be 1..31, got {number}")
+    return number
+
+
 class _CommandParser(argparse.ArgumentParser):
     """A command's parser whose arguments are added from its record when it is first
     used, so that none of them costs `pulse --help` anything."""
@@ -117,6 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(`pulse nats-config` tags them): fsync, every write on disk before it is "
         "acknowledged; replicated, acknowledged once a quorum holds it; pulse up moves them "
         "there; default: $PULSE_DURABILITY, else where they are (an embedded server: fsync)",
+    )
+    parser.add_argument(
+        "--partitions",
+        type=_partitions,
+        default=os.environ.get("PULSE_PARTITIONS") or "1",
+        help="how many streams hold the collectives, each spread by a hash of its id (2..31: "
+        "each its own leader on a cluster, for writes past one stream's); set when the "
+        "deployment is made, and every host gives the same; a host on partitions follows "
+        "every collective and is not an edge host, for now; default: $PULSE_PARTITIONS, "
+        "else 1 (one stream)",
     )
     commands = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, parser_class=_CommandParser

@@ -28,10 +28,14 @@ async def open_instance(args: argparse.Namespace) -> Any:
     from sync import PulseDB
 
     out_of_the_collectors_sight()
+    from eventlog import StreamSettings
+
+    partitions = getattr(args, "partitions", 1)
     return await PulseDB.open(
         args.data_dir, args.nats_url or None,
         nats_credentials=getattr(args, "nats_creds", None), nats_ca=getattr(args, "nats_ca", None),
         principal=access_token,
+        stream_settings=StreamSettings(partitions=partitions) if partitions > 1 else None,
     )  # fmt: skip
 
 

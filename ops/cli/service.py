@@ -134,8 +134,9 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
     # (a bad setting is refused before the instance and the web stack are imported)
     limits = edge.Limits.from_environment(edge.raise_open_files_limit())
 
-    from eventlog.jetstream import _without_password
+    from eventlog.jetstream import JetStreamLog, _without_password
     from eventlog.leaf import LeafLog
+    from eventlog.partitioned import LocalLog
     from ops.connect import open_log
     from ops.operator_secret import ensure_secret, secret_file
     from ops.remote import describe_api
@@ -233,7 +234,14 @@ async def _serve(args: argparse.Namespace, token: str | None) -> int:
             print(f"  NATS     {nats_url}  ({where})")
             if creds:
                 print(f"  creds    {creds}  (user and password NATS asks of every client; 0600)")
-            print(f"  streams  {log.settings.name} ({last} events), {log.settings.activity_name}")
+            if isinstance(log, LocalLog):
+                layout = log.partitioned.layout
+                names = f"{layout.stream(1)}..{layout.stream(layout.partitions)}"
+                print(f"  streams  {layout.base} and {names} ({last} events, in "
+                      f"{layout.partitions} partitions), {log.settings.activity_name}")  # fmt: skip
+            elif isinstance(log, JetStreamLog):
+                print(f"  streams  {log.settings.name} ({last} events), "
+                      f"{log.settings.activity_name}")  # fmt: skip
             print(f"  state    {Path(args.data_dir) / 'state'} (sequence {db.applied_seq})")
             if db.following is not None:
                 print(f"  follows  {', '.join(db.following)} ({len(db.followed())} collectives)")
