@@ -35,7 +35,7 @@ from ops.cluster import LocalCluster
 from projections import fold
 from sync import PulseDB
 from tests import factories as f
-from tests.harness import eventually
+from tests.harness import eventually, pulse
 
 UUIDS = st.uuids()
 
@@ -376,3 +376,32 @@ async def test_hosts_on_four_partitions_converge_through_a_node_failure_and_resu
     # the state of a host on partitions does not open on a log of one stream
     with pytest.raises(ValidationError, match="is in 4 partition"):
         await PulseDB.open(tmp_path / "a", cluster.urls, stream_settings=StreamSettings(replicas=3))
+
+
+def test_the_command_line_runs_a_host_on_partitions_and_refuses_the_other_kind(
+    tmp_path: Path,
+) -> None:
+    """`pulse --partitions 3 ...` makes and uses a log in three partitions (the embedded
+    server holds them); a command without it, a number out of range and a backup are
+    refused, each naming partitions."""
+    data = tmp_path / "data"
+
+    def ok(*args: str) -> str:
+        done = pulse("--partitions", "3", *args, data_dir=data)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    ok("collective", "create", "team", "--owner", "o", "--embedder", "hash")
+    ok("record", "-c", "team", "Retry NATS publishes on timeout")
+    found = ok("search", "-c", "team", "retry publishes", "--json")
+    assert "Retry NATS publishes on timeout" in found
+    one_stream = pulse("collective", "list", data_dir=data)
+    assert one_stream.returncode == 1 and "partitions: " in one_stream.stderr, one_stream.stderr
+    out_of_range = pulse("--partitions", "32", "collective", "list", data_dir=data)
+    assert out_of_range.returncode == 2 and "--partitions: must be 1..31" in out_of_range.stderr
+    backup = pulse("--partitions", "3", "backup", str(tmp_path / "b"), data_dir=data)
+    assert backup.returncode == 1 and "partitions: a backup of a log in partitions" in (
+        backup.stderr
+    ), backup.stderr
+    backup = pulse("backup", str(tmp_path / "b"), data_dir=data)
+    assert backup.returncode == 1 and "is in 3 partitions" in backup.stderr, backup.stderr
