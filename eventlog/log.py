@@ -182,6 +182,45 @@ class EventLog(abc.ABC):
         anything written after it stay; ``None`` removes them all. Activity subjects are
         purged from the activity stream."""
 
+    def follow_mark(self, collective_id: UUID, applied: int) -> int:
+        """Where a collective this host starts to follow is caught up to from the log's
+        past (``collective_history``), its later events coming by the tail: here, the
+        sequence the host applied."""
+        return applied
+
+    async def collective_history(
+        self, collective_id: UUID, up_to: int, *, batch_size: int = 1000
+    ) -> AsyncGenerator[list[LogEntry], None]:
+        """A collective's events up to ``up_to`` (a ``follow_mark``): what a host that
+        starts to follow it folds from before what it applied."""
+        from eventlog.subjects import collective_filter
+
+        if up_to < 1:
+            return
+        reading = self.read(
+            1, batch_size=batch_size, subjects=collective_filter([collective_id], wisdom=False)
+        )
+        async for batch in reading:
+            due = [e for e in batch if e.seq <= up_to]
+            if due:
+                yield due
+            if batch and batch[-1].seq >= up_to:
+                await reading.aclose()
+                return
+
+    async def directory(
+        self, after: dict[int, int], subjects: Sequence[str], *, live: bool
+    ) -> AsyncGenerator[list[LogEntry], None]:
+        """What this host reads beside its tail (the log's directory of collectives),
+        after ``after`` (per partition, the last sequence read: here one, 0), each
+        entry's ``seq`` the place to resume after; ``live``: then what comes."""
+        if live:
+            async for entry in self.tail(after.get(0, 0) + 1, subjects=subjects):
+                yield [entry]
+        else:
+            async for batch in self.read(after.get(0, 0) + 1, subjects=subjects):
+                yield batch
+
     async def purge_copy(self, subject: str, *, before_seq: int) -> None:
         """Forget this host's own copy of what another host's delete forgot (the
         tombstone at ``before_seq``). A log shared by every host has none: the deleting

@@ -15,23 +15,18 @@ and the positions:
 - a purge or a conditional write names a position; its partition must be the one the
   subject lies in.
 
-This is the log layer of a deployment in partitions. A host does not run on it yet:
-``pulse`` makes logs of one stream, and this class serves the benchmarks
-(``ops.bench.durability``) and the tests of the layout on real servers. What a host
-needs first, and why it is not a small change: above the log, one sequence is two
-things at once. It is where the projection resumes and the order it applied things in
-(DuckDB's checkpoint, ``updated_seq`` for the indexes' catch-up, the audit's history
+A host runs on it through ``LocalLog`` (below). Why that layer: above the log, one
+sequence is two things at once. It is where the projection resumes and the order it
+applied things in (DuckDB's checkpoint, ``updated_seq`` for the indexes' catch-up, the audit's history
 and ``as_of``, the analysts' snapshot's increments), and it is a message's identity in
 the log (a writer's read-your-writes wait, what the engine kept aside, a purge's
 tombstone, the create that places an entity, the dead letters read again after an
 upgrade). Positions keep the second meaning but not the first: partitions read at
-different speeds apply positions out of their numeric order. The plan: a host numbers
-what it applies itself (an apply sequence, contiguous, as a log of one stream gives
-today, so the projection stays as it is), each entry keeping its position beside it;
-the projection stores the per-partition sequences it applied with its checkpoint (one
-transaction) and resumes the partitions from them; the identities move to positions
-(the writer waits for a position to be applied, a create is ranked by its position's
-time and place, a dead letter keeps its position).
+different speeds apply positions out of their numeric order. So a host numbers what it
+applies itself (contiguous, as a log of one stream gives it, so the projection stays as
+it is), each entry keeping its position beside it; the projection stores the
+per-partition sequences it applied with its checkpoint (one transaction) and resumes
+the partitions from them; a create is ranked by its position.
 """
 
 from __future__ import annotations
@@ -59,7 +54,7 @@ from eventlog.partitions import (
     seq_of,
 )
 from eventlog.streams import StreamSettings, ensure_streams
-from eventlog.subjects import is_activity_subject, subject_for
+from eventlog.subjects import collective_filter, is_activity_subject, subject_for
 
 
 class PartitionedLog:
@@ -342,10 +337,11 @@ class LocalLog(EventLog):
 
     A write returns the number this host gave the written event when its tail brought it
     back (the writer waits for that anyway); a conditional write and ``last_subject_seq``
-    speak in positions. What it does not do yet: read from anywhere but where the host
-    stands (so no backfill of a collective followed later, no dead letter read again by
-    its sequence), or purge by a sequence it has forgotten (it remembers the last
-    ``REMEMBERED``).
+    speak in positions. What a host reads beside its tail is not numbered: the directory
+    of collectives (by position) and the past of a collective it starts to follow (minus
+    its position: below anything it numbers). What it does not do yet: read a dead
+    letter again by its number, or purge by a number it has forgotten (it remembers the
+    last ``REMEMBERED``).
     """
 
     numbered_here = True
@@ -436,11 +432,74 @@ class LocalLog(EventLog):
                     del self._waiting[pos]
 
     def _check_start(self, from_seq: int) -> None:
-        if from_seq != self._next:
+        """A read or tail goes on from ``from_seq``: the next number, or one handed out
+        but not applied (a tail stopped with a batch on its way: replication starts
+        again after what the engine applied), whose partitions are then read again from
+        there and numbered anew."""
+        if from_seq > self._next or from_seq < 1:
             raise ValidationError(
                 f"from_seq: a log in partitions is read by this host from where it stands "
                 f"({self._next}), not from {from_seq}"
             )
+        if from_seq == self._next:
+            return
+        rewound: dict[int, int] = {}
+        for number in range(from_seq, self._next):
+            pos = self._position_of.get(number)
+            if pos is None:
+                raise ValidationError(
+                    f"from_seq: this host no longer knows where its message {number} is in "
+                    "the partitions"
+                )
+            part, seq = part_of(pos), seq_of(pos)
+            rewound[part] = min(rewound.get(part, seq), seq)
+        for number in range(from_seq, self._next):
+            self._local_of.pop(self._position_of.pop(number), None)
+        for part, seq in rewound.items():
+            self._resume[part] = min(self._resume[part], seq - 1)
+        self._next = from_seq
+
+    def follow_mark(self, collective_id: UUID, applied: int) -> int:
+        """The sequence of the collective's partition this host took up to: its events
+        up to there are its past (``collective_history``), the tail brings the rest."""
+        return self._resume.get(self.partitioned.layout.part_of_collective(collective_id), 0)
+
+    async def collective_history(
+        self, collective_id: UUID, up_to: int, *, batch_size: int = 1000
+    ) -> AsyncGenerator[list[LogEntry], None]:
+        """The collective's events in its partition up to sequence ``up_to``, not
+        numbered: each entry's ``seq`` is minus its position (below anything this host
+        numbers, and one of its own), ``position`` its position."""
+        if up_to < 1:
+            return
+        part = self.partitioned.layout.part_of_collective(collective_id)
+        subjects = collective_filter([collective_id], wisdom=False)
+        reading = self.partitioned.parts[part].read(1, batch_size=batch_size, subjects=subjects)
+        async with contextlib.aclosing(reading) as batches:
+            async for batch in batches:
+                due = [
+                    LogEntry(-position(part, e.seq), e.subject, e.event, e.error, e.stored_ms,
+                             position=position(part, e.seq))
+                    for e in batch if e.seq <= up_to
+                ]  # fmt: skip
+                if due:
+                    yield due
+                if batch and batch[-1].seq >= up_to:
+                    return
+
+    async def directory(
+        self, after: dict[int, int], subjects: Sequence[str], *, live: bool
+    ) -> AsyncGenerator[list[LogEntry], None]:
+        """The partitions' directory entries after ``after`` (per partition), not
+        numbered: each entry's ``seq`` is its position."""
+        start = {p: s + 1 for p, s in after.items()}
+        if live:
+            reading = self.partitioned.tail(start, subjects=subjects)
+        else:
+            reading = self.partitioned.read(start, subjects=subjects)
+        async with contextlib.aclosing(reading) as batches:
+            async for batch in batches:
+                yield batch
 
     # -- EventLog -----------------------------------------------------------------------------
 

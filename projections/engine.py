@@ -48,12 +48,11 @@ from uuid import UUID
 
 import duckdb
 
-from eventlog.errors import PulseError, ValidationError
+from eventlog.errors import PulseError
 from eventlog.keys import Keyring
 from eventlog.limits import check_ranges
 from eventlog.log import EventLog, LogEntry
 from eventlog.sealing import Sealer
-from eventlog.subjects import collective_filter
 from projections.analytics import SqlLimits, SqlQuery, SqlResult, run_async, sandbox
 from projections.analytics import export as export_views
 from projections.past import PastTables, sql_tables
@@ -350,24 +349,15 @@ class Engine:
         applied: a collective this host starts to follow (``projections.scope``).
         ``restart``: an earlier backfill of it did not finish (the history rows it wrote
         go first). Returns how many events."""
-        if log_.numbered_here:
-            raise ValidationError(
-                "collectives: a host on a log in partitions follows every collective for "
-                "now (a collective followed later is not caught up from its partition yet)"
-            )
-        if restart:
-            await self.run(Projection.drop_history, collective_id, up_to)
-        subjects = collective_filter([collective_id], wisdom=False)
+        if restart:  # (a log numbered here gives a collective's past below 1: all of it)
+            drop_to = 0 if log_.numbered_here else up_to
+            await self.run(Projection.drop_history, collective_id, drop_to)
         done = 0
-        if up_to < 1:
-            return 0
-        reading = log_.read(1, batch_size=self.settings.batch_size, subjects=subjects)
-        async with contextlib.aclosing(reading) as batches:
+        history = log_.collective_history(collective_id, up_to, batch_size=self.settings.batch_size)
+        async with contextlib.aclosing(history) as batches:
             async for batch in batches:
-                due = await self._sealer(log_).open([e for e in batch if e.seq <= up_to])
+                due = await self._sealer(log_).open(batch)
                 done += await self.run(Projection.backfill, due)
-                if batch and batch[-1].seq >= up_to:
-                    break
         await self.run(Projection.flush)
         return done
 

@@ -31,6 +31,7 @@ from uuid import UUID
 from eventlog import events as ev
 from eventlog.errors import PulseError, ValidationError
 from eventlog.log import EventLog, LogEntry
+from eventlog.partitions import part_of, seq_of
 from projections.engine import Engine
 from projections.scope import DIRECTORY_SUBJECT, OWNER, Scope, matches, parse_refs
 from sync.gate import Gate
@@ -44,11 +45,14 @@ class Directory:
 
     def __init__(self) -> None:
         self.collectives: dict[UUID, tuple[str, str]] = {}
-        self.seq = 0  # the last directory entry read
+        # per partition (a log of one stream: 0), the last directory entry read
+        self.read_to: dict[int, int] = {}
 
     def take(self, entry: LogEntry) -> UUID | None:
         """Learn from one entry; the id of a collective it announces."""
-        self.seq = max(self.seq, entry.seq)
+        part, seq = part_of(entry.seq), seq_of(entry.seq)
+        if seq > self.read_to.get(part, 0):
+            self.read_to[part] = seq
         event = entry.event
         if isinstance(event, ev.CollectiveCreated):
             self.collectives[event.collective_id] = (event.owner_id, event.name)
@@ -65,7 +69,7 @@ class Directory:
 
     async def read(self, log_: EventLog) -> None:
         """Everything the directory holds now."""
-        async for batch in log_.read(self.seq + 1, subjects=[DIRECTORY_SUBJECT]):
+        async for batch in log_.directory(self.read_to, [DIRECTORY_SUBJECT], live=False):
             for entry in batch:
                 self.take(entry)
 
@@ -113,8 +117,8 @@ async def open_scope(
             scope = kept
             scope.refs = refs
     unfinished = set(scope.pending())
-    for cid in directory.matching(scope.refs):
-        scope.collectives.setdefault(cid, engine.seq)  # new: backfilled up to here
+    for cid in directory.matching(scope.refs):  # new: backfilled up to here
+        scope.collectives.setdefault(cid, log_.follow_mark(cid, engine.seq))
     missing = [
         r for r in scope.refs
         if not r.startswith(OWNER) and not _is_id(r) and not directory.matching([r])
@@ -218,7 +222,7 @@ class Following:
                 raise
             at = self.engine.seq
             for cid in new:
-                self.scope.collectives[cid] = at
+                self.scope.collectives[cid] = self.log.follow_mark(cid, at)
             await asyncio.to_thread(self.scope.save, state)
             if self.replication.closed:  # (closed meanwhile: the backfill is done on the next open)
                 return
@@ -250,16 +254,17 @@ class Following:
                     async with self._lock:
                         await self._backfill(set(self.scope.pending()), restart=True)
                 async with contextlib.aclosing(
-                    self.log.tail(directory.seq + 1, subjects=[DIRECTORY_SUBJECT])
-                ) as entries:
-                    async for entry in entries:
+                    self.log.directory(directory.read_to, [DIRECTORY_SUBJECT], live=True)
+                ) as batches:
+                    async for batch in batches:
                         pause = 0.5
-                        cid = directory.take(entry)
-                        if cid is None or cid in self.scope.collectives:
-                            continue
-                        owner, name = directory.collectives[cid]
-                        if matches(self.scope.refs, cid, owner, name):
-                            await self._follow_ids({cid})
+                        for entry in batch:
+                            cid = directory.take(entry)
+                            if cid is None or cid in self.scope.collectives:
+                                continue
+                            owner, name = directory.collectives[cid]
+                            if matches(self.scope.refs, cid, owner, name):
+                                await self._follow_ids({cid})
             except asyncio.CancelledError:
                 raise
             except PulseError as exc:

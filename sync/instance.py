@@ -361,10 +361,6 @@ class PulseDB:
                 "collectives: an edge host follows every collective (its stream sources the "
                 "hub's whole stream); follow some on a host that is not an edge host"
             )
-        if collectives is not None and log.numbered_here:
-            raise ValidationError(
-                "collectives: a host on a log in partitions follows every collective for now"
-            )
         state = await asyncio.to_thread(state_dir, directory)
         engine = await Engine.start(state, projection_settings)
         try:

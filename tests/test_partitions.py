@@ -338,6 +338,31 @@ async def test_hosts_on_four_partitions_converge_through_a_node_failure_and_resu
                 for i in range(n)
             ]
 
+        # a host that follows two collectives reads only their partitions (and the
+        # directory of every partition): a consumer on each partition it reads
+        d = await PulseDB.open(
+            tmp_path / "d", cluster.urls, stream_settings=settings, append_timeout=20,
+            collectives=[str(teams[0]), str(teams[5])],
+        )  # fmt: skip
+        opened.append(d)
+        reached = {layout.part_of_collective(t) for t in (teams[0], teams[5])}
+        mine = {f"pulse.c.{teams[0]}.>", f"pulse.c.{teams[5]}.>"}
+        held = a.log.partitioned.parts  # type: ignore[attr-defined]
+
+        async def d_reads_only_its_partitions() -> bool:
+            try:
+                for part in layout.parts[1:]:
+                    infos = await held[part].admin.consumers_info(held[part].settings.name)
+                    ours = [c for c in infos if mine & set(
+                        c.config.filter_subjects or [c.config.filter_subject])]  # fmt: skip
+                    if bool(ours) != (part in reached):
+                        return False
+            except (TimeoutError, nats.errors.Error):  # (streams made a moment ago)
+                return False
+            return True
+
+        await eventually(d_reads_only_its_partitions, timeout=30, what="d's consumers")
+
         first = await asyncio.gather(writes(a, teams[:4], 20), writes(b, teams[4:], 20))
         cluster.kill(2)
         second = await asyncio.gather(writes(a, teams[:4], 20), writes(b, teams[4:], 20))
@@ -356,6 +381,25 @@ async def test_hosts_on_four_partitions_converge_through_a_node_failure_and_resu
         opened.append(c)
         for team in teams:
             assert await c.digest(team) == await a.digest(team)
+
+        # d lived through the node's death too; a collective it follows later is caught
+        # up: one in a partition d reads has its past read from there, the rest by the
+        # tail; one in a partition it did not read comes all by the tail
+        await d.sync()
+        for team in (teams[0], teams[5]):
+            assert await d.digest(team) == await a.digest(team)
+        beside = [t for t in teams[1:5] if layout.part_of_collective(t) in reached]
+        elsewhere = [t for t in teams if layout.part_of_collective(t) not in reached]
+        later = [*beside[:1], *elsewhere[:1]]
+        assert later
+        await d.follow([str(t) for t in later])
+        for team in later:
+            await a.record_experience(team, "after d followed it")
+        await a.sync()
+        await d.sync()
+        for team in (teams[0], teams[5], *later):
+            assert await d.digest(team) == await a.digest(team)
+        assert (d.backfilled > 0) == bool(beside)
 
         # b restarts: it reads only what came since, per partition
         await b.close()
