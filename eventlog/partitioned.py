@@ -17,16 +17,16 @@ and the positions:
 
 A host runs on it through ``LocalLog`` (below). Why that layer: above the log, one
 sequence is two things at once. It is where the projection resumes and the order it
-applied things in (DuckDB's checkpoint, ``updated_seq`` for the indexes' catch-up, the audit's history
-and ``as_of``, the analysts' snapshot's increments), and it is a message's identity in
-the log (a writer's read-your-writes wait, what the engine kept aside, a purge's
-tombstone, the create that places an entity, the dead letters read again after an
-upgrade). Positions keep the second meaning but not the first: partitions read at
-different speeds apply positions out of their numeric order. So a host numbers what it
-applies itself (contiguous, as a log of one stream gives it, so the projection stays as
-it is), each entry keeping its position beside it; the projection stores the
-per-partition sequences it applied with its checkpoint (one transaction) and resumes
-the partitions from them; a create is ranked by its position.
+applied things in (DuckDB's checkpoint, ``updated_seq`` for the indexes' catch-up, the
+audit's history and ``as_of``, the analysts' snapshot's increments), and it is a
+message's identity in the log (a writer's read-your-writes wait, what the engine kept
+aside, a purge's tombstone, the create that places an entity, the dead letters read
+again after an upgrade). Positions keep the second meaning but not the first: partitions
+read at different speeds apply positions out of their numeric order. So a host numbers
+what it applies itself (contiguous, as a log of one stream gives it, so the projection
+stays as it is), each entry keeping its position beside it; the projection stores the
+per-partition sequences it applied with its checkpoint (one transaction) and resumes the
+partitions from them; a create is ranked by its position.
 """
 
 from __future__ import annotations

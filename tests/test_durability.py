@@ -186,10 +186,7 @@ def test_the_benchmark_runs_small() -> None:
     assert ran.returncode == 0, ran.stderr
     rows = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
     assert [(r["durability"], r["writer"], r["partitions"]) for r in rows] == [
-        (d, w, p)
-        for d in ("fsync", "replicated")
-        for w in ("raw", "log", "pulse")
-        for p in (1, 2)
+        (d, w, p) for d in ("fsync", "replicated") for w in ("raw", "log", "pulse") for p in (1, 2)
     ]
     assert all(r["per_s"] > 0 and r["cores"] > 0 for r in rows)
     assert rows[0]["vs_fsync_one_stream_raw"] == 1.0
