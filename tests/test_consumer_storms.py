@@ -184,3 +184,19 @@ async def test_a_stream_takes_more_than_a_thousand_hosts(tmp_path: Path) -> None
             await log.close()
     with pytest.raises(ValidationError, match="max_consumers: must be 1000..10000000, got 5"):
         StreamSettings(max_consumers=5)
+
+
+def test_the_hosts_benchmark_runs_small_on_partitions() -> None:
+    """`python -m ops.bench.hosts --partitions 3`: each host makes a consumer on every
+    partition holding what it follows, and on the first (wisdom, tokens)."""
+    ran = subprocess.run(
+        [sys.executable, "-m", "ops.bench.hosts", "--steps", "4", "--collectives", "5",
+         "--rate", "50", "--seconds", "1", "--processes", "1", "--partitions", "3"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    (row,) = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
+    assert row["partitions"] == 3 and row["written"] > 0 and row["lag_p99_ms"] > 0
+    # every host made two consumers at least (a collective's partition and the first)
+    assert row["restart_creates"] >= 2 * row["hosts"] and row["restart_hosts_waiting"] == 0
+    assert row["restart_dropped_api_requests"] == 0

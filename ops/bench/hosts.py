@@ -2,16 +2,19 @@
 
     python -m ops.bench.hosts [--steps 100,300,1000] [--collectives 200] [--rate 200]
 
-Three local nats-server processes (``ops.cluster``), one stream of 3 replicas, and a
-writer recording events into ``--collectives`` collectives at ``--rate`` a second, the
-collective drawn from a Zipf distribution (a few busy, many quiet). Simulated hosts,
-spread over ``--processes`` worker processes, each follow 1 to 3 collectives (drawn from
-the same distribution) with Pulse's own consumer set-up: a ``JetStreamLog`` connection
-of their own and a live tail filtered to their collectives, wisdom and tokens
-(``eventlog.subjects.collective_filter``), as ``pulse up --follow`` reads. They are
-light: each takes every event as one it knows (``tail``'s ``own``), so none is decoded.
-On real machines each host decodes on its own cores; here every host shares this
-machine's two, and decoding would make the knee the simulation's, not the cluster's.
+Three local nats-server processes (``ops.cluster``), one stream of 3 replicas (or
+``--partitions`` P: a log in partitions, ``eventlog.partitioned``, where a host makes a
+consumer on each partition holding what it follows, and on the first for wisdom and
+tokens), and a writer recording events into ``--collectives`` collectives at ``--rate``
+a second, the collective drawn from a Zipf distribution (a few busy, many quiet).
+Simulated hosts, spread over ``--processes`` worker processes, each follow 1 to 3
+collectives (drawn from the same distribution) with Pulse's own consumer set-up: a
+``JetStreamLog`` connection of their own and a live tail filtered to their collectives,
+wisdom and tokens (``eventlog.subjects.collective_filter``), as ``pulse up --follow``
+reads. They are light: each takes every event as one it knows (``tail``'s ``own``), so
+none is decoded. On real machines each host decodes on its own cores; here every host
+shares this machine's two, and decoding would make the knee the simulation's, not the
+cluster's.
 
 At each step the hosts are brought up to the step's count, the writer writes for
 ``--seconds``, then the server leading the stream is killed and started again (every
@@ -53,11 +56,14 @@ from uuid import UUID
 from eventlog import JetStreamLog, StreamSettings
 from eventlog import events as ev
 from eventlog.ids import uuid7
+from eventlog.partitioned import PartitionedLog
+from eventlog.partitions import Layout
 from eventlog.subjects import collective_filter
 from ops.bench.durability import cpu_seconds
 from ops.cluster import LocalCluster
 
 RAM = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+Log = JetStreamLog | PartitionedLog
 INSTANCE = uuid7()
 DIM = 8
 VECTOR = ev.pack_vector([0.5] * DIM)
@@ -99,11 +105,22 @@ def _p(values: list[float], q: float) -> float | None:
 # -- a worker process: its share of the hosts --------------------------------------------
 
 
+def _settings(partitions: int) -> StreamSettings:
+    return StreamSettings(replicas=3, partitions=partitions)
+
+
+async def _connect(urls: list[str], partitions: int, *, create: bool) -> Log:
+    if partitions > 1:
+        return await PartitionedLog.connect(urls, _settings(partitions), create_streams=create)
+    return await JetStreamLog.connect(urls, _settings(partitions), create_streams=create)
+
+
 async def _worker(urls: list[str], collectives: list[str], commands: Any, results: Any,
-                  seed: int) -> None:  # fmt: skip
+                  seed: int, partitions: int) -> None:  # fmt: skip
     rng = random.Random(seed)
     ids = [UUID(c) for c in collectives]
-    hosts: list[tuple[JetStreamLog, asyncio.Task[None]]] = []
+    hosts: list[tuple[Log, asyncio.Task[None]]] = []
+    consumers = 0  # the consumers every host's tail makes (one per partition it reads)
     creates: list[float] = []
     failed = 0
     errors: dict[str, int] = {}  # what failed creates raised, by kind
@@ -114,7 +131,7 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
     lags: list[float] = []
 
     def timed(log: JetStreamLog) -> None:
-        """Time each consumer create of a host (what its tail asks JetStream)."""
+        """Time each consumer create of a host's stream (what its tail asks JetStream)."""
         admin = log.admin
         make = admin.add_consumer
 
@@ -134,7 +151,7 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
             creates.append(time.perf_counter() - started)
             waiting.discard(id(log))
             made.add(id(log))
-            if len(made) >= len(hosts):
+            if len(made) >= consumers:
                 all_made.set()
             return found
 
@@ -142,17 +159,31 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
 
     known = _lesson(ids[0], hlc=0)  # (never ahead of the log's clock)
 
-    async def host(log: JetStreamLog, follows: list[UUID]) -> None:
+    async def host(log: Log, follows: list[UUID]) -> None:
         # (from the end, as a host caught up: what it reads is live, its lag the log's)
-        start = await log.last_seq() + 1
         subjects = collective_filter(follows)
-        async for entry in log.tail(start, subjects=subjects, own=lambda *_: known):
-            if entry.stored_ms is not None:
-                lags.append(time.time() - entry.stored_ms / 1000)
+        if isinstance(log, PartitionedLog):  # (a consumer on each partition it reads)
+            ends = await log.last_positions(subjects)
+            batches = log.tail({p: s + 1 for p, s in ends.items()}, subjects=subjects,
+                               own=lambda *_: known)  # fmt: skip
+        else:
+            start = await log.last_seq() + 1
+            batches = log.tail_batches(start, subjects=subjects, own=lambda *_: known)
+        async for batch in batches:
+            now = time.time()
+            lags.extend(now - e.stored_ms / 1000 for e in batch if e.stored_ms is not None)
 
-    async def start(follows: list[UUID]) -> tuple[JetStreamLog, asyncio.Task[None]]:
-        log = await JetStreamLog.connect(urls, StreamSettings(replicas=3), create_streams=False)
-        timed(log)
+    async def start(follows: list[UUID]) -> tuple[Log, asyncio.Task[None]]:
+        nonlocal consumers
+        log = await _connect(urls, partitions, create=False)
+        if isinstance(log, PartitionedLog):
+            reached = log.layout.split(collective_filter(follows))
+            for part in reached:
+                timed(log.parts[part])
+            consumers += len(reached)
+        else:
+            timed(log)
+            consumers += 1
         return log, asyncio.create_task(host(log, follows))
 
     following: list[list[UUID]] = []  # what each host follows (kept across a restart)
@@ -165,6 +196,7 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
 
     async def restart() -> None:
         """Every host stopped, then started again at once (a deploy, a power cut)."""
+        nonlocal consumers
         for _, task in hosts:
             task.cancel()
         await asyncio.gather(*(t for _, t in hosts), return_exceptions=True)
@@ -172,6 +204,7 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
         waiting.clear()
         made.clear()
         all_made.clear()
+        consumers = 0
         hosts[:] = await asyncio.gather(*(start(f) for f in following))
         with contextlib.suppress(TimeoutError):  # (the storm is over when every host has
             async with asyncio.timeout(120):  # its consumer, or after two minutes)
@@ -210,13 +243,16 @@ def _run_worker(*args: Any) -> None:
 
 
 class Workers:
-    def __init__(self, count: int, urls: list[str], collectives: list[str]) -> None:
+    def __init__(
+        self, count: int, urls: list[str], collectives: list[str], partitions: int
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self.pipes = [(context.Queue(), context.Queue()) for _ in range(count)]
         self.processes = [
-            context.Process(target=_run_worker, args=(urls, collectives, c, r, n), daemon=True)
+            context.Process(target=_run_worker, args=(urls, collectives, c, r, n, partitions),
+                            daemon=True)
             for n, (c, r) in enumerate(self.pipes)
-        ]
+        ]  # fmt: skip
         for process in self.processes:
             process.start()
 
@@ -235,7 +271,7 @@ class Workers:
                     process.kill()
 
 
-async def _write(log: JetStreamLog, collectives: list[str], rate: float, seconds: float,
+async def _write(log: Log, collectives: list[str], rate: float, seconds: float,
                  rng: random.Random) -> int:  # fmt: skip
     """Events to Zipf-drawn collectives at ``rate`` a second (those refused while a
     leader is elected are not counted)."""
@@ -279,17 +315,19 @@ def _memory(cluster: LocalCluster) -> int:
 
 
 async def main(steps: list[int], collectives: int, rate: float, seconds: float,
-               processes: int) -> None:  # fmt: skip
+               processes: int, partitions: int = 1) -> None:  # fmt: skip
     rng = random.Random(29)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(Path(tmp) / "cluster", 3)
         urls = cluster.start()
-        writer = await JetStreamLog.connect(urls, StreamSettings(replicas=3))
+        writer = await _connect(urls, partitions, create=True)
+        admin = writer.parts[0].admin if isinstance(writer, PartitionedLog) else writer.admin
+        led = Layout(partitions).stream(1) if partitions > 1 else "PULSE"  # (one a host reads)
         ids = [uuid7() for _ in range(collectives)]
         for cid in ids:
             await writer.append(_collective(cid))
-        workers = Workers(processes, urls, [str(c) for c in ids])
+        workers = Workers(processes, urls, [str(c) for c in ids], partitions)
         try:
             for step in steps:
                 share = [step // processes + (1 if n < step % processes else 0)
@@ -306,7 +344,7 @@ async def main(steps: list[int], collectives: int, rate: float, seconds: float,
                 server_cores = (_servers_cpu(cluster) - servers) / wall
                 host_cores = sum(w["cpu"] for w in before) / wall
                 dropped_before = _dropped(cluster)
-                info = await writer.admin.stream_info("PULSE")
+                info = await admin.stream_info(led)
                 leader = int(str(info.cluster.leader).removeprefix("n"))  # type: ignore[union-attr]
                 cluster.kill(leader)
                 cluster.start_node(leader)
@@ -323,7 +361,8 @@ async def main(steps: list[int], collectives: int, rate: float, seconds: float,
                 restarted = workers.ask("take", [None] * processes)
                 memory = _memory(cluster)
                 row = {
-                    "hosts": step, "ramp_s": round(ramp, 1), "written": written,
+                    "hosts": step, "partitions": partitions, "ramp_s": round(ramp, 1),
+                    "written": written,
                     "lag_p50_ms": _ms(_p(_all(before, "lags"), 50)),
                     "lag_p99_ms": _ms(_p(_all(before, "lags"), 99)),
                     "storm_creates": len(_all(after, "creates")),
@@ -407,6 +446,9 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=10.0,
                         help="writing before and after each restart (10)")  # fmt: skip
     parser.add_argument("--processes", type=int, default=2, help="worker processes (2)")
+    parser.add_argument("--partitions", type=int, default=1,
+                        help="streams holding the collectives (1: one stream)")  # fmt: skip
     args = parser.parse_args()
     counts = [int(s) for s in args.steps.split(",") if s.strip()]
-    asyncio.run(main(counts, args.collectives, args.rate, args.seconds, args.processes))
+    asyncio.run(main(counts, args.collectives, args.rate, args.seconds, args.processes,
+                     args.partitions))  # fmt: skip
