@@ -33,27 +33,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections import OrderedDict, defaultdict
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
 from eventlog.errors import LogUnavailable, ValidationError
 from eventlog.events import Event
-from eventlog.jetstream import JetStreamLog
+from eventlog.jetstream import JetStreamLog, _pull
 from eventlog.keys import KeyStore
 from eventlog.log import EventLog, LogEntry, OwnEvents, StreamState
 from eventlog.partitions import (
+    METADATA_KEY,
     Layout,
     Resume,
     bucket_of,
     bucket_token,
+    check_partitions,
     part_of,
     position,
     resume_from,
     seq_of,
 )
-from eventlog.streams import StreamSettings, ensure_streams
+from eventlog.streams import StreamSettings, durability_of, ensure_streams, partitions_of
 from eventlog.subjects import collective_filter, is_activity_subject, subject_for
 
 
@@ -618,3 +621,128 @@ class LocalLog(EventLog):
 
     async def close(self) -> None:
         await self.partitioned.close()
+
+
+# -- raising the number of partitions ----------------------------------------------------------
+
+_NOT_COPIED = ("Nats-Expected-", "Status", "Description")  # headers a copy does not carry
+
+
+async def raise_partitions(
+    first: JetStreamLog, to: int, *, progress: Callable[[int, int], None] | None = None
+) -> dict[str, int]:
+    """Spread the log whose first stream ``first`` reads over ``to`` partitions (more
+    than it has; from one stream too). Every host is stopped first: a bucket's subjects
+    leave one stream before another takes them.
+
+    1. The streams give up the subjects that move (the first stream, from one stream:
+       every collective's);
+    2. each partition stream of ``to`` is made, or set to its buckets;
+    3. each moving message is published again on its subject (with its bucket, from one
+       stream), headers and body as they were: JetStream stores it in its new stream,
+       where it gets a new sequence;
+    4. what moved is purged from where it was;
+    5. the first stream's metadata says ``to``: hosts of the new number open from here.
+
+    Interrupted, it is run again and goes on (a message copied twice is folded once: the
+    fold is idempotent by event id). Returns what it did: from, to, copied."""
+    js, name = first.admin, first.settings.name
+    info = await first._retry(lambda: js.stream_info(name), first.read_timeout)
+    held = partitions_of(info)
+    check_partitions(to, "to")
+    if to <= held or to < 2:
+        raise ValidationError(
+            f"to: the log {name} is in {held} partition(s); raise it to more (2..31), not {to}"
+        )
+    new = Layout(to, name)
+    old = Layout(held, name) if held > 1 else None
+    target = dataclasses.replace(
+        first.settings, partitions=to, part=0, replicas=int(info.config.num_replicas or 1),
+        durability=durability_of(info.config.placement),
+    )  # fmt: skip
+    # 1. the subjects that move leave their streams (their messages stay, to be copied)
+    if old is None:
+        await js.update_stream(dataclasses.replace(info.config, subjects=new.subjects(0)))
+        sources = {0: name}
+    else:
+        sources = {}
+        for part in old.parts[1:]:
+            stream = old.stream(part)
+            held_info = await js.stream_info(stream)
+            keep = [s for s in old.subjects(part) if s in new.subjects(part)]
+            placeholder = [f"{_PREFIX_MOVING}.{stream}"]  # (a stream keeps a subject)
+            await js.update_stream(
+                dataclasses.replace(held_info.config, subjects=keep or placeholder)
+            )
+            sources[part] = stream
+    # 2. the partitions of the new number, each with its buckets
+    for part in new.parts[1:]:
+        await ensure_streams(js, target.partition(part), update=True)
+    # 3. every message that moves, published again where it belongs now
+    moving = [(part, stream) for part, stream in sources.items()]
+    total = 0
+    for _, stream in moving:
+        total += int((await js.stream_info(stream)).state.messages or 0)
+    copied = 0
+    for part, stream in moving:
+        window: list[asyncio.Future[Any]] = []
+        reading = _pull(first, stream, 1, None, 1000, live=False, decode=lambda m, s, w: m)
+        async with contextlib.aclosing(reading) as batches:
+            async for batch in batches:
+                for msg in batch:
+                    subject = msg.subject
+                    if not subject.startswith("pulse.c."):
+                        continue  # (wisdom and tokens stay in the first stream)
+                    stored = _stored_subject(new, subject)
+                    goes = new.part_of_subject(stored)
+                    if goes == part:
+                        continue  # (its bucket stays in this stream)
+                    headers = {
+                        k: v for k, v in (msg.headers or {}).items()
+                        if not k.startswith(_NOT_COPIED)
+                    }  # fmt: skip
+                    window.append(await first.js.publish_async(stored, msg.data, headers=headers))
+                    if len(window) >= 256:
+                        copied += await _acknowledged_copies(window, new)
+                        if progress is not None:
+                            progress(copied, total)
+        copied += await _acknowledged_copies(window, new)
+        if progress is not None:
+            progress(copied, total)
+    # 4. what moved goes from where it was
+    if old is None:
+        await js.purge_stream(name, subject="pulse.c.>")
+    else:
+        for part in old.parts[1:]:
+            for bucket in old.buckets(part):
+                if new.part_of_bucket(bucket) != part:
+                    await js.purge_stream(
+                        old.stream(part), subject=f"pulse.c.*.{bucket_token(bucket)}.>"
+                    )
+    # 5. the first stream says the new number
+    latest = await js.stream_info(name)
+    metadata = {
+        k: v for k, v in (latest.config.metadata or {}).items() if not k.startswith("_nats")
+    }
+    metadata[METADATA_KEY] = str(to)
+    await js.update_stream(
+        dataclasses.replace(latest.config, subjects=new.subjects(0), metadata=metadata,
+                            description=target.main_config().description)
+    )  # fmt: skip
+    return {"from": held, "to": to, "copied": copied}
+
+
+async def _acknowledged_copies(window: list[asyncio.Future[Any]], layout: Layout) -> int:
+    """Wait for the copies' acknowledgements; each must be in its partition's stream."""
+    acks = await asyncio.gather(*window)
+    window.clear()
+    streams = {layout.stream(p) for p in layout.parts[1:]}
+    wrong = [a.stream for a in acks if a.stream not in streams]
+    if wrong:
+        raise ValidationError(
+            f"partitions: a copy was stored in {wrong[0]}, not in a partition of {layout.base}"
+        )
+    return len(acks)
+
+
+_PREFIX_MOVING = "pulse.moving"  # a placeholder subject while a stream's buckets move

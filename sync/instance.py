@@ -645,7 +645,8 @@ async def _same_kind_of_log(log_: EventLog, engine: Engine) -> None:
         if engine.seq > 0 and not positions:
             raise ValidationError(
                 "partitions: this data directory's state was built from a log of one "
-                "stream; a host on a log in partitions starts on a new data directory"
+                "stream; build it again from the log in partitions (`pulse --partitions N "
+                "rebuild`), or start on a new data directory"
             )
         log_.begin(engine.seq, positions)
     elif positions:

@@ -5,6 +5,7 @@ and readers of partitions at different speeds folding to the same state."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from pathlib import Path
 from uuid import UUID
@@ -14,12 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eventlog import JetStreamLog, StreamSettings
+from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
 from eventlog import events as ev
 from eventlog.codec import decode_event, encode_event
 from eventlog.errors import ConflictError, DecodeError, ValidationError
 from eventlog.log import LogEntry
-from eventlog.partitioned import PartitionedLog
+from eventlog.partitioned import PartitionedLog, raise_partitions
 from eventlog.partitions import (
     BUCKETS,
     MAX_PARTITIONS,
@@ -449,3 +450,107 @@ def test_the_command_line_runs_a_host_on_partitions_and_refuses_the_other_kind(
     ), backup.stderr
     backup = pulse("backup", str(tmp_path / "b"), data_dir=data)
     assert backup.returncode == 1 and "is in 3 partitions" in backup.stderr, backup.stderr
+
+
+# -- raising the number of partitions ------------------------------------------------------
+
+
+async def _where_each_message_is(log: PartitionedLog) -> list[tuple[int, str]]:
+    """(partition, subject) of every message of every stream of the layout."""
+    held = []
+    for part in log.layout.parts:
+        async for batch in log.parts[part].read(1):
+            held += [(part, e.subject) for e in batch]
+    return held
+
+
+async def test_a_log_of_one_stream_is_spread_over_partitions_and_its_hosts_rebuilt(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """`pulse repartition --to 3` from one stream: every collective's events move to
+    their partition (their subjects given their bucket), wisdom and tokens stay; a host's
+    state built from one stream is refused on partitions until `pulse --partitions 3
+    rebuild`, which gives the same digests; then it writes on."""
+    data = tmp_path / "host"
+    db = await PulseDB.open(data, nats_server.url)
+    teams = [await db.create_collective("o", f"team {i}", embedder="hash") for i in range(6)]
+    notes = [await db.record_experience(t, f"note on retries {i}") for i, t in enumerate(teams)]
+    await db.delete_experience(notes[0])
+    await db.reinforce_experience(notes[1])
+    before = {t: await db.digest(t) for t in teams}
+    await db.close()
+
+    moved = pulse("--nats-url", nats_server.url, "repartition", "--to", "3", "--json",
+                  data_dir=tmp_path / "operator")  # fmt: skip
+    assert moved.returncode == 0, moved.stderr
+    report = json.loads(moved.stdout.splitlines()[-1])
+    assert report["from"] == 1 and report["to"] == 3 and report["copied"] >= 12
+    again = pulse("--nats-url", nats_server.url, "repartition", "--to", "3",
+                  data_dir=tmp_path / "operator")  # fmt: skip
+    assert again.returncode == 1 and "to: the log PULSE is in 3 partition(s)" in again.stderr
+
+    log = await PartitionedLog.connect(nats_server.url, StreamSettings(partitions=3))
+    try:
+        where = await _where_each_message_is(log)
+    finally:
+        await log.close()
+    assert where and all(
+        part == (0 if not s.startswith("pulse.c.") else Layout(3).part_of_subject(s))
+        for part, s in where
+    )
+    assert all(  # (each collective's subject carries its bucket now)
+        s.split(".")[3] == f"b{bucket_of(UUID(s.split('.')[2])):02d}"
+        for _, s in where if s.startswith("pulse.c.")
+    )  # fmt: skip
+
+    settings = StreamSettings(partitions=3)
+    with pytest.raises(ValidationError, match="pulse --partitions N rebuild"):
+        await PulseDB.open(data, nats_server.url, stream_settings=settings)
+    rebuilt = pulse("--nats-url", nats_server.url, "--partitions", "3", "rebuild", data_dir=data)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    db = await PulseDB.open(data, nats_server.url, stream_settings=settings)
+    try:
+        assert {t: await db.digest(t) for t in teams} == before
+        assert await db.get_experience(notes[0]) is None
+        await db.record_experience(teams[2], "written on partitions")
+    finally:
+        await db.close()
+
+
+async def test_partitions_raised_from_two_to_five_keep_every_host_going(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """From 2 partitions to 5: the buckets that move go to their new stream, the others
+    keep their place; a host that was on 2 opens on 5 and reads on (what moved folds
+    again to the same rows), and a new host agrees with it."""
+    two, five = StreamSettings(partitions=2), StreamSettings(partitions=5)
+    a = await PulseDB.open(tmp_path / "a", nats_server.url, stream_settings=two)
+    teams = [await a.create_collective("o", f"team {i}", embedder="hash") for i in range(8)]
+    for i, team in enumerate(teams):
+        await a.record_experience(team, f"lesson {i}")
+    await a.close()
+    log = await PartitionedLog.connect(nats_server.url, two)
+    try:
+        done = await raise_partitions(log.parts[0], 5)
+    finally:
+        await log.close()
+    assert done["from"] == 2 and done["to"] == 5 and done["copied"] > 0
+    with pytest.raises(ValidationError, match="is in 5 partition.s. and 2 were asked"):
+        await PulseDB.open(tmp_path / "a", nats_server.url, stream_settings=two)
+    log = await PartitionedLog.connect(nats_server.url, five)
+    try:
+        where = await _where_each_message_is(log)
+    finally:
+        await log.close()
+    assert all(part == (Layout(5).part_of_subject(s) or 0) for part, s in where)
+    a = await PulseDB.open(tmp_path / "a", nats_server.url, stream_settings=five)
+    b = await PulseDB.open(tmp_path / "b", nats_server.url, stream_settings=five)
+    try:
+        more = await b.record_experience(teams[3], "after the raise")
+        await a.sync()
+        assert await a.get_experience(more) is not None
+        for team in teams:
+            assert await a.digest(team) == await b.digest(team)
+    finally:
+        await a.close()
+        await b.close()

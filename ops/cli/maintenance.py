@@ -1,6 +1,6 @@
-"""`pulse catch-up`, `rebuild`, `digest`, `compact`, `export`, `backup` and `restore`:
-looking after a data directory's state and its deployment's event stream. The state's
-work is ``sync.maintenance``; the stream's, ``ops.backup``."""
+"""`pulse catch-up`, `rebuild`, `digest`, `repartition`, `compact`, `export`, `backup` and
+`restore`: looking after a data directory's state and its deployment's event stream.
+The state's work is ``sync.maintenance``; the stream's, ``ops.backup``."""
 
 from __future__ import annotations
 
@@ -245,6 +245,52 @@ def restore(args: argparse.Namespace) -> int:
     return cmd_restore(args)
 
 
+def repartition(args: argparse.Namespace) -> int:
+    """Spread the deployment's collectives over more partitions (streams).
+
+    Stop every host first (`pulse up` and the rest): the collectives' subjects leave one
+    stream before another takes them, and their messages are copied to their new
+    partition, then purged from the old. From one stream, every collective moves. Run it
+    again if it is interrupted: it goes on where it stopped. Then start the hosts with
+    the new --partitions; rebuild each (`pulse --partitions N rebuild`): a state built
+    from one stream does not open on partitions, and one built on fewer partitions
+    would hold the moved events' history twice.
+
+    example:
+      pulse --nats-url nats://a:4222,nats://b:4222 repartition --to 4
+      pulse --nats-url nats://a:4222 --partitions 4 repartition --to 8
+    """
+    import asyncio
+
+    from eventlog.jetstream import JetStreamLog
+    from eventlog.partitioned import LocalLog, raise_partitions
+    from ops.connect import open_log
+
+    service = running_service(args.data_dir)
+    if service is not None:
+        raise ValidationError(
+            f"repartition: `pulse up` serves this data directory (pid {service.get('pid')}); "
+            "stop every host first"
+        )
+
+    async def run() -> dict[str, int]:
+        async with open_log(args, create_streams=False) as (log, _server):
+            first = log.partitioned.parts[0] if isinstance(log, LocalLog) else log
+            assert isinstance(first, JetStreamLog)
+            bar = ProgressBar("copying")
+            done = await raise_partitions(first, args.to, progress=bar)
+            bar.finish()
+            return done
+
+    done = asyncio.run(run())
+    report(
+        args, dict(done),
+        f"the log is in {done['to']} partitions (it was in {done['from']}); "
+        f"{done['copied']} events copied to their new partition",
+    )  # fmt: skip
+    return 0
+
+
 _JSON_OBJECT = arg("--json", action="store_true", help="print one JSON object")
 _CHECKPOINTS: tuple[Arg, ...] = (
     _JSON_OBJECT,
@@ -257,6 +303,14 @@ COMMANDS = (
     Command("catch-up", None, run=catch_up, arguments=_CHECKPOINTS),
     Command("rebuild", None, run=rebuild, arguments=_CHECKPOINTS),
     Command("digest", None, run=digest, arguments=(_JSON_OBJECT,)),
+    Command(
+        "repartition", None, run=repartition,
+        arguments=(
+            arg("--to", type=int, required=True, metavar="N",
+                help="the partitions to spread the collectives over (more than now; 2..31)"),
+            _JSON_OBJECT,
+        ),
+    ),  # fmt: skip
     Command("compact", None, compact, operations=("compact",)),
     Command(
         "export", None, export,
