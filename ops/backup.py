@@ -12,8 +12,13 @@ compressed already):
     credentials.json  the user and password NATS asks of clients: the embedded server's
                       <data dir>/nats/credentials.json, or the --nats-creds file (if any)
 
+A log in partitions (``eventlog.partitions``) adds each partition stream's description
+and snapshot, ``part-<k>.json`` and ``part-<k>.snapshot`` for k = 1..N, and the manifest
+names them (``parts``); a restore makes all of them, or none.
+
 Every file is mode 0600 and the directory 0700 (the snapshot holds every memory, the
-credentials the password). Only the main stream (``PULSE``) is backed up: the activity
+credentials the password). Only the main streams (``PULSE``, its partitions) are backed
+up: the activity
 stream holds presence, the last heartbeat of each agent, expiring within the hour; a
 restored deployment starts with nobody active, and its hosts create that stream.
 
@@ -37,7 +42,7 @@ import shutil
 import tarfile
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -56,7 +61,7 @@ if TYPE_CHECKING:  # (NATS is imported where it is used: `pulse --help` goes wit
     from eventlog.embedded import NatsCredentials
 
 FORMAT = "pulse-backup"
-FORMAT_VERSION = 2  # 2: the key bucket, with --with-keys
+FORMAT_VERSION = 3  # 2: the key bucket, with --with-keys; 3: the partitions of a log in them
 MANIFEST, STREAM, SNAPSHOT, CREDENTIALS = (
     "manifest.json", "stream.json", "stream.snapshot", "credentials.json"
 )  # fmt: skip
@@ -91,6 +96,15 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     # the key bucket's stream when the backup holds the data keys (--with-keys); None:
     # it holds none, and what the events seal opens only with the deployment's own keys
     keys: str | None = None
+    # a log in partitions: the partition streams, 1..N (part-<k>.json, part-<k>.snapshot),
+    # and the messages each held; empty: a log of one stream
+    parts: list[str] = []
+    part_messages: list[int] = []
+
+
+def _part_files(k: int) -> tuple[str, str]:
+    """The description and snapshot files of partition ``k`` (1..N)."""
+    return f"part-{k}.json", f"part-{k}.snapshot"
 
 
 _encoder = msgspec.json.Encoder()
@@ -117,10 +131,8 @@ def _hosts(urls: str) -> str:
 async def _connected(args: argparse.Namespace) -> AsyncIterator[tuple[NATS, EmbeddedNats | None]]:
     """A NATS connection to the deployment (``ops.connect.open_log``), creating no
     stream. An edge host's data directory is refused: its events are in the hub's."""
-    from nats.js.errors import NotFoundError as JsNotFound
-
     from eventlog import EmbeddedNats, JetStreamLog
-    from eventlog.streams import partitions_of
+    from eventlog.partitioned import LocalLog
     from ops.connect import open_log
 
     if not args.nats_url and EmbeddedNats.remembered_leaf(args.data_dir) is not None:
@@ -129,20 +141,9 @@ async def _connected(args: argparse.Namespace) -> AsyncIterator[tuple[NATS, Embe
             "the hub's deployment instead: the edge host's events are in it"
         )
     async with open_log(args, create_streams=False) as (log, server):
-        if not isinstance(log, JetStreamLog):
-            raise ValidationError(
-                "partitions: a backup of a log in partitions is not built yet (its "
-                "collectives are in one stream a partition)"
-            )
-        with contextlib.suppress(JsNotFound):  # (none: the backup says there is no stream)
-            held = partitions_of(await log.admin.stream_info(log.settings.name))
-            if held > 1:
-                raise ValidationError(
-                    f"partitions: the log at {_where(args)} is in {held} partitions; a "
-                    f"backup of a log in partitions is not built yet ({log.settings.name} "
-                    "holds only its wisdom and tokens)"
-                )
-        yield log.nc, server
+        first = log.partitioned.parts[0] if isinstance(log, LocalLog) else log
+        assert isinstance(first, JetStreamLog)
+        yield first.nc, server
 
 
 def _where(args: argparse.Namespace) -> str:
@@ -215,6 +216,7 @@ async def take_backup(
     stream of the key bucket too. Written beside the destination and renamed into place
     when complete: a failed backup leaves nothing."""
     from eventlog import SCHEMA_VERSION as EVENT_SCHEMA
+    from eventlog.partitions import METADATA_KEY, Layout
     from eventlog.snapshots import snapshot_stream
 
     _check_destination(destination)
@@ -233,6 +235,21 @@ async def take_backup(
             staging / STREAM,
             _encoder.encode({"config": snapshot.config, "state": snapshot.state}),
         )
+        said = str((snapshot.config.get("metadata") or {}).get(METADATA_KEY, "1"))
+        count = int(said) if said.isdigit() else 1
+        parts = [Layout(count, stream).stream(k) for k in range(1, count + 1)] if count > 1 else []
+        part_messages = []
+        for k, name in enumerate(parts, 1):
+            described, snapshotted = _part_files(k)
+            out = _HashingFile(staging / snapshotted)
+            try:
+                taken = await snapshot_stream(nc, name, out.write)
+            finally:
+                files[snapshotted] = out.close()
+            files[described] = _write_file(
+                staging / described, _encoder.encode({"config": taken.config, "state": taken.state})
+            )
+            part_messages.append(int(taken.state.get("messages") or 0))
         if keys is not None:
             out = _HashingFile(staging / KEYS_SNAPSHOT)
             try:
@@ -262,6 +279,8 @@ async def take_backup(
             credentials=credentials[1] if credentials else None,
             files=files,
             keys=keys,
+            parts=parts,
+            part_messages=part_messages,
         )
         _write_file(staging / MANIFEST, msgspec.json.format(_encoder.encode(manifest)) + b"\n")
         if destination.suffix == ".tar":
@@ -357,9 +376,13 @@ def cmd_backup(args: argparse.Namespace) -> int:
     if args.json:
         print(msgspec.json.encode(manifest).decode(), flush=True)
     else:
+        parts = (
+            f" and its {len(manifest.parts)} partitions ({sum(manifest.part_messages):,} "
+            "events)" if manifest.parts else ""
+        )  # fmt: skip
         print(
             f"backed up stream {manifest.stream} ({manifest.messages:,} events, sequences "
-            f"{manifest.first_seq}..{manifest.last_seq}) to {destination}: "
+            f"{manifest.first_seq}..{manifest.last_seq}){parts} to {destination}: "
             f"{manifest.files[SNAPSHOT].size:,} bytes of snapshot; credentials: "
             f"{manifest.credentials or 'none (the server asks for none)'}; data keys: "
             + ("the key bucket" if manifest.keys else "none (they stay in the deployment)"),
@@ -431,6 +454,8 @@ class CheckedBackup:
     files: _BackupFiles
     keys_config: dict[str, Any] | None = None  # the key bucket's stream, when it holds it
     keys_state: dict[str, Any] | None = None
+    # a log in partitions: each partition stream's (config, state), 1..N
+    parts: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
 
 
 def _damaged(path: Path, what: str) -> ValidationError:
@@ -473,10 +498,26 @@ def check_backup(path: Path) -> CheckedBackup:
         for name in (STREAM, SNAPSHOT):
             if name not in manifest.files:
                 raise _damaged(path, f"{MANIFEST} lists no {name}")
+        if len(manifest.part_messages) != len(manifest.parts):
+            raise _damaged(path, f"{MANIFEST} counts the messages of another number of parts")
+        allowed = {*_FILES, *(f for k in range(1, len(manifest.parts) + 1) for f in _part_files(k))}
         for name, entry in manifest.files.items():
-            if name not in _FILES:
+            if name not in allowed:
                 raise _damaged(path, f"{MANIFEST} lists an unknown file {name!r}")
             _check_file(files, path, name, entry)
+        parts = []
+        for k, stream in enumerate(manifest.parts, 1):
+            for name in _part_files(k):
+                if name not in manifest.files:
+                    raise _damaged(path, f"{MANIFEST} names partition {stream} but lists no {name}")
+            said = _part_files(k)[0]
+            try:
+                described = json.loads(files.read(said))
+                parts.append((dict(described["config"]), dict(described["state"])))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise _damaged(path, f"{said} is not a stream description ({exc})") from None
+            if parts[-1][0].get("name") != stream:
+                raise _damaged(path, f"{said} does not describe {stream} of {MANIFEST}")
         try:
             described = json.loads(files.read(STREAM))
             config, state = dict(described["config"]), dict(described["state"])
@@ -504,7 +545,7 @@ def check_backup(path: Path) -> CheckedBackup:
             except (ValueError, KeyError, TypeError) as exc:
                 raise _damaged(path, f"{CREDENTIALS} is unreadable ({exc})") from None
         return CheckedBackup(
-            path, manifest, config, state, credentials, files, keys_config, keys_state
+            path, manifest, config, state, credentials, files, keys_config, keys_state, parts
         )
     except BaseException:
         files.close()
@@ -550,7 +591,7 @@ async def restore_backup(
     (``eventlog.snapshots.restore_stream``). A backup without keys is refused, before
     anything is touched, by a deployment that has none either: what its events seal
     could not be read."""
-    from eventlog.snapshots import delete_stream, restore_stream, stream_exists
+    from eventlog.snapshots import StreamExists, delete_stream, restore_stream, stream_exists
     from eventlog.streams import durability_tag
 
     manifest = backup.manifest
@@ -566,6 +607,9 @@ async def restore_backup(
     placed: dict[str, Any] = {"num_replicas": replicas}
     if durability is not None:
         placed["placement"] = {"tags": [durability_tag(durability)]}
+    for name in manifest.parts:  # (none made before all are known to be missing)
+        if await stream_exists(nc, name):
+            raise StreamExists(f"stream {name} exists", stream=name)
     config = dict(backup.config, **placed)
     entry = manifest.files[SNAPSHOT]
     try:
@@ -577,6 +621,23 @@ async def restore_backup(
     finally:
         if progress is not None:
             progress.finish()
+    made: list[str] = []
+    try:
+        for k, (part_config, part_state) in enumerate(backup.parts, 1):
+            snapshotted = _part_files(k)[1]
+            held = manifest.files[snapshotted]
+            with backup.files.open(snapshotted) as data:
+                checked = _CheckedReader(data, held, backup.path, snapshotted)
+                restored = await restore_stream(
+                    nc, dict(part_config, **placed), part_state, checked.read, held.size
+                )
+            made.append(str(part_config["name"]))
+            state["messages"] = int(state.get("messages") or 0) + int(restored.get("messages") or 0)
+    except BaseException:
+        for name in [*made, manifest.stream]:  # all or nothing
+            with contextlib.suppress(Exception):
+                await delete_stream(nc, name)
+        raise
     if keys_here:
         state["keys"] = f"the deployment's own ({bucket}, kept: it knows every delete made since)"
     elif backup.keys_config is not None and backup.keys_state is not None:
@@ -589,8 +650,9 @@ async def restore_backup(
                     checked.read, held.size,
                 )  # fmt: skip
         except BaseException:
-            with contextlib.suppress(Exception):
-                await delete_stream(nc, manifest.stream)  # all or nothing
+            for name in [*manifest.parts, manifest.stream]:  # all or nothing
+                with contextlib.suppress(Exception):
+                    await delete_stream(nc, name)
             raise
         state["keys"] = f"restored from the backup ({bucket})"
     else:
@@ -603,8 +665,8 @@ class _CheckedReader:
     before the server is told to commit: a file that changed since ``check_backup``
     read it fails the restore (and nothing is restored)."""
 
-    def __init__(self, data: IO[bytes], entry: FileEntry, path: Path) -> None:
-        self.data, self.entry, self.path = data, entry, path
+    def __init__(self, data: IO[bytes], entry: FileEntry, path: Path, name: str = SNAPSHOT) -> None:
+        self.data, self.entry, self.path, self.name = data, entry, path, name
         self.hash = hashlib.sha256()
         self.size = 0
 
@@ -616,7 +678,7 @@ class _CheckedReader:
         self.size += len(block)
         if self.size >= self.entry.size and self.hash.hexdigest() != self.entry.sha256:
             raise SnapshotError(
-                f"backup: {self.path}: {SNAPSHOT} changed while it was being restored"
+                f"backup: {self.path}: {self.name} changed while it was being restored"
             )
         return block
 

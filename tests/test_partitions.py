@@ -423,33 +423,44 @@ async def test_hosts_on_four_partitions_converge_through_a_node_failure_and_resu
         await PulseDB.open(tmp_path / "a", cluster.urls, stream_settings=StreamSettings(replicas=3))
 
 
-def test_the_command_line_runs_a_host_on_partitions_and_refuses_the_other_kind(
+def test_the_command_line_runs_a_host_on_partitions_backs_it_up_and_restores_it(
     tmp_path: Path,
 ) -> None:
     """`pulse --partitions 3 ...` makes and uses a log in three partitions (the embedded
-    server holds them); a command without it, a number out of range and a backup are
-    refused, each naming partitions."""
+    server holds them); a command without it and a number out of range are refused,
+    naming partitions. `pulse backup` takes every partition; `pulse restore` makes them
+    all in a new data directory, whose rebuild has the same digest; a backup missing a
+    partition's snapshot is refused whole."""
     data = tmp_path / "data"
 
-    def ok(*args: str) -> str:
-        done = pulse("--partitions", "3", *args, data_dir=data)
+    def ok(*args: str, where: Path = data) -> str:
+        done = pulse("--partitions", "3", *args, data_dir=where)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
     ok("collective", "create", "team", "--owner", "o", "--embedder", "hash")
+    ok("collective", "create", "crew", "--owner", "o", "--embedder", "hash")
     ok("record", "-c", "team", "Retry NATS publishes on timeout")
+    ok("record", "-c", "crew", "Checkpoint the state before a deploy")
     found = ok("search", "-c", "team", "retry publishes", "--json")
     assert "Retry NATS publishes on timeout" in found
     one_stream = pulse("collective", "list", data_dir=data)
     assert one_stream.returncode == 1 and "partitions: " in one_stream.stderr, one_stream.stderr
     out_of_range = pulse("--partitions", "32", "collective", "list", data_dir=data)
     assert out_of_range.returncode == 2 and "--partitions: must be 1..31" in out_of_range.stderr
-    backup = pulse("--partitions", "3", "backup", str(tmp_path / "b"), data_dir=data)
-    assert backup.returncode == 1 and "partitions: a backup of a log in partitions" in (
-        backup.stderr
-    ), backup.stderr
-    backup = pulse("backup", str(tmp_path / "b"), data_dir=data)
-    assert backup.returncode == 1 and "is in 3 partitions" in backup.stderr, backup.stderr
+
+    manifest = json.loads(ok("backup", str(tmp_path / "b"), "--with-keys", "--json"))
+    assert manifest["parts"] == ["PULSE_P1", "PULSE_P2", "PULSE_P3"]
+    assert sum(manifest["part_messages"]) >= 4  # (two collectives, two experiences)
+    restored = tmp_path / "restored"
+    done = pulse("restore", str(tmp_path / "b"), "--json", data_dir=restored)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["messages"] >= 4 + manifest["messages"]
+    ok("rebuild", where=restored)
+    assert json.loads(ok("digest", "--json", where=restored)) == json.loads(ok("digest", "--json"))
+    (tmp_path / "b" / "part-2.snapshot").unlink()
+    damaged = pulse("restore", str(tmp_path / "b"), data_dir=tmp_path / "again")
+    assert damaged.returncode == 1 and "part-2.snapshot is missing" in damaged.stderr
 
 
 # -- raising the number of partitions ------------------------------------------------------
