@@ -257,8 +257,8 @@ def repartition(args: argparse.Namespace) -> int:
     would hold the moved events' history twice.
 
     example:
-      pulse --nats-url nats://a:4222,nats://b:4222 repartition --to 4
-      pulse --nats-url nats://a:4222 --partitions 4 repartition --to 8
+      pulse repartition --to 4          # the embedded server of this data directory
+      pulse --nats-url nats://a:4222,nats://b:4222 --partitions 4 repartition --to 8
     """
     import asyncio
 
