@@ -167,12 +167,14 @@ def decode_event(
     subject: str = "",
     seq: int | None = None,
     stored_ms: int | None = None,
+    bucketed: bool | None = None,
 ) -> Event:
     """The event in a message body; raises ``DecodeError`` (only) when it is not one: not
     a well-typed event, a value out of range, a clock too far ahead of ``stored_ms`` (the
     time the log stored the message, when known: ``eventlog.limits.check_clock``), or (on
     a ``pulse.`` subject) a subject other than the body's own. Without a subject (or a
-    foreign one) the subject is not checked."""
+    foreign one) the subject is not checked. ``bucketed``: the body's own subject is the
+    one of a log in partitions (True), of one stream (False), or either (None)."""
     version = schema_version_of(headers, subject=subject, seq=seq)
     if version > SCHEMA_VERSION:
         raise _refusal(
@@ -198,8 +200,10 @@ def decode_event(
     except ValueError as exc:
         raise _refusal(str(exc), payload, subject, seq, event.instance_id) from None
     if subject.startswith(_PULSE_SUBJECT):
-        own = subject_for(event)
-        if subject != own and subject != subject_for(event, bucketed=True):
+        own = subject_for(event, bucketed=bool(bucketed))
+        if subject != own and (
+            bucketed is not None or subject != subject_for(event, bucketed=True)
+        ):
             raise _refusal(
                 f"subject {subject} does not match the event's own subject {own}",
                 payload,

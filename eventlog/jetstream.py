@@ -641,6 +641,8 @@ class JetStreamLog(EventLog):
         """``tail``, what the consumer's inbox held at a time as one list (never empty):
         what a reader hands on in one go (``sync.replication``)."""
         decode = _decode if own is None else functools.partial(_decode_own, own)
+        if self.settings.bucketed:  # (its collectives' subjects carry their bucket)
+            decode = functools.partial(decode, bucketed=True)
         async for batch in _pull(
             self, self.settings.name, from_seq, subjects, 256, live=True, decode=decode
         ):
@@ -760,15 +762,18 @@ def _placed(info: api.ConsumerInfo) -> str:
     return str(cluster.leader) if cluster is not None and cluster.leader else "this server"
 
 
-def _decode(msg: Msg, seq: int, when: int) -> LogEntry:
+def _decode(msg: Msg, seq: int, when: int, bucketed: bool = False) -> LogEntry:
     try:
-        event = decode_event(msg.data, msg.headers, subject=msg.subject, seq=seq, stored_ms=when)
+        event = decode_event(
+            msg.data, msg.headers, subject=msg.subject, seq=seq, stored_ms=when,
+            bucketed=bucketed,
+        )  # fmt: skip
     except DecodeError as exc:
         return LogEntry(seq, msg.subject, None, exc, when)
     return LogEntry(seq, msg.subject, event, None, when)
 
 
-def _decode_own(own: OwnEvents, msg: Msg, seq: int, when: int) -> LogEntry:
+def _decode_own(own: OwnEvents, msg: Msg, seq: int, when: int, bucketed: bool = False) -> LogEntry:
     """``_decode``, but an event this host wrote (known by its message id and subject)
     comes back as written: only what depends on where the log put it (the time it
     stored it: ``check_clock``) is checked; its body is not decoded again."""
@@ -783,7 +788,7 @@ def _decode_own(own: OwnEvents, msg: Msg, seq: int, when: int) -> LogEntry:
                 pass  # a dead letter, as every host reads it: decoded for its reason
             else:
                 return LogEntry(seq, msg.subject, event, None, when)
-    return _decode(msg, seq, when)
+    return _decode(msg, seq, when, bucketed)
 
 
 async def _merged(
@@ -859,6 +864,8 @@ async def _pull(
     (``decode`` makes each message an entry: ``eventlog.reader_child`` passes its own)."""
     if from_seq < 1:
         raise ValidationError(f"from_seq: must be >= 1, got {from_seq}")
+    if decode is _decode and owner.settings.bucketed:  # (a stream of a log in partitions)
+        decode = functools.partial(_decode, bucketed=True)
     nc = owner.nc
     next_seq = from_seq
     consumer: str | None = None

@@ -182,6 +182,11 @@ class EventLog(abc.ABC):
         anything written after it stay; ``None`` removes them all. Activity subjects are
         purged from the activity stream."""
 
+    def kept_before(self, subject: str, before_seq: int) -> int:
+        """``before_seq`` of a purge of ``subject`` as it may be kept to be done after a
+        restart (an owed purge, ``sync.owed``): here, as it is."""
+        return before_seq
+
     def follow_mark(self, collective_id: UUID, applied: int) -> int:
         """Where a collective this host starts to follow is caught up to from the log's
         past (``collective_history``), its later events coming by the tail: here, the

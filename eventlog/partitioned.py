@@ -46,6 +46,7 @@ from eventlog.keys import KeyStore
 from eventlog.log import EventLog, LogEntry, OwnEvents, StreamState
 from eventlog.partitions import (
     METADATA_KEY,
+    SEQ_BITS,
     Layout,
     Resume,
     bucket_of,
@@ -325,6 +326,7 @@ def _is_bucket(token: str) -> bool:
 
 
 REMEMBERED = 100_000  # positions of what this host numbered last, kept for its writers
+_BELOW = 1 << 53  # a collective's past is numbered its position less this: all below 1
 
 
 class LocalLog(EventLog):
@@ -342,9 +344,9 @@ class LocalLog(EventLog):
     back (the writer waits for that anyway); a conditional write and ``last_subject_seq``
     speak in positions. What a host reads beside its tail is not numbered: the directory
     of collectives (by position) and the past of a collective it starts to follow (minus
-    its position: below anything it numbers). What it does not do yet: read a dead
-    letter again by its number, or purge by a number it has forgotten (it remembers the
-    last ``REMEMBERED``).
+    its position, less 2**53: below anything it numbers). What it does not do yet: read
+    a dead letter again by its number, or purge by a number it has forgotten (it
+    remembers the last ``REMEMBERED``; a purge owed across a restart keeps a position).
     """
 
     numbered_here = True
@@ -420,8 +422,8 @@ class LocalLog(EventLog):
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._waiting[pos].append(future)
         try:
-            async with asyncio.timeout(max(10.0, 2 * self.append_timeout)):
-                return await future
+            async with asyncio.timeout(max(60.0, 2 * self.append_timeout)):  # (as a
+                return await future  # writer waits for its write to apply: wait_applied)
         except TimeoutError:
             raise LogUnavailable(
                 f"stored at position {pos} (partition {part_of(pos)}, sequence "
@@ -471,8 +473,9 @@ class LocalLog(EventLog):
         self, collective_id: UUID, up_to: int, *, batch_size: int = 1000
     ) -> AsyncGenerator[list[LogEntry], None]:
         """The collective's events in its partition up to sequence ``up_to``, not
-        numbered: each entry's ``seq`` is minus its position (below anything this host
-        numbers, and one of its own), ``position`` its position."""
+        numbered: each entry's ``seq`` is its position less 2**53 (below anything this
+        host numbers, in the partition's order, and one of its own), ``position`` its
+        position."""
         if up_to < 1:
             return
         part = self.partitioned.layout.part_of_collective(collective_id)
@@ -481,8 +484,8 @@ class LocalLog(EventLog):
         async with contextlib.aclosing(reading) as batches:
             async for batch in batches:
                 due = [
-                    LogEntry(-position(part, e.seq), e.subject, e.event, e.error, e.stored_ms,
-                             position=position(part, e.seq))
+                    LogEntry(position(part, e.seq) - _BELOW, e.subject, e.event, e.error,
+                             e.stored_ms, position=position(part, e.seq))
                     for e in batch if e.seq <= up_to
                 ]  # fmt: skip
                 if due:
@@ -600,21 +603,35 @@ class LocalLog(EventLog):
         return await self.partitioned.latest_activities(collective_id)
 
     async def purge(self, subject: str, *, before_seq: int | None) -> None:
-        """``EventLog.purge``, ``before_seq`` one of this host's numbers: the message it
-        numbered so (or, for one past it, the message after that one's position)."""
+        """``EventLog.purge``, ``before_seq`` one of this host's numbers (or a position,
+        as ``kept_before`` gives one: 2**48 and more)."""
         if before_seq is None or is_activity_subject(subject):
             await self.partitioned.purge(subject, before_seq=before_seq)
             return
-        pos = self._position_of.get(before_seq)
-        if pos is None and (just := self._position_of.get(before_seq - 1)) is not None:
-            pos = just + 1  # (up to and including that one)
-        if pos is None:
-            raise LogUnavailable(
-                f"before_seq: this host no longer knows where its message {before_seq} is "
-                "in the partitions (it remembers its last "
-                f"{REMEMBERED:,}); delete the entity again to forget it"
-            )
-        await self.partitioned.purge(subject, before_seq=pos)
+        await self.partitioned.purge(subject, before_seq=self.kept_before(subject, before_seq))
+
+    def kept_before(self, subject: str, before_seq: int) -> int:
+        """The position before which a purge of ``subject`` "before this host's message
+        ``before_seq``" removes: that message's, when it is in the subject's partition (a
+        tombstone); else the one after the message before it (``seq + 1``: up to and
+        including a write). A position, so a purge owed across a restart (when the
+        numbers are given anew) still names the same place."""
+        if before_seq >= 1 << SEQ_BITS:
+            return before_seq  # (a position already)
+        part = self.partitioned.layout.part_of_subject(
+            _stored_subject(self.partitioned.layout, subject)
+        )
+        at = self._position_of.get(before_seq)
+        if at is not None and part_of(at) == part:
+            return at
+        just = self._position_of.get(before_seq - 1)
+        if just is not None and part_of(just) == part:
+            return just + 1
+        raise LogUnavailable(
+            f"before_seq: this host does not know where its message {before_seq} is in "
+            f"partition {part} (it remembers its last {REMEMBERED:,}); delete the entity "
+            "again to forget it"
+        )
 
     def key_store(self) -> KeyStore:
         return self.partitioned.key_store()
@@ -654,8 +671,27 @@ async def raise_partitions(
         raise ValidationError(
             f"to: the log {name} is in {held} partition(s); raise it to more (2..31), not {to}"
         )
-    new = Layout(to, name)
+    moving_to = (info.config.metadata or {}).get(TARGET_KEY)
+    if moving_to is not None and moving_to != str(to):
+        raise ValidationError(
+            f"to: the log {name} is being spread over {moving_to} partitions (a repartition "
+            f"was interrupted); run it again with --to {moving_to} to finish it first"
+        )
     old = Layout(held, name) if held > 1 else None
+    readers = 0
+    for stream in [name, *([] if old is None else [old.stream(p) for p in old.parts[1:]])]:
+        readers += int((await js.stream_info(stream)).state.consumer_count or 0)
+    if readers:
+        raise ValidationError(
+            f"partitions: {readers} consumer(s) read the log {name}: stop every host first "
+            "(a host's consumers go a minute after it stops)"
+        )
+    new = Layout(to, name)
+    if moving_to is None:  # (said first: a run again must go to the same number)
+        await js.update_stream(dataclasses.replace(
+            info.config, metadata={**_own_metadata(info.config), TARGET_KEY: str(to)}
+        ))  # fmt: skip
+        info = await js.stream_info(name)
     target = dataclasses.replace(
         first.settings, partitions=to, part=0, replicas=int(info.config.num_replicas or 1),
         durability=durability_of(info.config.placement),
@@ -721,9 +757,8 @@ async def raise_partitions(
                     )
     # 5. the first stream says the new number
     latest = await js.stream_info(name)
-    metadata = {
-        k: v for k, v in (latest.config.metadata or {}).items() if not k.startswith("_nats")
-    }
+    metadata = _own_metadata(latest.config)
+    metadata.pop(TARGET_KEY, None)
     metadata[METADATA_KEY] = str(to)
     await js.update_stream(
         dataclasses.replace(latest.config, subjects=new.subjects(0), metadata=metadata,
@@ -746,3 +781,9 @@ async def _acknowledged_copies(window: list[asyncio.Future[Any]], layout: Layout
 
 
 _PREFIX_MOVING = "pulse.moving"  # a placeholder subject while a stream's buckets move
+TARGET_KEY = "pulse.partitions.target"  # in PULSE's metadata while a repartition runs
+
+
+def _own_metadata(config: Any) -> dict[str, str]:
+    """A stream's metadata but the server's own (``_nats.*``: not to be set by a client)."""
+    return {k: v for k, v in (config.metadata or {}).items() if not k.startswith("_nats")}

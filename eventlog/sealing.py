@@ -236,7 +236,7 @@ class Sealer:
             reason, subject=entry.subject, seq=entry.seq,
             instance_id=event.instance_id if event is not None else None,
         )  # fmt: skip
-        return LogEntry(entry.seq, entry.subject, None, error, entry.stored_ms)
+        return replace(entry, event=None, error=error)
 
     def forget(self, event: ev.Event) -> None:
         """A tombstone applied: its keys leave this host's memory."""

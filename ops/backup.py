@@ -264,7 +264,7 @@ async def take_backup(
         state = snapshot.state
         manifest = Manifest(
             format=FORMAT,
-            format_version=FORMAT_VERSION,
+            format_version=FORMAT_VERSION if parts else 2,  # (2 restores in Pulses before 3)
             created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             pulse_version=_pulse_version(),
             event_schema=EVENT_SCHEMA,
@@ -468,6 +468,7 @@ def check_backup(path: Path) -> CheckedBackup:
     saying what is wrong, and nothing else done, if anything is."""
     from eventlog import SCHEMA_VERSION as EVENT_SCHEMA
     from eventlog.embedded import NatsCredentials
+    from eventlog.partitions import METADATA_KEY
 
     files = _BackupFiles(path)
     try:
@@ -525,6 +526,11 @@ def check_backup(path: Path) -> CheckedBackup:
             raise _damaged(path, f"{STREAM} is not a stream description ({exc})") from None
         if config.get("name") != manifest.stream or state.get("last_seq") != manifest.last_seq:
             raise _damaged(path, f"{STREAM} does not describe the stream of {MANIFEST}")
+        said = str((config.get("metadata") or {}).get(METADATA_KEY, "1"))
+        if (int(said) if said.isdigit() else 1) != max(1, len(manifest.parts)):
+            raise _damaged(
+                path, f"{STREAM} says {said} partition(s), {MANIFEST} names {len(manifest.parts)}"
+            )
         keys_config = keys_state = None
         if manifest.keys is not None:
             for name in (KEYS, KEYS_SNAPSHOT):

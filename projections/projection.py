@@ -301,8 +301,8 @@ class Projection:
             return Touched.nothing()
         touched = self._fold(fresh)
         self._seq = fresh[-1].seq
-        if fresh[-1].position is not None:
-            self._at_positions(fresh)
+        if self.positions or fresh[0].position is not None or fresh[-1].position is not None:
+            self._at_positions(fresh)  # (a log in partitions: LocalLog)
         return touched
 
     def _at_positions(self, entries: Sequence[LogEntry]) -> None:

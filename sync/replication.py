@@ -15,6 +15,7 @@ calls DuckDB, FAISS or tantivy.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import heapq
 import itertools
@@ -158,7 +159,7 @@ class Replication:
         assert entry.event is not None
         own = self._own_event(str(entry.event.event_id), entry.subject)
         if own is not None:
-            return LogEntry(entry.seq, entry.subject, own, None, entry.stored_ms)
+            return dataclasses.replace(entry, event=own, error=None)
         (opened,) = await self.sealer.open((entry,))
         return opened
 

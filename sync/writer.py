@@ -152,6 +152,7 @@ class Writer:
             fresh = True
         if (
             fresh
+            and not self.log.numbered_here  # (there, the tail numbered them already)
             and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
             and self._within_clock_bound(events)
         ):  # contiguous, and certain to be read alike: offer them
@@ -248,8 +249,9 @@ class Writer:
         entity, entity_id = entity_of(event)
         if landed == "collective":
             subject = subjects.subject_for(event)
-            token = self.owed.owe({"purge": subject, "before_seq": seq + 1})
-            await self.log.purge(subject, before_seq=seq + 1)
+            before = self.log.kept_before(subject, seq + 1)  # (what a restart still knows)
+            token = self.owed.owe({"purge": subject, "before_seq": before})
+            await self.log.purge(subject, before_seq=before)
             self.owed.paid(token)
             return f"collective_id: collective {collective_id} was deleted"
         await self.delete(entity, entity_id)  # a new tombstone, purging the write

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
 from eventlog import events as ev
 from eventlog.codec import decode_event, encode_event
-from eventlog.errors import ConflictError, DecodeError, ValidationError
+from eventlog.errors import ConflictError, DecodeError, LogUnavailable, ValidationError
 from eventlog.log import LogEntry
-from eventlog.partitioned import PartitionedLog, raise_partitions
+from eventlog.partitioned import LocalLog, PartitionedLog, raise_partitions
 from eventlog.partitions import (
     BUCKETS,
     MAX_PARTITIONS,
@@ -132,6 +132,13 @@ def test_an_event_on_another_buckets_subject_is_refused_on_decoding() -> None:
     other = wire.subject.replace(f".b{bucket_of(event.collective_id):02d}.", ".b99.")
     with pytest.raises(DecodeError, match="does not match the event's own subject"):
         decode_event(wire.payload, wire.headers, subject=other)
+    # a log says which form it holds: one stream refuses the bucketed form (whose copy
+    # an entity's purge of its own subject would miss), partitions the plain one
+    with pytest.raises(DecodeError, match="does not match"):
+        decode_event(wire.payload, wire.headers, subject=wire.subject, bucketed=False)
+    with pytest.raises(DecodeError, match="does not match"):
+        decode_event(wire.payload, wire.headers, subject=subject_for(event), bucketed=True)
+    assert decode_event(wire.payload, wire.headers, subject=wire.subject, bucketed=True) == event
 
 
 # -- readers at different speeds fold alike ----------------------------------------------
@@ -539,9 +546,11 @@ async def test_partitions_raised_from_two_to_five_keep_every_host_going(
     teams = [await a.create_collective("o", f"team {i}", embedder="hash") for i in range(8)]
     for i, team in enumerate(teams):
         await a.record_experience(team, f"lesson {i}")
-    await a.close()
     log = await PartitionedLog.connect(nats_server.url, two)
     try:
+        with pytest.raises(ValidationError, match="consumer.s. read the log PULSE: stop every"):
+            await raise_partitions(log.parts[0], 5)  # (a is running)
+        await a.close()
         done = await raise_partitions(log.parts[0], 5)
     finally:
         await log.close()
@@ -565,3 +574,55 @@ async def test_partitions_raised_from_two_to_five_keep_every_host_going(
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_host_on_partitions_resumes_from_its_positions_after_a_batch_of_sealed_writes(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A batch of records is one atomic batch of sealed events, handed back by the tail
+    as written: each keeps its position, so the checkpoint holds every partition's place
+    and a restart applies nothing twice (one history row per event)."""
+    settings = StreamSettings(partitions=2)
+    db = await PulseDB.open(tmp_path / "h", nats_server.url, stream_settings=settings)
+    team = await db.create_collective("o", "team", embedder="hash")
+    await db.record_experiences(team, [{"content": f"lesson {i}"} for i in range(3)])
+    await db.close()
+    db = await PulseDB.open(tmp_path / "h", nats_server.url, stream_settings=settings)
+    try:
+        await db.sync()
+        assert db.engine.events_applied == 0
+        rows = (await db.sql("SELECT count(*) FROM history WHERE event_type = "
+                             "'experience.recorded'")).rows  # fmt: skip
+        assert rows == [[3]]
+        assert await db.engine.run(lambda p: p.positions) == {Layout(2).part_of_collective(team): 4}
+    finally:
+        await db.close()
+
+
+async def test_a_purge_before_a_hosts_number_names_the_place_in_the_subjects_partition(
+    nats_server: EmbeddedNats,
+) -> None:
+    """A host's numbers interleave partitions: "before number n" of a subject is n's
+    position when n is in the subject's partition (a tombstone), else just after n - 1
+    (a write, purged with it); kept as a position, it means the same after a restart."""
+    layout = Layout(2)
+    first, second = UUID(int=1), UUID(int=2)
+    assert layout.part_of_collective(first) != layout.part_of_collective(second)
+    log = LocalLog(await PartitionedLog.connect(nats_server.url, StreamSettings(partitions=2)))
+    try:
+        one = await log.partitioned.append(f.collective(first))
+        two = await log.partitioned.append(f.collective(second))
+        numbers = {e.position: e.seq for batch in [b async for b in log.read(1)] for e in batch}
+        assert sorted(numbers.values()) == [1, 2] and set(numbers) == {one, two}
+        n_one, n_two = numbers[one], numbers[two]
+        subject = f"pulse.c.{first}.>"
+        assert log.kept_before(subject, n_one) == one  # (its own: before it)
+        if n_two == n_one + 1:  # (the next number is in the other partition)
+            assert log.kept_before(subject, n_two) == one + 1  # (up to and including one)
+        else:  # (one was numbered last: the number after it is not known yet)
+            assert log.kept_before(subject, n_one + 1) == one + 1
+        assert log.kept_before(subject, one + 1) == one + 1  # (a position is kept as it is)
+        with pytest.raises(LogUnavailable, match="does not know where its message 99"):
+            log.kept_before(subject, 99)
+    finally:
+        await log.close()
