@@ -224,41 +224,34 @@ async def take_backup(
     staging.mkdir(mode=0o700)
     try:
         files: dict[str, FileEntry] = {}
-        out = _HashingFile(staging / SNAPSHOT)
-        try:
-            snapshot = await snapshot_stream(nc, stream, out.write, progress=progress)
-        finally:
-            files[SNAPSHOT] = out.close()
-            if progress is not None:
-                progress.finish()
-        files[STREAM] = _write_file(
-            staging / STREAM,
-            _encoder.encode({"config": snapshot.config, "state": snapshot.state}),
-        )
-        said = str((snapshot.config.get("metadata") or {}).get(METADATA_KEY, "1"))
-        count = int(said) if said.isdigit() else 1
-        parts = [Layout(count, stream).stream(k) for k in range(1, count + 1)] if count > 1 else []
-        part_messages = []
-        for k, name in enumerate(parts, 1):
-            described, snapshotted = _part_files(k)
+
+        async def taken(name: str, described: str, snapshotted: str, **more: Any) -> Any:
+            """A snapshot of stream ``name`` into ``snapshotted``, its description into
+            ``described``, both listed in ``files``."""
             out = _HashingFile(staging / snapshotted)
             try:
-                taken = await snapshot_stream(nc, name, out.write)
+                held = await snapshot_stream(nc, name, out.write, **more)
             finally:
                 files[snapshotted] = out.close()
             files[described] = _write_file(
-                staging / described, _encoder.encode({"config": taken.config, "state": taken.state})
+                staging / described, _encoder.encode({"config": held.config, "state": held.state})
             )
-            part_messages.append(int(taken.state.get("messages") or 0))
+            return held
+
+        try:
+            snapshot = await taken(stream, STREAM, SNAPSHOT, progress=progress)
+        finally:
+            if progress is not None:
+                progress.finish()
+        said = str((snapshot.config.get("metadata") or {}).get(METADATA_KEY, "1"))
+        count = int(said) if said.isdigit() else 1
+        parts = [Layout(count, stream).stream(k) for k in range(1, count + 1)] if count > 1 else []
+        part_messages = [
+            int((await taken(name, *_part_files(k))).state.get("messages") or 0)
+            for k, name in enumerate(parts, 1)
+        ]
         if keys is not None:
-            out = _HashingFile(staging / KEYS_SNAPSHOT)
-            try:
-                held = await snapshot_stream(nc, keys, out.write)
-            finally:
-                files[KEYS_SNAPSHOT] = out.close()
-            files[KEYS] = _write_file(
-                staging / KEYS, _encoder.encode({"config": held.config, "state": held.state})
-            )
+            await taken(keys, KEYS, KEYS_SNAPSHOT)
         if credentials is not None:
             files[CREDENTIALS] = _write_file(staging / CREDENTIALS, credentials[0])
         state = snapshot.state
