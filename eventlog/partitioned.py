@@ -49,7 +49,6 @@ from eventlog.partitions import (
     SEQ_BITS,
     Layout,
     Resume,
-    bucket_of,
     bucket_token,
     check_partitions,
     part_of,
@@ -58,7 +57,7 @@ from eventlog.partitions import (
     seq_of,
 )
 from eventlog.streams import StreamSettings, durability_of, ensure_streams, partitions_of
-from eventlog.subjects import collective_filter, is_activity_subject, subject_for
+from eventlog.subjects import collective_filter, is_activity_subject, subject_for, with_bucket
 
 
 class PartitionedLog:
@@ -123,7 +122,7 @@ class PartitionedLog:
 
     def _stored(self, subjects: Sequence[str] | None) -> list[str] | None:
         """Filters as the partitions store their subjects (a collective's bucket in)."""
-        return None if subjects is None else [_stored_subject(self.layout, s) for s in subjects]
+        return None if subjects is None else [with_bucket(s) for s in subjects]
 
     def part_of_event(self, event: Event) -> int:
         """The partition an event is written to (0: wisdom, tokens, activities)."""
@@ -183,7 +182,7 @@ class PartitionedLog:
         if is_activity_subject(subject):
             await self.parts[0].purge(subject, before_seq=before_seq)
             return
-        subject = _stored_subject(self.layout, subject)
+        subject = with_bucket(subject)
         part = self.layout.part_of_subject(subject)
         if part is None:
             raise ValidationError(f"subject: {subject!r} spans partitions; purge one collective")
@@ -241,7 +240,7 @@ class PartitionedLog:
 
     async def last_subject_seq(self, subject: str) -> int:
         """The position of the last message on one subject (0: none)."""
-        subject = _stored_subject(self.layout, subject)
+        subject = with_bucket(subject)
         part = self.layout.part_of_subject(subject)
         if part is None:
             raise ValidationError(f"subject: {subject!r} is not one subject")
@@ -303,26 +302,6 @@ async def _fan_in(
         for source in sources.values():
             with contextlib.suppress(Exception):
                 await source.aclose()
-
-
-def _stored_subject(layout: Layout, subject: str) -> str:
-    """A collective's subject (or filter) as a log in partitions stores it: with the
-    bucket after the collective's id (``*`` for any collective's)."""
-    tokens = subject.split(".")
-    if len(tokens) < 4 or tokens[1] != "c" or tokens[3] == ">" or _is_bucket(tokens[3]):
-        return subject
-    if tokens[2] == "*":
-        bucket = "*"
-    else:
-        try:
-            bucket = bucket_token(bucket_of(UUID(tokens[2])))
-        except ValueError:
-            raise ValidationError(f"subject: {subject!r} names no collective id") from None
-    return ".".join([*tokens[:3], bucket, *tokens[3:]])
-
-
-def _is_bucket(token: str) -> bool:
-    return len(token) == 3 and token[0] == "b" and token[1:].isdigit()
 
 
 REMEMBERED = 100_000  # positions of what this host numbered last, kept for its writers
@@ -618,9 +597,7 @@ class LocalLog(EventLog):
         numbers are given anew) still names the same place."""
         if before_seq >= 1 << SEQ_BITS:
             return before_seq  # (a position already)
-        part = self.partitioned.layout.part_of_subject(
-            _stored_subject(self.partitioned.layout, subject)
-        )
+        part = self.partitioned.layout.part_of_subject(with_bucket(subject))
         at = self._position_of.get(before_seq)
         if at is not None and part_of(at) == part:
             return at
@@ -729,7 +706,7 @@ async def raise_partitions(
                     subject = msg.subject
                     if not subject.startswith("pulse.c."):
                         continue  # (wisdom and tokens stay in the first stream)
-                    stored = _stored_subject(new, subject)
+                    stored = with_bucket(subject)
                     goes = new.part_of_subject(stored)
                     if goes == part:
                         continue  # (its bucket stays in this stream)

@@ -62,6 +62,13 @@ def check_partitions(partitions: int, field: str = "partitions") -> None:
         raise ValidationError(f"{field}: must be 1..{MAX_PARTITIONS}, got {partitions}")
 
 
+def partitions_in(metadata: Mapping[str, str] | None) -> int:
+    """How many partitions a log's first stream says it has (its metadata; a stream made
+    before partitions, or of one, says none: 1)."""
+    said = (metadata or {}).get(METADATA_KEY, "1")
+    return int(said) if said.isdigit() and int(said) >= 1 else 1
+
+
 def bucket_of(collective_id: UUID) -> int:
     """The bucket of a collective: a stable hash of its id (the same on every host and
     in every version), so a collective's events stay in one partition."""

@@ -38,7 +38,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError as JsNotFound
 
 from eventlog.errors import LogUnavailable, ValidationError
-from eventlog.partitions import METADATA_KEY, Layout, check_partitions
+from eventlog.partitions import METADATA_KEY, Layout, check_partitions, partitions_in
 from eventlog.subjects import ACTIVITY_SUBJECTS, DURABLE_SUBJECTS
 
 log = logging.getLogger("pulse.eventlog")
@@ -291,8 +291,7 @@ async def ensure_streams(
 def partitions_of(info: api.StreamInfo) -> int:
     """How many partitions the log whose first stream is ``info`` has (its metadata; a
     stream made before partitions, or of one, says none: 1)."""
-    held = (info.config.metadata or {}).get(METADATA_KEY, "1")
-    return int(held) if held.isdigit() else 1
+    return partitions_in(info.config.metadata)
 
 
 def _same_partitions(info: api.StreamInfo, settings: StreamSettings) -> None:

@@ -13,7 +13,7 @@
 so a host can replicate a subset of collectives with a filter (``collective_filter``)
 and forget one aggregate by purging its subject. A log in partitions
 (``eventlog.partitions``) puts the collective's bucket after its id
-(``pulse.c.<collective_id>.b<bucket>.experience.<experience_id>``: ``bucketed``), so each
+(``pulse.c.<collective_id>.b<bucket>.experience.<experience_id>``: ``with_bucket``), so each
 partition's stream captures its buckets; ``pulse.c.<collective_id>.>`` matches both forms.
 Agent ids are free text, which may hold characters a subject cannot (dots, spaces,
 wildcards), so their token is a hash.
@@ -26,6 +26,7 @@ from typing import Iterable
 from uuid import UUID
 
 from eventlog import events as ev
+from eventlog.errors import ValidationError
 from eventlog.partitions import bucket_of, bucket_token
 
 PREFIX = "pulse"
@@ -33,13 +34,29 @@ DURABLE_SUBJECTS = (f"{PREFIX}.c.>", f"{PREFIX}.w.>", f"{PREFIX}.t.>")
 ACTIVITY_SUBJECTS = (f"{PREFIX}.a.>",)
 
 
-def collective_subject(
-    collective_id: UUID, entity: str, entity_id: UUID, *, bucketed: bool = False
-) -> str:
-    if bucketed:
-        bucket = bucket_token(bucket_of(collective_id))
-        return f"{PREFIX}.c.{collective_id}.{bucket}.{entity}.{entity_id}"
+def collective_subject(collective_id: UUID, entity: str, entity_id: UUID) -> str:
     return f"{PREFIX}.c.{collective_id}.{entity}.{entity_id}"
+
+
+def with_bucket(subject: str) -> str:
+    """A collective's subject, or a filter of some, as a log in partitions stores it: its
+    bucket after the collective's id (``*`` for any collective's). Other subjects, and
+    those with their bucket already, come back as they are."""
+    tokens = subject.split(".")
+    if len(tokens) < 4 or tokens[1] != "c" or tokens[3] == ">" or _is_bucket(tokens[3]):
+        return subject
+    if tokens[2] == "*":
+        bucket = "*"
+    else:
+        try:
+            bucket = bucket_token(bucket_of(UUID(tokens[2])))
+        except ValueError:
+            raise ValidationError(f"subject: {subject!r} names no collective id") from None
+    return ".".join([*tokens[:3], bucket, *tokens[3:]])
+
+
+def _is_bucket(token: str) -> bool:
+    return len(token) == 3 and token[0] == "b" and token[1:].isdigit()
 
 
 def wisdom_subject(wisdom_id: UUID) -> str:
@@ -62,12 +79,7 @@ def activity_subject(collective_id: UUID, agent_id: str) -> str:
 def subject_for(event: ev.Event, *, bucketed: bool = False) -> str:
     """The subject an event is published on (``bucketed``: in a log in partitions)."""
     if bucketed:
-        plain = subject_for(event)
-        if plain.startswith(f"{PREFIX}.c."):
-            tokens = plain.split(".", 3)
-            bucket = bucket_token(bucket_of(UUID(tokens[2])))
-            return f"{tokens[0]}.c.{tokens[2]}.{bucket}.{tokens[3]}"
-        return plain
+        return with_bucket(subject_for(event))
     match event:
         case ev.Sealed():  # first: every record, update and invalidation is one
             if event.collective_id is None:

@@ -216,7 +216,7 @@ async def take_backup(
     stream of the key bucket too. Written beside the destination and renamed into place
     when complete: a failed backup leaves nothing."""
     from eventlog import SCHEMA_VERSION as EVENT_SCHEMA
-    from eventlog.partitions import METADATA_KEY, Layout
+    from eventlog.partitions import Layout, partitions_in
     from eventlog.snapshots import snapshot_stream
 
     _check_destination(destination)
@@ -243,8 +243,7 @@ async def take_backup(
         finally:
             if progress is not None:
                 progress.finish()
-        said = str((snapshot.config.get("metadata") or {}).get(METADATA_KEY, "1"))
-        count = int(said) if said.isdigit() else 1
+        count = partitions_in(snapshot.config.get("metadata"))
         parts = [Layout(count, stream).stream(k) for k in range(1, count + 1)] if count > 1 else []
         part_messages = [
             int((await taken(name, *_part_files(k))).state.get("messages") or 0)
@@ -461,7 +460,7 @@ def check_backup(path: Path) -> CheckedBackup:
     saying what is wrong, and nothing else done, if anything is."""
     from eventlog import SCHEMA_VERSION as EVENT_SCHEMA
     from eventlog.embedded import NatsCredentials
-    from eventlog.partitions import METADATA_KEY
+    from eventlog.partitions import partitions_in
 
     files = _BackupFiles(path)
     try:
@@ -519,10 +518,10 @@ def check_backup(path: Path) -> CheckedBackup:
             raise _damaged(path, f"{STREAM} is not a stream description ({exc})") from None
         if config.get("name") != manifest.stream or state.get("last_seq") != manifest.last_seq:
             raise _damaged(path, f"{STREAM} does not describe the stream of {MANIFEST}")
-        said = str((config.get("metadata") or {}).get(METADATA_KEY, "1"))
-        if (int(said) if said.isdigit() else 1) != max(1, len(manifest.parts)):
+        count = partitions_in(config.get("metadata"))
+        if count != max(1, len(manifest.parts)):
             raise _damaged(
-                path, f"{STREAM} says {said} partition(s), {MANIFEST} names {len(manifest.parts)}"
+                path, f"{STREAM} says {count} partition(s), {MANIFEST} names {len(manifest.parts)}"
             )
         keys_config = keys_state = None
         if manifest.keys is not None:
