@@ -36,6 +36,7 @@ import contextlib
 import dataclasses
 from collections import OrderedDict, defaultdict
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
@@ -193,6 +194,27 @@ class PartitionedLog:
 
     # -- reading ----------------------------------------------------------------------------
 
+    def _batches(
+        self,
+        from_seq: int | Resume,
+        subjects: Sequence[str] | None,
+        *,
+        live: bool,
+        batch_size: int = 1000,
+        own: OwnEvents | None = None,
+    ) -> AsyncGenerator[tuple[int, list[LogEntry]], None]:
+        """(partition, its batch as its stream numbers it) from every partition the
+        filters reach, read at once: up to each one's end as of the call, or on
+        (``live``)."""
+        reach = self.layout.split(self._stored(subjects))
+        start = resume_from(from_seq, reach)
+        return _fan_in({
+            part: self.parts[part].tail_batches(start[part], subjects=filters, own=own)
+            if live
+            else self.parts[part].read(start[part], batch_size=batch_size, subjects=filters)
+            for part, filters in reach.items()
+        })  # fmt: skip
+
     async def read(
         self,
         from_seq: int | Resume = 1,
@@ -202,14 +224,10 @@ class PartitionedLog:
     ) -> AsyncGenerator[list[LogEntry], None]:
         """The stored events the filters name, up to the end of each partition as of the
         call: every partition that holds any read at once, each in its order."""
-        reach = self.layout.split(self._stored(subjects))
-        start = resume_from(from_seq, reach)
-        readers = {
-            part: self.parts[part].read(start[part], batch_size=batch_size, subjects=filters)
-            for part, filters in reach.items()
-        }
-        async for batch in _fan_in(readers):
-            yield batch
+        async for part, batch in self._batches(
+            from_seq, subjects, live=False, batch_size=batch_size
+        ):
+            yield _positioned(part, batch)
 
     async def tail(
         self,
@@ -220,14 +238,8 @@ class PartitionedLog:
     ) -> AsyncGenerator[list[LogEntry], None]:
         """``EventLog.tail``, in lists (what one partition's consumer held at a time):
         one consumer per partition the filters reach, never ending."""
-        reach = self.layout.split(self._stored(subjects))
-        start = resume_from(from_seq, reach)
-        tails = {
-            part: self.parts[part].tail_batches(start[part], subjects=filters, own=own)
-            for part, filters in reach.items()
-        }
-        async for batch in _fan_in(tails):
-            yield batch
+        async for part, batch in self._batches(from_seq, subjects, live=True, own=own):
+            yield _positioned(part, batch)
 
     async def last_positions(self, subjects: Sequence[str] | None = None) -> dict[int, int]:
         """Per partition the filters reach, the sequence of its last message on them (0:
@@ -263,21 +275,15 @@ class PartitionedLog:
 
 async def _fan_in(
     sources: dict[int, AsyncGenerator[list[LogEntry], None]],
-) -> AsyncGenerator[list[LogEntry], None]:
-    """The batches of several partitions' readers as they come, their sequences made
-    positions; the first failure of any is raised, and every reader is closed at the
-    end (its consumer deleted)."""
+) -> AsyncGenerator[tuple[int, list[LogEntry]], None]:
+    """(partition, batch) of several partitions' readers as they come; the first failure
+    of any is raised, and every reader is closed at the end (its consumer deleted)."""
     queue: asyncio.Queue[tuple[int, list[LogEntry] | None, BaseException | None]]
     queue = asyncio.Queue(maxsize=2 * max(1, len(sources)))
 
     async def pump(part: int, source: AsyncGenerator[list[LogEntry], None]) -> None:
         try:
             async for batch in source:
-                if part:
-                    batch = [
-                        LogEntry(position(part, e.seq), e.subject, e.event, e.error, e.stored_ms)
-                        for e in batch
-                    ]
                 await queue.put((part, batch, None))
         except Exception as exc:  # (handed on: the reader raises it)
             await queue.put((part, None, exc))
@@ -288,13 +294,13 @@ async def _fan_in(
     try:
         left = len(tasks)
         while left:
-            _, batch, failure = await queue.get()
+            part, batch, failure = await queue.get()
             if failure is not None:
                 raise failure
             if batch is None:
                 left -= 1
                 continue
-            yield batch
+            yield part, batch
     finally:
         for task in tasks:
             task.cancel()
@@ -302,6 +308,13 @@ async def _fan_in(
         for source in sources.values():
             with contextlib.suppress(Exception):
                 await source.aclose()
+
+
+def _positioned(part: int, batch: list[LogEntry]) -> list[LogEntry]:
+    """A partition's batch with positions for sequences (the first's are the same)."""
+    if not part:
+        return batch
+    return [replace(e, seq=position(part, e.seq)) for e in batch]
 
 
 REMEMBERED = 100_000  # positions of what this host numbered last, kept for its writers
@@ -322,8 +335,8 @@ class LocalLog(EventLog):
     A write returns the number this host gave the written event when its tail brought it
     back (the writer waits for that anyway); a conditional write and ``last_subject_seq``
     speak in positions. What a host reads beside its tail is not numbered: the directory
-    of collectives (by position) and the past of a collective it starts to follow (minus
-    its position, less 2**53: below anything it numbers). What it does not do yet: read
+    of collectives (by position) and the past of a collective it starts to follow (its
+    position less 2**53: below anything it numbers). What it does not do yet: read
     a dead letter again by its number, or purge by a number it has forgotten (it
     remembers the last ``REMEMBERED``; a purge owed across a restart keeps a position).
     """
@@ -355,22 +368,18 @@ class LocalLog(EventLog):
         self._next = applied + 1
         self._resume = {p: int(positions.get(p, 0)) for p in self._resume}
 
-    @property
-    def positions(self) -> dict[int, int]:
-        """Per partition, the last sequence this log handed out."""
-        return dict(self._resume)
-
-    def _taken(self, batch: Sequence[LogEntry]) -> list[LogEntry]:
-        """Number what the partitions gave (each in its order), skipping what was
-        handed out already, and wake the writers waiting for it."""
+    def _taken(self, part: int, batch: Sequence[LogEntry]) -> list[LogEntry]:
+        """Number what partition ``part`` gave (in its order, by its stream's sequences),
+        skipping what was handed out already, and wake the writers waiting for it."""
         out: list[LogEntry] = []
-        resume, local_of, position_of = self._resume, self._local_of, self._position_of
+        local_of, position_of = self._local_of, self._position_of
+        last = self._resume.get(part, 0)
         for entry in batch:
-            pos = entry.seq
-            part, seq = part_of(pos), seq_of(pos)
-            if seq <= resume.get(part, 0):
+            seq = entry.seq
+            if seq <= last:
                 continue
-            resume[part] = seq
+            last = seq
+            pos = position(part, seq)
             number = self._next
             self._next = number + 1
             out.append(LogEntry(number, entry.subject, entry.event, entry.error,
@@ -380,6 +389,7 @@ class LocalLog(EventLog):
             for future in self._waiting.pop(pos, ()):
                 if not future.done():
                     future.set_result(number)
+        self._resume[part] = last
         while len(local_of) > REMEMBERED:
             local_of.popitem(last=False)
         while len(position_of) > REMEMBERED:
@@ -517,12 +527,8 @@ class LocalLog(EventLog):
         subjects: Sequence[str] | None = None,
     ) -> AsyncGenerator[list[LogEntry], None]:
         """What the partitions hold past what this host took: its catch-up."""
-        self._check_start(from_seq)
-        start = {p: s + 1 for p, s in self._resume.items()}
-        async for batch in self.partitioned.read(start, batch_size=batch_size, subjects=subjects):
-            taken = self._taken(batch)
-            if taken:
-                yield taken
+        async for batch in self._numbered(from_seq, subjects, live=False, batch_size=batch_size):
+            yield batch
 
     async def tail(
         self,
@@ -542,10 +548,17 @@ class LocalLog(EventLog):
         subjects: Sequence[str] | None = None,
         own: OwnEvents | None = None,
     ) -> AsyncGenerator[list[LogEntry], None]:
+        async for batch in self._numbered(from_seq, subjects, live=True, own=own):
+            yield batch
+
+    async def _numbered(
+        self, from_seq: int, subjects: Sequence[str] | None, **reading: Any
+    ) -> AsyncGenerator[list[LogEntry], None]:
+        """The partitions from where this host stands, what it had not taken numbered."""
         self._check_start(from_seq)
         start = {p: s + 1 for p, s in self._resume.items()}
-        async for batch in self.partitioned.tail(start, subjects=subjects, own=own):
-            taken = self._taken(batch)
+        async for part, batch in self.partitioned._batches(start, subjects, **reading):
+            taken = self._taken(part, batch)
             if taken:
                 yield taken
 
@@ -620,6 +633,8 @@ class LocalLog(EventLog):
 # -- raising the number of partitions ----------------------------------------------------------
 
 _NOT_COPIED = ("Nats-Expected-", "Status", "Description")  # headers a copy does not carry
+_PREFIX_MOVING = "pulse.moving"  # a placeholder subject while a stream's buckets move
+TARGET_KEY = "pulse.partitions.target"  # in PULSE's metadata while a repartition runs
 
 
 async def raise_partitions(
@@ -692,12 +707,11 @@ async def raise_partitions(
     for part in new.parts[1:]:
         await ensure_streams(js, target.partition(part), update=True)
     # 3. every message that moves, published again where it belongs now
-    moving = [(part, stream) for part, stream in sources.items()]
     total = 0
-    for _, stream in moving:
+    for stream in sources.values():
         total += int((await js.stream_info(stream)).state.messages or 0)
     copied = 0
-    for part, stream in moving:
+    for part, stream in sources.items():
         window: list[asyncio.Future[Any]] = []
         reading = _pull(first, stream, 1, None, 1000, live=False, decode=lambda m, s, w: m)
         async with contextlib.aclosing(reading) as batches:
@@ -755,10 +769,6 @@ async def _acknowledged_copies(window: list[asyncio.Future[Any]], layout: Layout
             f"partitions: a copy was stored in {wrong[0]}, not in a partition of {layout.base}"
         )
     return len(acks)
-
-
-_PREFIX_MOVING = "pulse.moving"  # a placeholder subject while a stream's buckets move
-TARGET_KEY = "pulse.partitions.target"  # in PULSE's metadata while a repartition runs
 
 
 def _own_metadata(config: Any) -> dict[str, str]:
