@@ -335,8 +335,11 @@ async def test_hosts_on_four_partitions_converge_through_a_node_failure_and_resu
                            append_timeout=20)  # fmt: skip
     opened = [a, b]
     try:
-        teams = [await a.create_collective("o", f"team {i}", embedder="hash") for i in range(8)]
         layout = Layout(4)
+        teams: list[UUID] = []
+        while len(teams) < 8 or len({layout.part_of_collective(t) for t in teams}) < 3:
+            # (eight, over three partitions at least: random ids land in two now and then)
+            teams.append(await a.create_collective("o", f"team {len(teams)}", embedder="hash"))
         assert len({layout.part_of_collective(t) for t in teams}) >= 3  # (spread)
         await b.sync()
 
