@@ -640,9 +640,9 @@ class JetStreamLog(EventLog):
     ) -> AsyncGenerator[list[LogEntry], None]:
         """``tail``, what the consumer's inbox held at a time as one list (never empty):
         what a reader hands on in one go (``sync.replication``)."""
-        decode = _decode if own is None else functools.partial(_decode_own, own)
-        if self.settings.bucketed:  # (its collectives' subjects carry their bucket)
-            decode = functools.partial(decode, bucketed=True)
+        decode = None
+        if own is not None:  # (bucketed: a stream of a log in partitions)
+            decode = functools.partial(_decode_own, own, bucketed=self.settings.bucketed)
         async for batch in _pull(
             self, self.settings.name, from_seq, subjects, 256, live=True, decode=decode
         ):
@@ -858,14 +858,16 @@ async def _pull(
     live: bool,
     end_seq: int | None = None,
     last_per_subject: bool = False,
-    decode: Callable[[Msg, int, int], Any] = _decode,
+    decode: Callable[[Msg, int, int], Any] | None = None,
 ) -> AsyncGenerator[list[Any], None]:
     """Batches of entries from an ephemeral pull consumer, recreated after any stall
-    (``decode`` makes each message an entry: ``eventlog.reader_child`` passes its own)."""
+    (``decode`` makes each message an entry: ``eventlog.reader_child`` passes its own;
+    None: ``_decode``, of the subjects the owner's stream holds)."""
     if from_seq < 1:
         raise ValidationError(f"from_seq: must be >= 1, got {from_seq}")
-    if decode is _decode and owner.settings.bucketed:  # (a stream of a log in partitions)
-        decode = functools.partial(_decode, bucketed=True)
+    if decode is None:
+        bucketed = owner.settings.bucketed
+        decode = functools.partial(_decode, bucketed=True) if bucketed else _decode
     nc = owner.nc
     next_seq = from_seq
     consumer: str | None = None
