@@ -150,6 +150,24 @@ class EventLog(abc.ABC):
         was written (checked against the time the log stored it), not decoded again.
         """
 
+    async def tail_batches(
+        self,
+        from_seq: int = 1,
+        *,
+        subjects: Sequence[str] | None = None,
+        own: OwnEvents | None = None,
+    ) -> AsyncGenerator[list[LogEntry], None]:
+        """``tail`` in lists, as a reader hands them on (here one entry each; a log that
+        reads in batches gives what it read at once)."""
+        async for entry in self.tail(from_seq, subjects=subjects, own=own):
+            yield [entry]
+
+    async def reached(self, subjects: Sequence[str] | None, timeout: float) -> int:
+        """The sequence a host that read everything the log holds now on ``subjects``
+        has applied (here, the last one: ``last_seq``; ``timeout`` bounds a log that
+        must wait to say)."""
+        return await self.last_seq(subjects)
+
     @abc.abstractmethod
     async def last_seq(self, subjects: Sequence[str] | None = None) -> int:
         """The sequence of the last message in the main stream (0 when empty); with

@@ -355,6 +355,15 @@ class LocalLog(EventLog):
         self._waiting: dict[int, list[asyncio.Future[int]]] = defaultdict(list)
         self._moved = asyncio.Event()  # set whenever messages are taken
 
+    @classmethod
+    async def connect(
+        cls, servers: str | Sequence[str], settings: StreamSettings | None, **options: Any
+    ) -> LocalLog:
+        """``PartitionedLog.connect``, as this host numbers it."""
+        if settings is None or settings.partitions < 2:
+            raise ValidationError("partitions: a log in partitions has 2 or more")
+        return cls(await PartitionedLog.connect(servers, settings, **options))
+
     def begin(self, applied: int, positions: Mapping[int, int]) -> None:
         """Resume after ``applied`` (the host's last number applied), each partition
         after its sequence in ``positions`` (what the projection stored with it)."""

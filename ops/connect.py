@@ -9,14 +9,13 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 from eventlog import EmbeddedNats, JetStreamLog, StreamSettings
 from eventlog.embedded import NatsCredentials
 from eventlog.errors import ValidationError
 from eventlog.leaf import LeafLog
 from eventlog.log import EventLog
-from eventlog.partitioned import LocalLog, PartitionedLog
+from eventlog.partitioned import LocalLog
 
 
 @contextlib.asynccontextmanager
@@ -79,7 +78,7 @@ async def open_log(
             return
     try:
         # only `pulse up`, the operator's command, may reconfigure existing streams
-        connect = _partitioned if partitions > 1 else JetStreamLog.connect
+        connect = LocalLog.connect if partitions > 1 else JetStreamLog.connect
         log = await connect(
             urls, settings, update_streams=args.command == "up", credentials=credentials,
             tls_ca=tls_ca, create_streams=create_streams,
@@ -103,8 +102,3 @@ def _leaf_credentials(data_dir: str | os.PathLike[str]) -> NatsCredentials:
     credentials = NatsCredentials.generate("leaf")
     credentials.save(path)
     return credentials
-
-
-async def _partitioned(servers: list[str], settings: StreamSettings, **options: Any) -> LocalLog:
-    """A log in partitions, as a host numbers it (``eventlog.partitioned``)."""
-    return LocalLog(await PartitionedLog.connect(servers, settings, **options))

@@ -64,7 +64,7 @@ from eventlog.ids import uuid7
 from eventlog.keys import Keyring
 from eventlog.leaf import LeafLog
 from eventlog.log import EventLog
-from eventlog.partitioned import LocalLog, PartitionedLog
+from eventlog.partitioned import LocalLog
 from eventlog.sealing import Sealer
 from projections import queries
 from projections.engine import Engine
@@ -311,7 +311,7 @@ class PulseDB:
             if server is None:  # the embedded server's credentials are in its URL
                 nats_credentials = nats_credentials or os.environ.get("PULSE_NATS_CREDS") or None
                 nats_ca = nats_ca or os.environ.get("PULSE_NATS_CA") or None
-            connect = _connect_partitioned if partitioned else JetStreamLog.connect
+            connect = LocalLog.connect if partitioned else JetStreamLog.connect
             connecting = connect(
                 urls,
                 stream_settings,
@@ -622,14 +622,6 @@ class PulseDB:
         for c in await self.reads.read(queries.list_collectives):  # every one: no pages here
             activities.extend(await self.presence.active(c.collective_id, stale_after=1e9))
         return await self.engine.export(target, activities)
-
-
-async def _connect_partitioned(
-    servers: Sequence[str], settings: StreamSettings | None, **options: Any
-) -> LocalLog:
-    """A log in partitions, as this host numbers it (``eventlog.partitioned``)."""
-    assert settings is not None
-    return LocalLog(await PartitionedLog.connect(servers, settings, **options))
 
 
 def _positions(projection: Projection) -> dict[int, int]:

@@ -28,7 +28,6 @@ from eventlog import subjects
 from eventlog.errors import LogUnavailable, PulseError
 from eventlog.jetstream import JetStreamLog
 from eventlog.log import EventLog, LogEntry
-from eventlog.partitioned import LocalLog
 from eventlog.sealing import Sealer, tombstone_scope
 from projections.engine import Applied, Engine
 from sync.hlc import MAX_AHEAD_MS, HybridClock, wall_ms
@@ -143,14 +142,11 @@ class Replication:
         list per drain of its consumer's inbox) where its tail is that log's own, else
         one entry at a time."""
         log_, filters = self.log, self.filters()
-        if isinstance(log_, LocalLog) or (
-            isinstance(log_, JetStreamLog) and type(log_).tail is JetStreamLog.tail
-        ):
-            async for batch in log_.tail_batches(start, subjects=filters, own=self._own_event):
-                yield batch
-            return
-        async for entry in log_.tail(start, subjects=filters, own=self._own_event):
-            yield (entry,)
+        tail = log_.tail_batches
+        if isinstance(log_, JetStreamLog) and type(log_).tail is not JetStreamLog.tail:
+            tail = functools.partial(EventLog.tail_batches, log_)  # (its own tail, through)
+        async for batch in tail(start, subjects=filters, own=self._own_event):
+            yield batch
 
     async def _opened(self, entry: LogEntry) -> LogEntry:
         """A sealed entry of the tail, opened: a write of this instance comes back as the
@@ -273,10 +269,7 @@ class Replication:
     async def caught_up(self, timeout: float = 60.0) -> int:
         """Wait until this host applied everything the log holds now of what it reads;
         returns that sequence."""
-        if isinstance(self.log, LocalLog):  # (its last sequence is an estimate: gaps)
-            target = await self.log.reached(self.filters(), timeout)
-        else:
-            target = await self.log.last_seq(self.filters())
+        target = await self.log.reached(self.filters(), timeout)
         await self.wait_applied(target, timeout)
         return target
 
