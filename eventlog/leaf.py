@@ -349,6 +349,11 @@ class LeafLog(JetStreamLog):
             raise ValidationError(
                 f"hub_domain: {hub_domain!r} is the leaf's own domain; they must differ"
             )
+        if settings is not None and settings.partitions > 1:
+            raise ValidationError(
+                "partitions: an edge host's log is one stream (its hub's may not be in "
+                "partitions, for now)"
+            )
         self = cast(
             LeafLog,
             await cls.connect(

@@ -56,12 +56,6 @@ async def open_log(
             leaf_credentials=None if listen is None else _leaf_credentials(args.data_dir),
         )  # fmt: skip
         urls = [await asyncio.to_thread(server.start)]  # waits for readiness: off the loop
-        if leaf_of is not None and partitions > 1:
-            await asyncio.to_thread(server.stop)
-            raise ValidationError(
-                "partitions: an edge host's log is one stream (its hub's may not be in "
-                "partitions, for now)"
-            )
         if leaf_of is not None:
             try:
                 leaf = await LeafLog.open_leaf(

@@ -289,11 +289,6 @@ class PulseDB:
             )
         connecting: Awaitable[EventLog]
         partitioned = stream_settings is not None and stream_settings.partitions > 1
-        if leaf_of is not None and partitioned:
-            raise ValidationError(
-                "partitions: an edge host's log is one stream (its hub's may not be in "
-                "partitions, for now)"
-            )
         if leaf_of is not None:
             server = EmbeddedNats(directory, leaf_of=leaf_of, leaf_ca=leaf_ca)
             await asyncio.to_thread(server.start)
