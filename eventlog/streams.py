@@ -21,6 +21,7 @@ update keeps the placement they have.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -257,17 +258,16 @@ async def ensure_streams(
         for info in infos:
             if info is not None:
                 _no_move_and_scale(info, settings)
-        try:  # the key bucket first: refused, it leaves the streams where they are
-            held = await js.stream_info(f"KV_{settings.name}_KEYS")
-        except JsNotFound:
-            pass  # (made on first use, placed: eventlog.keys)
-        else:
-            if durability_of(held.config.placement) != settings.durability:
-                moved = dataclasses.replace(
-                    held.config, placement=rewritten(held.config.placement, settings.durability)
-                )
-                replicas = int(held.config.num_replicas or 1)
-                await placed(js.update_stream(moved), settings, replicas=replicas)
+        held: api.StreamInfo | None = None  # (the log's one key bucket: the first stream's)
+        if settings.part == 0:  # the key bucket first: refused, it leaves the streams be
+            with contextlib.suppress(JsNotFound):  # (none: made on first use, placed)
+                held = await js.stream_info(f"KV_{settings.name}_KEYS")
+        if held is not None and durability_of(held.config.placement) != settings.durability:
+            moved = dataclasses.replace(
+                held.config, placement=rewritten(held.config.placement, settings.durability)
+            )
+            replicas = int(held.config.num_replicas or 1)
+            await placed(js.update_stream(moved), settings, replicas=replicas)
     for config, info in zip(configs, infos, strict=True):
         if info is None:
             await placed(js.add_stream(config), settings)
