@@ -131,9 +131,8 @@ def _hosts(urls: str) -> str:
 async def _connected(args: argparse.Namespace) -> AsyncIterator[tuple[NATS, EmbeddedNats | None]]:
     """A NATS connection to the deployment (``ops.connect.open_log``), creating no
     stream. An edge host's data directory is refused: its events are in the hub's."""
-    from eventlog import EmbeddedNats, JetStreamLog
-    from eventlog.partitioned import LocalLog
-    from ops.connect import open_log
+    from eventlog import EmbeddedNats
+    from ops.connect import first_stream, open_log
 
     if not args.nats_url and EmbeddedNats.remembered_leaf(args.data_dir) is not None:
         raise ValidationError(
@@ -141,9 +140,7 @@ async def _connected(args: argparse.Namespace) -> AsyncIterator[tuple[NATS, Embe
             "the hub's deployment instead: the edge host's events are in it"
         )
     async with open_log(args, create_streams=False) as (log, server):
-        first = log.partitioned.parts[0] if isinstance(log, LocalLog) else log
-        assert isinstance(first, JetStreamLog)
-        yield first.nc, server
+        yield first_stream(log).nc, server
 
 
 def _where(args: argparse.Namespace) -> str:

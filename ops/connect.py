@@ -96,3 +96,11 @@ def _leaf_credentials(data_dir: str | os.PathLike[str]) -> NatsCredentials:
     credentials = NatsCredentials.generate("leaf")
     credentials.save(path)
     return credentials
+
+
+def first_stream(log: EventLog) -> JetStreamLog:
+    """The log of the deployment's first stream (``PULSE``), of ``open_log``'s log: what
+    the commands that work on the streams themselves use (backup, repartition)."""
+    first = log.partitioned.parts[0] if isinstance(log, LocalLog) else log
+    assert isinstance(first, JetStreamLog)
+    return first

@@ -262,9 +262,8 @@ def repartition(args: argparse.Namespace) -> int:
     """
     import asyncio
 
-    from eventlog.jetstream import JetStreamLog
-    from eventlog.partitioned import LocalLog, raise_partitions
-    from ops.connect import open_log
+    from eventlog.partitioned import raise_partitions
+    from ops.connect import first_stream, open_log
 
     service = running_service(args.data_dir)
     if service is not None:
@@ -275,10 +274,8 @@ def repartition(args: argparse.Namespace) -> int:
 
     async def run() -> dict[str, int]:
         async with open_log(args, create_streams=False) as (log, _server):
-            first = log.partitioned.parts[0] if isinstance(log, LocalLog) else log
-            assert isinstance(first, JetStreamLog)
             bar = ProgressBar("copying")
-            done = await raise_partitions(first, args.to, progress=bar)
+            done = await raise_partitions(first_stream(log), args.to, progress=bar)
             bar.finish()
             return done
 
