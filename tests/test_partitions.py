@@ -639,3 +639,31 @@ async def test_an_edge_host_on_partitions_is_refused(tmp_path: Path) -> None:
             tmp_path / "edge", leaf_of="nats-leaf://leaf:secret@127.0.0.1:9",
             stream_settings=StreamSettings(partitions=2),
         )  # fmt: skip
+
+
+async def test_a_host_on_partitions_keeps_idempotent_calls_and_time_travel(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Through the public API on partitions: a call repeated with its idempotency key
+    records once, and `as_of` a time shows the collectives as they were then."""
+    from tests.test_as_of import moment_now
+
+    db = await PulseDB.open(
+        tmp_path / "h", nats_server.url, stream_settings=StreamSettings(partitions=3)
+    )
+    try:
+        team = await db.create_collective("o", "team", embedder="hash")
+        crew = await db.create_collective("o", "crew", embedder="hash")
+        first = await db.record_experience(team, "retry publishes", idempotency_key="k1")
+        again = await db.record_experience(team, "retry publishes", idempotency_key="k1")
+        assert again == first
+        assert [e.experience_id for e in await db.list_experiences(team)] == [first]
+        at = await moment_now()
+        await db.record_experience(crew, "later, elsewhere")
+        await db.update_experience(first, importance=0.9)
+        then = await db.get_experience(first, as_of=at)
+        assert then is not None and then.importance != 0.9
+        assert await db.list_experiences(crew, as_of=at) == []
+        assert len(await db.list_experiences(crew)) == 1
+    finally:
+        await db.close()
