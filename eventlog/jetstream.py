@@ -66,7 +66,7 @@ from eventlog.streams import (
     publish_atomic,
     subscribe_direct,
 )
-from eventlog.subjects import PREFIX, is_activity_subject, subject_for
+from eventlog.subjects import PREFIX, is_activity_subject, subject_for, with_bucket
 
 log = logging.getLogger("pulse.eventlog")
 
@@ -462,6 +462,15 @@ class JetStreamLog(EventLog):
     def _stream_of(self, subject: str) -> str:
         return self.settings.activity_name if is_activity_subject(subject) else self.settings.name
 
+    def _held(self, subject: str) -> str:
+        """A subject (or filter) as this stream holds it: a collective's with its bucket
+        in a stream of bucketed subjects (``eventlog.partitions``; an edge host of a hub
+        in partitions), where callers name it without."""
+        return with_bucket(subject) if self.settings.bucketed else subject
+
+    def _here(self, subjects: Sequence[str] | None) -> Sequence[str] | None:
+        return subjects if subjects is None else [self._held(s) for s in subjects]
+
     async def _stored_seq(self, event: Event, subject: str, after: int) -> int:
         """The sequence of ``event`` on ``subject`` after sequence ``after``, or 0."""
         stream = self._stream_of(subject)
@@ -594,6 +603,7 @@ class JetStreamLog(EventLog):
         end = await self.last_seq()
         if from_seq > end:
             return
+        subjects = self._here(subjects)
         if subjects is not None and len(subjects) > 1:
             async for batch in _merged(self, from_seq, subjects, batch_size, end):
                 yield batch
@@ -644,7 +654,13 @@ class JetStreamLog(EventLog):
         if own is not None:  # (bucketed: a stream of a log in partitions)
             decode = functools.partial(_decode_own, own, bucketed=self.settings.bucketed)
         async for batch in _pull(
-            self, self.settings.name, from_seq, subjects, 256, live=True, decode=decode
+            self,
+            self.settings.name,
+            from_seq,
+            self._here(subjects),
+            256,
+            live=True,
+            decode=decode,
         ):
             if batch:
                 yield batch
@@ -686,7 +702,7 @@ class JetStreamLog(EventLog):
 
     async def last_seq(self, subjects: Sequence[str] | None = None) -> int:
         if subjects is not None:  # the last message on each filter (wildcards work)
-            found = await asyncio.gather(*(self._last_on(s) for s in subjects))
+            found = await asyncio.gather(*(self._last_on(self._held(s)) for s in subjects))
             return max(found, default=0)
         try:
             info = await self._retry(
@@ -708,6 +724,7 @@ class JetStreamLog(EventLog):
         return int(msg.seq)
 
     async def last_subject_seq(self, subject: str) -> int:
+        subject = self._held(subject)
         stream = self._stream_of(subject)
         try:
             msg = await self._retry(
@@ -729,6 +746,7 @@ class JetStreamLog(EventLog):
     async def purge(self, subject: str, *, before_seq: int | None) -> None:
         if before_seq is not None and before_seq < 1:
             raise ValueError(f"before_seq: must be >= 1, got {before_seq}")
+        subject = self._held(subject)
         stream = self._stream_of(subject)
         await self._retry(
             lambda: self.admin.purge_stream(stream, seq=before_seq, subject=subject),

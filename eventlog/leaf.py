@@ -60,6 +60,27 @@ destroyed elsewhere is erased from the leaf's buckets when the leaf applies the
 tombstone (``destroy_copy``). A leaf does not rotate the key-encryption key (a hub host
 does; the new one reaches the leaf with the rewrapped keys).
 
+A hub in partitions (``eventlog.partitions``). An edge host of a hub whose collectives
+are spread over ``PULSE_P1`` .. ``PULSE_PN`` keeps one stream of each kind, and writes a
+collective's events on their bucketed subjects (``pulse.c.<id>.b<bucket>. ...``), as the
+hub's hosts do; it is given the hub's ``partitions`` (``pulse --partitions N``), which
+its PULSE_OUT remembers. Then::
+
+    hub   PULSE                 + a source per leaf: its PULSE_OUT, filtered to
+                                  pulse.w.> and pulse.t.>
+          PULSE_Pk (each k)     + a source per leaf: its PULSE_OUT, filtered to the
+                                  buckets of partition k
+    leaf  PULSE                 sources PULSE_OUT, and the hub's PULSE and every PULSE_Pk
+
+so each of the edge's events goes to the one hub stream that holds its subject, and
+the hub's sourcing of edges is spread over its partitions' leaders rather than one.
+The edge learns the hub's N from the hub's PULSE (its metadata) each time it checks its
+sources: raised at the hub (``pulse repartition``, which re-filters the edges' sources
+at the hub), the edge adds the new partitions to what its PULSE sources. The bucket of
+a subject does not depend on N, so an edge's subjects stay as they are. A hub of one
+stream and an edge given partitions (or the other way round) would write subjects the
+other side refuses: the edge does not register, and says why (``LeafStatus.problem``).
+
 The link. A task polls the leaf server's monitor (``/leafz``, every 0.5 s). The first
 time it sees the hub it adds this leaf's PULSE_OUT to the sources of the hub's PULSE;
 on every return of the link it drops and re-adds the two cross-domain sources, which
@@ -97,8 +118,9 @@ from eventlog.keys import (
     bucket_config,
 )
 from eventlog.log import HDR_IDEMPOTENCY, LogEntry, OwnEvents, key_conflict
+from eventlog.partitions import TARGET_KEY, Layout, partitions_in
 from eventlog.streams import StreamSettings
-from eventlog.subjects import is_activity_subject, subject_for
+from eventlog.subjects import DURABLE_SUBJECTS, is_activity_subject, subject_for
 
 log = logging.getLogger("pulse.eventlog.leaf")
 
@@ -126,6 +148,9 @@ class LeafStatus(msgspec.Struct, frozen=True, kw_only=True):
     backlog_exact: bool
     inbound_lag: int | None
     last_up_ms: int | None
+    # why this host does not send its events to the hub although the link is up (its
+    # log's form and the hub's differ: ``partitions``); None: nothing keeps it from it
+    problem: str | None = None
 
 
 def out_name(settings: StreamSettings) -> str:
@@ -155,6 +180,33 @@ def keys_out_source(settings: StreamSettings, **external: Any) -> api.StreamSour
     )
 
 
+def hub_streams(settings: StreamSettings, partitions: int) -> list[str]:
+    """The hub's streams of durable events (``partitions``: the hub's N): its first
+    stream, then its partitions."""
+    if partitions == 1:
+        return [settings.name]
+    layout = Layout(partitions, settings.name)
+    return [layout.stream(part) for part in layout.parts]
+
+
+def out_source(
+    settings: StreamSettings, partitions: int, part: int, **external: Any
+) -> api.StreamSource:
+    """A leaf's PULSE_OUT as a source of the hub's stream ``part`` (of ``partitions``):
+    filtered to the subjects that stream holds (a hub of one stream: all of it)."""
+    transforms = None
+    if partitions > 1:
+        transforms = [
+            api.SubjectTransform(src=subject, dest="")  # (no destination: a filter)
+            for subject in Layout(partitions, settings.name).subjects(part)
+        ]
+    return api.StreamSource(name=out_name(settings), subject_transforms=transforms, **external)
+
+
+def _form(partitions: int) -> str:
+    return "in partitions" if partitions > 1 else "of one stream"
+
+
 def _api(domain: str) -> str:
     return f"$JS.{domain}.API"
 
@@ -170,6 +222,29 @@ def _source_key(source: api.StreamSource) -> tuple[str, str | None]:
     return source.name, source.external.api if source.external else None
 
 
+async def edge_settings(
+    js: JetStreamContext, settings: StreamSettings, given: bool
+) -> StreamSettings:
+    """The settings of an edge host's log: ``settings`` with the partitions its PULSE_OUT
+    remembers (not ``given``: a data directory opened again without them), or
+    ``settings`` checked against them (subjects of a hub of one stream, or of one in
+    partitions: a stream holds one form)."""
+    try:
+        info = await js.stream_info(out_name(settings))
+    except nats.js.errors.NotFoundError:
+        return settings
+    held = partitions_in(info.config.metadata)
+    if not given:
+        return dataclasses.replace(settings, partitions=held)
+    if (held > 1) != settings.bucketed:
+        raise ValidationError(
+            f"partitions: this edge host's log was made for a hub {_form(held)} "
+            f"({held} partition(s)) and {settings.partitions} were given; give the "
+            "hub's --partitions, or a new data directory (it catches up from the hub)"
+        )
+    return settings
+
+
 async def ensure_leaf_streams(
     js: JetStreamContext, settings: StreamSettings, hub_domain: str
 ) -> None:
@@ -177,6 +252,7 @@ async def ensure_leaf_streams(
     out = dataclasses.replace(
         settings.main_config(),
         name=out_name(settings),
+        subjects=list(DURABLE_SUBJECTS),  # (a hub in partitions: collectives' too)
         description="Pulse edge host: the events written here, sourced by the hub",
         # a delete made offline is retried when the link returns, maybe hours later: its
         # tombstone must still be known here, not stored (and sourced to the hub) again
@@ -191,7 +267,10 @@ async def ensure_leaf_streams(
         allow_atomic=False,
         sources=[
             api.StreamSource(name=out.name or ""),
-            api.StreamSource(name=settings.name, external=api.ExternalStream(api=_api(hub_domain))),
+            *(
+                api.StreamSource(name=stream, external=api.ExternalStream(api=_api(hub_domain)))
+                for stream in hub_streams(settings, settings.partitions)
+            ),
         ],
     )
     keys_out = bucket_config(
@@ -349,11 +428,6 @@ class LeafLog(JetStreamLog):
             raise ValidationError(
                 f"hub_domain: {hub_domain!r} is the leaf's own domain; they must differ"
             )
-        if settings is not None and settings.partitions > 1:
-            raise ValidationError(
-                "partitions: an edge host's log is one stream (its hub's may not be in "
-                "partitions, for now)"
-            )
         self = cast(
             LeafLog,
             await cls.connect(
@@ -363,6 +437,11 @@ class LeafLog(JetStreamLog):
         )  # fmt: skip
         self.server, self.hub_domain, self.domain = server, hub_domain, server.domain
         try:
+            self.settings = await self._retry(
+                lambda: edge_settings(self.admin, self.settings, settings is not None),
+                connect_timeout,
+            )
+            self._hub_partitions = self.settings.partitions  # (until the hub says)
             await self._retry(
                 lambda: ensure_leaf_streams(self.admin, self.settings, hub_domain),
                 connect_timeout,
@@ -383,6 +462,8 @@ class LeafLog(JetStreamLog):
         self._rtt: str | None = None
         self._last_up_ms: int | None = None
         self._hub_seq = 0  # the last of PULSE_OUT the hub was seen holding
+        self._hub_partitions = 1  # the hub's N, as last read (open_leaf, _register_with_hub)
+        self._problem: str | None = None  # why this host does not register (LeafStatus)
         self.heals = 0  # times the link came back and the sources were re-added
         # called (in the background) each time the link comes back: the instance finishes
         # the purges a delete made offline still owes the hub (``sync.owed``)
@@ -437,7 +518,7 @@ class LeafLog(JetStreamLog):
             wait = 0.1
 
     async def _find_in_main(self, event: Event) -> int:
-        subject = subject_for(event)
+        subject = subject_for(event, bucketed=self.settings.bucketed)
         async for batch in _pull(self, self.settings.name, 1, [subject], 256, live=False):
             for entry in batch:
                 if entry.event is not None and entry.event.event_id == event.event_id:
@@ -463,7 +544,7 @@ class LeafLog(JetStreamLog):
             if not ack.duplicate:
                 return await self._main_seq(event, future, deadline, look_now=False), None
             # a retry: PULSE_OUT kept the first copy; what was it asked to do?
-            subject = subject_for(event)
+            subject = subject_for(event, bucketed=self.settings.bucketed)
             try:
                 stored = await self._retry(
                     lambda: self.admin.get_msg(out_name(self.settings), int(ack.seq)),
@@ -528,14 +609,14 @@ class LeafLog(JetStreamLog):
         if is_activity_subject(subject):
             await super().purge(subject, before_seq=before_seq)
             return
+        subject = self._held(subject)
         tombstone, own_subject = await self._purge_here(subject, before_seq)
+        hub_stream = self._hub_stream_of(subject)
         hub = self.nc.jetstream(domain=self.hub_domain, timeout=2.0)
         hub_seq: int | None = None
         if tombstone is not None:
             deadline = time.monotonic() + self.append_timeout
-            while not (
-                hub_seq := await self._seq_by_id(hub, self.settings.name, own_subject, tombstone)
-            ):
+            while not (hub_seq := await self._seq_by_id(hub, hub_stream, own_subject, tombstone)):
                 if time.monotonic() >= deadline:
                     raise LogUnavailable(
                         f"forgetting {subject}: the hub (domain {self.hub_domain}) does not "
@@ -545,11 +626,21 @@ class LeafLog(JetStreamLog):
                     )
                 await asyncio.sleep(0.1)
         try:
-            await hub.purge_stream(self.settings.name, seq=hub_seq, subject=subject)
+            await hub.purge_stream(hub_stream, seq=hub_seq, subject=subject)
         except Exception as exc:
             raise LogUnavailable(
-                f"forgetting {subject}: cannot purge the hub's {self.settings.name} ({exc!r})"
+                f"forgetting {subject}: cannot purge the hub's {hub_stream} ({exc!r})"
             ) from exc
+
+    def _hub_stream_of(self, subject: str) -> str:
+        """The hub's stream that holds ``subject`` (bucketed, of one collective)."""
+        if self._hub_partitions == 1:
+            return self.settings.name
+        layout = Layout(self._hub_partitions, self.settings.name)
+        part = layout.part_of_subject(subject)
+        if part is None:
+            raise ValidationError(f"subject: {subject!r} spans partitions; purge one collective")
+        return layout.stream(part)
 
     async def purge_copy(self, subject: str, *, before_seq: int) -> None:
         """Forget, in this leaf's own streams, what a delete forgot (``sync.core`` calls
@@ -566,6 +657,7 @@ class LeafLog(JetStreamLog):
         looked for: an entity's subject holds a few messages, a collective's many)."""
         if before_seq is not None and before_seq < 1:
             raise ValueError(f"before_seq: must be >= 1, got {before_seq}")
+        subject = self._held(subject)
         tombstone: str | None = None
         own_subject = subject
         if before_seq is not None:
@@ -636,10 +728,10 @@ class LeafLog(JetStreamLog):
             up = await self._look_at_link()
             rounds += 1
             if up and self._link_up and rounds % CHECK_EVERY == 0:
-                try:  # (another leaf's change of the hub's sources may have undone ours)
-                    await self._register_with_hub()
+                try:  # (another leaf's change of the hub's sources may have undone ours;
+                    await self._register_with_hub()  # the hub's partitions may be more)
                 except Exception as exc:
-                    log.info("checking this leaf's source at the hub failed (%r)", exc)
+                    log.info("checking this leaf's sources at the hub failed (%r)", exc)
             if up and not self._link_up:
                 try:
                     if not registered:
@@ -652,6 +744,11 @@ class LeafLog(JetStreamLog):
                     ):
                         self._reacting = asyncio.ensure_future(self.on_link_up())
                     log.info("link to the hub (domain %s) up; sources resumed", self.hub_domain)
+                except ValidationError as exc:  # (told once, in the status until mended)
+                    if self._problem != str(exc):
+                        log.error("%s", exc)
+                    self._problem = str(exc)
+                    up = False
                 except Exception as exc:  # the hub's API may need a moment: next round
                     log.info("link up but the hub's JetStream did not answer yet (%r)", exc)
                     up = False
@@ -661,56 +758,80 @@ class LeafLog(JetStreamLog):
             await asyncio.sleep(LINK_POLL)
 
     async def _register_with_hub(self) -> None:
-        """Have this leaf's key bucket among the sources of the hub's, and its PULSE_OUT
-        among those of the hub's PULSE (keys first: an event is opened with its key)."""
+        """Have this leaf's key bucket among the sources of the hub's, its PULSE_OUT among
+        those of each of the hub's streams (filtered to what each holds), and each of the
+        hub's streams among those of its PULSE (keys first: an event is opened with its
+        key). The hub's N is read here (its PULSE's metadata): more after a raise."""
         hub = self.nc.jetstream(domain=self.hub_domain, timeout=2.0)
-        mine = _api(self.domain)
+        metadata = (await hub.stream_info(self.settings.name)).config.metadata or {}
+        if TARGET_KEY in metadata:  # (its sources are being re-filtered: after that)
+            raise LogUnavailable(f"the hub's partitions are being raised to {metadata[TARGET_KEY]}")
+        partitions = partitions_in(metadata)
+        if (partitions > 1) != self.settings.bucketed:
+            raise ValidationError(
+                f"partitions: the hub's log is {_form(partitions)} ({partitions} "
+                f"partition(s)) and this edge host's was made {_form(self.settings.partitions)}"
+                f" ({self.settings.partitions}): their subjects differ, so this host's events "
+                "do not go to the hub; open it on a new data directory with the hub's "
+                "--partitions (it catches up from the hub)"
+            )
+        self._problem = None
+        self._hub_partitions = partitions
+        mine, theirs = _api(self.domain), _api(self.hub_domain)
         external = api.ExternalStream(api=mine)
         keys = keys_out_source(self.settings, external=external)
-        await self._add_source(hub, f"KV_{keys_name(self.settings)}", keys, mine)
-        source = api.StreamSource(name=out_name(self.settings), external=external)
-        await self._add_source(hub, self.settings.name, source, mine)
+        await self._add_source(hub, f"KV_{keys_name(self.settings)}", keys)
+        streams = hub_streams(self.settings, partitions)
+        for part, stream in enumerate(streams):
+            source = out_source(self.settings, partitions, part, external=external)
+            await self._add_source(hub, stream, source)
+        for stream in streams:
+            source = api.StreamSource(name=stream, external=api.ExternalStream(api=theirs))
+            await self._add_source(self.admin, self.settings.name, source)
 
-    async def _add_source(
-        self, js: JetStreamContext, stream: str, source: Any, prefix: str
-    ) -> None:
-        """Add ``source`` to the sources of ``js``'s ``stream`` unless one by ``prefix``
-        is there. A stream's configuration is read, changed and written whole, with no
-        check that nobody changed it meanwhile: two leaves doing so at once can undo each
+    async def _add_source(self, js: JetStreamContext, stream: str, source: Any) -> None:
+        """Add ``source`` to the sources of ``js``'s ``stream`` unless one of its name and
+        domain is there (its filters as they are: a raise of the hub's partitions sets
+        them). A stream's configuration is read, changed and written whole, with no check
+        that nobody changed it meanwhile: two leaves doing so at once can undo each
         other's change. So it is read again until the source is there (and the link
         watcher checks every few seconds that it still is)."""
+        key = _source_key(source)
         for _ in range(10):
             config = (await js.stream_info(stream)).config
-            if any(_is_external(s, prefix) for s in config.sources or []):
+            if any(_source_key(s) == key for s in config.sources or []):
                 return
             await js.update_stream(
                 dataclasses.replace(config, sources=[*(config.sources or []), source])
             )
-        raise LogUnavailable(f"cannot keep source {prefix} on {stream}")
+        raise LogUnavailable(f"cannot keep source {key[0]} ({key[1]}) on {stream}")
 
     async def _readd_sources(self) -> None:
         """Drop and re-add the cross-domain sources: they resume now (where they were).
         The key buckets' first: an event is opened with its key."""
         hub = self.nc.jetstream(domain=self.hub_domain, timeout=2.0)
-        readded: list[tuple[JetStreamContext, str, Any, str]] = []
+        mine, theirs = _api(self.domain), _api(self.hub_domain)
         buckets = f"KV_{keys_name(self.settings)}"
-        for js, stream, prefix in (
-            (self.admin, buckets, _api(self.hub_domain)),
-            (hub, buckets, _api(self.domain)),
-            (self.admin, self.settings.name, _api(self.hub_domain)),
-            (hub, self.settings.name, _api(self.domain)),
-        ):
+        targets = [
+            (self.admin, buckets, theirs), (hub, buckets, mine),
+            (self.admin, self.settings.name, theirs),
+            *((hub, stream, mine) for stream in hub_streams(self.settings, self._hub_partitions)),
+        ]  # fmt: skip
+        readded: list[tuple[JetStreamContext, str, list[Any]]] = []
+        for js, stream, prefix in targets:
             config = (await js.stream_info(stream)).config
             sources = list(config.sources or [])
             keep = [s for s in sources if not _is_external(s, prefix)]
             if len(keep) == len(sources):
                 continue
             await js.update_stream(dataclasses.replace(config, sources=keep))
-            mine = next(s for s in sources if _is_external(s, prefix))
-            await self._add_source(js, stream, mine, prefix)
-            readded.append((js, stream, mine, prefix))
-        for js, stream, mine, prefix in readded:  # once more, all done: another leaf
-            await self._add_source(js, stream, mine, prefix)  # may have undone one meanwhile
+            ours = [s for s in sources if _is_external(s, prefix)]
+            for source in ours:
+                await self._add_source(js, stream, source)
+            readded.append((js, stream, ours))
+        for js, stream, ours in readded:  # once more, all done: another leaf may have
+            for source in ours:  # undone one meanwhile
+                await self._add_source(js, stream, source)
 
     def key_store(self) -> KeyStore:
         """This host's key bucket and its copy of the hub's (``LeafKeyStore``)."""
@@ -732,20 +853,29 @@ class LeafLog(JetStreamLog):
             )
             for source in info.get("sources") or []:
                 if _is_external(source, _api(self.hub_domain)):
-                    inbound = int(source.get("lag") or 0)
+                    inbound = (inbound or 0) + int(source.get("lag") or 0)
         exact = False
-        if up:
-            with contextlib.suppress(Exception):
-                subject = f"{_api(self.hub_domain)}.STREAM.INFO.{self.settings.name}"
-                info = json.loads((await self.nc.request(subject, b"", 2.0)).data)
-                for source in info.get("sources") or []:
-                    if _is_external(source, _api(self.domain)):
-                        self._hub_seq = int(source.get("seq") or 0)
-                        exact = True
+        backlog = None
+        if up:  # each of the hub's streams' source of this host's PULSE_OUT
+            streams = hub_streams(self.settings, self._hub_partitions)
+            seen: list[tuple[int, int]] = []  # (the last of PULSE_OUT it took, its lag)
+            for stream in streams:
+                with contextlib.suppress(Exception):
+                    subject = f"{_api(self.hub_domain)}.STREAM.INFO.{stream}"
+                    info = json.loads((await self.nc.request(subject, b"", 2.0)).data)
+                    for source in info.get("sources") or []:
+                        if _is_external(source, _api(self.domain)):
+                            seen.append((int(source.get("seq") or 0), int(source.get("lag") or 0)))
+            if len(seen) == len(streams):
+                exact = True
+                self._hub_seq = max(seq for seq, _ in seen)
+                # (a filtered source takes the last of its own: the rest, its lag)
+                backlog = sum(lag for _, lag in seen) if len(streams) > 1 else None
         return LeafStatus(
             link="up" if up else "down", domain=self.domain, hub_domain=self.hub_domain,
-            hub=self._hub_name, rtt=self._rtt, outbound_backlog=max(0, last - self._hub_seq),
-            backlog_exact=exact, inbound_lag=inbound, last_up_ms=self._last_up_ms,
+            hub=self._hub_name, rtt=self._rtt, backlog_exact=exact,
+            outbound_backlog=max(0, last - self._hub_seq) if backlog is None else backlog,
+            inbound_lag=inbound, last_up_ms=self._last_up_ms, problem=self._problem,
         )  # fmt: skip
 
     async def close(self) -> None:

@@ -48,6 +48,7 @@ from eventlog.log import EventLog, LogEntry, OwnEvents, StreamState
 from eventlog.partitions import (
     METADATA_KEY,
     SEQ_BITS,
+    TARGET_KEY,
     Layout,
     Resume,
     bucket_token,
@@ -643,7 +644,6 @@ class LocalLog(EventLog):
 
 _NOT_COPIED = ("Nats-Expected-", "Status", "Description")  # headers a copy does not carry
 _PREFIX_MOVING = "pulse.moving"  # a placeholder subject while a stream's buckets move
-TARGET_KEY = "pulse.partitions.target"  # in PULSE's metadata while a repartition runs
 
 
 async def raise_partitions(

@@ -51,6 +51,7 @@ BUCKETS = 64
 SEQ_BITS = 48  # a stream sequence below 2**48 (281 trillion messages a partition)
 MAX_PARTITIONS = 31  # (positions stay below 2**53: exact as JSON numbers everywhere)
 METADATA_KEY = "pulse.partitions"  # in PULSE's stream metadata: how many partitions
+TARGET_KEY = "pulse.partitions.target"  # in PULSE's metadata while a repartition runs
 _PREFIX = "pulse"
 
 # per partition, the sequence a reader goes on from (a partition absent: from 1)

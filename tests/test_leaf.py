@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 import pytest
@@ -22,6 +23,7 @@ from eventlog.embedded import NatsCredentials
 from eventlog.keys import DESTROYED, key_name
 from eventlog.leaf import LeafLog, out_name
 from ops.cluster import free_ports
+from ops.connect import first_stream
 from projections.queries import Experience
 from sync import PulseDB
 from tests.harness import PULSE, clean_env, eventually, hub_server, start, stop
@@ -64,8 +66,7 @@ async def edge(tmp_path: Path) -> AsyncIterator[Edge]:
 
 async def msg_ids(db: PulseDB, stream: str) -> Counter[str]:
     """How many times each ``Nats-Msg-Id`` is in ``stream`` (read raw, message by message)."""
-    assert isinstance(db.log, LeafLog) or db.log is not None
-    admin = db.log.admin  # type: ignore[attr-defined]
+    admin = first_stream(db.log).admin
     info = await admin.stream_info(stream)
     found: Counter[str] = Counter()
     seq = int(info.state.first_seq)
@@ -472,3 +473,135 @@ async def test_an_edge_host_forgets_its_copies_of_a_session_deleted_at_the_hub(
         )
 
     await eventually(forgotten, what="the edge host's copies forgotten", timeout=20)
+
+
+# -- a hub in partitions (eventlog.partitions) -------------------------------------------
+
+
+async def _subject_counts(js: Any, stream: str, subject: str) -> dict[str, int]:
+    info = await js.stream_info(stream, subjects_filter=subject)
+    return dict(info.state.subjects or {})
+
+
+async def test_an_edge_host_of_a_hub_in_partitions_writes_to_each_partition_and_converges(
+    tmp_path: Path,
+) -> None:
+    """The edge's events go, by the hub's sources, to the one partition stream that holds
+    their collective; written offline, they arrive once when the link returns; a delete at
+    the edge forgets in that partition too; reopened without --partitions, the edge's
+    data directory remembers them."""
+    from eventlog import StreamSettings
+    from eventlog.partitions import Layout
+
+    layout = Layout(3)
+    server, leaf_url = hub_server(tmp_path)
+    hub = leaf = None
+    try:
+        hub = await PulseDB.open(
+            tmp_path / "hub", server.url, stream_settings=StreamSettings(partitions=3)
+        )
+        leaf = await PulseDB.open(
+            tmp_path / "leaf", leaf_of=leaf_url, stream_settings=StreamSettings(partitions=3)
+        )
+        edge = Edge(server, hub, leaf, leaf_url)
+        await eventually(lambda: link_is(edge, "up"), what="link up", timeout=15)
+        teams: list[UUID] = []  # collectives in two partitions at least, made at both ends
+        while len(teams) < 2 or len({layout.part_of_collective(t) for t in teams}) < 2:
+            maker = hub if len(teams) % 2 else leaf
+            teams.append(await maker.create_collective("owner", f"team {len(teams)}", 2))
+        await converged(hub, leaf)
+        mine = {t: await leaf.record_experience(t, f"edge {t}", [0, 1]) for t in teams}
+        await converged(hub, leaf)
+        for team, eid in mine.items():  # in its collective's partition, and there alone
+            subject = f"pulse.c.{team}.*.experience.{eid}"
+            held = {
+                stream: sum(
+                    (await _subject_counts(first_stream(hub.log).admin, stream, subject)).values()
+                )  # type: ignore[attr-defined]
+                for stream in (layout.stream(p) for p in layout.parts)
+            }
+            assert held == {
+                s: int(s == layout.stream(layout.part_of_collective(team))) for s in held
+            }, held
+            assert (await got(hub, eid)).content == f"edge {team}"
+
+        edge.leaf_server.set_leaf_link(False)
+        await eventually(lambda: link_is(edge, "down"), what="link down", timeout=10)
+        offline = [await leaf.record_experience(t, "edge offline", [1, 1]) for t in teams]
+        for eid in mine.values():
+            await leaf.reinforce_experience(eid)
+            await hub.reinforce_experience(eid)
+        edge.leaf_server.set_leaf_link(True)
+        await converged(hub, leaf)
+        for eid in [*offline, *mine.values()]:
+            assert (await got(hub, eid)).applications == (await got(leaf, eid)).applications
+        for stream in (layout.stream(p) for p in layout.parts):  # each event once a stream
+            ids = await msg_ids(hub, stream)
+            assert not ids or max(ids.values()) == 1, stream
+
+        async def exact() -> bool:
+            status = (await leaf.status()).leaf
+            assert status is not None and status.problem is None
+            return status.backlog_exact and status.outbound_backlog == 0
+
+        await eventually(exact, what="no backlog, exactly", timeout=15)
+
+        gone, team = offline[0], teams[0]
+        await leaf.delete_experience(gone)  # the hub's partition forgets it too
+        subject = f"pulse.c.{team}.*.experience.{gone}"
+        part_stream = layout.stream(layout.part_of_collective(team))
+
+        async def forgotten() -> bool:
+            counts = await _subject_counts(first_stream(hub.log).admin, part_stream, subject)  # type: ignore[attr-defined]
+            return list(counts.values()) == [1]  # the tombstone alone
+
+        await eventually(forgotten, what="the hub's partition forgot", timeout=15)
+        await converged(hub, leaf)
+        assert await hub.get_experience(gone) is None
+
+        data_dir = leaf.data_dir
+        await leaf.close()
+        leaf = await PulseDB.open(data_dir)  # (its PULSE_OUT remembers the partitions)
+        edge.leaf = leaf
+        later = await leaf.record_experience(teams[-1], "after reopening", [1, 0])
+        await converged(hub, leaf)
+        assert (await got(hub, later)).content == "after reopening"
+    finally:
+        for db in (leaf, hub):
+            if db is not None:
+                await db.close()
+        server.stop()
+
+
+async def test_an_edge_host_of_one_stream_says_why_it_does_not_join_a_hub_in_partitions(
+    tmp_path: Path,
+) -> None:
+    from eventlog import StreamSettings, ValidationError
+
+    server, leaf_url = hub_server(tmp_path)
+    hub = leaf = None
+    try:
+        hub = await PulseDB.open(
+            tmp_path / "hub", server.url, stream_settings=StreamSettings(partitions=2)
+        )
+        leaf = await PulseDB.open(tmp_path / "leaf", leaf_of=leaf_url)
+
+        async def told() -> bool:
+            status = (await leaf.status()).leaf  # type: ignore[union-attr]
+            assert status is not None
+            return status.problem is not None and "partitions" in status.problem
+
+        await eventually(told, what="the edge host's problem in its status", timeout=15)
+        cid = await leaf.create_collective("owner", "kept at the edge", 2)
+        assert await leaf.get_collective(cid) is not None
+        assert await hub.get_collective(cid) is None  # (nothing of the wrong form went there)
+        data_dir = leaf.data_dir
+        await leaf.close()
+        leaf = None
+        with pytest.raises(ValidationError, match="partitions: this edge host's log was made"):
+            await PulseDB.open(data_dir, stream_settings=StreamSettings(partitions=2))
+    finally:
+        for db in (leaf, hub):
+            if db is not None:
+                await db.close()
+        server.stop()

@@ -631,16 +631,6 @@ async def test_a_purge_before_a_hosts_number_names_the_place_in_the_subjects_par
         await log.close()
 
 
-async def test_an_edge_host_on_partitions_is_refused(tmp_path: Path) -> None:
-    """An edge host's log is one stream: asked for partitions, it says so, and its
-    server is stopped again (the hub need not be up: nothing is asked of it)."""
-    with pytest.raises(ValidationError, match="partitions: an edge host's log is one stream"):
-        await PulseDB.open(
-            tmp_path / "edge", leaf_of="nats-leaf://leaf:secret@127.0.0.1:9",
-            stream_settings=StreamSettings(partitions=2),
-        )  # fmt: skip
-
-
 async def test_a_host_on_partitions_keeps_idempotent_calls_and_time_travel(
     nats_server: EmbeddedNats, tmp_path: Path
 ) -> None:
