@@ -246,8 +246,10 @@ class PartitionedLog:
         """Per partition the filters reach, the sequence of its last message on them (0:
         none): what a reader that resumed from them has read once it holds these."""
         reach = self.layout.split(self._stored(subjects))
+        # (its last message, not the stream's last sequence: a raise purges what moved,
+        # which may be a stream's last messages, and no reader takes a purged one)
         found = await asyncio.gather(
-            *(self.parts[part].last_seq(filters) for part, filters in reach.items())
+            *(self.parts[part].last_seq(filters or [">"]) for part, filters in reach.items())
         )
         return dict(zip(reach, found, strict=True))
 

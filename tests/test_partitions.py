@@ -657,3 +657,33 @@ async def test_a_host_on_partitions_keeps_idempotent_calls_and_time_travel(
         assert len(await db.list_experiences(crew)) == 1
     finally:
         await db.close()
+
+
+async def test_a_host_syncs_after_a_raise_moved_a_partitions_last_messages(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A raise purges what moved from its old stream, which may be that stream's last
+    messages: a host on the new number still reaches the end of every partition (its
+    last message, not the stream's last sequence)."""
+    two, three = StreamSettings(partitions=2), StreamSettings(partitions=3)
+    a = await PulseDB.open(tmp_path / "a", nats_server.url, stream_settings=two)
+    try:
+        moving = await a.create_collective("o", "moving", embedder="hash")
+        while Layout(2).part_of_collective(moving) == Layout(3).part_of_collective(moving):
+            moving = await a.create_collective("o", "moving", embedder="hash")
+        await a.record_experience(moving, "the last message of its partition, moved")
+    finally:
+        await a.close()
+    log = await PartitionedLog.connect(nats_server.url, two)
+    try:
+        await raise_partitions(log.parts[0], 3)
+    finally:
+        await log.close()
+    b = await PulseDB.open(tmp_path / "b", nats_server.url, stream_settings=three)
+    try:
+        await b.sync(timeout=5)
+        assert [e.content for e in await b.list_experiences(moving)] == [
+            "the last message of its partition, moved"
+        ]
+    finally:
+        await b.close()
