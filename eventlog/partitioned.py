@@ -40,10 +40,13 @@ from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
+from nats.js import api
+
 from eventlog.errors import LogUnavailable, ValidationError
 from eventlog.events import Event
 from eventlog.jetstream import JetStreamLog, _pull
 from eventlog.keys import KeyStore
+from eventlog.leaf import out_name, out_source
 from eventlog.log import EventLog, LogEntry, OwnEvents, StreamState
 from eventlog.partitions import (
     METADATA_KEY,
@@ -644,12 +647,19 @@ class LocalLog(EventLog):
 
 # -- raising the number of partitions ----------------------------------------------------------
 
-_NOT_COPIED = ("Nats-Expected-", "Status", "Description")  # headers a copy does not carry
+# headers a copy does not carry (JetStream refuses a client's publish that carries
+# Nats-Stream-Source, which a message sourced from an edge host's outbox has)
+_NOT_COPIED = ("Nats-Expected-", "Status", "Description", "Nats-Stream-Source")
+_COPIES_WAIT = 30.0  # seconds a window of copies may wait for its acknowledgements
 _PREFIX_MOVING = "pulse.moving"  # a placeholder subject while a stream's buckets move
 
 
 async def raise_partitions(
-    first: JetStreamLog, to: int, *, progress: Callable[[int, int], None] | None = None
+    first: JetStreamLog,
+    to: int,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    drop_edges: bool = False,
 ) -> dict[str, int]:
     """Spread the log whose first stream ``first`` reads over ``to`` partitions (more
     than it has; from one stream too). Every host is stopped first: a bucket's subjects
@@ -664,8 +674,17 @@ async def raise_partitions(
     4. what moved is purged from where it was;
     5. the first stream's metadata says ``to``: hosts of the new number open from here.
 
+    Edge hosts (``eventlog.leaf``) go on through a raise from N >= 2: each partition's
+    source of an edge host's outbox is set to its new buckets in step 1, and the new
+    partitions source it in step 2 (an edge host adds the new partitions to what it
+    sources when it next looks: subjects do not change). A source set anew starts from
+    the outbox's first message: copies the duplicate window no longer remembers are
+    stored twice, and folded once. From one stream, edge hosts write subjects without
+    their bucket: the raise is refused while they send to the log, unless
+    ``drop_edges`` (each has sent what it holds and stopped; made again on partitions).
+
     Interrupted, it is run again and goes on (a message copied twice is folded once: the
-    fold is idempotent by event id). Returns what it did: from, to, copied."""
+    fold is idempotent by event id). Returns what it did: from, to, copied, edges."""
     js, name = first.admin, first.settings.name
     info = await first._retry(lambda: js.stream_info(name), first.read_timeout)
     held = partitions_of(info)
@@ -682,8 +701,19 @@ async def raise_partitions(
         )
     old = Layout(held, name) if held > 1 else None
     readers = 0
+    edges: dict[str, None] = {}  # the edge hosts sending to the log (their domain's API)
     for stream in [name, *([] if old is None else [old.stream(p) for p in old.parts[1:]])]:
-        readers += int((await js.stream_info(stream)).state.consumer_count or 0)
+        stream_info = await js.stream_info(stream)
+        readers += int(stream_info.state.consumer_count or 0)
+        edges.update(dict.fromkeys(_edges_of(stream_info.config, first.settings)))
+    if edges and old is None and not drop_edges:
+        raise ValidationError(
+            f"partitions: {len(edges)} edge host(s) send to the log {name} "
+            f"({', '.join(edges)}), writing subjects of a log of one stream, which a log in "
+            "partitions refuses: let each send what it holds (`pulse status` on it: 0 "
+            "events not at the hub) and stop it, run this again with --drop-edges, and "
+            f"make them again on new data directories with --partitions {to}"
+        )
     if readers:
         raise ValidationError(
             f"partitions: {readers} consumer(s) read the log {name}: stop every host first "
@@ -700,8 +730,11 @@ async def raise_partitions(
         durability=durability_of(info.config.placement),
     )  # fmt: skip
     # 1. the subjects that move leave their streams (their messages stay, to be copied)
-    if old is None:
-        await js.update_stream(dataclasses.replace(info.config, subjects=new.subjects(0)))
+    if old is None:  # (and the edge hosts' sources, if any, dropped: see above)
+        kept = [s for s in info.config.sources or [] if _edge_of_source(s, first.settings) is None]
+        await js.update_stream(
+            dataclasses.replace(info.config, subjects=new.subjects(0), sources=kept or None)
+        )
         sources = {0: name}
     else:
         sources = {}
@@ -710,13 +743,31 @@ async def raise_partitions(
             held_info = await js.stream_info(stream)
             keep = [s for s in old.subjects(part) if s in new.subjects(part)]
             placeholder = [f"{_PREFIX_MOVING}.{stream}"]  # (a stream keeps a subject)
+            refiltered = [  # (an edge host's outbox: to this stream's buckets of ``to``)
+                out_source(first.settings, to, part, external=s.external)
+                if _edge_of_source(s, first.settings) is not None else s
+                for s in held_info.config.sources or []
+            ]  # fmt: skip
             await js.update_stream(
-                dataclasses.replace(held_info.config, subjects=keep or placeholder)
+                dataclasses.replace(
+                    held_info.config, subjects=keep or placeholder, sources=refiltered or None
+                )
             )
             sources[part] = stream
     # 2. the partitions of the new number, each with its buckets
     for part in new.parts[1:]:
         await ensure_streams(js, target.partition(part), update=True)
+        if old is not None and edges:  # each edge host's outbox, filtered to its buckets
+            config = (await js.stream_info(new.stream(part))).config
+            have = set(_edges_of(config, first.settings))
+            more = [
+                out_source(first.settings, to, part, external=api.ExternalStream(api=edge))
+                for edge in edges if edge not in have
+            ]  # fmt: skip
+            if more:
+                await js.update_stream(
+                    dataclasses.replace(config, sources=[*(config.sources or []), *more])
+                )
     # 3. every message that moves, published again where it belongs now
     total = 0
     for stream in sources.values():
@@ -766,12 +817,33 @@ async def raise_partitions(
         dataclasses.replace(latest.config, subjects=new.subjects(0), metadata=metadata,
                             description=target.main_config().description)
     )  # fmt: skip
-    return {"from": held, "to": to, "copied": copied}
+    return {"from": held, "to": to, "copied": copied, "edges": len(edges)}
+
+
+def _edge_of_source(source: api.StreamSource, settings: StreamSettings) -> str | None:
+    """The edge host (its domain's API) whose outbox ``source`` is (``eventlog.leaf``);
+    None: not an edge host's."""
+    if source.name != out_name(settings) or source.external is None:
+        return None
+    return str(source.external.api)
+
+
+def _edges_of(config: api.StreamConfig, settings: StreamSettings) -> list[str]:
+    """The edge hosts whose outbox ``config``'s stream sources: their domain's API."""
+    found = (_edge_of_source(s, settings) for s in config.sources or [])
+    return [edge for edge in found if edge is not None]
 
 
 async def _acknowledged_copies(window: list[asyncio.Future[Any]], layout: Layout) -> int:
     """Wait for the copies' acknowledgements; each must be in its partition's stream."""
-    acks = await asyncio.gather(*window)
+    try:
+        async with asyncio.timeout(_COPIES_WAIT):
+            acks = await asyncio.gather(*window)
+    except TimeoutError:
+        raise LogUnavailable(
+            f"partitions: {len(window)} copies were not acknowledged within "
+            f"{_COPIES_WAIT:g}s; run the raise again (it goes on where it stopped)"
+        ) from None
     window.clear()
     streams = {layout.stream(p) for p in layout.parts[1:]}
     wrong = [a.stream for a in acks if a.stream not in streams]

@@ -17,7 +17,7 @@ from uuid import UUID
 
 import pytest
 
-from eventlog import EmbeddedNats
+from eventlog import EmbeddedNats, JetStreamLog
 from eventlog.codec import HDR_MSG_ID
 from eventlog.embedded import NatsCredentials
 from eventlog.keys import DESTROYED, key_name
@@ -604,4 +604,89 @@ async def test_an_edge_host_of_one_stream_says_why_it_does_not_join_a_hub_in_par
         for db in (leaf, hub):
             if db is not None:
                 await db.close()
+        server.stop()
+
+
+async def test_raising_the_hubs_partitions_keeps_its_edge_hosts(tmp_path: Path) -> None:
+    """A raise from 2 to 3 partitions while an edge host runs: the hub's sources of its
+    outbox follow the buckets, the edge host sources the new partition, and a host of
+    the hub rebuilt on 3 partitions agrees with it, collective by collective."""
+    from eventlog import StreamSettings
+    from eventlog.partitioned import PartitionedLog, raise_partitions
+    from eventlog.partitions import Layout
+
+    two, three = StreamSettings(partitions=2), StreamSettings(partitions=3)
+    server, leaf_url = hub_server(tmp_path)
+    hub = leaf = None
+    try:
+        hub = await PulseDB.open(tmp_path / "hub", server.url, stream_settings=two)
+        leaf = await PulseDB.open(tmp_path / "leaf", leaf_of=leaf_url, stream_settings=two)
+        edge = Edge(server, hub, leaf, leaf_url)
+        await eventually(lambda: link_is(edge, "up"), what="link up", timeout=15)
+        teams: list[UUID] = []  # until one moves to the third partition
+        while not any(Layout(3).part_of_collective(t) == 3 for t in teams):
+            teams.append(await leaf.create_collective("owner", f"team {len(teams)}", 2))
+        moved = next(t for t in teams if Layout(3).part_of_collective(t) == 3)
+        before = {t: await leaf.record_experience(t, "before the raise", [1, 0]) for t in teams}
+        await converged(hub, leaf)
+        await hub.close()
+        hub = None
+        log = await PartitionedLog.connect(server.url, two)
+        try:
+            done = await raise_partitions(log.parts[0], 3)
+        finally:
+            await log.close()
+        assert done["edges"] == 1 and done["copied"] > 0
+        hub = await PulseDB.open(tmp_path / "hub3", server.url, stream_settings=three)
+        edge.hub = hub
+        after = await leaf.record_experience(moved, "after the raise, at the edge", [0, 1])
+        theirs = await hub.record_experience(moved, "after the raise, at the hub", [1, 1])
+        await converged(hub, leaf, timeout=30)
+        assert (await got(hub, after)).content == "after the raise, at the edge"
+        assert (await got(leaf, theirs)).content == "after the raise, at the hub"
+        for team, eid in before.items():
+            assert (await got(hub, eid)).content == "before the raise"
+            assert await hub.digest(team) == await leaf.digest(team)
+        admin = first_stream(hub.log).admin
+        subject = f"pulse.c.{moved}.>"
+        for part in Layout(3).parts[1:]:  # the moved collective in its new partition alone
+            held = sum((await _subject_counts(admin, Layout(3).stream(part), subject)).values())
+            assert bool(held) == (part == 3), (part, held)
+    finally:
+        for db in (leaf, hub):
+            if db is not None:
+                await db.close()
+        server.stop()
+
+
+async def test_a_raise_from_one_stream_is_refused_while_edge_hosts_send_to_it(
+    tmp_path: Path,
+) -> None:
+    from eventlog import ValidationError
+    from eventlog.partitioned import raise_partitions
+
+    server, leaf_url = hub_server(tmp_path)
+    leaf = None
+    try:
+        leaf = await PulseDB.open(tmp_path / "leaf", leaf_of=leaf_url)
+        log = await JetStreamLog.connect(server.url)
+        try:
+
+            async def registered() -> bool:
+                info = await log.admin.stream_info("PULSE")
+                return any(s.external is not None for s in info.config.sources or [])
+
+            await eventually(registered, what="the edge host a source of the hub", timeout=15)
+            with pytest.raises(ValidationError, match="1 edge host.s. send to the log PULSE"):
+                await raise_partitions(log, 2)
+            await leaf.close()
+            leaf = None
+            done = await raise_partitions(log, 2, drop_edges=True)
+            assert done["edges"] == 1
+            assert not await registered()
+        finally:
+            await log.close()
+    finally:
+        if leaf is not None:
+            await leaf.close()
         server.stop()

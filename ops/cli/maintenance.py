@@ -256,6 +256,11 @@ def repartition(args: argparse.Namespace) -> int:
     from one stream does not open on partitions, and one built on fewer partitions
     would hold the moved events' history twice.
 
+    Edge hosts (`pulse up --leaf-of`) go on through a raise from 2 or more partitions:
+    the hub's sources of their events are set to the new partitions. From one stream
+    they must be made again (their subjects change): the raise says so, and with
+    --drop-edges stops taking their events.
+
     example:
       pulse repartition --to 4          # the embedded server of this data directory
       pulse --nats-url nats://a:4222,nats://b:4222 --partitions 4 repartition --to 8
@@ -275,7 +280,9 @@ def repartition(args: argparse.Namespace) -> int:
     async def run() -> dict[str, int]:
         async with open_log(args, create_streams=False) as (log, _server):
             bar = ProgressBar("copying")
-            done = await raise_partitions(first_stream(log), args.to, progress=bar)
+            done = await raise_partitions(
+                first_stream(log), args.to, progress=bar, drop_edges=args.drop_edges
+            )
             bar.finish()
             return done
 
@@ -283,7 +290,8 @@ def repartition(args: argparse.Namespace) -> int:
     report(
         args, dict(done),
         f"the log is in {done['to']} partitions (it was in {done['from']}); "
-        f"{done['copied']} events copied to their new partition",
+        f"{done['copied']} events copied to their new partition"
+        + (f"; {done['edges']} edge host(s) sending to it" if done["edges"] else ""),
     )  # fmt: skip
     return 0
 
@@ -305,6 +313,10 @@ COMMANDS = (
         arguments=(
             arg("--to", type=int, required=True, metavar="N",
                 help="the partitions to spread the collectives over (more than now; 2..31)"),
+            arg("--drop-edges", action="store_true",
+                help="from one stream: stop taking the events of the edge hosts that send "
+                "to the log (each has sent what it holds and stopped; make them again with "
+                "the new --partitions)"),
             _JSON_OBJECT,
         ),
     ),  # fmt: skip
