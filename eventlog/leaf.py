@@ -222,25 +222,23 @@ def _source_key(source: api.StreamSource) -> tuple[str, str | None]:
     return source.name, source.external.api if source.external else None
 
 
-async def edge_settings(
-    js: JetStreamContext, settings: StreamSettings, given: bool
-) -> StreamSettings:
+async def edge_settings(js: JetStreamContext, settings: StreamSettings) -> StreamSettings:
     """The settings of an edge host's log: ``settings`` with the partitions its PULSE_OUT
-    remembers (not ``given``: a data directory opened again without them), or
-    ``settings`` checked against them (subjects of a hub of one stream, or of one in
+    remembers when they name none (1, the default: a data directory opened again without
+    them), else checked against them (subjects of a hub of one stream, or of one in
     partitions: a stream holds one form)."""
     try:
         info = await js.stream_info(out_name(settings))
     except nats.js.errors.NotFoundError:
         return settings
     held = partitions_in(info.config.metadata)
-    if not given:
+    if settings.partitions == 1:
         return dataclasses.replace(settings, partitions=held)
-    if (held > 1) != settings.bucketed:
+    if held == 1:
         raise ValidationError(
-            f"partitions: this edge host's log was made for a hub {_form(held)} "
-            f"({held} partition(s)) and {settings.partitions} were given; give the "
-            "hub's --partitions, or a new data directory (it catches up from the hub)"
+            f"partitions: this edge host's log was made for a hub of one stream and "
+            f"{settings.partitions} partitions were given; open it without --partitions, or "
+            "on a new data directory with the hub's (it catches up from the hub)"
         )
     return settings
 
@@ -438,7 +436,7 @@ class LeafLog(JetStreamLog):
         self.server, self.hub_domain, self.domain = server, hub_domain, server.domain
         try:
             self.settings = await self._retry(
-                lambda: edge_settings(self.admin, self.settings, settings is not None),
+                lambda: edge_settings(self.admin, self.settings),
                 connect_timeout,
             )
             self._hub_partitions = self.settings.partitions  # (until the hub says)

@@ -135,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("PULSE_PARTITIONS") or "1",
         help="how many streams hold the collectives, each spread by a hash of its id (2..31: "
         "each its own leader on a cluster, for writes past one stream's); set when the "
-        "deployment is made, and every host gives the same (an edge host's log stays one "
-        "stream, for now); default: $PULSE_PARTITIONS, else 1 (one stream)",
+        "deployment is made, and every host gives the same (an edge host: its hub's); default: "
+        "$PULSE_PARTITIONS, else 1 (one stream)",
     )
     commands = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, parser_class=_CommandParser
