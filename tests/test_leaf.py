@@ -4,6 +4,7 @@ Real servers on loopback; the link is cut by disabling the leaf's remote (SIGHUP
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import subprocess
@@ -22,6 +23,7 @@ from eventlog.codec import HDR_MSG_ID
 from eventlog.embedded import NatsCredentials
 from eventlog.keys import DESTROYED, key_name
 from eventlog.leaf import LeafLog, out_name
+from ops.cli import observing
 from ops.cluster import free_ports
 from ops.connect import first_stream
 from projections.queries import Experience
@@ -592,6 +594,8 @@ async def test_an_edge_host_of_one_stream_says_why_it_does_not_join_a_hub_in_par
             return status.problem is not None and "partitions" in status.problem
 
         await eventually(told, what="the edge host's problem in its status", timeout=15)
+        _, shown = await observing.status(leaf, argparse.Namespace(json=False))
+        assert "not sending to the hub: partitions: the hub's log is in partitions" in shown
         cid = await leaf.create_collective("owner", "kept at the edge", 2)
         assert await leaf.get_collective(cid) is not None
         assert await hub.get_collective(cid) is None  # (nothing of the wrong form went there)

@@ -55,7 +55,8 @@ async def status(db: Any, args: argparse.Namespace) -> tuple[Any, str]:
     of its events and the host's lag. On an edge
     host (`pulse up --leaf-of`), its link to the hub: up or down, the hub and its round
     trip, this host's events the hub does not hold yet (exact while the link is up, "at
-    least" while it is down) and the hub's events not sourced here yet. Admins only.
+    least" while it is down), the hub's events not sourced here yet, and what keeps it
+    from sending to the hub if anything does. Admins only.
     While `pulse up` serves the data directory, it answers.
 
     example:
@@ -115,6 +116,8 @@ async def status(db: Any, args: argparse.Namespace) -> tuple[Any, str]:
             f"leaf      {leaf.domain}: {link}; {backlog} events not at the hub yet, "
             f"{inbound} of the hub's not here yet"
         )
+        if leaf.problem is not None:
+            lines.append(f"          not sending to the hub: {leaf.problem}")
     return record, "\n".join(lines)
 
 
