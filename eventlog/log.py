@@ -99,6 +99,11 @@ class EventLog(abc.ABC):
     async def stream_state(self) -> StreamState:
         """The main stream's state: messages, sequences, replicas, its readers."""
 
+    async def partition_states(self) -> list[StreamState]:
+        """The state of each partition stream, a log in partitions' (``eventlog.partitions``:
+        the main stream holds wisdom and tokens); none for a log of one stream."""
+        return []
+
     @abc.abstractmethod
     async def append(self, event: Event, *, expected_last_subject_seq: int | None = None) -> int:
         """Store one event and return its stream sequence once it is durably stored.

@@ -516,6 +516,9 @@ class LocalLog(EventLog):
     async def stream_state(self) -> StreamState:
         return await self.partitioned.parts[0].stream_state()
 
+    async def partition_states(self) -> list[StreamState]:
+        return (await self.partitioned.stream_states())[1:]
+
     async def append(self, event: Event, *, expected_last_subject_seq: int | None = None) -> int:
         pos = await self.partitioned.append(
             event, expected_last_subject_seq=expected_last_subject_seq

@@ -57,6 +57,8 @@ class HostStatus(msgspec.Struct, frozen=True, kw_only=True):
     replicating: bool  # False: the replication loop stopped (see the log)
     leaf: LeafStatus | None = None  # an edge host (``open(leaf_of=...)``): its link
     snapshot: SnapshotStatus | None = None  # the analysts' copy (``projections.snapshot``)
+    # a log in partitions: each partition stream (``stream`` holds wisdom and tokens)
+    partitions: tuple[StreamState, ...] = ()
 
 
 class Host:
@@ -111,7 +113,9 @@ class Host:
         self.gate.me().need_admin("reading the status")
         stream = await self.log.stream_state()
         filters = self.following.filters()
-        last = stream.last_seq if filters is None else await self.log.last_seq(filters)
+        last = stream.last_seq
+        if filters is not None or self.log.numbered_here:  # (the latter: the host's numbers)
+            last = await self.log.last_seq(filters)
         applied = self.replication.applied
         collectives = []
         if self.following.scope is not None:
@@ -142,6 +146,7 @@ class Host:
             replicating=self.replication.failure is None,
             leaf=await self.log.leaf_status() if isinstance(self.log, LeafLog) else None,
             snapshot=self.engine.snapshot_status(),
+            partitions=tuple(await self.log.partition_states()),
         )  # fmt: skip
 
     async def dead_letters(

@@ -687,3 +687,30 @@ async def test_a_host_syncs_after_a_raise_moved_a_partitions_last_messages(
         ]
     finally:
         await b.close()
+
+
+async def test_the_status_of_a_host_on_partitions_shows_each_partition_and_its_true_lag(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    import argparse
+
+    from ops.cli import observing
+
+    db = await PulseDB.open(
+        tmp_path / "h", nats_server.url, stream_settings=StreamSettings(partitions=3)
+    )
+    try:
+        teams = [await db.create_collective("o", f"team {i}", embedder="hash") for i in range(4)]
+        for team in teams:
+            await db.record_experience(team, "a lesson")
+        await db.sync()
+        status = await db.status()
+        assert [p.name for p in status.partitions] == ["PULSE_P1", "PULSE_P2", "PULSE_P3"]
+        assert sum(p.messages for p in status.partitions) == 8  # (4 creates, 4 records)
+        assert all(len(p.consumers) == 1 for p in status.partitions)  # (this host's tail)
+        # the host's own numbering: what it applied of what it took, nothing behind
+        assert status.last_seq == status.applied_seq == 8 and status.lag == 0
+        _, shown = await observing.status(db, argparse.Namespace(json=False))
+        assert "  part    PULSE_P2: " in shown and "applied 8 of 8 (lag 0" in shown
+    finally:
+        await db.close()

@@ -47,7 +47,8 @@ async def status(db: Any, args: argparse.Namespace) -> tuple[Any, str]:
     """The state of this host and of the log it follows.
 
     The stream (messages, sequences, replicas, the server leading it, the streams it
-    sources, and its readers: each consumer's position and what it has pending), this
+    sources, and its readers: each consumer's position and what it has pending; on a log
+    in partitions, each partition stream's messages, sequences and consumers), this
     host (the sequence it applied, how far behind the log it is, the engine's backlog,
     dead letters), the analysts' snapshot (its path, the sequence it holds, how long its
     oldest missing change has waited, and the bound on that wait), and on a host that
@@ -72,6 +73,12 @@ async def status(db: Any, args: argparse.Namespace) -> tuple[Any, str]:
         + (f", leader {stream.leader}" if stream.leader else "")
         + (f", on {stream.durability} servers" if stream.durability else ""),
     ]
+    for part in found.partitions:  # (a log in partitions: this host's consumers on each)
+        lines.append(
+            f"  part    {part.name}: {part.messages:,} messages ({part.bytes:,} bytes), "
+            f"sequences {part.first_seq:,}..{part.last_seq:,}, {len(part.consumers)} "
+            "consumers" + (f", leader {part.leader}" if part.leader else "")
+        )
     for source in stream.sources:
         lines.append(f"  source  {source['name']}: lag {source['lag']}")
     lines.append(f"readers   {len(stream.consumers)} consumers")
