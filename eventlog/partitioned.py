@@ -383,6 +383,12 @@ class LocalLog(EventLog):
         self._next = applied + 1
         self._resume = {p: int(positions.get(p, 0)) for p in self._resume}
 
+    async def from_now(self) -> int:
+        """Number from what the partitions store from now on (``pulse tail --new``): the
+        sequence a tail starts from then."""
+        self.begin(self._next - 1, await self.partitioned.last_positions())
+        return self._next
+
     def _taken(self, part: int, batch: Sequence[LogEntry]) -> list[LogEntry]:
         """Number what partition ``part`` gave (in its order, by its stream's sequences),
         skipping what was handed out already, and wake the writers waiting for it."""

@@ -714,3 +714,43 @@ async def test_the_status_of_a_host_on_partitions_shows_each_partition_and_its_t
         assert "  part    PULSE_P2: " in shown and "applied 8 of 8 (lag 0" in shown
     finally:
         await db.close()
+
+
+async def test_pulse_tail_new_on_partitions_shows_only_what_arrives(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """`pulse --partitions 2 tail --new` starts at every partition's end; --from-seq,
+    which names no one place in partitions, is refused naming the field."""
+    import asyncio
+    import contextlib
+    import time
+
+    from tests.harness import PULSE, cli_env
+
+    db = await PulseDB.open(
+        tmp_path / "h", nats_server.url, stream_settings=StreamSettings(partitions=2)
+    )
+    try:
+        teams = [await db.create_collective("o", f"team {i}", embedder="hash") for i in range(3)]
+        old = {str(await db.record_experience(t, "before the tail")) for t in teams}
+        connect = ("--data-dir", str(tmp_path / "cli"), "--nats-url", nats_server.url)
+        tail = await asyncio.create_subprocess_exec(
+            PULSE, *connect, "--partitions", "2", "tail", "--new", "--limit", "1", "--json",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=cli_env(),
+        )  # fmt: skip
+        new: set[str] = set()
+        deadline = time.monotonic() + 30
+        while tail.returncode is None and time.monotonic() < deadline:  # (until it read one)
+            new.add(str(await db.record_experience(teams[len(new) % 3], "after")))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(tail.wait(), 0.3)
+        out, err = await tail.communicate()
+        assert tail.returncode == 0, err.decode()
+        (line,) = out.decode().splitlines()
+        shown = json.loads(line)["event"]
+        assert shown["experience_id"] in new and shown["experience_id"] not in old
+    finally:
+        await db.close()
+    refused = pulse(*connect[2:], "--partitions", "2", "tail", "--from-seq", "5",
+                    data_dir=tmp_path / "cli")  # fmt: skip
+    assert refused.returncode == 1 and "from_seq: a log in partitions" in refused.stderr

@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from eventlog.errors import ValidationError
 from ops.cli.declare import Command, arg, positive
 from ops.cli.output import plain, table
 from ops.cli.running import wait_for_signal
@@ -165,7 +166,8 @@ def _summary(entry: LogEntry) -> str:
 def tail(args: argparse.Namespace) -> int:
     """Print events as they arrive on the log (from the start, or --from-seq / --new).
 
-    One line per event: stream sequence, event type, subject and a few fields; with
+    One line per event: stream sequence (on a log in partitions, --partitions, this
+    command's own count of what it read), event type, subject and a few fields; with
     --json, one JSON object per line. Runs until Ctrl-C or --limit events. What the log
     holds sealed (an entity's text and vector) is shown opened with its data key; an
     event whose key a delete destroyed shows as `sealed`, with its kind only.
@@ -181,13 +183,22 @@ def tail(args: argparse.Namespace) -> int:
 
     from eventlog.events import Sealed
     from eventlog.keys import Keyring
+    from eventlog.partitioned import LocalLog
     from eventlog.sealing import Sealer
     from eventlog.subjects import collective_filter
     from ops.connect import open_log
 
     async def run() -> int:
         async with open_log(args) as (log, _server):
-            start = (await log.last_seq()) + 1 if args.new else args.from_seq
+            if log.numbered_here and args.from_seq > 1:
+                raise ValidationError(
+                    "from_seq: a log in partitions has no one sequence to start from; "
+                    "read it from the start, or --new"
+                )
+            if isinstance(log, LocalLog) and args.new:  # (it numbers what it takes)
+                start = await log.from_now()
+            else:
+                start = (await log.last_seq()) + 1 if args.new else args.from_seq
             subjects = collective_filter(args.collective) if args.collective else None
             count = 0
             sealer = Sealer(Keyring(log.key_store()))
