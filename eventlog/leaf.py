@@ -742,10 +742,7 @@ class LeafLog(JetStreamLog):
                     ):
                         self._reacting = asyncio.ensure_future(self.on_link_up())
                     log.info("link to the hub (domain %s) up; sources resumed", self.hub_domain)
-                except ValidationError as exc:  # (told once, in the status until mended)
-                    if self._problem != str(exc):
-                        log.error("%s", exc)
-                    self._problem = str(exc)
+                except ValidationError:  # (_register_with_hub told it: the status says it)
                     up = False
                 except Exception as exc:  # the hub's API may need a moment: next round
                     log.info("link up but the hub's JetStream did not answer yet (%r)", exc)
@@ -765,14 +762,18 @@ class LeafLog(JetStreamLog):
         if TARGET_KEY in metadata:  # (its sources are being re-filtered: after that)
             raise LogUnavailable(f"the hub's partitions are being raised to {metadata[TARGET_KEY]}")
         partitions = partitions_in(metadata)
-        if (partitions > 1) != self.settings.bucketed:
-            raise ValidationError(
+        if (partitions > 1) != self.settings.bucketed:  # (a raise from one stream, too)
+            problem = (
                 f"partitions: the hub's log is {_form(partitions)} ({partitions} "
                 f"partition(s)) and this edge host's was made {_form(self.settings.partitions)}"
                 f" ({self.settings.partitions}): their subjects differ, so this host's events "
                 "do not go to the hub; open it on a new data directory with the hub's "
                 "--partitions (it catches up from the hub)"
             )
+            if self._problem != problem:  # (told once; the status says it until mended)
+                log.error("%s", problem)
+            self._problem = problem
+            raise ValidationError(problem)
         self._problem = None
         self._hub_partitions = partitions
         mine, theirs = _api(self.domain), _api(self.hub_domain)

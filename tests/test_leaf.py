@@ -683,11 +683,19 @@ async def test_a_raise_from_one_stream_is_refused_while_edge_hosts_send_to_it(
             await eventually(registered, what="the edge host a source of the hub", timeout=15)
             with pytest.raises(ValidationError, match="1 edge host.s. send to the log PULSE"):
                 await raise_partitions(log, 2)
-            await leaf.close()
-            leaf = None
             done = await raise_partitions(log, 2, drop_edges=True)
             assert done["edges"] == 1
             assert not await registered()
+
+            async def told() -> bool:  # (the edge host, still running, sees the raise)
+                assert leaf is not None
+                status = (await leaf.status()).leaf
+                return status is not None and "the hub's log is in partitions" in (
+                    status.problem or ""
+                )
+
+            await eventually(told, what="the edge host's problem in its status", timeout=20)
+            assert not await registered()  # (it does not add itself again)
         finally:
             await log.close()
     finally:
