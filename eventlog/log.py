@@ -12,6 +12,7 @@ only the last message per agent, so they never show up in ``read`` or ``tail``.
 from __future__ import annotations
 
 import abc
+import contextlib
 from dataclasses import dataclass
 from types import TracebackType
 from typing import AsyncGenerator, Callable, Sequence
@@ -209,6 +210,17 @@ class EventLog(abc.ABC):
         """``before_seq`` of a purge of ``subject`` as it may be kept to be done after a
         restart (an owed purge, ``sync.owed``): here, as it is."""
         return before_seq
+
+    async def entry_at(self, seq: int, subject: str, position: int | None) -> LogEntry | None:
+        """The message a host applied as ``seq`` on ``subject``, read again (a dead letter,
+        after an upgrade: ``projections.engine``), or None when the log no longer holds it
+        (forgotten since). ``position``: where the log holds it, in a log whose sequences
+        are the host's own (``numbered_here``); unused here."""
+        reading = self.read(seq, batch_size=1, subjects=[subject])
+        async with contextlib.aclosing(reading) as batches:
+            async for batch in batches:
+                return batch[0] if batch and batch[0].seq == seq else None
+        return None
 
     def follow_mark(self, collective_id: UUID, applied: int) -> int:
         """Where a collective this host starts to follow is caught up to from the log's

@@ -383,6 +383,23 @@ class LocalLog(EventLog):
         self._next = applied + 1
         self._resume = {p: int(positions.get(p, 0)) for p in self._resume}
 
+    async def entry_at(self, seq: int, subject: str, position: int | None) -> LogEntry | None:
+        """``EventLog.entry_at``: read again where the log holds it (``position``), and
+        given the number this host gave it then (None: a message kept aside before its
+        position was, or forgotten since)."""
+        if position is None:
+            return None
+        part, at = part_of(position), seq_of(position)
+        if part not in self._resume:
+            return None
+        reading = self.partitioned.parts[part].read(at, batch_size=1, subjects=[subject])
+        async with contextlib.aclosing(reading) as batches:
+            async for batch in batches:
+                if batch and batch[0].seq == at:
+                    return replace(batch[0], seq=seq, position=position)
+                return None
+        return None
+
     async def from_now(self) -> int:
         """Number from what the partitions store from now on (``pulse tail --new``): the
         sequence a tail starts from then."""

@@ -298,30 +298,27 @@ class Engine:
 
     async def readmit(self, log_: EventLog) -> int:
         """After an upgrade, read every message kept aside again, each by its sequence
-        (the log still holds it), and fold what now reads (``Projection.readmit``);
+        (on a log in partitions, its position; the log still holds it), and fold what now
+        reads (``Projection.readmit``);
         returns how many now apply. Nothing is read unless this Pulse reads a newer wire
         schema than the one that kept them aside, but for sealed events whose key had
         not reached the key store: those are read again at every open."""
         due = await self.run(Projection.readmit_due)
         if not due:
             return 0
-        if log_.numbered_here:  # (its sequences are this host's: not found by them again)
+        if log_.numbered_here and any(position is None for _, _, position in due):
+            unplaced = sum(1 for _, _, position in due if position is None)
             log.warning(
-                "%d dead letters are not read again: on a log in partitions a message is "
-                "not yet found again by this host's sequence",
-                len(due),
+                "%d dead letters are not read again: kept aside on a log in partitions "
+                "before Pulse kept where (schema 12); a rebuild reads them again",
+                unplaced,
             )
-            return 0
+            due = [d for d in due if d[2] is not None]
         entries: list[LogEntry] = []
         gone: list[int] = []
-        for seq, subject in due:
-            found: LogEntry | None = None
-            reading = log_.read(seq, batch_size=1, subjects=[subject])
-            async with contextlib.aclosing(reading) as batches:
-                async for batch in batches:
-                    found = batch[0] if batch else None
-                    break
-            if found is not None and found.seq == seq:
+        for seq, subject, position in due:  # (a log in partitions: found by its position)
+            found = await log_.entry_at(seq, subject, position)
+            if found is not None:
                 # (a key missing still is not waited for again: it was, when first read)
                 entries.extend(await self._sealer(log_).open([found], key_wait=0.0))
             else:

@@ -328,8 +328,9 @@ class Projection:
         self.sync_indexes()
         return len(entries)
 
-    def readmit_due(self) -> list[tuple[int, str]]:
-        """The dead letters to read again (sequence, subject): the messages kept aside
+    def readmit_due(self) -> list[tuple[int, str, int | None]]:
+        """The dead letters to read again (sequence, subject, position: in a log in
+        partitions, where the log holds it; else None): the messages kept aside
         unread or unapplied, when this Pulse reads a newer wire schema than the one that
         kept them aside (it was upgraded); otherwise those sealed with a key that had not
         reached the key store (``eventlog.sealing``). (Events kept aside for naming
@@ -337,7 +338,7 @@ class Projection:
         none to read, the version is recorded."""
         self._check_owner()
         due = sorted(
-            (r.seq, r.subject)
+            (r.seq, r.subject, r.position)
             for r in self.memory.rejected.values()
             if not r.reason.startswith(MISPLACED)
         )
@@ -346,7 +347,7 @@ class Projection:
         if self.store.wire_schema() != codec.SCHEMA_VERSION:
             self.store.set_wire_schema(codec.SCHEMA_VERSION)
         return sorted(
-            (r.seq, r.subject)
+            (r.seq, r.subject, r.position)
             for r in self.memory.rejected.values()
             if r.reason.startswith(KEY_MISSING)
         )  # (sealed events whose key had not come: it may have since)
@@ -385,6 +386,7 @@ class Projection:
                         seq=entry.seq, subject=entry.subject,
                         reason=error.reason if error else "unreadable",
                         instance_id=getattr(error, "instance_id", None),
+                        position=entry.position,
                     )
                 )  # fmt: skip
                 continue
@@ -419,7 +421,7 @@ class Projection:
                 self.memory.reject(
                     Rejected(
                         seq=entry.seq, subject=entry.subject, reason=f"cannot apply: {exc}",
-                        instance_id=entry.event.instance_id,
+                        instance_id=entry.event.instance_id, position=entry.position,
                     )
                 )  # fmt: skip
         touched = self.memory.merge(delta)
@@ -428,7 +430,7 @@ class Projection:
                 self.memory.reject(
                     Rejected(
                         seq=entry.seq, subject=entry.subject, reason=why,
-                        instance_id=entry.event.instance_id,
+                        instance_id=entry.event.instance_id, position=entry.position,
                     )
                 )  # fmt: skip
         pending = self._unindexed
@@ -465,6 +467,7 @@ class Projection:
             Rejected(
                 seq=entry.seq, subject=entry.subject, reason=reason,
                 instance_id=event.instance_id if event is not None else None,
+                position=entry.position,
             )
         )  # fmt: skip
         if entry.seq > self._seq:

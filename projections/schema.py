@@ -53,7 +53,7 @@ from typing import Any
 # alone cannot work out)
 Migration = str | Callable[[Any], None]
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 MISPLACED = "collective_id: not the collective of the entity: "  # dead letter
 
@@ -136,7 +136,8 @@ CREATE TABLE IF NOT EXISTS count_history (
     seq BIGINT NOT NULL, experience_id UUID, instance_id UUID, collective_id UUID,
     applications UBIGINT, hlc UBIGINT, author_owner VARCHAR, author_agent VARCHAR);
 CREATE TABLE IF NOT EXISTS undecodable (
-    seq BIGINT PRIMARY KEY, subject VARCHAR, reason VARCHAR, instance_id UUID);
+    seq BIGINT PRIMARY KEY, subject VARCHAR, reason VARCHAR, instance_id UUID,
+    position BIGINT);
 CREATE TABLE IF NOT EXISTS stray_tombstones (
     experience_id UUID NOT NULL, collective_id UUID NOT NULL,
     PRIMARY KEY (experience_id, collective_id));
@@ -355,6 +356,9 @@ DIGEST_BY_COLLECTIVE["undecodable"] = DIGEST_QUERIES["undecodable"].replace(
 
 # from_version -> statements that bring the schema to from_version + 1
 MIGRATIONS: dict[int, list[Migration]] = {
+    # 12: on a log in partitions, where the log holds a dead letter (its position: the
+    # host's number finds it in no stream), so it is read again after an upgrade
+    11: ["ALTER TABLE undecodable ADD COLUMN IF NOT EXISTS position BIGINT"],
     # 11: on a log in partitions, the last sequence of each partition this host applied
     # (partition_positions, made by TABLES), written with the checkpoint: where it resumes
     10: [],

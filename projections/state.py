@@ -67,6 +67,9 @@ class Rejected:
     subject: str
     reason: str
     instance_id: UUID | None = None
+    # where the log holds it, in a log in partitions (``eventlog.partitions.position``):
+    # ``seq`` is this host's number, which finds it again in no stream (None: one stream)
+    position: int | None = None
 
 
 # One event in the audit (the ``audit`` and ``history`` views): seq, type, collective,

@@ -523,8 +523,9 @@ class Store:
                     )
                 for r in batch.rejected:
                     con.execute(
-                        "INSERT OR REPLACE INTO undecodable VALUES (?, ?, ?, ?)",
-                        [r.seq, r.subject, r.reason, r.instance_id],
+                        "INSERT OR REPLACE INTO undecodable "
+                        "(seq, subject, reason, instance_id, position) VALUES (?, ?, ?, ?, ?)",
+                        [r.seq, r.subject, r.reason, r.instance_id, r.position],
                     )
                 if batch.audited:
                     self._audit(con, batch.audited, batch.rows, deleted)
@@ -749,9 +750,9 @@ class Store:
 
     def rejected(self) -> list[Rejected]:
         return [
-            Rejected(seq=int(r[0]), subject=r[1], reason=r[2], instance_id=r[3])
+            Rejected(seq=int(r[0]), subject=r[1], reason=r[2], instance_id=r[3], position=r[4])
             for r in self.con.execute(
-                "SELECT seq, subject, reason, instance_id FROM undecodable ORDER BY seq"
+                "SELECT seq, subject, reason, instance_id, position FROM undecodable ORDER BY seq"
             ).fetchall()
         ]
 

@@ -43,6 +43,7 @@ def as_version_3(con: Any) -> None:
     )
     con.execute("INSERT INTO application_rows SELECT * FROM held")
     con.execute("DROP TABLE held")
+    con.execute("ALTER TABLE undecodable DROP COLUMN position")  # (version 12's)
     con.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
 
 
@@ -88,7 +89,8 @@ def test_a_version_1_database_is_migrated_on_open(tmp_path: Path) -> None:
     threads = store.con.execute("SELECT count(*) FROM checkpoint_rows").fetchall()
     store.close()
     assert "collective_id" in columns and "instance_id" in kept_aside and threads == [(0,)]
-    assert version == (str(schema.SCHEMA_VERSION),) == ("11",)
+    assert "position" in kept_aside
+    assert version == (str(schema.SCHEMA_VERSION),) == ("12",)
 
 
 def test_a_version_6_database_gains_languages_its_collectives_auto(tmp_path: Path) -> None:

@@ -452,3 +452,51 @@ async def test_an_upgraded_host_reads_its_dead_letters_once_and_drops_the_forgot
         assert projection.readmit_due() == []
     finally:
         projection.close()
+
+
+async def test_a_host_on_partitions_reads_its_dead_letters_again_by_their_position(
+    tmp_path: Path,
+    nats_server: EmbeddedNats,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a log in partitions a host's sequences are its own numbering: a message kept
+    aside is found again by where the log holds it (its position), so an upgraded host
+    applies it, and agrees with a host that read the log fresh."""
+    from eventlog import StreamSettings
+    from eventlog.partitioned import PartitionedLog
+    from eventlog.subjects import with_bucket
+
+    url, three = nats_server.url, StreamSettings(partitions=3)
+    old = await PulseDB.open(tmp_path / "old", url, stream_settings=three)
+    teams = [await old.create_collective("owner", f"team {i}", 2) for i in range(3)]
+    lessons = [await old.record_experience(t, "a lesson", [1, 0]) for t in teams]
+    log = await PartitionedLog.connect(url, three)
+    try:
+        for team, eid in zip(teams, lessons, strict=True):  # (a newer release's reinforcement)
+            reinforced = _body(
+                ev.ExperienceReinforced(
+                    **_common(uuid7()), experience_id=eid, collective_id=team, applications=2
+                )
+            )
+            subject = with_bucket(collective_subject(team, "experience", eid))
+            await publish_raw(log.parts[0].js, subject, reinforced, schema=NEW)
+    finally:
+        await log.close()
+    await old.sync()
+    assert len(await messages_kept_aside(old)) == 3
+    await old.close()
+
+    next_release(monkeypatch, lambda body: body)
+    upgraded = await PulseDB.open(tmp_path / "old", url, stream_settings=three)
+    fresh = await PulseDB.open(tmp_path / "fresh", url, stream_settings=three)
+    try:
+        await fresh.sync()
+        assert await messages_kept_aside(upgraded) == {}
+        for eid in lessons:
+            got = await upgraded.get_experience(eid)
+            assert got is not None and got.applications == 2
+        for team in teams:
+            assert await upgraded.digest(team) == await fresh.digest(team)
+    finally:
+        await upgraded.close()
+        await fresh.close()
