@@ -177,16 +177,20 @@ def test_an_embedded_server_is_fsync_and_refuses_another_durability(
 def test_the_benchmark_runs_small() -> None:
     """`python -m ops.bench.durability` (docs/benchmarks.md), at a size a test affords:
     a row for each durability, writer and number of streams (Pulse's log layer and a
-    Pulse host on 2 partitions too: ``eventlog.partitioned``), beside raw's."""
+    Pulse host, one record a call and a batch a call, on 2 partitions too:
+    ``eventlog.partitioned``), beside raw's."""
     ran = subprocess.run(
         [sys.executable, "-m", "ops.bench.durability", "--seconds", "0.5", "--partitions",
-         "1,2", "--callers", "2", "--inflight", "8"],
+         "1,2", "--callers", "2", "--inflight", "8", "--batch", "3"],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     rows = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
     assert [(r["durability"], r["writer"], r["partitions"]) for r in rows] == [
-        (d, w, p) for d in ("fsync", "replicated") for w in ("raw", "log", "pulse") for p in (1, 2)
+        (d, w, p)
+        for d in ("fsync", "replicated")
+        for w in ("raw", "log", "pulse", "batch")
+        for p in (1, 2)
     ]
     assert all(r["per_s"] > 0 and r["cores"] > 0 for r in rows)
     assert rows[0]["vs_fsync_one_stream_raw"] == 1.0

@@ -16,7 +16,10 @@ makes them, and:
   encoded, routed to its partition, acknowledged, its position returned);
 - pulse: one client process, a Pulse host on the same cluster (streams of 3 replicas,
   in P partitions), with ``--callers`` concurrent ``record_experience`` calls into P
-  collectives, for ``--seconds``.
+  collectives, for ``--seconds``;
+- batch: the same host, with ``--callers`` / 8 concurrent ``record_experiences`` calls of
+  ``--batch`` experiences each (an agent saving what it learned in one go; an importer):
+  one atomic batch published, and applied, per call.
 
 Each row prints the rate, its ratio to one fsync stream's raw rate (the write ceiling
 the issue measures against), Pulse's ratio to raw on the same durability and one stream,
@@ -144,9 +147,11 @@ async def log_rate(urls: list[str], partitions: int, inflight: int, seconds: flo
 
 
 async def pulse_rate(urls: list[str], root: Path, partitions: int, callers: int,
-                     seconds: float, cluster: LocalCluster) -> tuple[float, Cpu]:  # fmt: skip
-    """``record_experience`` calls per second from ``callers`` concurrent callers, into
-    as many collectives as partitions (each in its own, where the hash allows)."""
+                     seconds: float, cluster: LocalCluster,
+                     batch: int = 1) -> tuple[float, Cpu]:  # fmt: skip
+    """Experiences recorded a second by ``callers`` concurrent callers, into as many
+    collectives as partitions (each in its own, where the hash allows): one
+    ``record_experience`` a call, or (``batch`` > 1) ``record_experiences`` of ``batch``."""
     from sync import PulseDB
 
     name = f"HOST{partitions}"
@@ -165,9 +170,15 @@ async def pulse_rate(urls: list[str], root: Path, partitions: int, callers: int,
             nonlocal done
             i = 0
             while time.perf_counter() < stop:
-                await db.record_experience(teams[n % len(teams)], f"{n}.{i} {text}"[:500],
-                                           vector)  # fmt: skip
-                done += 1
+                team = teams[n % len(teams)]
+                if batch == 1:
+                    await db.record_experience(team, f"{n}.{i} {text}"[:500], vector)
+                else:
+                    await db.record_experiences(team, [
+                        {"content": f"{n}.{i}.{j} {text}"[:500], "embedding": vector}
+                        for j in range(batch)
+                    ])  # fmt: skip
+                done += batch
                 i += 1
 
         with Cpu(cluster) as cpu:
@@ -193,13 +204,15 @@ async def _drop_streams(urls: list[str], name: str, partitions: int) -> None:
 @dataclass
 class Row:
     durability: str
-    kind: str  # the writer: raw, log (Pulse's log layer) or pulse (a host)
+    kind: str  # the writer: raw, log (Pulse's log layer), pulse or batch (a host)
     partitions: int
     per_s: float
     busy: dict[str, float]
 
 
-async def main(seconds: float, partitions: list[int], callers: int, inflight: int) -> None:
+async def main(
+    seconds: float, partitions: list[int], callers: int, inflight: int, batch: int
+) -> None:
     rows: list[Row] = []
     for durability in ("fsync", "replicated"):
         with tempfile.TemporaryDirectory() as tmp:
@@ -216,6 +229,11 @@ async def main(seconds: float, partitions: list[int], callers: int, inflight: in
                     rate, cpu = await pulse_rate(urls, Path(tmp) / f"pulse{p}", p, callers,
                                                  seconds, cluster)  # fmt: skip
                     rows.append(Row(durability, "pulse", p, rate, cpu.busy()))
+                for p in partitions:
+                    rate, cpu = await pulse_rate(urls, Path(tmp) / f"batch{p}", p,
+                                                 max(1, callers // 8), seconds, cluster,
+                                                 batch)  # fmt: skip
+                    rows.append(Row(durability, "batch", p, rate, cpu.busy()))
             finally:
                 cluster.stop()
 
@@ -248,6 +266,12 @@ if __name__ == "__main__":
     parser.add_argument("--callers", type=int, default=32, help="Pulse's concurrent calls (32)")
     parser.add_argument("--inflight", type=int, default=256,
                         help="raw publishes in flight (256)")  # fmt: skip
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=100,
+        help="experiences a record_experiences call of the batch rows (100)",
+    )
     args = parser.parse_args()
     parts = [int(p) for p in args.partitions.split(",") if p.strip()]
-    asyncio.run(main(args.seconds, parts, args.callers, args.inflight))
+    asyncio.run(main(args.seconds, parts, args.callers, args.inflight, args.batch))
