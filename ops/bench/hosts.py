@@ -28,11 +28,18 @@ restart storm) while the writer writes. Each step prints:
   create failed: they read nothing);
 - delivery lag p50 and p99 (the time a host read an event after the stream stored it,
   over every delivery), before the kill, after it and after the restart;
+- the hosts that did not stop within 30 s when the restart stopped them (where they
+  wait goes to standard error), and the connects and first reads that went unanswered
+  and were asked again after a back-off, as a supervised host would (at the ramp, the
+  kill and the restart);
 - API requests the servers dropped (their logs' "dropping" lines) and their memory;
 - the cores the servers and the simulated hosts kept busy while the writer wrote (this
   machine has 2: a step near 2 ran out of them, and says so);
 - the knee: the first step where a create p99 or a lag p99 passes 1 s, a request is
-  dropped, a host is left waiting, or the servers' memory passes half of RAM.
+  dropped, a host is left waiting or does not stop, or the servers' memory passes half
+  of RAM.
+
+``kill -USR1`` on a worker process prints where its tasks wait.
 """
 
 from __future__ import annotations
@@ -40,12 +47,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
+import inspect
 import json
 import multiprocessing
 import os
 import random
 import re
+import signal
 import statistics
+import sys
 import tempfile
 import time
 import urllib.request
@@ -55,7 +66,9 @@ from uuid import UUID
 
 from eventlog import JetStreamLog, StreamSettings
 from eventlog import events as ev
+from eventlog.errors import LogUnavailable
 from eventlog.ids import uuid7
+from eventlog.jetstream import backoff
 from eventlog.partitioned import PartitionedLog
 from eventlog.partitions import Layout
 from eventlog.subjects import collective_filter
@@ -129,6 +142,24 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
     all_made = asyncio.Event()
     cpu_since = time.process_time()
     lags: list[float] = []
+    retried = 0  # connects and first reads a host asked again (unanswered in time)
+    stuck = 0  # hosts that did not stop within STOP_WAIT when the restart stopped them
+
+    async def again(ask: Any) -> Any:
+        """``ask()`` until it answers, after a back-off that doubles up to 5 s, as a host
+        under a supervisor would (``pulse up`` restarted; a tail asking again): what a
+        host starting in a storm meets is counted (``retried``), not fatal."""
+        nonlocal retried
+        failures = 0
+        while True:
+            try:
+                return await ask()
+            except LogUnavailable as exc:
+                failures += 1
+                retried += 1
+                kind = f"{type(exc).__name__} (connect or first read)"
+                errors[kind] = errors.get(kind, 0) + 1
+                await asyncio.sleep(backoff(failures))
 
     def timed(log: JetStreamLog) -> None:
         """Time each consumer create of a host's stream (what its tail asks JetStream)."""
@@ -163,11 +194,11 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
         # (from the end, as a host caught up: what it reads is live, its lag the log's)
         subjects = collective_filter(follows)
         if isinstance(log, PartitionedLog):  # (a consumer on each partition it reads)
-            ends = await log.last_positions(subjects)
+            ends = await again(lambda: log.last_positions(subjects))
             batches = log.tail({p: s + 1 for p, s in ends.items()}, subjects=subjects,
                                own=lambda *_: known)  # fmt: skip
         else:
-            start = await log.last_seq() + 1
+            start = await again(log.last_seq) + 1
             batches = log.tail_batches(start, subjects=subjects, own=lambda *_: known)
         async for batch in batches:
             now = time.time()
@@ -175,7 +206,7 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
 
     async def start(follows: list[UUID]) -> tuple[Log, asyncio.Task[None]]:
         nonlocal consumers
-        log = await _connect(urls, partitions, create=False)
+        log = await again(lambda: _connect(urls, partitions, create=False))
         if isinstance(log, PartitionedLog):
             reached = log.layout.split(collective_filter(follows))
             for part in reached:
@@ -196,11 +227,8 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
 
     async def restart() -> None:
         """Every host stopped, then started again at once (a deploy, a power cut)."""
-        nonlocal consumers
-        for _, task in hosts:
-            task.cancel()
-        await asyncio.gather(*(t for _, t in hosts), return_exceptions=True)
-        await asyncio.gather(*(log.close() for log, _ in hosts), return_exceptions=True)
+        nonlocal consumers, stuck
+        stuck += len(await _stopped(hosts))
         waiting.clear()
         made.clear()
         all_made.clear()
@@ -211,6 +239,7 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
                 await all_made.wait()
 
     loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGUSR1, _print_tasks)  # (kill -USR1: what it awaits)
     while True:
         command, value = await loop.run_in_executor(None, commands.get)
         if command == "grow":
@@ -224,15 +253,68 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
             cpu = time.process_time()
             results.put(("taken", {"creates": creates, "failed": failed, "lags": lags,
                                    "cpu": cpu - cpu_since, "errors": errors,
-                                   "waiting": len(waiting)}))  # fmt: skip
+                                   "waiting": len(waiting), "retried": retried,
+                                   "stuck": stuck}))  # fmt: skip
             creates, lags, failed, cpu_since, errors = [], [], 0, cpu, {}
+            retried = stuck = 0
         elif command == "stop":
-            for _, task in hosts:
-                task.cancel()
-            await asyncio.gather(*(t for _, t in hosts), return_exceptions=True)
-            await asyncio.gather(*(log.close() for log, _ in hosts), return_exceptions=True)
+            await _stopped(hosts)
             results.put(("stopped", None))
             return
+
+
+STOP_WAIT = 30.0  # seconds a stopped host's tail and connection are given to end
+
+
+async def _stopped(hosts: list[tuple[Log, asyncio.Task[None]]]) -> set[asyncio.Task[None]]:
+    """Every host's tail cancelled and its connection closed; returns the tails that did
+    not end within ``STOP_WAIT`` (where they wait is printed: ``_print_tasks``)."""
+    tasks = {task for _, task in hosts}
+    for task in tasks:
+        task.cancel()
+    pending: set[asyncio.Task[None]] = set()
+    if tasks:
+        _, pending = await asyncio.wait(tasks, timeout=STOP_WAIT)
+    if pending:
+        print(f"{len(pending)} hosts' tails did not end when cancelled", file=sys.stderr)
+        _print_tasks()
+    closing = [asyncio.ensure_future(log.close()) for log, _ in hosts]
+    if closing:
+        await asyncio.wait(closing, timeout=STOP_WAIT)
+    return pending
+
+
+def _print_tasks() -> None:
+    """Where a worker's tasks and generators wait (``kill -USR1``), on its standard
+    error: each distinct chain of awaits once, with how many wait there. (A task's own
+    stack stops at an ``async for``; the generators it drives are found apart.)"""
+    chains: dict[str, int] = {}
+
+    def chain(awaiting: Any) -> str:
+        where = []
+        while awaiting is not None:
+            frame = getattr(awaiting, "cr_frame", None) or getattr(awaiting, "ag_frame", None)
+            frame = frame or getattr(awaiting, "gi_frame", None)
+            if frame is not None:
+                code = frame.f_code
+                where.append(f"{Path(code.co_filename).name}:{frame.f_lineno} {code.co_name}")
+            awaiting = (getattr(awaiting, "cr_await", None) or getattr(awaiting, "ag_await", None)
+                        or getattr(awaiting, "gi_yieldfrom", None))  # fmt: skip
+        return " > ".join(where)
+
+    def count(key: str) -> None:
+        chains[key] = chains.get(key, 0) + 1
+
+    tasks = asyncio.all_tasks()
+    for task in tasks:
+        count(("cancelling " if task.cancelling() else "") + "task " + chain(task.get_coro()))
+    for thing in gc.get_objects():
+        if inspect.isasyncgen(thing) and thing.ag_frame is not None:
+            count(("running " if thing.ag_running else "") + "generator " + chain(thing))
+    print(f"worker {os.getpid()}: {len(tasks)} tasks", file=sys.stderr)
+    for key, n in sorted(chains.items(), key=lambda item: -item[1]):
+        print(f"{n:6} {key}", file=sys.stderr)
+    sys.stderr.flush()
 
 
 def _run_worker(*args: Any) -> None:
@@ -335,7 +417,7 @@ async def main(steps: list[int], collectives: int, rate: float, seconds: float,
                 started = time.perf_counter()
                 workers.ask("grow", share)
                 ramp = time.perf_counter() - started
-                workers.ask("take", [None] * processes)  # (the ramp's creates apart)
+                ramped = workers.ask("take", [None] * processes)  # (the ramp's creates apart)
                 servers = _servers_cpu(cluster)
                 writing = time.perf_counter()
                 written = await _write(writer, [str(c) for c in ids], rate, seconds, rng)
@@ -380,6 +462,10 @@ async def main(steps: list[int], collectives: int, rate: float, seconds: float,
                     "restart_lag_p99_ms": _ms(_p(_all(restarted, "lags"), 99)),
                     "restart_dropped_api_requests": _dropped(cluster) - dropped_before_restart,
                     "restart_hosts_waiting": sum(w["waiting"] for w in restarted),
+                    "restart_hosts_stuck": sum(w["stuck"] for w in restarted),
+                    "restart_errors": _merged(restarted, "errors"),
+                    # connects and first reads asked again, at the ramp, the kill, the restart
+                    "retried": sum(w["retried"] for w in (*ramped, *before, *after, *restarted)),
                 }  # fmt: skip
                 rows.append(row)
                 print(json.dumps({"bench": "hosts", **row}), flush=True)
@@ -395,14 +481,15 @@ async def main(steps: list[int], collectives: int, rate: float, seconds: float,
                ("restart: creates", "restart_creates"), ("p99", "restart_create_p99_ms"),
                ("failed", "restart_failed_creates"), ("lag p99", "restart_lag_p99_ms"),
                ("dropped", "restart_dropped_api_requests"),
-               ("waiting", "restart_hosts_waiting"), ("mem MB", "server_memory_mb"),
+               ("waiting", "restart_hosts_waiting"), ("stuck", "restart_hosts_stuck"),
+               ("retried", "retried"), ("mem MB", "server_memory_mb"),
                ("cores: servers", "server_cores"), ("hosts", "host_cores")]  # fmt: skip
     print(" ".join(f"{name:>{max(len(name), 7)}}" for name, _ in columns))
     for r in rows:
         print(" ".join(f"{r[key]!s:>{max(len(name), 7)}}" for name, key in columns))
     print(
         f"knee: {'none up to ' + str(steps[-1]) + ' hosts' if knee is None else knee} "
-        "(lag or create p99 over 1 s, a dropped request, a host left waiting, or the "
+        "(lag or create p99 over 1 s, a dropped request, a host left waiting or stuck, or the "
         "servers' memory past half of RAM)"
     )
 
@@ -435,6 +522,7 @@ def _past_knee(row: dict[str, Any]) -> bool:
                                   "restart_create_p99_ms", "restart_lag_p99_ms"))
             or row["dropped_api_requests"] > 0 or row["restart_dropped_api_requests"] > 0
             or row["storm_hosts_waiting"] > 0 or row["restart_hosts_waiting"] > 0
+            or row["restart_hosts_stuck"] > 0
             or row["server_memory_mb"] * 2**20 > RAM / 2)  # fmt: skip
 
 
