@@ -171,6 +171,8 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
             started = time.perf_counter()
             try:
                 found = await make(*args, **kwargs)
+            except asyncio.CancelledError:
+                raise  # (the host was stopped: the create did not fail)
             except BaseException as exc:
                 failed += 1
                 kind = type(exc).__name__
