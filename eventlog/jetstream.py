@@ -28,7 +28,7 @@ import random
 import ssl
 import time
 from collections import deque
-from typing import Any, AsyncGenerator, Callable, Sequence
+from typing import Any, AsyncGenerator, Callable, Iterable, Sequence
 from uuid import UUID
 
 import msgspec
@@ -856,6 +856,28 @@ async def _merged(
     finally:
         for reader in readers:
             await reader.aclose()
+
+
+async def cancelled(
+    tasks: Iterable[asyncio.Task[Any]], *, within: float = 10.0
+) -> set[asyncio.Task[Any]]:
+    """Cancel ``tasks`` and wait until they end, cancelling those still running again
+    every 0.25 s: nats-py can swallow a cancellation (its ``_flush_pending`` catches
+    ``CancelledError``), and a tail cancelled once then reads on. Returns the tasks
+    still running after ``within`` seconds (what they raised is taken, not logged)."""
+    pending = {task for task in tasks if not task.done()}
+    deadline = time.monotonic() + within
+    while pending:
+        for task in pending:
+            task.cancel()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        done, pending = await asyncio.wait(pending, timeout=min(0.25, left))
+        for task in done:
+            if not task.cancelled():
+                task.exception()  # (retrieved: it ended as it was stopped)
+    return pending
 
 
 def backoff(failures: int, *, first: float = _BACKOFF_FIRST, most: float = _BACKOFF_MOST) -> float:

@@ -44,7 +44,7 @@ from nats.js import api
 
 from eventlog.errors import LogUnavailable, ValidationError
 from eventlog.events import Event
-from eventlog.jetstream import JetStreamLog, _pull
+from eventlog.jetstream import JetStreamLog, _pull, cancelled
 from eventlog.keys import KeyStore
 from eventlog.leaf import out_name, out_source
 from eventlog.log import EventLog, LogEntry, OwnEvents, StreamState
@@ -308,9 +308,7 @@ async def _fan_in(
                 continue
             yield part, batch
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancelled(tasks)  # (cancelled again until each ends: see there)
         for source in sources.values():
             with contextlib.suppress(Exception):
                 await source.aclose()

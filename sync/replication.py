@@ -26,7 +26,7 @@ from uuid import UUID
 from eventlog import events as ev
 from eventlog import subjects
 from eventlog.errors import LogUnavailable, PulseError
-from eventlog.jetstream import JetStreamLog
+from eventlog.jetstream import JetStreamLog, cancelled
 from eventlog.log import EventLog, LogEntry
 from eventlog.sealing import Sealer, tombstone_scope
 from projections.engine import Applied, Engine
@@ -102,11 +102,7 @@ class Replication:
 
     async def stop(self) -> None:
         if self._task is not None:
-            for _ in range(40):  # cancel until it takes (see eventlog.jetstream)
-                self._task.cancel()
-                done, _ = await asyncio.wait({self._task}, timeout=0.25)
-                if done:
-                    break
+            await cancelled({self._task})  # (cancelled until it takes: see there)
             self._task = None
 
     async def _replicate(self, from_seq: int | None = None) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from uuid import UUID
 
@@ -754,3 +755,36 @@ async def test_pulse_tail_new_on_partitions_shows_only_what_arrives(
     refused = pulse(*connect[2:], "--partitions", "2", "tail", "--from-seq", "5",
                     data_dir=tmp_path / "cli")  # fmt: skip
     assert refused.returncode == 1 and "from_seq: a log in partitions" in refused.stderr
+
+
+async def test_a_partition_reader_that_swallows_a_cancellation_still_ends() -> None:
+    """A host reading several partitions stops its readers when it stops. nats-py can
+    swallow a cancellation (``Client._flush_pending`` catches ``CancelledError``), and a
+    reader cancelled once then read on: closing the host's tail waited for it forever.
+    Each reader is cancelled again until it ends (``eventlog.jetstream.cancelled``)."""
+    from eventlog.partitioned import _fan_in
+
+    swallowed: list[int] = []
+
+    async def reader(part: int) -> AsyncGenerator[list[LogEntry], None]:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if part == 2 and not swallowed:  # (as nats-py can, once)
+                    swallowed.append(part)
+                    continue
+                raise
+        yield []  # (never reached: an async generator)
+
+    async def tail() -> None:
+        async for _ in _fan_in({1: reader(1), 2: reader(2)}):
+            pass
+
+    task = asyncio.create_task(tail())
+    await asyncio.sleep(0)  # (the readers start waiting)
+    await asyncio.sleep(0)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=5)
+    assert swallowed == [2], "the reader never saw the first cancellation"
+    assert done == {task}, "the tail did not end: a reader cancelled once read on"

@@ -68,7 +68,7 @@ from eventlog import JetStreamLog, StreamSettings
 from eventlog import events as ev
 from eventlog.errors import LogUnavailable
 from eventlog.ids import uuid7
-from eventlog.jetstream import backoff
+from eventlog.jetstream import backoff, cancelled
 from eventlog.partitioned import PartitionedLog
 from eventlog.partitions import Layout
 from eventlog.subjects import collective_filter
@@ -271,15 +271,9 @@ STOP_WAIT = 30.0  # seconds a stopped host's tail and connection are given to en
 async def _stopped(hosts: list[tuple[Log, asyncio.Task[None]]]) -> set[asyncio.Task[None]]:
     """Every host's tail cancelled and its connection closed; returns the tails that did
     not end within ``STOP_WAIT`` (where they wait is printed: ``_print_tasks``). A tail
-    is cancelled again every 0.25 s until it ends, as ``sync.replication`` stops a
-    host's: nats-py can swallow a cancellation (``_flush_pending``), and a tail's
-    clean-up can then wait on the connection."""
-    pending = {task for _, task in hosts}
-    deadline = time.monotonic() + STOP_WAIT
-    while pending and time.monotonic() < deadline:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=0.25)
+    is cancelled again until it ends (``eventlog.jetstream.cancelled``), as
+    ``sync.replication`` stops a host's."""
+    pending = await cancelled((task for _, task in hosts), within=STOP_WAIT)
     if pending:
         print(f"{len(pending)} hosts' tails did not end when cancelled", file=sys.stderr)
         _print_tasks()
