@@ -865,19 +865,18 @@ async def cancelled(
     every 0.25 s: nats-py can swallow a cancellation (its ``_flush_pending`` catches
     ``CancelledError``), and a tail cancelled once then reads on. Returns the tasks
     still running after ``within`` seconds (what they raised is taken, not logged)."""
-    pending = {task for task in tasks if not task.done()}
+    pending = set(tasks)
     deadline = time.monotonic() + within
-    while pending:
-        for task in pending:
-            task.cancel()
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        done, pending = await asyncio.wait(pending, timeout=min(0.25, left))
-        for task in done:
+    while True:
+        for task in [t for t in pending if t.done()]:
+            pending.discard(task)
             if not task.cancelled():
                 task.exception()  # (retrieved: it ended as it was stopped)
-    return pending
+        if not pending or time.monotonic() >= deadline:
+            return pending
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=min(0.25, deadline - time.monotonic()))
 
 
 def backoff(failures: int, *, first: float = _BACKOFF_FIRST, most: float = _BACKOFF_MOST) -> float:
