@@ -859,8 +859,8 @@ async def _merged(
 
 
 async def cancelled(
-    tasks: Iterable[asyncio.Task[Any]], *, within: float = 10.0
-) -> set[asyncio.Task[Any]]:
+    tasks: Iterable[asyncio.Future[Any]], *, within: float = 10.0
+) -> set[asyncio.Future[Any]]:
     """Cancel ``tasks`` and wait until they end, cancelling those still running again
     every 0.25 s: nats-py can swallow a cancellation (its ``_flush_pending`` catches
     ``CancelledError``), and a tail cancelled once then reads on. Returns the tasks

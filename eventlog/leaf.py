@@ -107,7 +107,7 @@ from eventlog.codec import HDR_MSG_ID, decode_event
 from eventlog.embedded import EmbeddedNats
 from eventlog.errors import DecodeError, LogUnavailable, PulseError, ValidationError
 from eventlog.events import Event
-from eventlog.jetstream import JetStreamLog, _pull
+from eventlog.jetstream import JetStreamLog, _pull, cancelled
 from eventlog.keys import (
     Arrived,
     Destroyed,
@@ -382,10 +382,7 @@ class LeafKeyStore(KeyStore):
 
         async def stop() -> None:
             await stop_hearing()
-            for task in list(erasing):
-                task.cancel()
-            if erasing:
-                await asyncio.wait(erasing, timeout=5)
+            await cancelled(erasing, within=5)
 
         return stop
 
@@ -878,9 +875,6 @@ class LeafLog(JetStreamLog):
         )  # fmt: skip
 
     async def close(self) -> None:
-        for task in (self._link_task, self._reacting):
-            if task is not None and not task.done():
-                task.cancel()
-                await asyncio.wait({task}, timeout=2)
+        await cancelled((t for t in (self._link_task, self._reacting) if t is not None), within=2)
         self._link_task = self._reacting = None
         await super().close()

@@ -30,6 +30,7 @@ from uuid import UUID
 
 from eventlog import events as ev
 from eventlog.errors import PulseError, ValidationError
+from eventlog.jetstream import cancelled
 from eventlog.log import EventLog, LogEntry
 from eventlog.partitions import part_of, seq_of
 from projections.engine import Engine
@@ -168,9 +169,8 @@ class Following:
         self._directory_task = asyncio.create_task(self._watch_directory(), name="pulse-directory")
 
     async def stop(self) -> None:
-        if self._directory_task is not None:
-            self._directory_task.cancel()
-            await asyncio.wait({self._directory_task}, timeout=5)
+        if self._directory_task is not None:  # (it reads the log: cancelled until it ends)
+            await cancelled({self._directory_task}, within=5)
 
     @property
     def following(self) -> tuple[str, ...] | None:

@@ -765,8 +765,13 @@ async def test_a_partition_reader_that_swallows_a_cancellation_still_ends() -> N
     from eventlog.partitioned import _fan_in
 
     swallowed: list[int] = []
+    waiting: set[int] = set()
+    both_wait = asyncio.Event()
 
     async def reader(part: int) -> AsyncGenerator[list[LogEntry], None]:
+        waiting.add(part)
+        if len(waiting) == 2:
+            both_wait.set()
         while True:
             try:
                 await asyncio.sleep(3600)
@@ -782,8 +787,7 @@ async def test_a_partition_reader_that_swallows_a_cancellation_still_ends() -> N
             pass
 
     task = asyncio.create_task(tail())
-    await asyncio.sleep(0)  # (the readers start waiting)
-    await asyncio.sleep(0)
+    await asyncio.wait_for(both_wait.wait(), timeout=5)
     task.cancel()
     done, _ = await asyncio.wait({task}, timeout=5)
     assert swallowed == [2], "the reader never saw the first cancellation"

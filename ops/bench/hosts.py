@@ -268,7 +268,7 @@ async def _worker(urls: list[str], collectives: list[str], commands: Any, result
 STOP_WAIT = 30.0  # seconds a stopped host's tail and connection are given to end
 
 
-async def _stopped(hosts: list[tuple[Log, asyncio.Task[None]]]) -> set[asyncio.Task[None]]:
+async def _stopped(hosts: list[tuple[Log, asyncio.Task[None]]]) -> set[asyncio.Future[Any]]:
     """Every host's tail cancelled and its connection closed; returns the tails that did
     not end within ``STOP_WAIT`` (where they wait is printed: ``_print_tasks``). A tail
     is cancelled again until it ends (``eventlog.jetstream.cancelled``), as
