@@ -101,6 +101,7 @@ async def test_a_deleted_secret_is_in_no_file_of_any_host_store_or_backup(
             cid, f"distilled: {text}", vector, source_experiences=[secret]
         )
         await a.invalidate_experience(secret, f"rotated away from {text}")
+        await b.sync()  # (b writes about the secret: it must have read it first)
         await b.reinforce_experience(secret)
         await a.sync()
         await b.sync()
